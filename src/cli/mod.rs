@@ -1,0 +1,31 @@
+//! The `ahp-relay` command line: one binary, one subcommand per job.
+
+pub mod simhost;
+
+use clap::{Parser, Subcommand};
+
+/// One wss endpoint for many Agent Host Protocol hosts.
+#[derive(Debug, Parser)]
+#[command(name = "ahp-relay", version, about)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a simulated AHP host (for demos, tests and benchmarks).
+    Simhost(simhost::SimHostArgs),
+}
+
+/// Sets up logging to stderr; `RUST_LOG` overrides the default level.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,95 @@
+//! Configuration of a simulated host: its identity, the sessions it starts
+//! with, the scripted agent, and the bounds it keeps.
+
+use std::time::Duration;
+
+/// How the scripted agent answers an accepted turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentScript {
+    /// Number of `chat/delta` actions streamed per turn.
+    pub reply_deltas: u32,
+    /// Bytes of text in each delta.
+    pub delta_bytes: usize,
+    /// Deltas per second; 0 streams as fast as the host can.
+    pub delta_rate: u32,
+    /// When true, every turn makes one tool call that waits for the user's
+    /// `chat/toolCallConfirmed` (pending-confirmation → running → completed).
+    pub tool_confirmation: bool,
+    /// Seeded random mode: with a seed, each turn draws its delta count
+    /// (1..=2×`reply_deltas`), its delta sizes and whether it calls a tool
+    /// from a deterministic generator, so a run can be replayed exactly.
+    pub seed: Option<u64>,
+}
+
+impl Default for AgentScript {
+    fn default() -> Self {
+        Self {
+            reply_deltas: 8,
+            delta_bytes: 24,
+            delta_rate: 50,
+            tool_confirmation: false,
+            seed: None,
+        }
+    }
+}
+
+impl AgentScript {
+    /// Pause between two deltas, or `None` when streaming flat out.
+    pub fn delta_interval(&self) -> Option<Duration> {
+        (self.delta_rate > 0).then(|| Duration::from_secs_f64(1.0 / f64::from(self.delta_rate)))
+    }
+}
+
+/// Everything a simulated host is started with.
+#[derive(Debug, Clone)]
+pub struct SimHostConfig {
+    /// Host name: shown in agent descriptions, session titles and logs.
+    pub name: String,
+    /// Agent provider id the host advertises (one agent per host).
+    pub provider: String,
+    /// Number of sessions (each with one idle chat) present at start.
+    pub sessions: usize,
+    /// Id prefix of the seeded sessions: `ahp-session:/<prefix>-<n>` with chat
+    /// `ahp-chat:/<prefix>-<n>-main`. Two hosts given the same prefix announce
+    /// colliding URIs, as cloned hosts do.
+    pub session_prefix: String,
+    /// The agent's script.
+    pub script: AgentScript,
+    /// Envelopes kept for `reconnect` replay (rejected ones included).
+    pub replay_log: usize,
+    /// Behave like VS Code's host where hosts differ: `root/session*`,
+    /// `root/progress` and `auth/required` go to every connection, and
+    /// several connections may share one `clientId` at the same time.
+    pub vscode_compat: bool,
+    /// Inbound frames kept in the record that tests query (oldest dropped).
+    pub record_limit: usize,
+    /// Largest WebSocket message accepted, in bytes.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for SimHostConfig {
+    fn default() -> Self {
+        Self {
+            name: "simhost".into(),
+            provider: "sim".into(),
+            sessions: 3,
+            session_prefix: "simhost".into(),
+            script: AgentScript::default(),
+            replay_log: 1000,
+            vscode_compat: false,
+            record_limit: 100_000,
+            max_frame_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+impl SimHostConfig {
+    /// A configuration named `name` whose seeded URIs use `name` as prefix.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            session_prefix: name.into(),
+            ..Self::default()
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! One WebSocket connection to the simulated host: reads frames, answers
+//! them under the host lock, and writes what the host queued for it.
+
+use std::sync::Arc;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+
+use super::commands;
+use super::core::{ConnId, Outbound};
+use super::dispatch;
+use super::record::FrameRecord;
+use super::rpc::{self, RpcError};
+use super::server::Shared;
+
+/// Serves one accepted TCP connection until either side closes it.
+pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
+    let mut config = WebSocketConfig::default();
+    config.max_message_size = Some(shared.cfg.max_frame_bytes);
+    config.max_frame_size = Some(shared.cfg.max_frame_bytes);
+    let ws = match tokio_tungstenite::accept_async_with_config(stream, Some(config)).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            tracing::debug!(error = %e, "simhost handshake failed");
+            return;
+        }
+    };
+    let (mut sink, mut source) = ws.split();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    shared.lock().attach(id, tx);
+    let mut stalled = shared.stalled.subscribe();
+    loop {
+        if *stalled.borrow_and_update() {
+            if stalled.wait_for(|s| !*s).await.is_err() {
+                break;
+            }
+            continue;
+        }
+        tokio::select! {
+            inbound = source.next() => match inbound {
+                Some(Ok(Message::Text(text))) => on_text(&shared, id, text.as_str()),
+                Some(Ok(Message::Binary(_))) => {
+                    shared.lock().close(id, 1003, "binary frames are not supported");
+                }
+                Some(Ok(Message::Close(_))) | None => break,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    let code = if matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)) { 1009 } else { 1002 };
+                    let _ = sink.send(close_msg(code, &e.to_string())).await;
+                    break;
+                }
+            },
+            outbound = rx.recv() => {
+                let mut next = outbound;
+                let mut open = true;
+                while let Some(out) = next.take() {
+                    match out {
+                        Outbound::Frame(f) => {
+                            if sink.feed(Message::Text(f)).await.is_err() { open = false; break; }
+                        }
+                        Outbound::Close(code, reason) => {
+                            let _ = sink.send(close_msg(code, &reason)).await;
+                            open = false;
+                            break;
+                        }
+                        Outbound::Drop => { open = false; break; }
+                    }
+                    next = rx.try_recv().ok();
+                }
+                if !open || sink.flush().await.is_err() { break; }
+            },
+            _ = stalled.changed() => {}
+        }
+    }
+    shared.lock().detach(id);
+}
+
+fn close_msg(code: u16, reason: &str) -> Message {
+    let reason: String = reason.chars().take(100).collect();
+    Message::Close(Some(CloseFrame {
+        code: code.into(),
+        reason: reason.into(),
+    }))
+}
+
+/// Handles one inbound text frame: record, parse, route, answer.
+fn on_text(shared: &Arc<Shared>, conn: ConnId, text: &str) {
+    let parsed: Result<Value, _> = serde_json::from_str(text);
+    let method = parsed
+        .as_ref()
+        .ok()
+        .and_then(|v| v.get("method"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let client_id = shared.lock().client_of(conn);
+    shared.record(FrameRecord {
+        conn,
+        client_id,
+        method: method.clone(),
+        text: text.into(),
+    });
+    let msg = match parsed {
+        Ok(v) => v,
+        Err(e) => return reply_err(shared, conn, &Value::Null, &RpcError::parse(e)),
+    };
+    let Some(obj) = msg.as_object() else {
+        let err = RpcError::invalid_request(
+            "a frame must be one JSON-RPC object (batches are not supported)",
+        );
+        return reply_err(shared, conn, &Value::Null, &err);
+    };
+    let id = obj.get("id").cloned();
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        let err = RpcError::invalid_request("jsonrpc must be \"2.0\"");
+        return reply_err(shared, conn, id.as_ref().unwrap_or(&Value::Null), &err);
+    }
+    let params = obj.get("params").cloned().unwrap_or(Value::Null);
+    match (id, method) {
+        (Some(id), Some(method)) => on_request(shared, conn, &id, &method, &params),
+        (None, Some(method)) => on_notification(shared, conn, &method, &params),
+        (Some(_), None) if obj.contains_key("result") || obj.contains_key("error") => {
+            // A response to a host→client request; this host never sends any.
+        }
+        (id, None) => {
+            let err = RpcError::invalid_request("missing method");
+            reply_err(shared, conn, id.as_ref().unwrap_or(&Value::Null), &err);
+        }
+    }
+}
+
+fn reply_err(shared: &Arc<Shared>, conn: ConnId, id: &Value, err: &RpcError) {
+    shared.lock().send(conn, rpc::error_frame(id, err));
+}
+
+fn on_request(shared: &Arc<Shared>, conn: ConnId, id: &Value, method: &str, params: &Value) {
+    if !params.get("channel").is_some_and(Value::is_string) {
+        let err = RpcError::invalid_params("params.channel (a string) is required");
+        return reply_err(shared, conn, id, &err);
+    }
+    let mut core = shared.lock();
+    match commands::handle_request(shared, &mut core, conn, method, params) {
+        Ok(result) => core.send(conn, rpc::result_frame(id, &result)),
+        Err(err) => {
+            core.send(conn, rpc::error_frame(id, &err));
+            if err.code == ahp_types::errors::ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION {
+                core.close(conn, 1002, "unsupported protocol version");
+            }
+        }
+    }
+}
+
+fn on_notification(shared: &Arc<Shared>, conn: ConnId, method: &str, params: &Value) {
+    let mut core = shared.lock();
+    let outcome = match method {
+        "dispatchAction" => dispatch::dispatch_action(shared, &mut core, conn, params),
+        "unsubscribe" => dispatch::unsubscribe(&mut core, conn, params),
+        _ => Err("unknown notification"),
+    };
+    if let Err(why) = outcome {
+        tracing::debug!(method, why, "simhost dropped a notification");
+    }
+}

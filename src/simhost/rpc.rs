@@ -1,0 +1,96 @@
+//! JSON-RPC frames the host writes: responses, errors and notifications.
+
+use ahp_types::errors::{ahp_error_codes as ahp, json_rpc_error_codes as rpc};
+use serde_json::{Value, json};
+
+/// An error answer to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    /// JSON-RPC / AHP error code.
+    pub code: i32,
+    /// Human-readable message.
+    pub message: String,
+    /// Optional structured detail.
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+    /// -32700: the frame is not JSON.
+    pub fn parse(detail: impl std::fmt::Display) -> Self {
+        Self::new(rpc::PARSE_ERROR, format!("parse error: {detail}"))
+    }
+    /// -32600: not a valid request (or not valid in this connection state).
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(rpc::INVALID_REQUEST, message)
+    }
+    /// -32601: the method does not exist.
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(rpc::METHOD_NOT_FOUND, format!("method not found: {method}"))
+    }
+    /// -32602: the params are wrong.
+    pub fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(rpc::INVALID_PARAMS, message)
+    }
+    /// -32001: no such session.
+    pub fn session_not_found(uri: &str) -> Self {
+        Self::new(ahp::SESSION_NOT_FOUND, format!("session not found: {uri}"))
+    }
+    /// -32002: no such agent provider.
+    pub fn provider_not_found(provider: &str) -> Self {
+        Self::new(
+            ahp::PROVIDER_NOT_FOUND,
+            format!("provider not found: {provider}"),
+        )
+    }
+    /// -32003: the session URI is taken.
+    pub fn session_exists(uri: &str) -> Self {
+        Self::new(
+            ahp::SESSION_ALREADY_EXISTS,
+            format!("session already exists: {uri}"),
+        )
+    }
+    /// -32005 with the versions this host speaks.
+    pub fn unsupported_version(supported: &[&str]) -> Self {
+        Self {
+            data: Some(json!({ "supportedVersions": supported })),
+            ..Self::new(
+                ahp::UNSUPPORTED_PROTOCOL_VERSION,
+                "no offered protocol version is supported",
+            )
+        }
+    }
+    /// -32008: no such channel, resource or client.
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::new(ahp::NOT_FOUND, what)
+    }
+    /// -32010: the target already exists.
+    pub fn already_exists(uri: &str) -> Self {
+        Self::new(ahp::ALREADY_EXISTS, format!("already exists: {uri}"))
+    }
+}
+
+/// A success response carrying `result` (already serialized JSON).
+pub fn result_frame(id: &Value, result: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#)
+}
+
+/// An error response; `id` is `null` when the request's id could not be read.
+pub fn error_frame(id: &Value, err: &RpcError) -> String {
+    let mut error = json!({ "code": err.code, "message": err.message });
+    if let (Some(data), Some(obj)) = (&err.data, error.as_object_mut()) {
+        obj.insert("data".into(), data.clone());
+    }
+    json!({ "jsonrpc": "2.0", "id": id, "error": error }).to_string()
+}
+
+/// A notification frame.
+pub fn notification_frame(method: &str, params: &Value) -> String {
+    json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string()
+}

@@ -1,0 +1,202 @@
+//! The simulated host as a running server, and the handle tests and the
+//! CLI hold: address, restart, fault switches, the frame record, and the
+//! host's own view of its state.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::config::SimHostConfig;
+use super::conn;
+use super::core::HostCore;
+use super::record::{FrameRecord, Recorder};
+
+/// State shared by the accept loop, connections and agent tasks.
+#[derive(Debug)]
+pub struct Shared {
+    /// The configuration the host was started with.
+    pub cfg: Arc<SimHostConfig>,
+    core: Mutex<HostCore>,
+    recorder: Mutex<Recorder>,
+    /// While true, connections neither read nor write (fault injection).
+    pub stalled: watch::Sender<bool>,
+    next_conn: AtomicU64,
+}
+
+impl Shared {
+    /// Locks the host core. A poisoned lock is recovered: the core's
+    /// invariants hold between statements, and a test host must not cascade
+    /// one panic into every connection.
+    pub fn lock(&self) -> MutexGuard<'_, HostCore> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends to the frame record.
+    pub fn record(&self, frame: FrameRecord) {
+        self.recorder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(frame);
+    }
+
+    fn recorder(&self) -> MutexGuard<'_, Recorder> {
+        self.recorder.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running simulated host. Dropping the handle stops accepting new
+/// connections; [`SimHost::shutdown`] also closes the open ones.
+#[derive(Debug)]
+pub struct SimHost {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    accept: JoinHandle<()>,
+}
+
+impl SimHost {
+    /// Binds `listen` (port 0 picks a free port) and starts serving.
+    pub async fn start(cfg: SimHostConfig, listen: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let cfg = Arc::new(cfg);
+        let shared = Arc::new(Shared {
+            core: Mutex::new(HostCore::new(cfg.clone())),
+            recorder: Mutex::new(Recorder::new(cfg.record_limit)),
+            stalled: watch::channel(false).0,
+            next_conn: AtomicU64::new(1),
+            cfg,
+        });
+        let accept_shared = shared.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        let id = accept_shared.next_conn.fetch_add(1, Ordering::Relaxed);
+                        tokio::spawn(conn::serve(accept_shared.clone(), stream, id));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "simhost accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        tracing::info!(name = %shared.cfg.name, %addr, "simhost listening");
+        Ok(Self {
+            shared,
+            addr,
+            accept,
+        })
+    }
+
+    /// Starts a host on a free loopback port.
+    pub async fn start_local(cfg: SimHostConfig) -> std::io::Result<Self> {
+        Self::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// The address the host listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `ws://<addr>/`.
+    pub fn url(&self) -> String {
+        format!("ws://{}/", self.addr)
+    }
+
+    /// The configuration the host runs with.
+    pub fn config(&self) -> &SimHostConfig {
+        &self.shared.cfg
+    }
+
+    /// Simulates a process restart on the same address: every connection is
+    /// closed (1012), in-memory clients and the replay log are forgotten and
+    /// `serverSeq` starts again at 0. With `keep_state` the sessions, chats
+    /// and terminals survive (active turns end as cancelled); without it the
+    /// host comes back with its seeded initial state.
+    pub fn restart(&self, keep_state: bool) {
+        self.shared.lock().restart(keep_state);
+    }
+
+    /// Fault: drops every connection without a close frame.
+    pub fn drop_connections(&self) {
+        self.shared.lock().drop_all();
+    }
+
+    /// Fault: drops the connections of one `clientId`; returns how many.
+    pub fn drop_client(&self, client_id: &str) -> usize {
+        self.shared.lock().drop_client(client_id)
+    }
+
+    /// Fault: while stalled, connections neither read nor write (outbound
+    /// frames queue up); un-stalling delivers them in order.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.shared.stalled.send_replace(stalled);
+    }
+
+    /// Every frame received since start (or [`SimHost::clear_record`]).
+    pub fn received(&self) -> Vec<FrameRecord> {
+        self.shared.recorder().all()
+    }
+
+    /// Frames received from connections holding `client_id`.
+    pub fn received_from(&self, client_id: &str) -> Vec<FrameRecord> {
+        self.received()
+            .into_iter()
+            .filter(|f| f.client_id.as_deref() == Some(client_id))
+            .collect()
+    }
+
+    /// Frames evicted from the record by its bound.
+    pub fn record_dropped(&self) -> u64 {
+        self.shared.recorder().dropped()
+    }
+
+    /// Empties the frame record.
+    pub fn clear_record(&self) {
+        self.shared.recorder().clear();
+    }
+
+    /// The last `serverSeq` the host issued.
+    pub fn server_seq(&self) -> u64 {
+        self.shared.lock().seq
+    }
+
+    /// Number of open connections.
+    pub fn connections(&self) -> usize {
+        self.shared.lock().conns.len()
+    }
+
+    /// The host's current state of a channel as JSON (the `state` of a
+    /// snapshot taken now), or `None` if it does not exist.
+    pub fn channel_state(&self, uri: &str) -> Option<Value> {
+        let core = self.shared.lock();
+        let snap = core.state.snapshot(uri, core.seq, None)?;
+        serde_json::to_value(&snap.state).ok()
+    }
+
+    /// URIs of the host's sessions.
+    pub fn session_uris(&self) -> Vec<String> {
+        self.shared.lock().state.sessions.keys().cloned().collect()
+    }
+
+    /// Stops accepting and closes every connection (1001).
+    pub async fn shutdown(self) {
+        self.accept.abort();
+        self.shared.lock().close_all(1001, "host shutting down");
+        // Let connection tasks flush their close frames.
+        tokio::task::yield_now().await;
+    }
+}
+
+impl Drop for SimHost {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}

@@ -1,0 +1,204 @@
+//! Helpers shared by the integration tests: start simulated hosts, connect
+//! the official `ahp` client or a raw WebSocket, and wait with timeouts.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use ahp::{Client, ClientConfig, ClientEvent, ClientEventStream, SubscriptionEvent};
+use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
+use ahp_types::actions::ActionEnvelope;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// Generous bound for anything a test waits for on loopback.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A host config for tests: fast agent (no pacing), `sessions` seeded.
+pub fn fast_config(name: &str, sessions: usize) -> SimHostConfig {
+    SimHostConfig {
+        sessions,
+        script: AgentScript {
+            reply_deltas: 5,
+            delta_bytes: 16,
+            delta_rate: 0,
+            tool_confirmation: false,
+            seed: None,
+        },
+        ..SimHostConfig::named(name)
+    }
+}
+
+/// Starts a simulated host on a free loopback port.
+pub async fn start_host(cfg: SimHostConfig) -> SimHost {
+    SimHost::start_local(cfg).await.expect("simhost starts")
+}
+
+/// The official client over a plain WebSocket, with a subscription buffer
+/// large enough that the broadcast fan-out never skips an event.
+pub async fn connect(url: &str) -> Client {
+    let transport = ahp_ws::WebSocketTransport::connect(url)
+        .await
+        .expect("websocket connects");
+    Client::connect(
+        transport,
+        ClientConfig {
+            default_request_timeout: Some(WAIT),
+            subscription_buffer: 1 << 16,
+        },
+    )
+    .await
+    .expect("client starts")
+}
+
+/// Connects and initializes with `client_id`, offering protocol 1.0.0.
+pub async fn connect_init(url: &str, client_id: &str) -> Client {
+    let client = connect(url).await;
+    client
+        .initialize(client_id.into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize succeeds");
+    client
+}
+
+/// Next event of `events` within [`WAIT`], or panic.
+pub async fn next_event(events: &mut ClientEventStream) -> ClientEvent {
+    tokio::time::timeout(WAIT, events.recv())
+        .await
+        .expect("event arrives in time")
+        .expect("event stream open")
+}
+
+/// Reads action envelopes from `events` until `stop` returns true for one
+/// (that one included); other events are skipped.
+pub async fn actions_until(
+    events: &mut ClientEventStream,
+    mut stop: impl FnMut(&ActionEnvelope) -> bool,
+) -> Vec<ActionEnvelope> {
+    let mut out = Vec::new();
+    loop {
+        if let SubscriptionEvent::Action(env) = next_event(events).await.event {
+            let done = stop(&env);
+            out.push(env);
+            if done {
+                return out;
+            }
+        }
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds, or panics after [`WAIT`].
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The wire `type` of an envelope's action.
+pub fn action_type(env: &ActionEnvelope) -> String {
+    serde_json::to_value(&env.action)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// A raw WebSocket for frames the SDK cannot send or would not parse.
+pub struct RawWs {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl RawWs {
+    /// Opens a raw WebSocket to `url`.
+    pub async fn connect(url: &str) -> Self {
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("raw websocket connects");
+        Self { ws }
+    }
+
+    /// Sends one text frame.
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws.send(Message::text(text)).await.expect("send text");
+    }
+
+    /// Sends one JSON value as a text frame.
+    pub async fn send_json(&mut self, v: &Value) {
+        self.send_text(&v.to_string()).await;
+    }
+
+    /// Sends one binary frame.
+    pub async fn send_binary(&mut self, bytes: Vec<u8>) {
+        self.ws
+            .send(Message::binary(bytes))
+            .await
+            .expect("send binary");
+    }
+
+    /// Next text frame as JSON, or `None` if the socket closed first.
+    pub async fn recv_json(&mut self) -> Option<Value> {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("frame in time")?;
+            match msg.ok()? {
+                Message::Text(t) => {
+                    return Some(serde_json::from_str(t.as_str()).expect("host sends JSON"));
+                }
+                Message::Close(_) => return None,
+                _ => continue,
+            }
+        }
+    }
+
+    /// The response to request `id` (skipping notifications before it).
+    pub async fn response(&mut self, id: &Value) -> Value {
+        loop {
+            let v = self
+                .recv_json()
+                .await
+                .expect("socket open until the response");
+            if v.get("id") == Some(id) {
+                return v;
+            }
+        }
+    }
+
+    /// Sends a request and returns its response.
+    pub async fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
+        self.response(&json!(id)).await
+    }
+
+    /// Initializes this connection as `client_id` with protocol 1.0.0.
+    pub async fn initialize(&mut self, client_id: &str) -> Value {
+        self.request(
+            0,
+            "initialize",
+            json!({"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": client_id}),
+        )
+        .await
+    }
+
+    /// Waits for the close frame and returns its code and reason.
+    pub async fn close_code(&mut self) -> Option<(u16, String)> {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("close in time")?;
+            if let Ok(Message::Close(frame)) = msg {
+                return frame.map(|f| (u16::from(f.code), f.reason.to_string()));
+            }
+            if msg.is_err() {
+                return None;
+            }
+        }
+    }
+}
