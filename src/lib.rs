@@ -3,4 +3,5 @@
 //! See `README.md` for what the relay promises and how to run it.
 
 pub mod cli;
+pub mod client;
 pub mod simhost;

@@ -11,5 +11,6 @@ async fn main() -> ExitCode {
     cli::init_tracing();
     match cli.command {
         Command::Simhost(args) => cli::simhost::run(args).await,
+        Command::Client(args) => ahp_relay::client::cli::run(args).await,
     }
 }

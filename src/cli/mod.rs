@@ -5,7 +5,7 @@ pub mod simhost;
 use clap::{Parser, Subcommand};
 
 /// One wss endpoint for many Agent Host Protocol hosts.
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(name = "ahp-relay", version, about)]
 pub struct Cli {
     /// What to run.
@@ -14,10 +14,12 @@ pub struct Cli {
 }
 
 /// The subcommands.
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 pub enum Command {
     /// Run a simulated AHP host (for demos, tests and benchmarks).
     Simhost(simhost::SimHostArgs),
+    /// A small AHP client: list sessions, tail a chat, send a message.
+    Client(crate::client::cli::ClientArgs),
 }
 
 /// Sets up logging to stderr; `RUST_LOG` overrides the default level.

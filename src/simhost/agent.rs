@@ -53,7 +53,7 @@ pub fn delta_text(index: usize, len: usize) -> String {
     FILLER
         .chars()
         .cycle()
-        .skip(index * 7 % FILLER.len())
+        .skip(index * len % FILLER.len())
         .take(len)
         .collect()
 }

@@ -1,0 +1,467 @@
+//! Opening an AHP WebSocket connection with bearer auth and custom TLS trust.
+//!
+//! [`dial`] performs the whole upgrade (TCP, optional TLS, HTTP upgrade) with
+//! `tokio-tungstenite` and hands back an [`ahp_ws::WebSocketTransport`];
+//! [`connect_client`] additionally starts an [`ahp::Client`] on it. Neither
+//! function sends any AHP message: `initialize` is the caller's business.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::client::Request;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
+use tokio_tungstenite::{Connector, connect_async_tls_with_config};
+
+/// Where and how to connect.
+///
+/// The token is never part of any error message, log line or `Debug` output.
+#[derive(Clone)]
+pub struct DialOptions {
+    /// `ws://` or `wss://` URL of the AHP endpoint.
+    pub url: String,
+    /// Bearer token sent as `Authorization: Bearer <token>` on the upgrade request.
+    pub token: Option<String>,
+    /// PEM file whose certificates are the only trust anchors for `wss://`
+    /// (ignored for `ws://` and when `insecure` is set).
+    pub ca_file: Option<PathBuf>,
+    /// Accept any server certificate for `wss://` (handshake signatures are still checked).
+    pub insecure: bool,
+    /// Upper bound for TCP connect + TLS handshake + HTTP upgrade together.
+    pub connect_timeout: Duration,
+}
+
+impl fmt::Debug for DialOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DialOptions")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_file", &self.ca_file)
+            .field("insecure", &self.insecure)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+/// Why a connection could not be opened. Messages never contain the token.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The URL does not parse or is not `ws://` / `wss://` with a host.
+    #[error("invalid URL {url:?}: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The `--ca` file could not be read.
+    #[error("cannot read CA file {}: {source}", path.display())]
+    CaUnreadable {
+        /// The CA file path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The `--ca` file is not valid PEM or holds an unusable certificate.
+    #[error("invalid CA file {}: {reason}", path.display())]
+    CaInvalid {
+        /// The CA file path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The `--ca` file holds no `CERTIFICATE` PEM block.
+    #[error("CA file {} contains no certificates", path.display())]
+    CaEmpty {
+        /// The CA file path.
+        path: PathBuf,
+    },
+    /// The rustls client configuration could not be built.
+    #[error("cannot build TLS configuration: {0}")]
+    TlsConfig(#[source] rustls::Error),
+    /// The token contains characters not allowed in an HTTP header.
+    #[error("the bearer token is not a valid HTTP header value")]
+    InvalidToken,
+    /// TCP connect (or another I/O step) failed.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// The URL being dialled.
+        url: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TLS handshake failed (e.g. untrusted certificate, name mismatch).
+    #[error("TLS handshake with {url} failed: {reason}")]
+    Tls {
+        /// The URL being dialled.
+        url: String,
+        /// The TLS failure.
+        reason: String,
+    },
+    /// The server answered the upgrade request with a non-101 HTTP status.
+    #[error("upgrade refused: HTTP {status}")]
+    UpgradeRefused {
+        /// The HTTP status code (e.g. 401).
+        status: u16,
+    },
+    /// The WebSocket handshake failed for another reason.
+    #[error("WebSocket handshake with {url} failed: {reason}")]
+    Handshake {
+        /// The URL being dialled.
+        url: String,
+        /// The failure.
+        reason: String,
+    },
+    /// The whole dial did not finish within [`DialOptions::connect_timeout`].
+    #[error("connecting to {url} timed out after {timeout:?}")]
+    Timeout {
+        /// The URL being dialled.
+        url: String,
+        /// The limit that was exceeded.
+        timeout: Duration,
+    },
+    /// The `ahp::Client` could not be started on the new transport.
+    #[error("cannot start the AHP client: {0}")]
+    Client(#[source] ahp::ClientError),
+}
+
+/// Open a WebSocket to `opts.url` and wrap it as an AHP transport.
+///
+/// Guarantees: the URL is validated and the TLS trust (CA file or
+/// webpki roots) is loaded before any network I/O; the bearer token (if any)
+/// is sent only as the `Authorization` header of the upgrade request; a
+/// refused upgrade yields [`DialError::UpgradeRefused`] with its status code;
+/// the whole dial is bounded by `opts.connect_timeout`.
+pub async fn dial(opts: &DialOptions) -> Result<ahp_ws::WebSocketTransport, DialError> {
+    let request = upgrade_request(opts)?;
+    let connector = connector_for(&request, opts)?;
+    let handshake = connect_async_tls_with_config(request, None, true, Some(connector));
+    match tokio::time::timeout(opts.connect_timeout, handshake).await {
+        Err(_) => Err(DialError::Timeout {
+            url: opts.url.clone(),
+            timeout: opts.connect_timeout,
+        }),
+        Ok(Err(err)) => Err(classify_ws_error(&opts.url, err)),
+        Ok(Ok((stream, _response))) => Ok(ahp_ws::WebSocketTransport::from_stream(stream)),
+    }
+}
+
+/// [`dial`], then start an [`ahp::Client`] on the transport with `config`.
+///
+/// No AHP request is sent; call `initialize` on the returned client.
+pub async fn connect_client(
+    opts: &DialOptions,
+    config: ahp::ClientConfig,
+) -> Result<ahp::Client, DialError> {
+    let transport = dial(opts).await?;
+    ahp::Client::connect(transport, config)
+        .await
+        .map_err(DialError::Client)
+}
+
+/// Parse and check the URL and build the upgrade request with the bearer header.
+fn upgrade_request(opts: &DialOptions) -> Result<Request, DialError> {
+    let bad_url = |reason: String| DialError::BadUrl {
+        url: opts.url.clone(),
+        reason,
+    };
+    let mut request = opts
+        .url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| bad_url(e.to_string()))?;
+    match request.uri().scheme_str() {
+        Some("ws" | "wss") => {}
+        _ => return Err(bad_url("scheme must be ws or wss".into())),
+    }
+    if request.uri().host().is_none_or(str::is_empty) {
+        return Err(bad_url("missing host".into()));
+    }
+    if let Some(token) = &opts.token {
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| DialError::InvalidToken)?;
+        value.set_sensitive(true);
+        request.headers_mut().insert(AUTHORIZATION, value);
+    }
+    Ok(request)
+}
+
+/// The connector matching the request scheme: plain for `ws`, rustls for `wss`.
+fn connector_for(request: &Request, opts: &DialOptions) -> Result<Connector, DialError> {
+    if request.uri().scheme_str() == Some("wss") {
+        Ok(Connector::Rustls(Arc::new(tls_config(opts)?)))
+    } else {
+        Ok(Connector::Plain)
+    }
+}
+
+/// rustls client config (ring provider) with the trust policy from `opts`.
+fn tls_config(opts: &DialOptions) -> Result<rustls::ClientConfig, DialError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(DialError::TlsConfig)?;
+    let config = if opts.insecure {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCert { provider }))
+            .with_no_client_auth()
+    } else {
+        let roots = match &opts.ca_file {
+            Some(path) => roots_from_pem_file(path)?,
+            None => webpki_root_store(),
+        };
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    Ok(config)
+}
+
+/// The Mozilla root set shipped by `webpki-roots`.
+fn webpki_root_store() -> RootCertStore {
+    RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    }
+}
+
+/// A root store holding exactly the certificates of a PEM file (at least one).
+fn roots_from_pem_file(path: &Path) -> Result<RootCertStore, DialError> {
+    let pem = std::fs::read(path).map_err(|source| DialError::CaUnreadable {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let invalid = |reason: String| DialError::CaInvalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| invalid(e.to_string()))?;
+        roots.add(cert).map_err(|e| invalid(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(DialError::CaEmpty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(roots)
+}
+
+/// Map a tungstenite failure to the most specific [`DialError`].
+fn classify_ws_error(url: &str, err: tokio_tungstenite::tungstenite::Error) -> DialError {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    match err {
+        WsError::Http(response) => DialError::UpgradeRefused {
+            status: response.status().as_u16(),
+        },
+        WsError::Io(source) => match tls_failure(&source) {
+            Some(reason) => DialError::Tls {
+                url: url.to_owned(),
+                reason,
+            },
+            None => DialError::Connect {
+                url: url.to_owned(),
+                source,
+            },
+        },
+        WsError::Tls(e) => DialError::Tls {
+            url: url.to_owned(),
+            reason: e.to_string(),
+        },
+        WsError::Url(e) => DialError::BadUrl {
+            url: url.to_owned(),
+            reason: e.to_string(),
+        },
+        other => DialError::Handshake {
+            url: url.to_owned(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// The rustls error inside an I/O error, as tokio-rustls reports handshake failures.
+fn tls_failure(err: &std::io::Error) -> Option<String> {
+    err.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .map(rustls::Error::to_string)
+}
+
+/// `--insecure` verifier: any certificate chain and name is accepted, but the
+/// handshake signatures are still verified with the ring provider's algorithms
+/// (so the peer must at least hold the key of the certificate it presents).
+#[derive(Debug)]
+struct AcceptAnyServerCert {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AcceptAnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn opts(url: &str) -> DialOptions {
+        DialOptions {
+            url: url.into(),
+            token: None,
+            ca_file: None,
+            insecure: false,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_urls_are_rejected_before_io() {
+        for url in [
+            "not a url",
+            "http://example.com/",
+            "localhost:80",
+            "ws:///path",
+        ] {
+            let err = dial(&opts(url)).await.err();
+            assert!(
+                matches!(err, Some(DialError::BadUrl { .. })),
+                "{url}: {err:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn unreadable_ca_file_is_reported() {
+        let mut o = opts("wss://127.0.0.1:9/");
+        o.ca_file = Some(PathBuf::from("/nonexistent/ahp-relay-test-ca.pem"));
+        let err = dial(&o).await.err();
+        assert!(
+            matches!(err, Some(DialError::CaUnreadable { .. })),
+            "{err:?}"
+        );
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("/nonexistent/ahp-relay-test-ca.pem"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn ca_file_without_certificates_is_reported() {
+        let path =
+            std::env::temp_dir().join(format!("ahp-relay-empty-ca-{}.pem", std::process::id()));
+        std::fs::write(&path, "no pem blocks here\n").unwrap();
+        let mut o = opts("wss://127.0.0.1:9/");
+        o.ca_file = Some(path.clone());
+        let err = dial(&o).await.err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(err, Some(DialError::CaEmpty { .. })), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn refused_tcp_connection_is_a_connect_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let err = dial(&opts(&format!("ws://127.0.0.1:{port}/"))).await.err();
+        assert!(matches!(err, Some(DialError::Connect { .. })), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn refused_upgrade_reports_status_and_sends_bearer_token() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = sock.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "client closed before sending headers");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            sock.write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8(buf).unwrap()
+        });
+        let mut o = opts(&format!("ws://127.0.0.1:{port}/ahp"));
+        o.token = Some("s3cret-token".into());
+        let err = dial(&o).await.err();
+        let request = server.await.unwrap().to_ascii_lowercase();
+        assert!(
+            request.contains("authorization: bearer s3cret-token"),
+            "{request}"
+        );
+        assert!(
+            matches!(err, Some(DialError::UpgradeRefused { status: 401 })),
+            "{err:?}"
+        );
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(msg, "upgrade refused: HTTP 401");
+    }
+
+    #[test]
+    fn debug_output_redacts_the_token() {
+        let mut o = opts("ws://h/");
+        o.token = Some("s3cret-token".into());
+        let shown = format!("{o:?}");
+        assert!(!shown.contains("s3cret-token"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn insecure_and_default_tls_configs_build() {
+        let mut o = opts("wss://h/");
+        assert!(tls_config(&o).is_ok());
+        o.insecure = true;
+        o.ca_file = Some(PathBuf::from("/nonexistent"));
+        assert!(tls_config(&o).is_ok(), "insecure ignores --ca");
+    }
+}
