@@ -4,4 +4,5 @@
 
 pub mod cli;
 pub mod client;
+pub mod route;
 pub mod simhost;

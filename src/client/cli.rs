@@ -240,6 +240,7 @@ impl Connection {
             ca_file: args.ca.clone(),
             insecure: args.insecure,
             connect_timeout: timeout,
+            extra_headers: Vec::new(),
         };
         let config = ClientConfig {
             default_request_timeout: Some(timeout),

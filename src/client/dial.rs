@@ -37,6 +37,9 @@ pub struct DialOptions {
     pub insecure: bool,
     /// Upper bound for TCP connect + TLS handshake + HTTP upgrade together.
     pub connect_timeout: Duration,
+    /// Extra headers on the upgrade request (e.g. the relay's end-user
+    /// identity headers towards a host). Never secrets: they may be logged.
+    pub extra_headers: Vec<(String, String)>,
 }
 
 impl fmt::Debug for DialOptions {
@@ -47,6 +50,7 @@ impl fmt::Debug for DialOptions {
             .field("ca_file", &self.ca_file)
             .field("insecure", &self.insecure)
             .field("connect_timeout", &self.connect_timeout)
+            .field("extra_headers", &self.extra_headers)
             .finish()
     }
 }
@@ -141,6 +145,18 @@ pub enum DialError {
 /// refused upgrade yields [`DialError::UpgradeRefused`] with its status code;
 /// the whole dial is bounded by `opts.connect_timeout`.
 pub async fn dial(opts: &DialOptions) -> Result<ahp_ws::WebSocketTransport, DialError> {
+    dial_stream(opts)
+        .await
+        .map(ahp_ws::WebSocketTransport::from_stream)
+}
+
+/// A WebSocket opened by [`dial_stream`].
+pub type WsStream =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Like [`dial`] but returns the raw WebSocket, for callers that frame
+/// JSON-RPC themselves (the relay's upstream links). Same guarantees.
+pub async fn dial_stream(opts: &DialOptions) -> Result<WsStream, DialError> {
     let request = upgrade_request(opts)?;
     let connector = connector_for(&request, opts)?;
     let handshake = connect_async_tls_with_config(request, None, true, Some(connector));
@@ -150,7 +166,7 @@ pub async fn dial(opts: &DialOptions) -> Result<ahp_ws::WebSocketTransport, Dial
             timeout: opts.connect_timeout,
         }),
         Ok(Err(err)) => Err(classify_ws_error(&opts.url, err)),
-        Ok(Ok((stream, _response))) => Ok(ahp_ws::WebSocketTransport::from_stream(stream)),
+        Ok(Ok((stream, _response))) => Ok(stream),
     }
 }
 
@@ -190,6 +206,13 @@ fn upgrade_request(opts: &DialOptions) -> Result<Request, DialError> {
             .map_err(|_| DialError::InvalidToken)?;
         value.set_sensitive(true);
         request.headers_mut().insert(AUTHORIZATION, value);
+    }
+    for (name, value) in &opts.extra_headers {
+        let name = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| bad_url(format!("bad header name {name:?}: {e}")))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|e| bad_url(format!("bad value for header {name}: {e}")))?;
+        request.headers_mut().insert(name, value);
     }
     Ok(request)
 }
@@ -360,6 +383,7 @@ mod tests {
             ca_file: None,
             insecure: false,
             connect_timeout: Duration::from_secs(5),
+            extra_headers: Vec::new(),
         }
     }
 

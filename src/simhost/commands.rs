@@ -256,12 +256,11 @@ fn create_session(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<S
     if let Some(ready) = typed_action(json!({"type": "session/ready"})) {
         core.emit(&p.channel, ready);
     }
-    if let Some(active) = p.active_client {
-        if let Some(a) =
+    if let Some(active) = p.active_client
+        && let Some(a) =
             typed_action(json!({"type": "session/activeClientSet", "activeClient": active}))
-        {
-            core.emit(&p.channel, a);
-        }
+    {
+        core.emit(&p.channel, a);
     }
     emit_active_sessions(core);
     if let Some(summary) = core.state.summary(&p.channel) {
@@ -515,11 +514,11 @@ fn create_terminal(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<
             if !core.state.sessions.contains_key(&s.session) {
                 return Err(RpcError::session_not_found(&s.session));
             }
-            if !core
+            if core
                 .state
                 .chats
                 .get(&s.chat)
-                .is_some_and(|c| c.session == s.session)
+                .is_none_or(|c| c.session != s.session)
             {
                 return Err(RpcError::not_found(format!(
                     "chat not found in session: {}",

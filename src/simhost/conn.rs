@@ -114,6 +114,13 @@ fn on_text(shared: &Arc<Shared>, conn: ConnId, text: &str) {
         return reply_err(shared, conn, &Value::Null, &err);
     };
     let id = obj.get("id").cloned();
+    if id
+        .as_ref()
+        .is_some_and(|v| !(v.is_string() || v.is_number() || v.is_null()))
+    {
+        let err = RpcError::invalid_request("id must be a string, a number or null");
+        return reply_err(shared, conn, &Value::Null, &err);
+    }
     if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         let err = RpcError::invalid_request("jsonrpc must be \"2.0\"");
         return reply_err(shared, conn, id.as_ref().unwrap_or(&Value::Null), &err);

@@ -323,12 +323,12 @@ impl HostCore {
         if before.title != after.title {
             changes.insert("title".into(), json!(after.title));
         }
-        if !changes.is_empty() {
-            if let Some(action) = super::typed::typed_action(json!({
+        if !changes.is_empty()
+            && let Some(action) = super::typed::typed_action(json!({
                 "type": "session/chatUpdated", "chat": channel, "changes": changes
-            })) {
-                self.publish(&session, action, None, None, true);
-            }
+            }))
+        {
+            self.publish(&session, action, None, None, true);
         }
         self.notify_summary_changed(&session);
     }

@@ -105,12 +105,11 @@ pub fn unsubscribe(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<
         .sessions
         .get(channel)
         .is_some_and(|s| s.state.active_clients.iter().any(|c| c.client_id == client));
-    if active {
-        if let Some(a) =
+    if active
+        && let Some(a) =
             typed_action(json!({"type": "session/activeClientRemoved", "clientId": client}))
-        {
-            core.emit(channel, a);
-        }
+    {
+        core.emit(channel, a);
     }
     Ok(())
 }

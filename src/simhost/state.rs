@@ -131,7 +131,7 @@ impl HostState {
         at: &str,
         ready: bool,
     ) -> String {
-        let chat_uri = default_chat_uri(uri);
+        let chat_uri = self.free_default_chat_uri(uri);
         let chat = json!({
             "resource": chat_uri, "title": "Main", "status": SessionStatus::Idle.bits(),
             "modifiedAt": at, "turns": []
@@ -161,6 +161,16 @@ impl HostState {
             );
         }
         chat_uri
+    }
+
+    /// `ahp-chat:/<session id>-main`, or with `-2`, `-3`… appended when a
+    /// client already took that chat URI.
+    fn free_default_chat_uri(&self, session_uri: &str) -> String {
+        let base = default_chat_uri(session_uri);
+        std::iter::once(base.clone())
+            .chain((2..).map(|n| format!("{base}-{n}")))
+            .find(|c| !self.chats.contains_key(c))
+            .unwrap_or(base)
     }
 
     /// Whether `uri` names a channel this host has.
@@ -250,7 +260,7 @@ impl HostState {
                 resource: c.resource.clone(),
                 title: c.title.clone(),
                 origin: c.origin.clone(),
-                interactivity: c.interactivity.clone(),
+                interactivity: c.interactivity,
                 status: Some(c.status),
                 changes: c.changes.clone(),
             })
@@ -293,15 +303,28 @@ impl HostState {
 
     /// Ends every active turn (used when a host restarts and its agent
     /// processes are gone): the turn is recorded as cancelled.
+    /// The session catalog entry of each such chat is updated to match, so
+    /// no subscriber sees a turn that runs forever.
     pub fn cancel_active_turns(&mut self) {
-        for entry in self.chats.values_mut() {
-            if let Some(turn) = entry.state.active_turn.clone() {
-                let duration = clock::millis_since(&turn.started_at);
-                if let Some(action) = typed_action(json!({
-                    "type": "chat/turnCancelled", "turnId": turn.id, "duration": duration
-                })) {
-                    apply_action_to_chat(&mut entry.state, &action);
-                }
+        for (uri, entry) in self.chats.iter_mut() {
+            let Some(turn) = entry.state.active_turn.clone() else {
+                continue;
+            };
+            let duration = clock::millis_since(&turn.started_at);
+            if let Some(action) = typed_action(json!({
+                "type": "chat/turnCancelled", "turnId": turn.id, "duration": duration
+            })) {
+                apply_action_to_chat(&mut entry.state, &action);
+            }
+            let changes =
+                json!({"status": entry.state.status, "modifiedAt": entry.state.modified_at});
+            if let (Some(session), Some(update)) = (
+                self.sessions.get_mut(&entry.session),
+                typed_action(
+                    json!({"type": "session/chatUpdated", "chat": uri, "changes": changes}),
+                ),
+            ) {
+                apply_action_to_session(&mut session.state, &update);
             }
         }
     }
@@ -334,7 +357,7 @@ pub fn chat_summary(chat: &ChatState) -> ChatSummary {
         changes: chat.changes.clone(),
         origin: chat.origin.clone(),
         movable: chat.movable,
-        interactivity: chat.interactivity.clone(),
+        interactivity: chat.interactivity,
         working_directories: chat.working_directories.clone(),
     }
 }

@@ -202,3 +202,134 @@ impl RawWs {
         }
     }
 }
+
+// ─── Generic helpers added for the streaming tests ──────────────────────────
+
+/// Subscribes through the generic `request`, so the snapshot's `state` stays
+/// raw JSON (the SDK's typed `SubscribeResult` goes through the untagged
+/// `SnapshotState`). Returns the snapshot object `{resource, state, fromSeq}`.
+/// Take `client.events()` before calling this to see every later envelope.
+pub async fn subscribe_raw(client: &Client, channel: &str) -> Value {
+    let result: Value = client
+        .request("subscribe", json!({ "channel": channel }))
+        .await
+        .unwrap_or_else(|e| panic!("subscribe {channel}: {e:?}"));
+    result
+        .get("snapshot")
+        .cloned()
+        .unwrap_or_else(|| panic!("subscribe {channel} returned no snapshot: {result}"))
+}
+
+/// The `fromSeq` of a raw snapshot object.
+pub fn snapshot_from_seq(snapshot: &Value) -> u64 {
+    snapshot
+        .get("fromSeq")
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("snapshot without fromSeq: {snapshot}"))
+}
+
+/// Action envelopes that arrive on `events` within `window` (other events
+/// are skipped). Returns early if the stream ends.
+pub async fn actions_within(
+    events: &mut ClientEventStream,
+    window: Duration,
+) -> Vec<ActionEnvelope> {
+    let deadline = tokio::time::Instant::now() + window;
+    let mut out = Vec::new();
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if let SubscriptionEvent::Action(env) = ev.event {
+            out.push(env);
+        }
+    }
+    out
+}
+
+/// Every envelope the host queued for `client` before now: pings (the answer
+/// follows every frame queued before it) and then drains `events`.
+pub async fn drain_actions(client: &Client, events: &mut ClientEventStream) -> Vec<ActionEnvelope> {
+    client.ping().await.expect("ping answered");
+    actions_within(events, Duration::from_millis(30)).await
+}
+
+fn reduce_json<S>(
+    state: &Value,
+    channel: &str,
+    envelopes: &[ActionEnvelope],
+    apply: impl Fn(&mut S, &ahp_types::actions::StateAction) -> ahp::ReduceOutcome,
+) -> Value
+where
+    S: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let mut s: S = serde_json::from_value(state.clone())
+        .unwrap_or_else(|e| panic!("state of {channel} does not parse: {e}: {state}"));
+    for env in envelopes
+        .iter()
+        .filter(|e| e.channel == channel && e.rejection_reason.is_none())
+    {
+        let outcome = apply(&mut s, &env.action);
+        assert!(
+            !matches!(outcome, ahp::ReduceOutcome::Invalid(_)),
+            "envelope {} on {channel} is invalid for the reducer: {outcome:?}",
+            env.server_seq
+        );
+    }
+    serde_json::to_value(&s).expect("state serializes")
+}
+
+/// Applies the accepted envelopes of `channel` (those without
+/// `rejectionReason`, in the given order) to a chat state given as JSON.
+pub fn reduce_chat(state: &Value, channel: &str, envelopes: &[ActionEnvelope]) -> Value {
+    reduce_json::<ahp_types::state::ChatState>(state, channel, envelopes, |s, a| {
+        ahp::reducers::apply_action_to_chat(s, a)
+    })
+}
+
+/// Like [`reduce_chat`] for a session channel.
+pub fn reduce_session(state: &Value, channel: &str, envelopes: &[ActionEnvelope]) -> Value {
+    reduce_json::<ahp_types::state::SessionState>(state, channel, envelopes, |s, a| {
+        ahp::reducers::apply_action_to_session(s, a)
+    })
+}
+
+/// Like [`reduce_chat`] for a terminal channel.
+pub fn reduce_terminal(state: &Value, channel: &str, envelopes: &[ActionEnvelope]) -> Value {
+    reduce_json::<ahp_types::state::TerminalState>(state, channel, envelopes, |s, a| {
+        ahp::reducers::apply_action_to_terminal(s, a)
+    })
+}
+
+/// Like [`reduce_chat`] for the root channel.
+pub fn reduce_root(state: &Value, envelopes: &[ActionEnvelope]) -> Value {
+    reduce_json::<ahp_types::state::RootState>(state, "ahp-root://", envelopes, |s, a| {
+        ahp::reducers::apply_action_to_root(s, a)
+    })
+}
+
+/// Panics unless the `serverSeq`s of `envelopes` strictly increase.
+pub fn assert_strictly_increasing(envelopes: &[ActionEnvelope]) {
+    for w in envelopes.windows(2) {
+        assert!(
+            w[0].server_seq < w[1].server_seq,
+            "serverSeq not strictly increasing: {} then {}",
+            w[0].server_seq,
+            w[1].server_seq
+        );
+    }
+}
+
+impl RawWs {
+    /// Next text frame exactly as received (no re-serialization), or `None`
+    /// if the socket closed first.
+    pub async fn recv_text(&mut self) -> Option<String> {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("frame in time")?;
+            match msg.ok()? {
+                Message::Text(t) => return Some(t.as_str().to_string()),
+                Message::Close(_) => return None,
+                _ => continue,
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The relay's configuration: one TOML file parsed into validated types.
+//!
+//! Everything else in the relay sees only [`RelayConfig`] after
+//! [`RelayConfig::validate`] has passed. Unknown keys are errors
+//! (`deny_unknown_fields`), so a typo never silently falls back to a default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::edge::auth::AuthConfig;
+use crate::route::names::valid_host_id;
+
+/// Errors reading or validating the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown or ill-typed keys.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A value is out of range or inconsistent with another.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole relay configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Where clients connect.
+    pub listen: ListenConfig,
+    /// Client authentication.
+    pub auth: AuthConfig,
+    /// The relay's own state: secret and URI store.
+    pub relay: RelayState,
+    /// The upstream hosts.
+    #[serde(default)]
+    pub hosts: Vec<HostConfig>,
+    /// Bounds.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// Listener and TLS settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Socket address, e.g. `0.0.0.0:8443`.
+    pub addr: SocketAddr,
+    /// PEM certificate chain (reloaded when the file changes).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key.
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain `ws://` (only behind a TLS-terminating ingress). Must be
+    /// set explicitly; a listener with neither TLS files nor this flag is an
+    /// error.
+    #[serde(default)]
+    pub plaintext: bool,
+}
+
+/// Relay-owned state.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayState {
+    /// File holding the relay secret (HMAC key for upstream client ids and
+    /// cursors); generated with 32 random bytes on first start if absent.
+    pub secret_file: PathBuf,
+    /// The durable URI store file.
+    pub store: PathBuf,
+    /// Host that receives terminals created with a client claim and no
+    /// other host hint; optional.
+    pub default_host: Option<String>,
+}
+
+/// One upstream host.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Stable id, `[a-z0-9-]{1,32}`, never `localhost`; appears in URIs.
+    pub id: String,
+    /// Human label, suffixed to agent display names.
+    #[serde(default)]
+    pub label: Option<String>,
+    /// `wss://…` or (with `allow_plaintext`) `ws://…`.
+    pub url: String,
+    /// Allow a `ws://` URL.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// Bearer token file sent to the host as `Authorization: Bearer`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// PEM CA to verify the host's certificate (default: webpki roots).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Bounds; every field has a default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest client frame in bytes (both directions).
+    pub max_frame_bytes: usize,
+    /// Deepest JSON nesting accepted from a client.
+    pub max_json_depth: usize,
+    /// Seconds to complete TLS + HTTP upgrade.
+    pub handshake_timeout_secs: u64,
+    /// Frames queued towards one client before it is closed as slow (4008).
+    pub client_queue_frames: usize,
+    /// Envelopes kept per client session for replay.
+    pub replay_buffer_envelopes: usize,
+    /// Bytes kept per client session for replay.
+    pub replay_buffer_bytes: usize,
+    /// Seconds to wait for a host's answer to a forwarded request.
+    pub upstream_request_secs: u64,
+    /// Largest `listSessions` page.
+    pub list_sessions_limit: usize,
+    /// Client sessions (connections) per principal.
+    pub sessions_per_principal: usize,
+    /// Links (hosts in use) per client session.
+    pub links_per_session: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 4 * 1024 * 1024,
+            max_json_depth: 64,
+            handshake_timeout_secs: 10,
+            client_queue_frames: 8192,
+            replay_buffer_envelopes: 4096,
+            replay_buffer_bytes: 4 * 1024 * 1024,
+            upstream_request_secs: 30,
+            list_sessions_limit: 200,
+            sessions_per_principal: 16,
+            links_per_session: 8,
+        }
+    }
+}
+
+impl Limits {
+    /// [`Limits::upstream_request_secs`] as a duration.
+    pub fn upstream_request(&self) -> Duration {
+        Duration::from_secs(self.upstream_request_secs)
+    }
+}
+
+impl RelayConfig {
+    /// Reads and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks what serde cannot: host ids, URL schemes, TLS presence.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        match (&self.listen.tls_cert, &self.listen.tls_key, self.listen.plaintext) {
+            (Some(_), Some(_), false) | (None, None, true) => {}
+            (Some(_), Some(_), true) => return bad("listen: tls files and plaintext = true are exclusive".into()),
+            _ => return bad("listen: give tls_cert and tls_key, or set plaintext = true explicitly".into()),
+        }
+        let mut seen = std::collections::HashSet::new();
+        for h in &self.hosts {
+            if !valid_host_id(&h.id) {
+                return bad(format!("host id {:?} must match [a-z0-9-]{{1,32}} and not be localhost", h.id));
+            }
+            if !seen.insert(h.id.as_str()) {
+                return bad(format!("host id {:?} appears twice", h.id));
+            }
+            let plain = h.url.starts_with("ws://");
+            if !(plain || h.url.starts_with("wss://")) {
+                return bad(format!("host {}: url must be wss:// (or ws:// with allow_plaintext)", h.id));
+            }
+            if plain && !h.allow_plaintext {
+                return bad(format!("host {}: ws:// needs allow_plaintext = true", h.id));
+            }
+        }
+        if let Some(d) = &self.relay.default_host {
+            if !self.hosts.iter().any(|h| &h.id == d) {
+                return bad(format!("relay.default_host {d:?} is not a configured host"));
+            }
+        }
+        if self.auth.issuers.is_empty() {
+            return bad("auth: at least one issuer is required".into());
+        }
+        Ok(())
+    }
+
+    /// The host with this id.
+    pub fn host(&self, id: &str) -> Option<&HostConfig> {
+        self.hosts.iter().find(|h| h.id == id)
+    }
+}

@@ -1,0 +1,8 @@
+//! Names and routing: the client-facing namespace over many hosts, the URI
+//! store, and the rewrite table that translates every name-bearing field.
+
+pub mod client_uri;
+pub mod namer;
+pub mod names;
+pub mod store;
+pub mod translate;

@@ -1,0 +1,104 @@
+//! The two directions of name translation for one host and one client
+//! session: [`ToClient`] (host → client, never fails) and [`ToHost`]
+//! (client → host, fail-closed), used with the rewrite table in
+//! [`super::translate`].
+
+use super::names::{self, ClientName, UriParts};
+use super::store::{UriState, UriStore};
+use super::translate::{FieldKind, Namer};
+
+/// Whether `base` is a live client-chosen URI the store records for `host`.
+pub fn is_store_entry(store: &dyn UriStore, host: &str, base: &str) -> bool {
+    matches!(store.lookup(base), Ok(Some(e)) if e.host == host && !matches!(e.state, UriState::Tombstone { .. }))
+}
+
+/// Host → client: qualify host URIs, suffix providers with `@host`, show the
+/// session's own upstream id as the client's id (other ids stay opaque).
+pub struct ToClient<'a> {
+    /// The host the value came from.
+    pub host: &'a str,
+    /// The URI store (verbatim entries).
+    pub store: &'a dyn UriStore,
+    /// The receiving session's identities: (upstream id, client id).
+    pub identity: Option<(&'a str, &'a str)>,
+}
+
+impl Namer for ToClient<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+        Ok(match kind {
+            FieldKind::Uri => names::qualify(self.host, value, |base| {
+                is_store_entry(self.store, self.host, base)
+            }),
+            FieldKind::Provider => names::qualify_provider(self.host, value),
+            FieldKind::ClientId => match self.identity {
+                Some((up, own)) if value == up => own.to_string(),
+                _ => value.to_string(),
+            },
+        })
+    }
+}
+
+/// Client → host: every value must name the target host (qualified URI of
+/// this host, store entry of this host, `…@host` provider, the sender's own
+/// client id); anything else fails the frame.
+pub struct ToHost<'a> {
+    /// The host the frame goes to.
+    pub host: &'a str,
+    /// The URI store.
+    pub store: &'a dyn UriStore,
+    /// The sending session's identities: (upstream id, client id).
+    pub identity: (&'a str, &'a str),
+}
+
+impl Namer for ToHost<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+        match kind {
+            FieldKind::Uri => to_host_uri(self.store, self.host, value),
+            FieldKind::Provider => match names::read_provider(value) {
+                Some((p, h)) if h == self.host => Ok(p.to_string()),
+                Some(_) => Err("provider belongs to another host".into()),
+                None => Err("provider must be <provider>@<host>".into()),
+            },
+            FieldKind::ClientId => {
+                let (up, own) = self.identity;
+                if value == own {
+                    Ok(up.to_string())
+                } else {
+                    Err("must be the sender's own clientId".into())
+                }
+            }
+        }
+    }
+}
+
+/// The host form of a client URI bound for `host`, or why it has none.
+pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String, String> {
+    if UriParts::parse(uri).is_none() {
+        if uri.starts_with("ahp-") && uri != ahp_types::ROOT_RESOURCE_URI {
+            return Err("unknown URI".into());
+        }
+        return Ok(uri.to_string());
+    }
+    match names::read_client_uri(uri) {
+        Ok(ClientName::Qualified { host: h, host_uri }) if h == host => Ok(host_uri),
+        Ok(ClientName::Qualified { .. }) => Err("URI names another host".into()),
+        Ok(ClientName::Verbatim { key }) if is_store_entry(store, host, &key) => {
+            Ok(uri.to_string())
+        }
+        Ok(ClientName::Verbatim { .. }) | Err(_) => Err("unknown URI".into()),
+    }
+}
+
+/// The host a client channel URI belongs to and its host form; `None` when
+/// the URI is not a host channel the relay knows.
+pub fn route(store: &dyn UriStore, uri: &str) -> Option<(String, String)> {
+    match names::read_client_uri(uri).ok()? {
+        ClientName::Qualified { host, host_uri } => Some((host.to_string(), host_uri)),
+        ClientName::Verbatim { key } => match store.lookup(&key) {
+            Ok(Some(e)) if !matches!(e.state, UriState::Tombstone { .. }) => {
+                Some((e.host, uri.to_string()))
+            }
+            _ => None,
+        },
+    }
+}

@@ -1,0 +1,476 @@
+//! The durable store of client-chosen URIs (contract §4.2, §7.4).
+//!
+//! A URI a client chooses (`createSession.channel`, `createChat.chat`, `createTerminal.channel`)
+//! keeps its exact form through the relay, so the relay must remember which host owns it and keep
+//! it unique across all hosts and across relay restarts. Its lifecycle:
+//!
+//! ```text
+//! reserve ──► Pending ──confirm──► Confirmed ──tombstone──► Tombstone{until} ──purge_expired──► gone
+//!                │ └──────────────tombstone───────────────────────┘
+//!                └──release (host error)──► gone
+//! ```
+//!
+//! A name is taken while any entry for it exists, except a tombstone whose `until` has passed.
+//! Every entry records its owner (issuer + subject) for the tenancy rules.
+//!
+//! The relay talks to the store only through [`UriStore`], so a store shared by several replicas
+//! can replace [`RedbStore`] later (§11). An error from any write means the store is unavailable:
+//! the relay must then refuse the create (-32603) rather than forward it unrecorded (§7.4).
+//!
+//! # Why redb
+//! [`RedbStore`] keeps the table in one file with the `redb` crate rather than SQLite:
+//! - pure Rust: no C toolchain or bundled C library in the build or the container image;
+//! - one file, which is what a StatefulSet volume backs up and restores, locked against a second
+//!   relay process opening it;
+//! - ACID, copy-on-write commits that are durable (fsync) when `commit` returns, so a crash leaves
+//!   either the old or the new state, never a torn one;
+//! - a small dependency with no transitive crates, and a key-value API that is all a table of
+//!   `uri → entry` needs (no SQL, no schema text).
+//!
+//! The row layout is versioned by the table name (`uris_v1`); a new layout gets a new table and a
+//! migration at open.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Mutex, PoisonError, RwLock};
+
+use redb::backends::InMemoryBackend;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use thiserror::Error;
+
+/// `uri → (host, state, tombstone until, owner issuer, owner subject, created_at)`.
+const URIS: TableDefinition<&str, Row<'_>> = TableDefinition::new("uris_v1");
+
+/// One stored row; the state is one of [`PENDING`], [`CONFIRMED`], [`TOMBSTONE`].
+type Row<'a> = (&'a str, u8, u64, &'a str, &'a str, u64);
+
+const PENDING: u8 = 0;
+const CONFIRMED: u8 = 1;
+const TOMBSTONE: u8 = 2;
+
+/// redb's page cache; every entry is mirrored in memory anyway, so a small cache suffices.
+const CACHE_BYTES: usize = 16 << 20;
+
+/// The principal that created an entry through the relay (contract §3.3: issuer + subject).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Owner {
+    /// The token's `iss`.
+    pub issuer: String,
+    /// The token's `sub`.
+    pub subject: String,
+}
+
+/// Where an entry is in its lifecycle (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UriState {
+    /// Reserved; the create has been (or is about to be) forwarded and its outcome is unknown.
+    Pending,
+    /// The host reported the create as successful, or listed the URI in its catalog.
+    Confirmed,
+    /// The object was disposed; the name stays taken until `until` (seconds since the epoch).
+    Tombstone {
+        /// The first second at which the name may be reserved again.
+        until: u64,
+    },
+}
+
+/// One stored URI: which host owns it, who created it, and in which state it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UriEntry {
+    /// The client-facing URI, exactly as the client chose it.
+    pub uri: String,
+    /// The configured id of the host that owns it.
+    pub host: String,
+    /// Its lifecycle state.
+    pub state: UriState,
+    /// The principal that reserved it.
+    pub owner: Owner,
+    /// When it was reserved, in seconds since the epoch.
+    pub created_at: u64,
+}
+
+/// Why a store operation did not happen. Nothing was changed when an error is returned.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StoreError {
+    /// The URI already has an entry (pending, confirmed, or an unexpired tombstone) owned by
+    /// `host`. The host id is for routing and logs, not for a client that cannot see that host.
+    #[error("URI is already taken on host {host}")]
+    Taken {
+        /// The host that owns the existing entry.
+        host: String,
+    },
+    /// The URI has no entry in a state that allows the operation.
+    #[error("URI has no entry in a state that allows this operation")]
+    NotFound,
+    /// The store could not be read or written (I/O, lock, corruption); creates must be refused.
+    #[error("URI store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// True for [`StoreError::Unavailable`]: the store itself failed, not the request.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// The URI table behind the router. Each method is atomic: it either fully applies or returns an
+/// error and changes nothing; a successful write is durable when the method returns. Write
+/// methods may block on disk I/O, so async callers run them on a blocking thread.
+pub trait UriStore: Send + Sync {
+    /// Inserts `uri` as [`UriState::Pending`] for `host` and `owner`, created at `now`.
+    /// Fails with [`StoreError::Taken`] if any entry exists other than a tombstone with
+    /// `until <= now` (which it replaces). Of concurrent reserves of one URI exactly one succeeds.
+    fn reserve(&self, uri: &str, host: &str, owner: &Owner, now: u64) -> Result<(), StoreError>;
+
+    /// Marks a pending entry [`UriState::Confirmed`]; confirming a confirmed entry is a no-op.
+    /// [`StoreError::NotFound`] if there is no entry or it is a tombstone.
+    fn confirm(&self, uri: &str) -> Result<(), StoreError>;
+
+    /// Removes a pending entry (the host refused the create), freeing the name at once.
+    /// [`StoreError::NotFound`] if there is no pending entry: a confirmed name is only ever
+    /// freed through a tombstone.
+    fn release(&self, uri: &str) -> Result<(), StoreError>;
+
+    /// Turns a pending or confirmed entry into a tombstone that keeps the name taken until
+    /// `now + ttl_secs`; an existing tombstone is left as it is.
+    /// [`StoreError::NotFound`] if there is no entry.
+    fn tombstone(&self, uri: &str, now: u64, ttl_secs: u64) -> Result<(), StoreError>;
+
+    /// The committed entry for `uri` in any state (tombstones included), or `None`.
+    fn lookup(&self, uri: &str) -> Result<Option<UriEntry>, StoreError>;
+
+    /// Every committed entry owned by `host`, in any state, sorted by URI.
+    fn entries_for_host(&self, host: &str) -> Result<Vec<UriEntry>, StoreError>;
+
+    /// Removes every tombstone with `until <= now`; returns how many were removed.
+    fn purge_expired(&self, now: u64) -> Result<usize, StoreError>;
+
+    /// Ok if the store can accept writes now (for `/readyz`).
+    fn health(&self) -> Result<(), StoreError>;
+}
+
+/// A [`UriStore`] in one redb file, with every entry mirrored in memory so that `lookup` and
+/// `entries_for_host` never touch the disk. The mirror is loaded at open and updated only after
+/// a successful commit, so it never shows an uncommitted entry; writes are serialized.
+pub struct RedbStore {
+    db: Database,
+    /// Committed entries by URI.
+    mirror: RwLock<HashMap<String, UriEntry>>,
+    /// Held from the start of a write transaction until the mirror reflects its commit, so the
+    /// mirror receives commits in commit order.
+    writer: Mutex<()>,
+}
+
+impl RedbStore {
+    /// Opens the store file at `path`, creating the file (not its directory) if it does not
+    /// exist, and loads every entry into the mirror. Fails with [`StoreError::Unavailable`] if
+    /// the directory is missing, the file is not a store, or another process has it open.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+            && !dir.is_dir()
+        {
+            return Err(StoreError::Unavailable(format!(
+                "URI store directory {} does not exist",
+                dir.display()
+            )));
+        }
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot open URI store {}: {e}", path.display()))
+            })?;
+        Self::load(db)
+    }
+
+    /// An empty store held in memory only (for tests and the demo); it behaves like a file
+    /// store except that nothing survives dropping it.
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(InMemoryBackend::new())
+            .map_err(unavailable)?;
+        Self::load(db)
+    }
+
+    /// Creates the table if needed and reads every row into the mirror.
+    fn load(db: Database) -> Result<Self, StoreError> {
+        let txn = db.begin_write().map_err(unavailable)?;
+        txn.open_table(URIS).map_err(unavailable)?;
+        txn.commit().map_err(unavailable)?;
+
+        let txn = db.begin_read().map_err(unavailable)?;
+        let table = txn.open_table(URIS).map_err(unavailable)?;
+        let mut mirror = HashMap::new();
+        for row in table.iter().map_err(unavailable)? {
+            let (uri, row) = row.map_err(unavailable)?;
+            let entry = decode(uri.value(), row.value())?;
+            mirror.insert(entry.uri.clone(), entry);
+        }
+        Ok(Self {
+            db,
+            mirror: RwLock::new(mirror),
+            writer: Mutex::new(()),
+        })
+    }
+
+    /// In one write transaction, passes the committed entry of `uri` to `change` and stores what
+    /// it returns (`None` deletes); commits only if that differs, then updates the mirror.
+    /// Every early return drops `txn`, which aborts it.
+    fn update(
+        &self,
+        uri: &str,
+        change: impl FnOnce(Option<UriEntry>) -> Result<Option<UriEntry>, StoreError>,
+    ) -> Result<(), StoreError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        let next = {
+            let mut table = txn.open_table(URIS).map_err(unavailable)?;
+            let current = match table.get(uri).map_err(unavailable)? {
+                Some(row) => Some(decode(uri, row.value())?),
+                None => None,
+            };
+            let next = change(current.clone())?;
+            if next == current {
+                return Ok(());
+            }
+            match &next {
+                Some(entry) => table.insert(uri, encode(entry)).map_err(unavailable)?,
+                None => table.remove(uri).map_err(unavailable)?,
+            };
+            next
+        };
+        txn.commit().map_err(unavailable)?;
+        let mut mirror = self.mirror.write().unwrap_or_else(PoisonError::into_inner);
+        match next {
+            Some(entry) => mirror.insert(uri.to_owned(), entry),
+            None => mirror.remove(uri),
+        };
+        Ok(())
+    }
+}
+
+impl UriStore for RedbStore {
+    fn reserve(&self, uri: &str, host: &str, owner: &Owner, now: u64) -> Result<(), StoreError> {
+        self.update(uri, |current| match current {
+            Some(entry) if !is_expired(&entry, now) => Err(StoreError::Taken { host: entry.host }),
+            _ => Ok(Some(UriEntry {
+                uri: uri.to_owned(),
+                host: host.to_owned(),
+                state: UriState::Pending,
+                owner: owner.clone(),
+                created_at: now,
+            })),
+        })
+    }
+
+    fn confirm(&self, uri: &str) -> Result<(), StoreError> {
+        self.update(uri, |current| match current {
+            Some(entry) if matches!(entry.state, UriState::Pending | UriState::Confirmed) => {
+                Ok(Some(UriEntry {
+                    state: UriState::Confirmed,
+                    ..entry
+                }))
+            }
+            _ => Err(StoreError::NotFound),
+        })
+    }
+
+    fn release(&self, uri: &str) -> Result<(), StoreError> {
+        self.update(uri, |current| match current {
+            Some(entry) if entry.state == UriState::Pending => Ok(None),
+            _ => Err(StoreError::NotFound),
+        })
+    }
+
+    fn tombstone(&self, uri: &str, now: u64, ttl_secs: u64) -> Result<(), StoreError> {
+        self.update(uri, |current| match current {
+            Some(entry) if matches!(entry.state, UriState::Tombstone { .. }) => Ok(Some(entry)),
+            Some(entry) => Ok(Some(UriEntry {
+                state: UriState::Tombstone {
+                    until: now.saturating_add(ttl_secs),
+                },
+                ..entry
+            })),
+            None => Err(StoreError::NotFound),
+        })
+    }
+
+    fn lookup(&self, uri: &str) -> Result<Option<UriEntry>, StoreError> {
+        let mirror = self.mirror.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(mirror.get(uri).cloned())
+    }
+
+    fn entries_for_host(&self, host: &str) -> Result<Vec<UriEntry>, StoreError> {
+        let mirror = self.mirror.read().unwrap_or_else(PoisonError::into_inner);
+        let mut entries: Vec<UriEntry> = mirror
+            .values()
+            .filter(|entry| entry.host == host)
+            .cloned()
+            .collect();
+        entries.sort_by(|a, b| a.uri.cmp(&b.uri));
+        Ok(entries)
+    }
+
+    fn purge_expired(&self, now: u64) -> Result<usize, StoreError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        let expired = {
+            let mut table = txn.open_table(URIS).map_err(unavailable)?;
+            let mut expired = Vec::new();
+            for row in table.iter().map_err(unavailable)? {
+                let (uri, row) = row.map_err(unavailable)?;
+                if is_expired(&decode(uri.value(), row.value())?, now) {
+                    expired.push(uri.value().to_owned());
+                }
+            }
+            for uri in &expired {
+                table.remove(uri.as_str()).map_err(unavailable)?;
+            }
+            expired
+        };
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        txn.commit().map_err(unavailable)?;
+        let mut mirror = self.mirror.write().unwrap_or_else(PoisonError::into_inner);
+        for uri in &expired {
+            mirror.remove(uri);
+        }
+        Ok(expired.len())
+    }
+
+    fn health(&self) -> Result<(), StoreError> {
+        // A write transaction is refused once a commit has failed on I/O, which reads cannot see.
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        txn.abort().map_err(unavailable)
+    }
+}
+
+/// True for a tombstone whose time has come: the name is free again.
+fn is_expired(entry: &UriEntry, now: u64) -> bool {
+    matches!(entry.state, UriState::Tombstone { until } if until <= now)
+}
+
+fn encode(entry: &UriEntry) -> Row<'_> {
+    let (state, until) = match entry.state {
+        UriState::Pending => (PENDING, 0),
+        UriState::Confirmed => (CONFIRMED, 0),
+        UriState::Tombstone { until } => (TOMBSTONE, until),
+    };
+    (
+        &entry.host,
+        state,
+        until,
+        &entry.owner.issuer,
+        &entry.owner.subject,
+        entry.created_at,
+    )
+}
+
+fn decode(uri: &str, row: Row<'_>) -> Result<UriEntry, StoreError> {
+    let (host, state, until, issuer, subject, created_at) = row;
+    let state = match state {
+        PENDING => UriState::Pending,
+        CONFIRMED => UriState::Confirmed,
+        TOMBSTONE => UriState::Tombstone { until },
+        other => {
+            return Err(StoreError::Unavailable(format!(
+                "URI store holds an entry in unknown state {other}"
+            )));
+        }
+    };
+    Ok(UriEntry {
+        uri: uri.to_owned(),
+        host: host.to_owned(),
+        state,
+        owner: Owner {
+            issuer: issuer.to_owned(),
+            subject: subject.to_owned(),
+        },
+        created_at,
+    })
+}
+
+fn unavailable(error: impl Into<redb::Error>) -> StoreError {
+    StoreError::Unavailable(error.into().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> Owner {
+        Owner {
+            issuer: "https://idp".into(),
+            subject: "alice".into(),
+        }
+    }
+
+    #[test]
+    fn encode_decode_round_trip() {
+        for state in [
+            UriState::Pending,
+            UriState::Confirmed,
+            UriState::Tombstone { until: u64::MAX },
+        ] {
+            let entry = UriEntry {
+                uri: "ahp-chat:/c".into(),
+                host: "gpu1".into(),
+                state,
+                owner: owner(),
+                created_at: 7,
+            };
+            assert_eq!(decode(&entry.uri, encode(&entry)), Ok(entry.clone()));
+        }
+    }
+
+    #[test]
+    fn unknown_state_byte_is_unavailable() {
+        let error = decode("ahp-chat:/c", ("h", 9, 0, "i", "s", 0)).unwrap_err();
+        assert!(error.is_unavailable());
+    }
+
+    #[test]
+    fn refused_operations_change_nothing() {
+        let store = RedbStore::open_in_memory().unwrap();
+        let uri = "ahp-session:/s";
+        assert_eq!(store.confirm(uri), Err(StoreError::NotFound));
+        assert_eq!(store.release(uri), Err(StoreError::NotFound));
+        assert_eq!(store.tombstone(uri, 0, 10), Err(StoreError::NotFound));
+        assert_eq!(store.lookup(uri), Ok(None));
+
+        store.reserve(uri, "a", &owner(), 1).unwrap();
+        store.confirm(uri).unwrap();
+        store.confirm(uri).unwrap();
+        assert_eq!(store.release(uri), Err(StoreError::NotFound));
+        store.tombstone(uri, 5, 10).unwrap();
+        store.tombstone(uri, 9, 100).unwrap();
+        assert_eq!(store.confirm(uri), Err(StoreError::NotFound));
+        assert_eq!(store.release(uri), Err(StoreError::NotFound));
+        let entry = store.lookup(uri).unwrap().unwrap();
+        assert_eq!(entry.state, UriState::Tombstone { until: 15 });
+        assert_eq!(entry.created_at, 1);
+        assert_eq!(entry.owner, owner());
+    }
+
+    #[test]
+    fn ttl_saturates() {
+        let store = RedbStore::open_in_memory().unwrap();
+        store.reserve("ahp-chat:/c", "a", &owner(), 1).unwrap();
+        store.tombstone("ahp-chat:/c", u64::MAX - 1, 10).unwrap();
+        let entry = store.lookup("ahp-chat:/c").unwrap().unwrap();
+        assert_eq!(entry.state, UriState::Tombstone { until: u64::MAX });
+    }
+
+    #[test]
+    fn health_is_ok_and_errors_classify() {
+        let store = RedbStore::open_in_memory().unwrap();
+        assert_eq!(store.health(), Ok(()));
+        assert!(StoreError::Unavailable("x".into()).is_unavailable());
+        assert!(!StoreError::NotFound.is_unavailable());
+        assert!(!StoreError::Taken { host: "a".into() }.is_unavailable());
+    }
+}
