@@ -84,6 +84,13 @@ pub struct RelayState {
     /// Host that receives terminals created with a client claim and no
     /// other host hint; optional.
     pub default_host: Option<String>,
+    /// How long a disposed client-chosen URI stays reserved (default 30 days).
+    #[serde(default = "default_tombstone_ttl")]
+    pub tombstone_ttl_secs: u64,
+}
+
+fn default_tombstone_ttl() -> u64 {
+    30 * 24 * 3600
 }
 
 /// One upstream host.
@@ -176,31 +183,47 @@ impl RelayConfig {
     /// Checks what serde cannot: host ids, URL schemes, TLS presence.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        match (&self.listen.tls_cert, &self.listen.tls_key, self.listen.plaintext) {
+        match (
+            &self.listen.tls_cert,
+            &self.listen.tls_key,
+            self.listen.plaintext,
+        ) {
             (Some(_), Some(_), false) | (None, None, true) => {}
-            (Some(_), Some(_), true) => return bad("listen: tls files and plaintext = true are exclusive".into()),
-            _ => return bad("listen: give tls_cert and tls_key, or set plaintext = true explicitly".into()),
+            (Some(_), Some(_), true) => {
+                return bad("listen: tls files and plaintext = true are exclusive".into());
+            }
+            _ => {
+                return bad(
+                    "listen: give tls_cert and tls_key, or set plaintext = true explicitly".into(),
+                );
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for h in &self.hosts {
             if !valid_host_id(&h.id) {
-                return bad(format!("host id {:?} must match [a-z0-9-]{{1,32}} and not be localhost", h.id));
+                return bad(format!(
+                    "host id {:?} must match [a-z0-9-]{{1,32}} and not be localhost",
+                    h.id
+                ));
             }
             if !seen.insert(h.id.as_str()) {
                 return bad(format!("host id {:?} appears twice", h.id));
             }
             let plain = h.url.starts_with("ws://");
             if !(plain || h.url.starts_with("wss://")) {
-                return bad(format!("host {}: url must be wss:// (or ws:// with allow_plaintext)", h.id));
+                return bad(format!(
+                    "host {}: url must be wss:// (or ws:// with allow_plaintext)",
+                    h.id
+                ));
             }
             if plain && !h.allow_plaintext {
                 return bad(format!("host {}: ws:// needs allow_plaintext = true", h.id));
             }
         }
-        if let Some(d) = &self.relay.default_host {
-            if !self.hosts.iter().any(|h| &h.id == d) {
-                return bad(format!("relay.default_host {d:?} is not a configured host"));
-            }
+        if let Some(d) = &self.relay.default_host
+            && !self.hosts.iter().any(|h| &h.id == d)
+        {
+            return bad(format!("relay.default_host {d:?} is not a configured host"));
         }
         if self.auth.issuers.is_empty() {
             return bad("auth: at least one issuer is required".into());

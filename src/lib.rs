@@ -4,5 +4,15 @@
 
 pub mod cli;
 pub mod client;
+pub mod config;
+pub mod devkit;
+pub mod edge;
+pub mod metrics;
+pub mod relay;
 pub mod route;
+pub mod rpc;
+pub mod run;
+pub mod session;
 pub mod simhost;
+pub mod upstream;
+pub mod wire;

@@ -10,6 +10,10 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     cli::init_tracing();
     match cli.command {
+        Command::Demo(args) => cli::demo::run(args).await,
+        Command::Serve(args) => cli::serve::run(args).await,
+        Command::CheckConfig(args) => cli::serve::check(args),
+        Command::Token(args) => cli::token::run(args),
         Command::Simhost(args) => cli::simhost::run(args).await,
         Command::Client(args) => ahp_relay::client::cli::run(args).await,
     }

@@ -1,6 +1,9 @@
 //! The `ahp-relay` command line: one binary, one subcommand per job.
 
+pub mod demo;
+pub mod serve;
 pub mod simhost;
+pub mod token;
 
 use clap::{Parser, Subcommand};
 
@@ -16,6 +19,14 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand)]
 pub enum Command {
+    /// The relay in front of simulated hosts on loopback, with a dev token.
+    Demo(demo::DemoArgs),
+    /// Run the relay from a configuration file.
+    Serve(serve::ServeArgs),
+    /// Validate a configuration file.
+    CheckConfig(serve::CheckArgs),
+    /// Mint an HS256 token with a key file.
+    Token(token::TokenArgs),
     /// Run a simulated AHP host (for demos, tests and benchmarks).
     Simhost(simhost::SimHostArgs),
     /// A small AHP client: list sessions, tail a chat, send a message.

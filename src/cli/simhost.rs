@@ -23,6 +23,9 @@ pub struct SimHostArgs {
     /// hosts the same prefix to make their URIs collide.
     #[arg(long)]
     pub session_prefix: Option<String>,
+    /// Terminals present at start (`ahp-terminal:/1`…).
+    #[arg(long, default_value_t = 0)]
+    pub terminals: usize,
     /// Agent provider id.
     #[arg(long, default_value = "sim")]
     pub provider: String,
@@ -77,6 +80,7 @@ impl SimHostArgs {
             name: self.name.clone(),
             provider: self.provider.clone(),
             sessions: self.sessions,
+            terminals: self.terminals,
             session_prefix: self
                 .session_prefix
                 .clone()

@@ -20,10 +20,10 @@ use serde_json::{Value, json};
 
 use super::agent;
 use super::core::{ConnId, HostCore, ReplayDecision};
-use super::rpc::RpcError;
 use super::server::Shared;
 use super::state::{ChannelKind, chat_summary, parse_turns_cursor, turns_cursor};
 use super::typed::{typed, typed_action};
+use crate::rpc::RpcError;
 
 /// Caret ranges of the protocol versions this host speaks.
 pub const SUPPORTED_VERSIONS: &[&str] = &["^1.0.0"];

@@ -53,6 +53,10 @@ pub struct SimHostConfig {
     /// `ahp-chat:/<prefix>-<n>-main`. Two hosts given the same prefix announce
     /// colliding URIs, as cloned hosts do.
     pub session_prefix: String,
+    /// Terminals present at start: `ahp-terminal:/<n>`, claimed by the first
+    /// session's chat (needs `sessions ≥ 1`). Host-assigned ids like these
+    /// collide across hosts, as real terminal ids do.
+    pub terminals: usize,
     /// The agent's script.
     pub script: AgentScript,
     /// Envelopes kept for `reconnect` replay (rejected ones included).
@@ -74,6 +78,7 @@ impl Default for SimHostConfig {
             provider: "sim".into(),
             sessions: 3,
             session_prefix: "simhost".into(),
+            terminals: 0,
             script: AgentScript::default(),
             replay_log: 1000,
             vscode_compat: false,

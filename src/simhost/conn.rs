@@ -14,8 +14,8 @@ use super::commands;
 use super::core::{ConnId, Outbound};
 use super::dispatch;
 use super::record::FrameRecord;
-use super::rpc::{self, RpcError};
 use super::server::Shared;
+use crate::rpc::{self, RpcError};
 
 /// Serves one accepted TCP connection until either side closes it.
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {

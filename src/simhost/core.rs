@@ -18,8 +18,8 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 use super::clock::SplitMix64;
 use super::config::SimHostConfig;
-use super::rpc;
 use super::state::{ChannelKind, HostState, chat_summary};
+use crate::rpc;
 
 /// Identifies one WebSocket connection for the life of the host process.
 pub type ConnId = u64;

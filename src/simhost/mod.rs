@@ -25,7 +25,6 @@ pub mod conn;
 pub mod core;
 pub mod dispatch;
 pub mod record;
-pub mod rpc;
 pub mod server;
 pub mod state;
 pub mod typed;

@@ -118,7 +118,26 @@ impl HostState {
             );
         }
         state.root.active_sessions = Some(state.sessions.len() as i64);
+        state.seed_terminals(cfg);
         state
+    }
+
+    fn seed_terminals(&mut self, cfg: &SimHostConfig) {
+        let Some((session, entry)) = self.sessions.iter().next() else {
+            return;
+        };
+        let chat = entry.state.default_chat.clone().unwrap_or_default();
+        for n in 1..=cfg.terminals {
+            let terminal = json!({
+                "title": format!("Terminal {n} on {}", cfg.name), "content": [],
+                "lifecycle": {"status": "running"},
+                "claim": {"kind": "session", "session": session, "chat": chat}
+            });
+            if let Some(t) = typed::<TerminalState>(terminal) {
+                self.terminals.insert(format!("ahp-terminal:/{n}"), t);
+            }
+        }
+        self.root.terminals = Some(self.terminal_infos());
     }
 
     /// Inserts a session with its default chat `<session id>-main`. `ready`

@@ -1,4 +1,5 @@
-//! JSON-RPC frames the host writes: responses, errors and notifications.
+//! JSON-RPC error objects and frames shared by the relay and the simulated
+//! host: responses, errors and notifications.
 
 use ahp_types::errors::{ahp_error_codes as ahp, json_rpc_error_codes as rpc};
 use serde_json::{Value, json};
@@ -69,6 +70,43 @@ impl RpcError {
     /// -32008: no such channel, resource or client.
     pub fn not_found(what: impl Into<String>) -> Self {
         Self::new(ahp::NOT_FOUND, what)
+    }
+    /// -32603: the relay or host failed; `data` says why and whether to retry.
+    pub fn internal(message: impl Into<String>, data: Option<Value>) -> Self {
+        Self {
+            data,
+            ..Self::new(rpc::INTERNAL_ERROR, message)
+        }
+    }
+    /// -32603 for a host that cannot be reached (contract §4.4).
+    pub fn host_unavailable(host: &str) -> Self {
+        Self::internal(
+            format!("host {host} is unavailable"),
+            Some(json!({"reason": "hostUnavailable", "host": host, "retryable": true})),
+        )
+    }
+    /// -32603 for a request whose link dropped before the answer (§5.8).
+    pub fn upstream_lost(host: &str) -> Self {
+        Self::internal(
+            format!("connection to host {host} was lost"),
+            Some(json!({"reason": "upstreamLost", "host": host, "retryable": true})),
+        )
+    }
+    /// Any code and message (e.g. relaying a host's error).
+    pub fn with_code(code: i32, message: impl Into<String>, data: Option<Value>) -> Self {
+        Self {
+            data,
+            ..Self::new(code, message)
+        }
+    }
+    /// The full error response frame for the request whose id is the exact
+    /// JSON text `id` (echoed byte for byte).
+    pub fn frame(&self, id: &str) -> String {
+        let mut error = json!({ "code": self.code, "message": self.message });
+        if let (Some(data), Some(obj)) = (&self.data, error.as_object_mut()) {
+            obj.insert("data".into(), data.clone());
+        }
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)
     }
     /// -32010: the target already exists.
     pub fn already_exists(uri: &str) -> Self {

@@ -1,0 +1,127 @@
+//! `ahp-relay demo`: the relay in front of simulated hosts on loopback, with
+//! a self-signed certificate and a printed dev token.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::simhost::ScriptArgs;
+use crate::devkit::DevKit;
+use crate::simhost::{AgentScript, SimHost, SimHostConfig};
+
+pub use crate::devkit::{DEV_AUDIENCE, DEV_ISSUER};
+
+/// Flags of `demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Where the relay listens.
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// Number of simulated hosts (1 to 26).
+    #[arg(long, default_value_t = 3)]
+    pub hosts: usize,
+    /// Sessions per host.
+    #[arg(long, default_value_t = 3)]
+    pub sessions: usize,
+    /// Agent script flags, passed to every host.
+    #[command(flatten)]
+    pub script: ScriptArgs,
+}
+
+/// The simulated hosts of the demo: names, providers and session prefixes.
+/// `gpu1` and `laptop` share a prefix, so their session, chat and terminal
+/// URIs collide as cloned hosts' do; the relay keeps them apart.
+fn host_configs(n: usize, sessions: usize, script: &AgentScript) -> Vec<SimHostConfig> {
+    let names = ["buildbox", "gpu1", "laptop"];
+    let providers = ["copilot", "claude", "copilot"];
+    (0..n.clamp(1, 26))
+        .map(|i| {
+            let name = names
+                .get(i)
+                .map_or_else(|| format!("host{i}"), |s| s.to_string());
+            SimHostConfig {
+                provider: providers.get(i).unwrap_or(&"sim").to_string(),
+                session_prefix: if i == 1 || i == 2 {
+                    "shared".into()
+                } else {
+                    name.clone()
+                },
+                sessions,
+                terminals: 1,
+                script: script.clone(),
+                ..SimHostConfig::named(&name)
+            }
+        })
+        .collect()
+}
+
+/// Runs the demo until Ctrl-C.
+pub async fn run(args: DemoArgs) -> ExitCode {
+    match demo(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn demo(args: DemoArgs) -> Result<(), String> {
+    let script = AgentScript::from(&args.script);
+    let mut hosts = Vec::new();
+    for cfg in host_configs(args.hosts, args.sessions, &script) {
+        hosts.push(
+            SimHost::start_local(cfg)
+                .await
+                .map_err(|e| format!("simhost: {e}"))?,
+        );
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "ahp-relay-demo-{}-{}",
+        std::process::id(),
+        crate::relay::unix_now()
+    ));
+    let kit = DevKit::create(&dir).map_err(|e| e.to_string())?;
+    let pairs: Vec<(String, String)> = hosts
+        .iter()
+        .map(|h| (h.config().name.clone(), h.url()))
+        .collect();
+    let cfg = kit
+        .config(&args.listen.to_string(), &pairs, "")
+        .map_err(|e| e.to_string())?;
+    let running = crate::run::start(cfg).await.map_err(|e| e.to_string())?;
+    let token = kit
+        .token(
+            "dev",
+            &["dev"],
+            Duration::from_secs(12 * 3600),
+            Some("demo-token"),
+        )
+        .map_err(|e| e.to_string())?;
+    let url = format!("wss://localhost:{}/", running.addr.port());
+    let host_list: Vec<String> = pairs.iter().map(|(id, u)| format!("{id}={u}")).collect();
+    println!("AHP_RELAY_URL={url}");
+    println!("AHP_RELAY_TOKEN={token}");
+    println!("AHP_RELAY_CA={}", kit.cert.display());
+    println!("AHP_RELAY_DEV_KEY={}", kit.dev_key.display());
+    println!("AHP_RELAY_HOSTS={}", host_list.join(","));
+    println!();
+    println!(
+        "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
+        hosts.len()
+    );
+    println!("In another terminal, export the lines above (e.g. paste them after `export`), then:");
+    println!("  ahp-relay client sessions");
+    println!("  ahp-relay client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
+    println!("  ahp-relay token --key \"$AHP_RELAY_DEV_KEY\" --sub alice --ttl 1h");
+    println!("Press Ctrl-C to stop.");
+    super::serve::wait_for_shutdown().await;
+    running.stop();
+    for h in hosts {
+        h.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! `ahp-relay serve --config FILE` and `ahp-relay check-config FILE`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::config::RelayConfig;
+
+/// Flags of `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// The TOML configuration (see config/relay.example.toml).
+    #[arg(long)]
+    pub config: PathBuf,
+}
+
+/// Flags of `check-config`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// The TOML configuration to validate.
+    pub config: PathBuf,
+}
+
+/// Validates a configuration file and says what is wrong, with line and
+/// column for syntax and type errors.
+pub fn check(args: CheckArgs) -> ExitCode {
+    match RelayConfig::load(&args.config) {
+        Ok(cfg) => {
+            println!(
+                "{}: ok ({} hosts, {} issuers)",
+                args.config.display(),
+                cfg.hosts.len(),
+                cfg.auth.issuers.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the relay until Ctrl-C or SIGTERM.
+pub async fn run(args: ServeArgs) -> ExitCode {
+    let cfg = match RelayConfig::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let running = match crate::run::start(cfg).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!("ahp-relay listening on {}", running.url());
+    wait_for_shutdown().await;
+    running.stop();
+    ExitCode::SUCCESS
+}
+
+/// Resolves on Ctrl-C or (on Unix) SIGTERM.
+pub async fn wait_for_shutdown() {
+    #[cfg(unix)]
+    {
+        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+        match term {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

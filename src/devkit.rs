@@ -1,0 +1,135 @@
+//! A development setup: a directory with a self-signed certificate, an HS256
+//! dev key and a relay secret, and a relay configuration in front of given
+//! hosts. Used by `ahp-relay demo` and by the integration tests, so both
+//! exercise the same path as a production config file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::RelayConfig;
+use crate::edge::token::{MintError, MintRequest, mint_hs256};
+
+/// Issuer of dev tokens.
+pub const DEV_ISSUER: &str = "ahp-relay-dev";
+/// Audience of dev tokens.
+pub const DEV_AUDIENCE: &str = "ahp-relay";
+
+/// Files of a dev setup.
+#[derive(Debug, Clone)]
+pub struct DevKit {
+    /// The directory holding everything.
+    pub dir: PathBuf,
+    /// Self-signed certificate for `localhost` and `127.0.0.1` (the CA to trust).
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The HS256 dev key file.
+    pub dev_key: PathBuf,
+}
+
+/// Errors creating a dev setup.
+#[derive(Debug, thiserror::Error)]
+pub enum DevKitError {
+    /// File system trouble.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Certificate generation failed.
+    #[error("certificate: {0}")]
+    Cert(#[from] rcgen::Error),
+    /// No random bytes.
+    #[error("random: {0}")]
+    Random(#[from] rustls::Error),
+    /// The generated configuration did not validate.
+    #[error("config: {0}")]
+    Config(#[from] crate::config::ConfigError),
+    /// Minting failed.
+    #[error("token: {0}")]
+    Mint(#[from] MintError),
+}
+
+impl DevKit {
+    /// Creates `dir` (must not exist yet) with a certificate, key and dev key.
+    pub fn create(dir: &Path) -> Result<Self, DevKitError> {
+        std::fs::create_dir_all(dir)?;
+        let (cert_pem, key_pem) = crate::edge::tls::self_signed(&["localhost", "127.0.0.1"])?;
+        let cert = dir.join("relay-cert.pem");
+        let key = dir.join("relay-key.pem");
+        std::fs::write(&cert, cert_pem)?;
+        crate::run::write_private(&key, key_pem.as_bytes())?;
+        let mut raw = [0u8; 32];
+        crate::run::random_fill(&mut raw)?;
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let dev_key = dir.join("dev-hs256.key");
+        crate::run::write_private(&dev_key, format!("{hex}\n").as_bytes())?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            cert,
+            key,
+            dev_key,
+        })
+    }
+
+    /// A relay configuration listening on `listen` with TLS, the dev issuer,
+    /// and `hosts` as `(id, ws url)` pairs; `extra` is appended TOML
+    /// (e.g. a `[limits]` table).
+    pub fn config(
+        &self,
+        listen: &str,
+        hosts: &[(String, String)],
+        extra: &str,
+    ) -> Result<RelayConfig, DevKitError> {
+        let mut toml = format!(
+            r#"[listen]
+addr = "{listen}"
+tls_cert = "{cert}"
+tls_key = "{key}"
+
+[auth]
+leeway_secs = 5
+
+[[auth.issuers]]
+issuer = "{DEV_ISSUER}"
+audience = ["{DEV_AUDIENCE}"]
+keys = {{ type = "hs256", secret_file = "{dev_key}" }}
+
+[relay]
+secret_file = "{secret}"
+store = "{store}"
+"#,
+            cert = self.cert.display(),
+            key = self.key.display(),
+            dev_key = self.dev_key.display(),
+            secret = self.dir.join("relay.secret").display(),
+            store = self.dir.join("uris.redb").display(),
+        );
+        for (id, url) in hosts {
+            toml.push_str(&format!(
+                "\n[[hosts]]\nid = \"{id}\"\nurl = \"{url}\"\nallow_plaintext = true\n"
+            ));
+        }
+        toml.push_str(extra);
+        let path = self.dir.join("relay.toml");
+        std::fs::write(&path, toml)?;
+        Ok(RelayConfig::load(&path)?)
+    }
+
+    /// A dev token for `sub`.
+    pub fn token(
+        &self,
+        sub: &str,
+        groups: &[&str],
+        ttl: Duration,
+        jti: Option<&str>,
+    ) -> Result<String, DevKitError> {
+        let secret = crate::cli::token::trim_newlines(std::fs::read(&self.dev_key)?);
+        let req = MintRequest {
+            issuer: DEV_ISSUER.into(),
+            audience: DEV_AUDIENCE.into(),
+            subject: sub.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            ttl,
+            jti: jti.map(str::to_string),
+        };
+        Ok(mint_hs256(&secret, &req, crate::relay::unix_now())?)
+    }
+}

@@ -1,0 +1,139 @@
+//! Server TLS with rustls: certificate and key from PEM files, reloaded
+//! without a restart when the files change (contract §3.1).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Errors loading the certificate or key.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or parsed.
+    #[error("{path}: {reason}")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The key does not fit rustls (unsupported type or mismatch).
+    #[error("key {path}: {reason}")]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Loads a certificate chain and its private key.
+pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let pem_err = |path: &Path, e: &dyn std::fmt::Display| TlsError::Pem {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| pem_err(cert, &e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| pem_err(cert, &e))?;
+    if chain.is_empty() {
+        return Err(pem_err(cert, &"no certificate in file"));
+    }
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| pem_err(key, &e))?;
+    let signer =
+        rustls::crypto::ring::sign::any_supported_type(&der).map_err(|e| TlsError::Key {
+            path: key.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    Ok(CertifiedKey::new(chain, signer))
+}
+
+/// Serves the current certificate and swaps in a new one when the files
+/// change; a broken new pair is logged and the old one kept.
+#[derive(Debug)]
+pub struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<(Arc<CertifiedKey>, Option<SystemTime>)>,
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+impl ReloadingCert {
+    /// Loads the pair now (errors are fatal at start).
+    pub fn load(cert: &Path, key: &Path) -> Result<Arc<Self>, TlsError> {
+        let ck = load_certified_key(cert, key)?;
+        let stamp = mtime(cert).max(mtime(key));
+        Ok(Arc::new(Self {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current: RwLock::new((Arc::new(ck), stamp)),
+        }))
+    }
+
+    /// Reloads if either file changed since the last load.
+    pub fn reload_if_changed(&self) {
+        let stamp = mtime(&self.cert).max(mtime(&self.key));
+        let seen = self.current.read().map(|c| c.1).unwrap_or(None);
+        if stamp == seen {
+            return;
+        }
+        match load_certified_key(&self.cert, &self.key) {
+            Ok(ck) => {
+                if let Ok(mut c) = self.current.write() {
+                    *c = (Arc::new(ck), stamp);
+                }
+                tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "TLS certificate changed but cannot be loaded; keeping the old one")
+            }
+        }
+    }
+
+    /// Polls the files every `every` and reloads on change.
+    pub fn watch(self: &Arc<Self>, every: Duration) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                me.reload_if_changed();
+            }
+        });
+    }
+
+    /// A rustls server config (TLS 1.2/1.3, ring, HTTP/1.1 ALPN) using this
+    /// certificate.
+    pub fn server_config(self: &Arc<Self>) -> Result<rustls::ServerConfig, rustls::Error> {
+        let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(self.clone());
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(cfg)
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.read().ok().map(|c| c.0.clone())
+    }
+}
+
+/// A self-signed certificate for `names` (the dev demo and tests), as PEM
+/// (certificate, private key).
+pub fn self_signed(names: &[&str]) -> Result<(String, String), rcgen::Error> {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let ck = rcgen::generate_simple_self_signed(names)?;
+    Ok((ck.cert.pem(), ck.signing_key.serialize_pem()))
+}

@@ -1,0 +1,123 @@
+//! One client WebSocket after the upgrade: a reader that hands each frame to
+//! the router, and a writer that drains the session's bounded queue and
+//! sends the close frame (with the contract's §3.7 codes) when told to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, watch};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+
+use super::auth::Principal;
+use crate::relay::{Relay, unix_now};
+use crate::session::requests::{Conn, on_client_frame};
+
+type Kill = Option<(u16, String)>;
+
+/// Serves one authenticated client socket until it closes.
+pub async fn serve_client<S>(relay: Arc<Relay>, principal: Principal, ws: WebSocketStream<S>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    relay.metrics.connections.inc();
+    relay.metrics.connections_open.inc();
+    let (sink, mut stream) = ws.split();
+    let (out_tx, out_rx) = mpsc::channel(relay.cfg.limits.client_queue_frames.max(1));
+    let (kill_tx, kill_rx) = watch::channel::<Kill>(None);
+    let writer = tokio::spawn(write_loop(sink, out_rx, kill_rx.clone()));
+    let leeway = relay.auth.config().leeway_secs;
+    let expires_in = principal
+        .expires_at
+        .saturating_add(leeway)
+        .saturating_sub(unix_now());
+    let expiry = tokio::time::sleep(Duration::from_secs(expires_in));
+    tokio::pin!(expiry);
+    let socket = relay.next_socket();
+    let mut conn = Conn {
+        relay: relay.clone(),
+        principal,
+        socket,
+        out: out_tx,
+        kill: kill_tx,
+        session: None,
+    };
+    let mut killed = kill_rx;
+    loop {
+        tokio::select! {
+            msg = stream.next() => match msg {
+                Some(Ok(Message::Text(t))) => on_client_frame(&mut conn, t.as_str()).await,
+                Some(Ok(Message::Binary(_))) => {
+                    relay.metrics.bad_client_frames.with_label_values(&["binary"]).inc();
+                    conn.kill.send_replace(Some((1003, "binary frames are not supported".into())));
+                }
+                Some(Ok(Message::Close(_))) | None => break,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    let (code, reason, label) = match &e {
+                        WsError::Capacity(_) => (1009, "frame too big", "too_large"),
+                        WsError::Utf8(_) => (1007, "invalid UTF-8", "invalid_utf8"),
+                        _ => (1002, "protocol error", "ws_protocol"),
+                    };
+                    relay.metrics.bad_client_frames.with_label_values(&[label]).inc();
+                    conn.kill.send_replace(Some((code, reason.into())));
+                    break;
+                }
+            },
+            _ = &mut expiry => {
+                conn.kill.send_replace(Some((4001, "token expired: reconnect with a new token".into())));
+            }
+            _ = killed.changed() => {
+                if killed.borrow().is_some() {
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(session) = conn.session.take() {
+        relay.detach(&session);
+    }
+    drop(conn);
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    relay.metrics.connections_open.dec();
+}
+
+async fn write_loop<S>(
+    mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+    mut out: mpsc::Receiver<Utf8Bytes>,
+    mut kill: watch::Receiver<Kill>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        tokio::select! {
+            biased;
+            _ = kill.changed() => {
+                let close = kill.borrow().clone();
+                if let Some((code, reason)) = close {
+                    // Deliver what is queued, then close with the code.
+                    while let Ok(f) = out.try_recv() {
+                        if sink.feed(Message::Text(f)).await.is_err() { return; }
+                    }
+                    let frame = CloseFrame { code: code.into(), reason: reason.into() };
+                    let _ = sink.send(Message::Close(Some(frame))).await;
+                    return;
+                }
+            }
+            frame = out.recv() => {
+                let Some(f) = frame else {
+                    let _ = sink.close().await;
+                    return;
+                };
+                if sink.feed(Message::Text(f)).await.is_err() { return; }
+                while let Ok(f) = out.try_recv() {
+                    if sink.feed(Message::Text(f)).await.is_err() { return; }
+                }
+                if sink.flush().await.is_err() { return; }
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Prometheus metrics (`ahp_relay_…`), with bounded label sets: method
+//! names from the relay's own table plus `other`, reasons from closed lists
+//! — never a principal, clientId or URI.
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// Every metric the relay exports.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    /// Client WebSocket connections accepted.
+    pub connections: IntCounter,
+    /// Client WebSocket connections open now.
+    pub connections_open: IntGauge,
+    /// Upgrades refused, by reason.
+    pub auth_failures: IntCounterVec,
+    /// Client requests, by method.
+    pub client_requests: IntCounterVec,
+    /// Client frames refused by the wire layer, by reason.
+    pub bad_client_frames: IntCounterVec,
+    /// Client notifications or responses dropped (unknown, malformed, early).
+    pub client_notifications_dropped: IntCounter,
+    /// Envelopes numbered and delivered to clients.
+    pub envelopes_relayed: IntCounter,
+    /// Rejection echoes the relay made itself.
+    pub relay_rejections: IntCounter,
+    /// Host envelopes dropped because a name could not be translated.
+    pub untranslatable_envelopes: IntCounter,
+    /// Unreadable frames from hosts.
+    pub upstream_bad_frames: IntCounter,
+    /// Per-client links opened / failed.
+    pub links_opened: IntCounter,
+    /// Per-client links that failed to open or dropped.
+    pub links_failed: IntCounter,
+    /// Host health: 1 up, 0 otherwise.
+    pub host_up: IntGaugeVec,
+    /// Clients closed with 4000 to resynchronise.
+    pub resyncs: IntCounter,
+    /// Clients closed with 4008 as slow consumers.
+    pub slow_consumer_closes: IntCounter,
+    /// `reconnect` outcomes (replay / snapshot / not_found).
+    pub reconnects: IntCounterVec,
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
+            let c = IntCounter::new(format!("ahp_relay_{name}"), help)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let counter_vec =
+            |name: &str, help: &str, label: &str| -> Result<IntCounterVec, prometheus::Error> {
+                let c = IntCounterVec::new(Opts::new(format!("ahp_relay_{name}"), help), &[label])?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let connections_open =
+            IntGauge::new("ahp_relay_connections_open", "client connections open")?;
+        registry.register(Box::new(connections_open.clone()))?;
+        let host_up = IntGaugeVec::new(
+            Opts::new("ahp_relay_host_up", "1 when the host's watch link is up"),
+            &["host"],
+        )?;
+        registry.register(Box::new(host_up.clone()))?;
+        Ok(Self {
+            connections: counter("connections_total", "client connections accepted")?,
+            connections_open,
+            auth_failures: counter_vec("auth_failures_total", "upgrades refused", "reason")?,
+            client_requests: counter_vec("client_requests_total", "client requests", "method")?,
+            bad_client_frames: counter_vec(
+                "bad_client_frames_total",
+                "client frames refused",
+                "reason",
+            )?,
+            client_notifications_dropped: counter(
+                "client_notifications_dropped_total",
+                "client notifications dropped",
+            )?,
+            envelopes_relayed: counter(
+                "envelopes_relayed_total",
+                "envelopes delivered to clients",
+            )?,
+            relay_rejections: counter(
+                "relay_rejections_total",
+                "rejection echoes made by the relay",
+            )?,
+            untranslatable_envelopes: counter(
+                "untranslatable_envelopes_total",
+                "host envelopes dropped",
+            )?,
+            upstream_bad_frames: counter("upstream_bad_frames_total", "unreadable host frames")?,
+            links_opened: counter("links_opened_total", "per-client links opened")?,
+            links_failed: counter("links_failed_total", "per-client links failed or dropped")?,
+            host_up,
+            resyncs: counter("resyncs_total", "clients closed with 4000")?,
+            slow_consumer_closes: counter(
+                "slow_consumer_closes_total",
+                "clients closed with 4008",
+            )?,
+            reconnects: counter_vec("reconnects_total", "reconnect outcomes", "outcome")?,
+            registry,
+        })
+    }
+
+    /// The text exposition format of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "cannot render metrics");
+        }
+        out
+    }
+}

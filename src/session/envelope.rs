@@ -1,0 +1,482 @@
+//! Host → client: what a session does with each frame a link delivers.
+//!
+//! The hot path is an `action` envelope on a live channel: the frame is
+//! classified without building a JSON tree, and the client frame is made by
+//! splicing the client channel name, the session's next number and (for the
+//! session's own echoes) the client's id into the host's bytes. Only action
+//! types that carry names (per the rewrite table) have their action object
+//! parsed and rewritten.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{Chan, ClientSession, PendingKind, SessionCore};
+use crate::route::namer::ToClient;
+use crate::route::translate::{self, state_shape};
+use crate::rpc::RpcError;
+use crate::upstream::hub::HostHub;
+use crate::wire::{self, Edit, EditValue, Frame, FrameKind};
+
+/// What the link must do after a host frame was handled.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LinkReply {
+    /// Nothing.
+    None,
+    /// Write this frame back to the host (an answer to a host request).
+    ToHost(String),
+}
+
+impl ClientSession {
+    /// Handles one frame from `host`'s link.
+    pub fn on_host_frame(&self, host: &Arc<HostHub>, text: &str) -> LinkReply {
+        let frame = match wire::classify(text, &self.relay.upstream_limits) {
+            Ok(f) => f,
+            Err(e) => {
+                self.relay.metrics.upstream_bad_frames.inc();
+                tracing::warn!(host = %host.id, error = %e, "host sent an unreadable frame");
+                return LinkReply::None;
+            }
+        };
+        match &frame.kind {
+            FrameKind::Notification { method } => {
+                match method.as_ref() {
+                    "action" => self.on_envelope(host, text, &frame),
+                    "root/progress" => self.on_progress(host, text),
+                    "auth/required" => self.on_auth_required(host, text),
+                    _ => {} // root/session* come from the watch link alone
+                }
+                LinkReply::None
+            }
+            FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. } => {
+                if let Some(n) = id.as_u64() {
+                    self.on_response(host, n, text);
+                }
+                LinkReply::None
+            }
+            FrameKind::Request { id, method } => {
+                LinkReply::ToHost(RpcError::method_not_found(method).frame(id.raw))
+            }
+        }
+    }
+
+    fn on_envelope(&self, host: &Arc<HostHub>, text: &str, frame: &Frame<'_>) {
+        let (Some(channel), Some(seq)) = (frame.channel(), frame.params.server_seq.as_ref()) else {
+            return;
+        };
+        let mut core = self.lock();
+        let Some(chan) = core
+            .chans
+            .get_mut(&host.id)
+            .and_then(|m| m.get_mut(channel))
+        else {
+            return;
+        };
+        match chan {
+            Chan::Holding { held, .. } => held.push((seq.value, text.to_string())),
+            Chan::Live { client } => {
+                let client = client.clone();
+                self.deliver(&mut core, host, text, frame, &client);
+            }
+        }
+    }
+
+    /// Numbers and delivers one host envelope on `client_channel`.
+    fn deliver(
+        &self,
+        core: &mut SessionCore,
+        host: &Arc<HostHub>,
+        text: &str,
+        frame: &Frame<'_>,
+        client_channel: &str,
+    ) {
+        let relay = &self.relay;
+        let rewritten = self.push_envelope(core, |n| {
+            rewrite_envelope(
+                text,
+                frame,
+                client_channel,
+                n,
+                host,
+                relay.store.as_ref(),
+                self.identity(),
+            )
+        });
+        if rewritten.is_none() {
+            relay.metrics.untranslatable_envelopes.inc();
+            tracing::warn!(host = %host.id, "dropped a host envelope that could not be translated");
+        }
+    }
+
+    /// Ends the holding of `host_channel`: envelopes the snapshot already
+    /// contains (host seq ≤ its `fromSeq`) are dropped, later ones numbered
+    /// after the response just written (contract §5.2).
+    pub fn release(&self, core: &mut SessionCore, host: &Arc<HostHub>, host_channel: &str) {
+        let Some(chans) = core.chans.get_mut(&host.id) else {
+            return;
+        };
+        let Some(Chan::Holding { client, held, from }) = chans.remove(host_channel) else {
+            return;
+        };
+        let from = from.unwrap_or(0);
+        chans.insert(
+            host_channel.to_string(),
+            Chan::Live {
+                client: client.clone(),
+            },
+        );
+        for (seq, text) in held.into_iter().filter(|(s, _)| *s > from) {
+            let _ = seq;
+            if let Ok(frame) = wire::classify(&text, &self.relay.upstream_limits) {
+                self.deliver(core, host, &text, &frame, &client);
+            }
+        }
+    }
+
+    fn on_response(&self, host: &Arc<HostHub>, n: u64, text: &str) {
+        let mut core = self.lock();
+        let Some(pending) = core.pending.remove(&(host.id.clone(), n)) else {
+            return;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(text) else {
+            return;
+        };
+        let failure = v.get("error").map(host_error);
+        match pending.kind {
+            PendingKind::Plain => match failure {
+                Some(err) => self.respond_error(&mut core, &pending.client_id, &err),
+                None => {
+                    let result = self.client_result(host, &pending.method, v.get("result"));
+                    self.respond(&mut core, &pending.client_id, &result);
+                }
+            },
+            PendingKind::Subscribe {
+                client_channel,
+                host_channel,
+            } => match failure {
+                Some(err) => {
+                    if let Some(m) = core.chans.get_mut(&host.id) {
+                        m.remove(&host_channel);
+                    }
+                    self.respond_error(&mut core, &pending.client_id, &err);
+                }
+                None => {
+                    let (snapshot, from) = self.client_snapshot(
+                        host,
+                        v.pointer("/result/snapshot"),
+                        &client_channel,
+                        core.last(),
+                    );
+                    if let Some(Chan::Holding { from: f, .. }) = core
+                        .chans
+                        .get_mut(&host.id)
+                        .and_then(|m| m.get_mut(&host_channel))
+                    {
+                        *f = from;
+                    }
+                    let result = match snapshot {
+                        Some(s) => serde_json::json!({ "snapshot": s }).to_string(),
+                        None => "{}".to_string(),
+                    };
+                    self.respond(&mut core, &pending.client_id, &result);
+                    core.subs.insert(client_channel);
+                    self.release(&mut core, host, &host_channel);
+                }
+            },
+            PendingKind::Initial {
+                host_channel,
+                reply,
+            } => {
+                let client = core
+                    .chans
+                    .get(&host.id)
+                    .and_then(|m| m.get(&host_channel))
+                    .map(|c| match c {
+                        Chan::Holding { client, .. } | Chan::Live { client } => client.clone(),
+                    })
+                    .unwrap_or_default();
+                let snap = match failure {
+                    Some(_) => {
+                        if let Some(m) = core.chans.get_mut(&host.id) {
+                            m.remove(&host_channel);
+                        }
+                        None
+                    }
+                    None => {
+                        let (snapshot, from) =
+                            self.client_snapshot(host, v.pointer("/result/snapshot"), &client, 0);
+                        if let Some(Chan::Holding { from: f, .. }) = core
+                            .chans
+                            .get_mut(&host.id)
+                            .and_then(|m| m.get_mut(&host_channel))
+                        {
+                            *f = from;
+                        }
+                        snapshot
+                    }
+                };
+                let _ = reply.send(snap);
+            }
+            PendingKind::Create {
+                store_key,
+                await_catalog,
+            } => {
+                let store = self.relay.store.clone();
+                match failure {
+                    Some(err) => {
+                        let _ = store.release(&store_key);
+                        self.respond_error(&mut core, &pending.client_id, &err);
+                    }
+                    None => {
+                        if let Err(e) = store.confirm(&store_key) {
+                            tracing::error!(error = %e, uri = %store_key, "cannot confirm a created URI");
+                        }
+                        match await_catalog {
+                            None => self.respond(&mut core, &pending.client_id, "null"),
+                            Some(host_uri) => {
+                                drop(core);
+                                self.respond_after_catalog(
+                                    host.clone(),
+                                    host_uri,
+                                    pending.client_id,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            PendingKind::Dispose { store_key } => match failure {
+                Some(err) => self.respond_error(&mut core, &pending.client_id, &err),
+                None => {
+                    if let Some(key) = store_key {
+                        let ttl = self.relay.cfg.relay.tombstone_ttl_secs;
+                        let _ = self
+                            .relay
+                            .store
+                            .tombstone(&key, crate::relay::unix_now(), ttl);
+                    }
+                    let result = self.client_result(host, &pending.method, v.get("result"));
+                    self.respond(&mut core, &pending.client_id, &result);
+                }
+            },
+        }
+    }
+
+    /// Answers a `createSession` once the watch catalog lists the session,
+    /// so a `listSessions` right after includes it (contract §6.3); gives up
+    /// waiting after a bound and answers anyway.
+    fn respond_after_catalog(&self, host: Arc<HostHub>, host_uri: String, client_id: String) {
+        let Some(me) = self.relay.session_of(&self.key) else {
+            return;
+        };
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+            loop {
+                let changed = host.catalog_changed.notified();
+                if host.has_session(&host_uri) || tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                let _ = tokio::time::timeout_at(deadline, changed).await;
+            }
+            let mut core = me.lock();
+            me.respond(&mut core, &client_id, "null");
+        });
+    }
+
+    /// The client form of a host result.
+    fn client_result(&self, host: &Arc<HostHub>, method: &str, result: Option<&Value>) -> String {
+        let mut result = result.cloned().unwrap_or(Value::Null);
+        let namer = ToClient {
+            host: &host.id,
+            store: self.relay.store.as_ref(),
+            identity: Some(self.identity()),
+        };
+        if translate::translate(&mut result, &format!("result:{method}"), &namer).is_err() {
+            return "null".into();
+        }
+        result.to_string()
+    }
+
+    /// The client form of a host snapshot, numbered `from` (the session's
+    /// last number), and the host `fromSeq` it was taken at.
+    fn client_snapshot(
+        &self,
+        host: &Arc<HostHub>,
+        snap: Option<&Value>,
+        client_channel: &str,
+        from: u64,
+    ) -> (Option<Value>, Option<u64>) {
+        let Some(snap) = snap else {
+            return (None, None);
+        };
+        let host_from = snap.get("fromSeq").and_then(Value::as_u64);
+        let mut state = snap.get("state").cloned().unwrap_or(Value::Null);
+        let namer = ToClient {
+            host: &host.id,
+            store: self.relay.store.as_ref(),
+            identity: Some(self.identity()),
+        };
+        if let Some(shape) = state_shape(client_channel)
+            && translate::translate(&mut state, shape, &namer).is_err()
+        {
+            return (None, host_from);
+        }
+        let snapshot =
+            serde_json::json!({"resource": client_channel, "state": state, "fromSeq": from});
+        (Some(snapshot), host_from)
+    }
+
+    fn on_progress(&self, host: &Arc<HostHub>, text: &str) {
+        let Ok(mut v) = serde_json::from_str::<Value>(text) else {
+            return;
+        };
+        let prefix = format!("{}:", self.upstream_id);
+        let Some(token) = v.pointer_mut("/params/progressToken") else {
+            return;
+        };
+        let Some(own) = token
+            .as_str()
+            .and_then(|t| t.strip_prefix(&prefix))
+            .map(str::to_string)
+        else {
+            return; // another connection's progress (hosts that broadcast it)
+        };
+        *token = Value::String(own);
+        let _ = host;
+        let mut core = self.lock();
+        self.push(&mut core, v.to_string());
+    }
+
+    fn on_auth_required(&self, host: &Arc<HostHub>, text: &str) {
+        let Ok(mut v) = serde_json::from_str::<Value>(text) else {
+            return;
+        };
+        let namer = ToClient {
+            host: &host.id,
+            store: self.relay.store.as_ref(),
+            identity: Some(self.identity()),
+        };
+        if let Some(ch) = v.pointer_mut("/params/channel")
+            && let Some(s) = ch.as_str()
+        {
+            let q = translate::Namer::translate(&namer, translate::FieldKind::Uri, s)
+                .unwrap_or_default();
+            *ch = Value::String(q);
+        }
+        let mut core = self.lock();
+        self.push(&mut core, v.to_string());
+    }
+
+    /// A link to `host` failed to open (`was_up` false) or dropped: requests
+    /// in flight fail, and a client that followed channels there is told to
+    /// resynchronise (4000) because continuity is lost (contract §5.8).
+    pub fn on_link_down(&self, host: &Arc<HostHub>, was_up: bool) {
+        let mut core = self.lock();
+        core.links.remove(&host.id);
+        let ids: Vec<(Arc<str>, u64)> = core
+            .pending
+            .keys()
+            .filter(|(h, _)| *h == host.id)
+            .cloned()
+            .collect();
+        for key in ids {
+            if let Some(p) = core.pending.remove(&key) {
+                let err = if was_up {
+                    RpcError::upstream_lost(&host.id)
+                } else {
+                    RpcError::host_unavailable(&host.id)
+                };
+                match p.kind {
+                    PendingKind::Initial { reply, .. } => {
+                        let _ = reply.send(None);
+                    }
+                    PendingKind::Create { store_key, .. } => {
+                        let _ = self.relay.store.release(&store_key);
+                        self.respond_error(&mut core, &p.client_id, &err);
+                    }
+                    _ => self.respond_error(&mut core, &p.client_id, &err),
+                }
+            }
+        }
+        let followed = core.chans.remove(&host.id).is_some_and(|m| !m.is_empty());
+        drop(core);
+        if was_up && followed {
+            self.relay.metrics.resyncs.inc();
+            self.close(4000, "resync: lost continuity with a host; reconnect now");
+        }
+    }
+}
+
+/// The client frame for a host envelope numbered `n` on `client_channel`,
+/// or `None` if a name in it cannot be translated.
+pub fn rewrite_envelope(
+    text: &str,
+    frame: &Frame<'_>,
+    client_channel: &str,
+    n: u64,
+    host: &HostHub,
+    store: &dyn crate::route::store::UriStore,
+    identity: (&str, &str),
+) -> Option<String> {
+    let p = &frame.params;
+    let mut edits = Vec::with_capacity(4);
+    edits.push(Edit {
+        range: p.channel.as_ref()?.range.clone(),
+        replacement: EditValue::JsonString(client_channel),
+    });
+    edits.push(Edit {
+        range: p.server_seq.as_ref()?.range.clone(),
+        replacement: EditValue::U64(n),
+    });
+    if let Some(origin) = &p.origin_client_id
+        && origin.value == identity.0
+    {
+        edits.push(Edit {
+            range: origin.range.clone(),
+            replacement: EditValue::JsonString(identity.1),
+        });
+    }
+    let rewritten_action;
+    if let (Some(ty), Some(range)) = (&p.action_type, &p.action)
+        && translate::rows(&ty.value).is_some()
+    {
+        let mut action: Value = serde_json::from_str(text.get(range.clone())?).ok()?;
+        let namer = ToClient {
+            host: &host.id,
+            store,
+            identity: Some(identity),
+        };
+        translate::translate(&mut action, &ty.value, &namer).ok()?;
+        rewritten_action = action.to_string();
+        edits.retain(|e| !(e.range.start >= range.start && e.range.end <= range.end));
+        edits.push(Edit {
+            range: range.clone(),
+            replacement: EditValue::Raw(&rewritten_action),
+        });
+    }
+    wire::splice(text, &mut edits).ok()
+}
+
+/// The client-facing form of a host's error object: code kept, `data` only
+/// for auth-required (its entries are https resource ids), and a message
+/// naming host URIs replaced by a generic text (contract §4.4).
+fn host_error(e: &Value) -> RpcError {
+    let code = e
+        .get("code")
+        .and_then(Value::as_i64)
+        .and_then(|c| i32::try_from(c).ok())
+        .unwrap_or(-32603);
+    let message = e
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("host error");
+    let message = if message.contains(":/") {
+        "the host refused the request".to_string()
+    } else {
+        message.to_string()
+    };
+    let data = (code == ahp_types::errors::ahp_error_codes::AUTH_REQUIRED)
+        .then(|| e.get("data").cloned())
+        .flatten();
+    RpcError::with_code(code, message, data)
+}

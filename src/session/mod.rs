@@ -1,0 +1,294 @@
+//! Client sessions (contract §2, §5): one per `(principal, clientId)`.
+//!
+//! A session owns the client's single sequence (from S0), its replay buffer,
+//! its subscriptions, the map of its requests in flight on links, the state
+//! of each host channel it follows (held while a subscribe is in flight, then
+//! live), and its lazily opened links. Everything that reaches the client
+//! goes through [`ClientSession::push`] under the session lock, so numbering
+//! and delivery order are one and the same.
+
+pub mod buffer;
+pub mod envelope;
+pub mod requests;
+pub mod sequence;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+use crate::relay::Relay;
+use crate::upstream::link::Link;
+use buffer::ReplayBuffer;
+
+/// Who a session belongs to: the token's issuer and subject.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PrincipalKey {
+    /// `iss`
+    pub issuer: String,
+    /// `sub`
+    pub subject: String,
+}
+
+/// A session's identity: principal plus the client's own `clientId`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey {
+    /// The principal.
+    pub principal: PrincipalKey,
+    /// The `clientId` the client chose.
+    pub client_id: String,
+}
+
+/// A request forwarded on a link, waiting for the host's answer.
+#[derive(Debug)]
+pub struct Pending {
+    /// The client's request id, exact JSON text (echoed byte for byte).
+    pub client_id: String,
+    /// The method, for result translation and errors.
+    pub method: String,
+    /// What to do with the answer.
+    pub kind: PendingKind,
+}
+
+/// What a forwarded request needs when its answer arrives.
+#[derive(Debug)]
+pub enum PendingKind {
+    /// Relay the (translated) answer.
+    Plain,
+    /// A subscribe: answer with the snapshot, then release held envelopes.
+    Subscribe {
+        /// Client form of the channel.
+        client_channel: String,
+        /// Host form of the channel.
+        host_channel: String,
+    },
+    /// A subscribe issued for `initialize`'s `initialSubscriptions`: the
+    /// translated snapshot goes to the initializer, which releases later.
+    Initial {
+        /// Host form of the channel.
+        host_channel: String,
+        /// Receives the snapshot (client form) or nothing on failure.
+        reply: oneshot::Sender<Option<Value>>,
+    },
+    /// A create of a client-chosen URI: confirm or release the store entry.
+    Create {
+        /// The store key.
+        store_key: String,
+        /// For sessions: wait until the watch catalog lists this host URI.
+        await_catalog: Option<String>,
+    },
+    /// A dispose: tombstone the store entry if the URI was client-chosen.
+    Dispose {
+        /// The store key, if the URI is a store entry.
+        store_key: Option<String>,
+    },
+}
+
+/// The state of one host channel the session follows.
+#[derive(Debug)]
+pub enum Chan {
+    /// Subscribe in flight: envelopes are held with their host `serverSeq`
+    /// (contract §5.2) until the snapshot is written.
+    Holding {
+        /// Client form of the channel.
+        client: String,
+        /// Held host frames.
+        held: Vec<(u64, String)>,
+        /// The snapshot's host `fromSeq`, once the answer arrived.
+        from: Option<u64>,
+    },
+    /// Envelopes are numbered and delivered as they arrive.
+    Live {
+        /// Client form of the channel.
+        client: String,
+    },
+}
+
+/// Lock-protected state of a session.
+#[derive(Debug)]
+pub struct SessionCore {
+    last: u64,
+    buffer: ReplayBuffer,
+    /// Channels (client form) the client is subscribed to.
+    pub subs: HashSet<String>,
+    /// Per host: host channel → state.
+    pub chans: HashMap<Arc<str>, HashMap<String, Chan>>,
+    /// Requests in flight: (host, link request id) → pending.
+    pub pending: HashMap<(Arc<str>, u64), Pending>,
+    /// Open links by host.
+    pub links: HashMap<Arc<str>, Arc<Link>>,
+    closed: bool,
+}
+
+impl SessionCore {
+    /// The last number issued (S0 before any envelope).
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// Frames and bytes in the replay buffer.
+    pub fn buffer_usage(&self) -> (usize, usize) {
+        self.buffer.usage()
+    }
+}
+
+/// One client session.
+#[derive(Debug)]
+pub struct ClientSession {
+    /// The relay it belongs to.
+    pub relay: Arc<Relay>,
+    /// Principal and clientId.
+    pub key: SessionKey,
+    /// The derived upstream client id (contract §2, B2).
+    pub upstream_id: String,
+    /// The protocol version negotiated with the client.
+    pub version: String,
+    /// The socket this session is attached to (cursors are bound to it).
+    pub socket: u64,
+    out: mpsc::Sender<Utf8Bytes>,
+    kill: watch::Sender<Option<(u16, String)>>,
+    core: Mutex<SessionCore>,
+}
+
+impl ClientSession {
+    /// A new session numbering from `s0`, writing to `out`; `kill` closes
+    /// the client socket with a code and reason.
+    pub fn new(
+        relay: Arc<Relay>,
+        key: SessionKey,
+        version: String,
+        socket: u64,
+        out: mpsc::Sender<Utf8Bytes>,
+        kill: watch::Sender<Option<(u16, String)>>,
+    ) -> Self {
+        let upstream_id = relay.upstream_id(&key.principal, &key.client_id);
+        let limits = &relay.cfg.limits;
+        let core = SessionCore {
+            last: relay.origins.next(),
+            buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
+            subs: HashSet::new(),
+            chans: HashMap::new(),
+            pending: HashMap::new(),
+            links: HashMap::new(),
+            closed: false,
+        };
+        Self {
+            relay,
+            key,
+            upstream_id,
+            version,
+            socket,
+            out,
+            kill,
+            core: Mutex::new(core),
+        }
+    }
+
+    /// Locks the session state. Never held across an `.await`.
+    pub fn lock(&self) -> MutexGuard<'_, SessionCore> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// (upstream id, client id), for name translation.
+    pub fn identity(&self) -> (&str, &str) {
+        (&self.upstream_id, &self.key.client_id)
+    }
+
+    /// Queues a frame for the client. A client whose queue is full is closed
+    /// with 4008 (slow consumer) rather than stalling a link or the relay.
+    pub fn push(&self, core: &mut SessionCore, frame: impl Into<Utf8Bytes>) {
+        if core.closed {
+            return;
+        }
+        match self.out.try_send(frame.into()) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.relay.metrics.slow_consumer_closes.inc();
+                self.close_locked(core, 4008, "slow consumer: reconnect after backoff");
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => core.closed = true,
+        }
+    }
+
+    /// Numbers, buffers and delivers one envelope built by `build(n)`.
+    /// Returns the number used, or `None` if `build` refused.
+    pub fn push_envelope(
+        &self,
+        core: &mut SessionCore,
+        build: impl FnOnce(u64) -> Option<String>,
+    ) -> Option<u64> {
+        let n = core.last + 1;
+        let frame: Utf8Bytes = build(n)?.into();
+        core.last = n;
+        core.buffer.push(n, frame.clone());
+        self.relay.metrics.envelopes_relayed.inc();
+        self.push(core, frame);
+        Some(n)
+    }
+
+    /// Delivers a relay-made rejection echo of a client dispatch (§5.3).
+    pub fn reject_dispatch(
+        &self,
+        core: &mut SessionCore,
+        channel: &str,
+        action: &Value,
+        client_seq: i64,
+        reason: &str,
+    ) {
+        self.relay.metrics.relay_rejections.inc();
+        let client = self.key.client_id.clone();
+        self.push_envelope(core, |n| {
+            Some(
+                json!({"jsonrpc": "2.0", "method": "action", "params": {
+                    "channel": channel, "action": action, "serverSeq": n,
+                    "origin": {"clientId": client, "clientSeq": client_seq},
+                    "rejectionReason": reason}})
+                .to_string(),
+            )
+        });
+    }
+
+    /// Answers a client request with `result` (serialized JSON).
+    pub fn respond(&self, core: &mut SessionCore, id: &str, result: &str) {
+        self.push(
+            core,
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#),
+        );
+    }
+
+    /// Answers a client request with an error.
+    pub fn respond_error(&self, core: &mut SessionCore, id: &str, err: &crate::rpc::RpcError) {
+        self.push(core, err.frame(id));
+    }
+
+    /// Closes the client socket with `code` (e.g. 4000 resync, 4009 superseded).
+    pub fn close(&self, code: u16, reason: &str) {
+        let mut core = self.lock();
+        self.close_locked(&mut core, code, reason);
+    }
+
+    fn close_locked(&self, core: &mut SessionCore, code: u16, reason: &str) {
+        if core.closed {
+            return;
+        }
+        core.closed = true;
+        self.kill.send_replace(Some((code, reason.to_string())));
+    }
+
+    /// Detaches the session from its socket: links close (their hosts see
+    /// the client leave) and nothing more is delivered.
+    pub fn shut(&self) {
+        let mut core = self.lock();
+        core.closed = true;
+        core.links.clear();
+        core.pending.clear();
+        core.chans.clear();
+    }
+
+    /// Whether the client follows the relay root channel.
+    pub fn follows_root(&self) -> bool {
+        self.lock().subs.contains(ahp_types::ROOT_RESOURCE_URI)
+    }
+}

@@ -1,0 +1,710 @@
+//! Client → relay: the life of every client frame (contract §4.1).
+//!
+//! A frame is classified by the wire layer, then answered by the relay
+//! (`initialize`, `reconnect`, `ping`, root subscriptions), aggregated
+//! (`listSessions`), routed to the one host that owns its channel (with every
+//! name translated client → host, fail-closed), or refused. Methods the relay
+//! does not know are refused with -32601; nothing is forwarded verbatim.
+
+use std::sync::Arc;
+
+use ahp_types::commands::{
+    CompletionsParams, CreateChatParams, CreateSessionParams, CreateTerminalParams,
+    DisposeChatParams, DisposeSessionParams, DisposeTerminalParams, FetchTurnsParams,
+    InitializeParams, MoveChatParams, ReconnectParams, ResolveSessionConfigParams,
+    SessionConfigCompletionsParams, SubscribeParams,
+};
+use ahp_types::errors::ahp_error_codes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+use super::{Chan, ClientSession, Pending, PendingKind, PrincipalKey, SessionKey};
+use crate::edge::auth::Principal;
+use crate::relay::Relay;
+use crate::route::client_uri::validate_client_uri;
+use crate::route::namer::{self, ToHost};
+use crate::route::names;
+use crate::route::store::{Owner, StoreError};
+use crate::route::translate;
+use crate::rpc::RpcError;
+use crate::upstream::hub::HostStatus;
+use crate::upstream::link::{Link, LinkCmd};
+use crate::wire::{self, FrameKind};
+
+/// Protocol versions a v1 relay speaks: exactly those its rewrite table covers.
+pub const SUPPORTED_VERSIONS: &[&str] = &["~1.0.0"];
+
+/// One client socket's state as seen by the router.
+pub struct Conn {
+    /// The relay.
+    pub relay: Arc<Relay>,
+    /// Who authenticated at the upgrade.
+    pub principal: Principal,
+    /// This socket's id.
+    pub socket: u64,
+    /// Frames to the client.
+    pub out: mpsc::Sender<Utf8Bytes>,
+    /// Closes the client socket.
+    pub kill: watch::Sender<Option<(u16, String)>>,
+    /// The session, once `initialize` succeeded on this socket.
+    pub session: Option<Arc<ClientSession>>,
+}
+
+impl Conn {
+    fn send(&self, frame: String) {
+        if self.out.try_send(frame.into()).is_err() {
+            self.kill.send_replace(Some((
+                4008,
+                "slow consumer: reconnect after backoff".into(),
+            )));
+        }
+    }
+
+    fn reply(&self, id: &str, result: Result<String, RpcError>) {
+        match result {
+            Ok(r) => self.send(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{r}}}"#)),
+            Err(e) => self.send(e.frame(id)),
+        }
+    }
+}
+
+/// Handles one text frame from the client.
+pub async fn on_client_frame(conn: &mut Conn, text: &str) {
+    let relay = conn.relay.clone();
+    let frame = match wire::classify(text, &relay.client_limits) {
+        Ok(f) => f,
+        Err(e) => {
+            relay
+                .metrics
+                .bad_client_frames
+                .with_label_values(&[e.label()])
+                .inc();
+            if let wire::Refusal::Answer { id } = wire::refusal(text, &e) {
+                let err = RpcError::with_code(e.json_rpc_code(), e.to_string(), None);
+                conn.send(err.frame(id.as_ref().map_or("null", |i| i.raw)));
+            }
+            return;
+        }
+    };
+    match &frame.kind {
+        FrameKind::Request { id, method } => {
+            relay
+                .metrics
+                .client_requests
+                .with_label_values(&[relay.method_label(method)])
+                .inc();
+            let id = id.raw.to_string();
+            let Some(_channel) = frame.channel() else {
+                conn.reply(
+                    &id,
+                    Err(RpcError::invalid_params(
+                        "params.channel (a string) is required",
+                    )),
+                );
+                return;
+            };
+            let params = params_of(text);
+            let result = request(conn, &id, method, params).await;
+            if let Some(result) = result {
+                let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
+                conn.reply(&id, result);
+                if close {
+                    conn.kill
+                        .send_replace(Some((1002, "unsupported protocol version".into())));
+                }
+            }
+        }
+        FrameKind::Notification { method } => {
+            let Some(session) = conn.session.clone() else {
+                return;
+            };
+            match method.as_ref() {
+                "dispatchAction" => dispatch(&session, params_of(text)),
+                "unsubscribe" => unsubscribe(&session, params_of(text)),
+                _ => relay.metrics.client_notifications_dropped.inc(),
+            }
+        }
+        FrameKind::Response { .. } | FrameKind::ErrorResponse { .. } => {
+            relay.metrics.client_notifications_dropped.inc();
+        }
+    }
+}
+
+fn params_of(text: &str) -> Value {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|mut v| v.get_mut("params").map(Value::take))
+        .unwrap_or(Value::Null)
+}
+
+/// Parses `params` into the typed params of the method and back: fields the
+/// type does not know are dropped (`_meta` is a known field).
+fn typed<T: DeserializeOwned + Serialize>(params: Value) -> Result<(T, Value), RpcError> {
+    let t: T = serde_json::from_value(params)
+        .map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))?;
+    let v = serde_json::to_value(&t).map_err(|e| RpcError::internal(e.to_string(), None))?;
+    Ok((t, v))
+}
+
+/// Answers or forwards one request; `None` when the answer comes later.
+async fn request(
+    conn: &mut Conn,
+    id: &str,
+    method: &str,
+    params: Value,
+) -> Option<Result<String, RpcError>> {
+    match method {
+        "ping" => return Some(Ok("null".into())),
+        "initialize" => return initialize(conn, id, params).await.err().map(Err),
+        "reconnect" => return Some(reconnect(conn, params)),
+        _ => {}
+    }
+    let Some(session) = conn.session.clone() else {
+        return Some(Err(RpcError::invalid_request(format!(
+            "{method} before initialize: send initialize first"
+        ))));
+    };
+    let outcome = match method {
+        "subscribe" => subscribe(&session, id, params),
+        "listSessions" => return Some(conn.relay.list_sessions(&session, params)),
+        "createSession" => create_session(&session, id, params),
+        "createChat" => create_chat(&session, id, params),
+        "createTerminal" => create_terminal(&session, id, params),
+        "disposeSession" => routed::<DisposeSessionParams>(&session, id, method, params, true),
+        "disposeChat" => routed::<DisposeChatParams>(&session, id, method, params, true),
+        "disposeTerminal" => routed::<DisposeTerminalParams>(&session, id, method, params, true),
+        "fetchTurns" => routed::<FetchTurnsParams>(&session, id, method, params, false),
+        "completions" => routed::<CompletionsParams>(&session, id, method, params, false),
+        "moveChat" => routed::<MoveChatParams>(&session, id, method, params, false),
+        "resolveSessionConfig" => {
+            by_provider::<ResolveSessionConfigParams>(&session, id, method, params)
+        }
+        "sessionConfigCompletions" => {
+            by_provider::<SessionConfigCompletionsParams>(&session, id, method, params)
+        }
+        "authenticate" => Err(RpcError::invalid_params(
+            "no host on this connection advertises that protected resource",
+        )),
+        other => Err(RpcError::method_not_found(other)),
+    };
+    match outcome {
+        Ok(()) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// The highest offered `1.0.x`, or the error the client gets.
+fn negotiate(offered: &[String]) -> Result<String, RpcError> {
+    ahp_types::version::negotiate_protocol_version(offered).map_err(RpcError::invalid_params)?;
+    offered
+        .iter()
+        .filter(|v| v.starts_with("1.0."))
+        .max_by_key(|v| v.get(4..).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0))
+        .cloned()
+        .ok_or_else(|| RpcError::unsupported_version(SUPPORTED_VERSIONS))
+}
+
+async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcError> {
+    if conn.session.is_some() {
+        return Err(RpcError::invalid_request(
+            "connection is already initialized",
+        ));
+    }
+    let (p, _) = typed::<InitializeParams>(params)?;
+    let version = negotiate(&p.protocol_versions)?;
+    if p.client_id.is_empty() || p.client_id.len() > 256 {
+        return Err(RpcError::invalid_params(
+            "clientId must be 1 to 256 characters",
+        ));
+    }
+    let relay = conn.relay.clone();
+    let key = SessionKey {
+        principal: PrincipalKey {
+            issuer: conn.principal.issuer.clone(),
+            subject: conn.principal.subject.clone(),
+        },
+        client_id: p.client_id.clone(),
+    };
+    let session = Arc::new(ClientSession::new(
+        relay.clone(),
+        key,
+        version.clone(),
+        conn.socket,
+        conn.out.clone(),
+        conn.kill.clone(),
+    ));
+    relay.attach(session.clone())?;
+    conn.session = Some(session.clone());
+    let wanted = p.initial_subscriptions.unwrap_or_default();
+    let mut waits = Vec::new();
+    for channel in wanted.iter().filter(|c| *c != ahp_types::ROOT_RESOURCE_URI) {
+        if let Ok(wait) = subscribe_initial(&session, channel) {
+            waits.push(wait);
+        }
+    }
+    let mut taken = Vec::new();
+    for (hub, host_uri, client_uri, rx) in waits {
+        if let Ok(Ok(Some(snap))) =
+            tokio::time::timeout(relay.cfg.limits.upstream_request(), rx).await
+        {
+            taken.push((hub, host_uri, client_uri, snap));
+        }
+    }
+    let mut core = session.lock();
+    let from = core.last();
+    let mut snapshots = Vec::new();
+    if wanted.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
+        core.subs.insert(ahp_types::ROOT_RESOURCE_URI.to_string());
+        snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
+            "state": relay.merged_root(session.identity()), "fromSeq": from}));
+    }
+    for (_, _, _, snap) in &taken {
+        let mut snap = snap.clone();
+        if let Some(o) = snap.as_object_mut() {
+            o.insert("fromSeq".into(), json!(from));
+        }
+        snapshots.push(snap);
+    }
+    let result = json!({
+        "protocolVersion": version,
+        "serverSeq": from,
+        "serverInfo": {"name": "ahp-relay", "version": env!("CARGO_PKG_VERSION")},
+        "snapshots": snapshots,
+        "completionTriggerCharacters": relay.trigger_characters(),
+    });
+    session.respond(&mut core, id, &result.to_string());
+    for (hub, host_uri, client_uri, _) in taken {
+        core.subs.insert(client_uri);
+        session.release(&mut core, &hub, &host_uri);
+    }
+    Ok(())
+}
+
+/// `reconnect`: the relay keeps no session after its socket closes (the
+/// detached lifetime comes with the reconnect issue), so every reconnect
+/// gets `NotFound` and the socket stays open for `initialize` (contract §5.6).
+fn reconnect(conn: &Conn, params: Value) -> Result<String, RpcError> {
+    if conn.session.is_some() {
+        return Err(RpcError::invalid_request(
+            "connection is already initialized",
+        ));
+    }
+    let (p, _) = typed::<ReconnectParams>(params)?;
+    conn.relay
+        .metrics
+        .reconnects
+        .with_label_values(&["not_found"])
+        .inc();
+    let _ = p;
+    Err(RpcError::not_found(
+        "no session for this clientId: initialize again",
+    ))
+}
+
+/// The hub and host form of a client channel URI, or the §4.4 answer for a
+/// channel that does not exist (-32001 for sessions, -32008 otherwise).
+fn host_for(
+    session: &ClientSession,
+    uri: &str,
+) -> Result<(Arc<crate::upstream::hub::HostHub>, String), RpcError> {
+    let relay = &session.relay;
+    namer::route(relay.store.as_ref(), uri)
+        .and_then(|(h, hu)| relay.hub(&h).map(|hub| (hub.clone(), hu)))
+        .ok_or_else(|| not_found(uri))
+}
+
+fn not_found(uri: &str) -> RpcError {
+    if uri.starts_with("ahp-session:") {
+        RpcError::session_not_found(uri)
+    } else {
+        RpcError::not_found(format!("not found: {uri}"))
+    }
+}
+
+/// The session's link to `hub`, opened on first use.
+fn link_for(
+    session: &Arc<ClientSession>,
+    hub: &Arc<crate::upstream::hub::HostHub>,
+) -> Result<Arc<Link>, RpcError> {
+    if hub.status() == HostStatus::Down {
+        return Err(RpcError::host_unavailable(&hub.id));
+    }
+    let mut core = session.lock();
+    if let Some(l) = core.links.get(&hub.id) {
+        return Ok(l.clone());
+    }
+    if core.links.len() >= session.relay.cfg.limits.links_per_session {
+        return Err(RpcError::internal(
+            "too many hosts in use by this client session",
+            Some(json!({"reason": "linkLimit", "retryable": false})),
+        ));
+    }
+    let link = Link::open(session, hub.clone());
+    core.links.insert(hub.id.clone(), link.clone());
+    Ok(link)
+}
+
+/// Sends a request on `link` and records what its answer needs.
+fn forward(
+    session: &ClientSession,
+    link: &Link,
+    id: &str,
+    method: &str,
+    params: Value,
+    kind: PendingKind,
+) -> Result<(), RpcError> {
+    let n = link.next_id();
+    let frame = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params}).to_string();
+    session.lock().pending.insert(
+        (link.host.id.clone(), n),
+        Pending {
+            client_id: id.to_string(),
+            method: method.to_string(),
+            kind,
+        },
+    );
+    if !link.send(LinkCmd::Frame(frame)) {
+        session.lock().pending.remove(&(link.host.id.clone(), n));
+        return Err(RpcError::host_unavailable(&link.host.id));
+    }
+    Ok(())
+}
+
+/// Translates `params` (already typed) to host names along `shape`, and sets
+/// the channel to its host form.
+fn to_host(
+    session: &ClientSession,
+    host: &str,
+    mut params: Value,
+    shape: &str,
+    host_channel: &str,
+) -> Result<Value, RpcError> {
+    let namer = ToHost {
+        host,
+        store: session.relay.store.as_ref(),
+        identity: session.identity(),
+    };
+    translate::translate(&mut params, shape, &namer)
+        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
+    if let Some(o) = params.as_object_mut() {
+        o.insert("channel".into(), json!(host_channel));
+    }
+    Ok(params)
+}
+
+fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
+    let (p, v) = typed::<SubscribeParams>(params)?;
+    if p.channel == ahp_types::ROOT_RESOURCE_URI {
+        let relay = &session.relay;
+        let mut core = session.lock();
+        core.subs.insert(p.channel.clone());
+        let snap = json!({"snapshot": {"resource": p.channel, "state": relay.merged_root(session.identity()), "fromSeq": core.last()}});
+        session.respond(&mut core, id, &snap.to_string());
+        return Ok(());
+    }
+    let (hub, host_uri) = host_for(session, &p.channel)?;
+    let link = link_for(session, &hub)?;
+    let params = to_host(session, &hub.id, v, "params:subscribe", &host_uri)?;
+    hold(session, &hub.id, &host_uri, &p.channel);
+    forward(
+        session,
+        &link,
+        id,
+        "subscribe",
+        params,
+        PendingKind::Subscribe {
+            client_channel: p.channel,
+            host_channel: host_uri,
+        },
+    )
+}
+
+/// Starts holding a host channel's envelopes until its snapshot is written.
+fn hold(session: &ClientSession, host: &Arc<str>, host_uri: &str, client_uri: &str) {
+    let mut core = session.lock();
+    core.chans.entry(host.clone()).or_default().insert(
+        host_uri.to_string(),
+        Chan::Holding {
+            client: client_uri.to_string(),
+            held: Vec::new(),
+            from: None,
+        },
+    );
+}
+
+type InitialWait = (
+    Arc<crate::upstream::hub::HostHub>,
+    String,
+    String,
+    oneshot::Receiver<Option<Value>>,
+);
+
+fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<InitialWait, RpcError> {
+    let (hub, host_uri) = host_for(session, channel)?;
+    let link = link_for(session, &hub)?;
+    hold(session, &hub.id, &host_uri, channel);
+    let (tx, rx) = oneshot::channel();
+    forward(
+        session,
+        &link,
+        "null",
+        "subscribe",
+        json!({"channel": host_uri}),
+        PendingKind::Initial {
+            host_channel: host_uri.clone(),
+            reply: tx,
+        },
+    )?;
+    Ok((hub, host_uri, channel.to_string(), rx))
+}
+
+/// Reserves a client-chosen URI in the store for `host`.
+fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Result<(), RpcError> {
+    let parsed =
+        validate_client_uri(uri).map_err(|e| RpcError::invalid_params(format!("{uri}: {e}")))?;
+    if parsed.scheme != scheme {
+        return Err(RpcError::invalid_params(format!(
+            "expected a {scheme}: URI"
+        )));
+    }
+    let owner = Owner {
+        issuer: session.key.principal.issuer.clone(),
+        subject: session.key.principal.subject.clone(),
+    };
+    match session
+        .relay
+        .store
+        .reserve(uri, host, &owner, crate::relay::unix_now())
+    {
+        Ok(()) => Ok(()),
+        Err(StoreError::Taken { .. }) if scheme == "ahp-session" => {
+            Err(RpcError::session_exists(uri))
+        }
+        Err(StoreError::Taken { .. }) => Err(RpcError::already_exists(uri)),
+        Err(e) => Err(RpcError::internal(
+            format!("URI store unavailable: {e}"),
+            Some(json!({"reason": "storeUnavailable", "retryable": true})),
+        )),
+    }
+}
+
+fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
+    let (p, v) = typed::<CreateSessionParams>(params)?;
+    let relay = &session.relay;
+    let hub = match p.provider.as_deref() {
+        Some(provider) => names::read_provider(provider)
+            .and_then(|(_, h)| relay.hub(h).cloned())
+            .ok_or_else(|| RpcError::provider_not_found(provider))?,
+        None => relay.only_agent_host().ok_or_else(|| {
+            RpcError::invalid_params(
+                "several agents are available: give provider (<provider>@<host>)",
+            )
+        })?,
+    };
+    let link = link_for(session, &hub)?;
+    let mut params = to_host(session, &hub.id, v, "params:createSession", &p.channel)?;
+    if let (Some(token), Some(o)) = (p.progress_token.as_deref(), params.as_object_mut()) {
+        o.insert(
+            "progressToken".into(),
+            json!(format!("{}:{token}", session.upstream_id)),
+        );
+    }
+    reserve(session, &p.channel, "ahp-session", &hub.id)?;
+    let kind = PendingKind::Create {
+        store_key: p.channel.clone(),
+        await_catalog: Some(p.channel.clone()),
+    };
+    forward(session, &link, id, "createSession", params, kind).inspect_err(|_| {
+        let _ = relay.store.release(&p.channel);
+    })
+}
+
+fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
+    let (p, v) = typed::<CreateChatParams>(params)?;
+    let (hub, host_session) = host_for(session, &p.channel)?;
+    let link = link_for(session, &hub)?;
+    let params = to_host(session, &hub.id, v, "params:createChat", &host_session)?;
+    reserve(session, &p.chat, "ahp-chat", &hub.id)?;
+    let kind = PendingKind::Create {
+        store_key: p.chat.clone(),
+        await_catalog: None,
+    };
+    forward(session, &link, id, "createChat", params, kind).inspect_err(|_| {
+        let _ = session.relay.store.release(&p.chat);
+    })
+}
+
+fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
+    let (p, v) = typed::<CreateTerminalParams>(params)?;
+    let relay = &session.relay;
+    let hub = match &p.claim {
+        ahp_types::state::TerminalClaim::Session(c) => host_for(session, &c.session)?.0,
+        ahp_types::state::TerminalClaim::Client(_) => relay.default_host().ok_or_else(|| {
+            RpcError::invalid_params("cannot choose a host for a client-claimed terminal: claim a session, or configure relay.default_host")
+        })?,
+    };
+    let link = link_for(session, &hub)?;
+    let params = to_host(session, &hub.id, v, "params:createTerminal", &p.channel)?;
+    reserve(session, &p.channel, "ahp-terminal", &hub.id)?;
+    let kind = PendingKind::Create {
+        store_key: p.channel.clone(),
+        await_catalog: None,
+    };
+    forward(session, &link, id, "createTerminal", params, kind).inspect_err(|_| {
+        let _ = relay.store.release(&p.channel);
+    })
+}
+
+/// A request routed by its channel, params translated along `params:<method>`.
+fn routed<T: DeserializeOwned + Serialize>(
+    session: &Arc<ClientSession>,
+    id: &str,
+    method: &str,
+    params: Value,
+    dispose: bool,
+) -> Result<(), RpcError> {
+    let (_, v) = typed::<T>(params)?;
+    let channel = v
+        .get("channel")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let (hub, host_uri) = host_for(session, &channel)?;
+    let link = link_for(session, &hub)?;
+    let params = to_host(session, &hub.id, v, &format!("params:{method}"), &host_uri)?;
+    let kind = if dispose {
+        let verbatim = matches!(
+            names::read_client_uri(&channel),
+            Ok(names::ClientName::Verbatim { .. })
+        );
+        PendingKind::Dispose {
+            store_key: verbatim.then_some(channel),
+        }
+    } else {
+        PendingKind::Plain
+    };
+    forward(session, &link, id, method, params, kind)
+}
+
+/// A root-channel request routed by its `provider` (or the only agent).
+fn by_provider<T: DeserializeOwned + Serialize>(
+    session: &Arc<ClientSession>,
+    id: &str,
+    method: &str,
+    params: Value,
+) -> Result<(), RpcError> {
+    let (_, mut v) = typed::<T>(params)?;
+    let relay = &session.relay;
+    let hub = match v.get("provider").and_then(Value::as_str) {
+        Some(provider) => names::read_provider(provider)
+            .and_then(|(_, h)| relay.hub(h).cloned())
+            .ok_or_else(|| RpcError::provider_not_found(provider))?,
+        None => relay
+            .only_agent_host()
+            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,
+    };
+    let link = link_for(session, &hub)?;
+    if let Some(provider) = v.get_mut("provider")
+        && let Some((p, _)) = provider.as_str().and_then(names::read_provider)
+    {
+        *provider = json!(p);
+    }
+    forward(session, &link, id, method, v, PendingKind::Plain)
+}
+
+/// `dispatchAction`: routed by channel with the action translated; refused
+/// ones get a relay rejection echo (§5.3); invisible channels get no echo.
+fn dispatch(session: &Arc<ClientSession>, params: Value) {
+    let channel = params
+        .get("channel")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let Some(client_seq) = params.get("clientSeq").and_then(Value::as_i64) else {
+        session.relay.metrics.client_notifications_dropped.inc();
+        return;
+    };
+    let action = params.get("action").cloned().unwrap_or(Value::Null);
+    let reject = |reason: &str| {
+        let mut core = session.lock();
+        session.reject_dispatch(&mut core, &channel, &action, client_seq, reason);
+    };
+    if channel == ahp_types::ROOT_RESOURCE_URI {
+        return reject("the relay's root channel has no configuration to change");
+    }
+    let Ok((hub, host_uri)) = host_for(session, &channel) else {
+        return; // unknown channel: no echo, as a host would do
+    };
+    let ty = action
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let known = serde_json::from_value::<ahp_types::actions::StateAction>(action.clone())
+        .ok()
+        .filter(|a| !matches!(a, ahp_types::actions::StateAction::Unknown(_)));
+    let Some(known) = known else {
+        return reject(&format!("unknown or malformed action type: {ty}"));
+    };
+    let mut host_action = match serde_json::to_value(&known) {
+        Ok(v) => v,
+        Err(_) => return reject("malformed action"),
+    };
+    let namer = ToHost {
+        host: &hub.id,
+        store: session.relay.store.as_ref(),
+        identity: session.identity(),
+    };
+    if let Err(e) = translate::translate(&mut host_action, &ty, &namer) {
+        return reject(&format!("cannot translate {e}"));
+    }
+    let link = match link_for(session, &hub) {
+        Ok(l) => l,
+        Err(_) => return reject(&format!("host {} unavailable", hub.id)),
+    };
+    let frame = json!({"jsonrpc": "2.0", "method": "dispatchAction",
+        "params": {"channel": host_uri, "clientSeq": client_seq, "action": host_action}})
+    .to_string();
+    if !link.send(LinkCmd::Dispatch {
+        frame,
+        client_channel: channel.clone(),
+        action: action.clone(),
+        client_seq,
+    }) {
+        reject(&format!("host {} unavailable", hub.id));
+    }
+}
+
+/// `unsubscribe`: the relay stops delivering at once and tells the host.
+fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
+    let Some(channel) = params
+        .get("channel")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return;
+    };
+    session.lock().subs.remove(&channel);
+    if channel == ahp_types::ROOT_RESOURCE_URI {
+        return;
+    }
+    let Ok((hub, host_uri)) = host_for(session, &channel) else {
+        return;
+    };
+    let link = {
+        let mut core = session.lock();
+        if let Some(m) = core.chans.get_mut(&hub.id) {
+            m.remove(&host_uri);
+        }
+        core.links.get(&hub.id).cloned()
+    };
+    if let Some(link) = link {
+        let frame =
+            json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}})
+                .to_string();
+        link.send(LinkCmd::Frame(frame));
+    }
+}

@@ -1,0 +1,161 @@
+//! One configured host as the relay sees it: how to dial it, and what its
+//! watch link currently knows (health, root state, session catalog).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use ahp_types::state::RootState;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use crate::client::dial::DialOptions;
+use crate::config::HostConfig;
+
+/// Health of a host, as its watch link sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostStatus {
+    /// Not connected yet, or reconnecting after a drop.
+    Connecting,
+    /// Watch link initialized; root and catalog are current.
+    Up,
+    /// Last attempt failed; retrying with backoff.
+    Down,
+}
+
+impl HostStatus {
+    /// A short label for metrics and `_meta`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Up => "up",
+            Self::Down => "unreachable",
+        }
+    }
+}
+
+/// What the watch link mirrors of a host (host-form names).
+#[derive(Debug, Clone)]
+pub struct WatchView {
+    /// Current health.
+    pub status: HostStatus,
+    /// The host's root state (rejected envelopes never applied).
+    pub root: Option<RootState>,
+    /// Session summaries by host URI, as JSON objects.
+    pub catalog: BTreeMap<String, Value>,
+}
+
+/// A configured host plus its mirrors. Shared by the watch link (writer)
+/// and every client session (readers).
+#[derive(Debug)]
+pub struct HostHub {
+    /// Stable host id (appears in qualified URIs and provider ids).
+    pub id: Arc<str>,
+    /// The host's configuration.
+    pub cfg: HostConfig,
+    /// Upstream bearer token, read once from `token_file`.
+    token: Option<String>,
+    view: RwLock<WatchView>,
+    /// Signalled whenever the catalog changes (creates wait on it).
+    pub catalog_changed: Notify,
+}
+
+/// Header carrying the end user's issuer on links (hosts may audit it).
+pub const USER_ISSUER_HEADER: &str = "ahp-relay-user-issuer";
+/// Header carrying the end user's subject on links.
+pub const USER_SUBJECT_HEADER: &str = "ahp-relay-user-subject";
+
+impl HostHub {
+    /// A hub for `cfg`; reads the upstream token file if configured.
+    pub fn new(cfg: HostConfig) -> std::io::Result<Self> {
+        let token = match &cfg.token_file {
+            Some(p) => Some(std::fs::read_to_string(p)?.trim().to_string()),
+            None => None,
+        };
+        Ok(Self {
+            id: cfg.id.as_str().into(),
+            cfg,
+            token,
+            view: RwLock::new(WatchView {
+                status: HostStatus::Connecting,
+                root: None,
+                catalog: BTreeMap::new(),
+            }),
+            catalog_changed: Notify::new(),
+        })
+    }
+
+    /// Dial options for a link; `user` adds the end user's (issuer, subject)
+    /// as percent-encoded handshake headers. The user's JWT is never sent.
+    pub fn dial_options(&self, user: Option<(&str, &str)>) -> DialOptions {
+        let mut extra_headers = Vec::new();
+        if let Some((iss, sub)) = user {
+            extra_headers.push((USER_ISSUER_HEADER.to_string(), header_safe(iss)));
+            extra_headers.push((USER_SUBJECT_HEADER.to_string(), header_safe(sub)));
+        }
+        DialOptions {
+            url: self.cfg.url.clone(),
+            token: self.token.clone(),
+            ca_file: self.cfg.ca_file.clone(),
+            insecure: false,
+            connect_timeout: Duration::from_secs(10),
+            extra_headers,
+        }
+    }
+
+    /// The agent label: the configured label, else the id.
+    pub fn label(&self) -> &str {
+        self.cfg.label.as_deref().unwrap_or(&self.id)
+    }
+
+    /// A copy of the watch view.
+    pub fn view(&self) -> WatchView {
+        self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Current health.
+    pub fn status(&self) -> HostStatus {
+        self.view.read().unwrap_or_else(|e| e.into_inner()).status
+    }
+
+    /// Whether the catalog holds `host_uri`.
+    pub fn has_session(&self, host_uri: &str) -> bool {
+        self.view
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .catalog
+            .contains_key(host_uri)
+    }
+
+    /// Mutates the view (watch link only).
+    pub fn update<R>(&self, f: impl FnOnce(&mut WatchView) -> R) -> R {
+        let r = f(&mut self.view.write().unwrap_or_else(|e| e.into_inner()));
+        self.catalog_changed.notify_waiters();
+        r
+    }
+}
+
+/// Percent-encodes bytes outside visible ASCII so any issuer or subject is a
+/// valid header value.
+fn header_safe(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if (0x21..=0x7e).contains(&b) && b != b'%' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_are_visible_ascii() {
+        assert_eq!(header_safe("https://idp/x"), "https://idp/x");
+        assert_eq!(header_safe("a b%é"), "a%20b%25%C3%A9");
+    }
+}

@@ -1,0 +1,210 @@
+//! A per-client link: the connection one client session holds to one host
+//! (contract §2 "Why per-client links").
+//!
+//! Opened lazily when the session first needs the host, it initializes with
+//! the session's derived upstream client id (never the client's own id, never
+//! the user's token) and the client's negotiated protocol version, then pumps
+//! frames: client → host in the order the session queued them, host → client
+//! through [`ClientSession::on_host_frame`]. When it cannot open or drops,
+//! the session is told ([`ClientSession::on_link_down`]) and dispatches still
+//! queued for it get rejection echoes ("host unavailable").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::hub::HostHub;
+use crate::client::dial::{WsStream, dial_stream};
+use crate::session::ClientSession;
+use crate::session::envelope::LinkReply;
+
+/// What a session asks its link to write.
+#[derive(Debug)]
+pub enum LinkCmd {
+    /// A request or notification frame, already in host names.
+    Frame(String),
+    /// A `dispatchAction` frame, with what a rejection echo would need if it
+    /// cannot be written.
+    Dispatch {
+        /// The frame in host names.
+        frame: String,
+        /// The channel as the client named it.
+        client_channel: String,
+        /// The action exactly as the client dispatched it.
+        action: Value,
+        /// The client's `clientSeq`.
+        client_seq: i64,
+    },
+}
+
+/// A session's handle on its link to one host.
+#[derive(Debug)]
+pub struct Link {
+    /// The host.
+    pub host: Arc<HostHub>,
+    tx: mpsc::UnboundedSender<LinkCmd>,
+    next_id: AtomicU64,
+}
+
+/// Silence after which a link pings its host.
+const PING_AFTER: Duration = Duration::from_secs(20);
+/// How long the host may take to answer `initialize`.
+const INIT_WITHIN: Duration = Duration::from_secs(10);
+
+impl Link {
+    /// Starts a link from `session` to `host`; frames sent before it is up
+    /// are queued in order.
+    pub fn open(session: &Arc<ClientSession>, host: Arc<HostHub>) -> Arc<Self> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let link = Arc::new(Self {
+            host: host.clone(),
+            tx,
+            next_id: AtomicU64::new(1),
+        });
+        session.relay.metrics.links_opened.inc();
+        tokio::spawn(run(Arc::downgrade(session), host, rx));
+        link
+    }
+
+    /// A fresh id for a request the relay sends on this link (ids the
+    /// relay originates are non-negative integers).
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Queues a frame; `false` if the link task has ended.
+    pub fn send(&self, cmd: LinkCmd) -> bool {
+        self.tx.send(cmd).is_ok()
+    }
+}
+
+async fn run(
+    session: Weak<ClientSession>,
+    host: Arc<HostHub>,
+    mut rx: mpsc::UnboundedReceiver<LinkCmd>,
+) {
+    let Some(opened) = open(&session, &host).await else {
+        fail(&session, &host, &mut rx, false);
+        return;
+    };
+    let mut ws = opened;
+    let mut ping_id = 0u64;
+    let was_up = loop {
+        tokio::select! {
+            cmd = rx.recv() => {
+                let Some(cmd) = cmd else {
+                    let _ = ws.close(None).await;
+                    return;
+                };
+                let frame = match cmd {
+                    LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. } => f,
+                };
+                if ws.feed(Message::text(frame)).await.is_err() { break true; }
+                while let Ok(cmd) = rx.try_recv() {
+                    let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = cmd;
+                    if ws.feed(Message::text(f)).await.is_err() { break; }
+                }
+                if ws.flush().await.is_err() { break true; }
+            }
+            msg = tokio::time::timeout(PING_AFTER, ws.next()) => match msg {
+                Err(_) => {
+                    ping_id += 1;
+                    let ping = json!({"jsonrpc": "2.0", "id": format!("relay-ping-{ping_id}"), "method": "ping",
+                        "params": {"channel": ahp_types::ROOT_RESOURCE_URI}});
+                    if ws.send(Message::text(ping.to_string())).await.is_err() { break true; }
+                }
+                Ok(Some(Ok(Message::Text(t)))) => {
+                    let Some(s) = session.upgrade() else { return };
+                    if let LinkReply::ToHost(reply) = s.on_host_frame(&host, t.as_str())
+                        && ws.send(Message::text(reply)).await.is_err()
+                    {
+                        break true;
+                    }
+                }
+                Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => break true,
+                Ok(Some(Ok(_))) => {}
+            },
+        }
+    };
+    fail(&session, &host, &mut rx, was_up);
+}
+
+/// Dials and initializes; `None` if the host cannot be used.
+async fn open(session: &Weak<ClientSession>, host: &Arc<HostHub>) -> Option<WsStream> {
+    let (opts, init) = {
+        let s = session.upgrade()?;
+        let user = (
+            s.key.principal.issuer.as_str(),
+            s.key.principal.subject.as_str(),
+        );
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": [s.version],
+            "clientId": s.upstream_id}});
+        (host.dial_options(Some(user)), init)
+    };
+    let mut ws = match dial_stream(&opts).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            tracing::warn!(host = %host.id, error = %e, "link cannot reach host");
+            return None;
+        }
+    };
+    ws.send(Message::text(init.to_string())).await.ok()?;
+    let answer = tokio::time::timeout(INIT_WITHIN, async {
+        while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Text(t) = msg {
+                let v: Value = serde_json::from_str(t.as_str()).ok()?;
+                if v.get("id") == Some(&json!(0)) {
+                    return Some(v);
+                }
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()?;
+    if let Some(err) = answer.get("error") {
+        tracing::warn!(host = %host.id, error = %err, "host refused the link's initialize");
+        return None;
+    }
+    Some(ws)
+}
+
+/// Reports the link down and answers what is still queued on it.
+fn fail(
+    session: &Weak<ClientSession>,
+    host: &Arc<HostHub>,
+    rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
+    was_up: bool,
+) {
+    let Some(s) = session.upgrade() else {
+        return;
+    };
+    s.relay.metrics.links_failed.inc();
+    s.on_link_down(host, was_up);
+    rx.close();
+    let mut core = s.lock();
+    while let Ok(cmd) = rx.try_recv() {
+        if let LinkCmd::Dispatch {
+            client_channel,
+            action,
+            client_seq,
+            ..
+        } = cmd
+        {
+            s.reject_dispatch(
+                &mut core,
+                &client_channel,
+                &action,
+                client_seq,
+                &format!("host {} unavailable", host.id),
+            );
+        }
+    }
+}

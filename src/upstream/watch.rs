@@ -1,0 +1,425 @@
+//! The watch link: the relay's own connection to a host (contract §2).
+//!
+//! One per host, whatever the number of clients. It subscribes `ahp-root://`,
+//! mirrors the host's root state with the official reducer (never applying
+//! rejected envelopes) and its session catalog (`listSessions` at connect,
+//! then `root/session*` notifications), and reports every change to the
+//! relay as a [`WatchEvent`]. It reconnects with capped exponential backoff
+//! and pings after silence; a host that stops answering is marked down.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp_types::state::RootState;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::hub::{HostHub, HostStatus};
+use crate::client::dial::{WsStream, dial_stream};
+
+/// The upstream client id every watch link uses.
+pub const WATCH_CLIENT_ID: &str = "r1.watch";
+
+/// Silence after which the watch link pings.
+const PING_AFTER: Duration = Duration::from_secs(20);
+/// Time a ping (or any request) may take before the link is declared dead.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// Which part of a host's root changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootField {
+    /// `agents`
+    Agents,
+    /// `terminals`
+    Terminals,
+    /// `activeSessions`
+    ActiveSessions,
+}
+
+/// What a watch link reports to the relay.
+#[derive(Debug, Clone)]
+pub enum WatchEvent {
+    /// A root field of `host` changed (or all of them, after a reconnect).
+    Root {
+        /// The host.
+        host: Arc<str>,
+        /// Fields that changed.
+        fields: Vec<RootField>,
+    },
+    /// A catalog notification (`root/session*`), host-form params.
+    Catalog {
+        /// The host.
+        host: Arc<str>,
+        /// `root/sessionAdded`, `root/sessionRemoved` or `root/sessionSummaryChanged`.
+        method: &'static str,
+        /// The notification's params, host names.
+        params: Value,
+    },
+    /// The host went up or down.
+    Status {
+        /// The host.
+        host: Arc<str>,
+        /// New status.
+        status: HostStatus,
+    },
+}
+
+/// Runs the watch link of `hub` forever, reporting to `events`.
+pub async fn run(hub: Arc<HostHub>, events: mpsc::UnboundedSender<WatchEvent>) {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        match session(&hub, &events).await {
+            Ok(()) => backoff = Duration::from_millis(250),
+            Err(why) => tracing::warn!(host = %hub.id, %why, "watch link failed"),
+        }
+        if hub.status() != HostStatus::Down {
+            hub.update(|v| v.status = HostStatus::Down);
+            let _ = events.send(WatchEvent::Status {
+                host: hub.id.clone(),
+                status: HostStatus::Down,
+            });
+        }
+        if events.is_closed() {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// A JSON-RPC connection with request/response matching for the watch link.
+struct Rpc {
+    ws: WsStream,
+    next_id: u64,
+}
+
+impl Rpc {
+    async fn request(
+        &mut self,
+        method: &str,
+        params: Value,
+        held: &mut Vec<Value>,
+    ) -> Result<Value, String> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let frame = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.ws
+            .send(Message::text(frame.to_string()))
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            let v = tokio::time::timeout(ANSWER_WITHIN, self.recv())
+                .await
+                .map_err(|_| format!("{method}: no answer within {ANSWER_WITHIN:?}"))??;
+            if v.get("id").and_then(Value::as_u64) == Some(id) && v.get("method").is_none() {
+                if let Some(err) = v.get("error") {
+                    return Err(format!("{method} refused: {err}"));
+                }
+                return Ok(v.get("result").cloned().unwrap_or(Value::Null));
+            }
+            held.push(v);
+        }
+    }
+
+    async fn recv(&mut self) -> Result<Value, String> {
+        loop {
+            match self.ws.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    return serde_json::from_str(t.as_str())
+                        .map_err(|e| format!("host sent invalid JSON: {e}"));
+                }
+                Some(Ok(Message::Close(_))) | None => {
+                    return Err("host closed the watch link".into());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.to_string()),
+            }
+        }
+    }
+}
+
+/// One connected period of the watch link; returns when it drops.
+async fn session(
+    hub: &Arc<HostHub>,
+    events: &mpsc::UnboundedSender<WatchEvent>,
+) -> Result<(), String> {
+    let ws = dial_stream(&hub.dial_options(None))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut rpc = Rpc { ws, next_id: 0 };
+    let mut held = Vec::new();
+    let init = rpc
+        .request(
+            "initialize",
+            json!({"channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": ["1.0.0"],
+                   "clientId": WATCH_CLIENT_ID, "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]}),
+            &mut held,
+        )
+        .await?;
+    let root: RootState = init
+        .pointer("/snapshots/0/state")
+        .cloned()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .ok_or("initialize returned no root snapshot")?;
+    let catalog = fetch_catalog(&mut rpc, &mut held).await?;
+    let diff = hub.update(|v| {
+        let diff = catalog_diff(&v.catalog, &catalog);
+        v.root = Some(root);
+        v.catalog = catalog;
+        v.status = HostStatus::Up;
+        diff
+    });
+    tracing::info!(host = %hub.id, "watch link up");
+    let host = hub.id.clone();
+    let _ = events.send(WatchEvent::Status {
+        host: host.clone(),
+        status: HostStatus::Up,
+    });
+    let all = vec![
+        RootField::Agents,
+        RootField::Terminals,
+        RootField::ActiveSessions,
+    ];
+    let _ = events.send(WatchEvent::Root {
+        host: host.clone(),
+        fields: all,
+    });
+    for (method, params) in diff {
+        let _ = events.send(WatchEvent::Catalog {
+            host: host.clone(),
+            method,
+            params,
+        });
+    }
+    for v in held {
+        on_frame(hub, events, &mut rpc, v).await?;
+    }
+    loop {
+        let v = match tokio::time::timeout(PING_AFTER, rpc.recv()).await {
+            Ok(v) => v?,
+            Err(_) => {
+                let mut later = Vec::new();
+                rpc.request(
+                    "ping",
+                    json!({"channel": ahp_types::ROOT_RESOURCE_URI}),
+                    &mut later,
+                )
+                .await?;
+                for v in later {
+                    on_frame(hub, events, &mut rpc, v).await?;
+                }
+                continue;
+            }
+        };
+        on_frame(hub, events, &mut rpc, v).await?;
+    }
+}
+
+/// Reads the whole catalog with `listSessions` paging.
+async fn fetch_catalog(
+    rpc: &mut Rpc,
+    held: &mut Vec<Value>,
+) -> Result<BTreeMap<String, Value>, String> {
+    let mut catalog = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10_000 {
+        let mut params = json!({"channel": ahp_types::ROOT_RESOURCE_URI, "limit": 1000});
+        if let (Some(c), Some(o)) = (&cursor, params.as_object_mut()) {
+            o.insert("cursor".into(), json!(c));
+        }
+        let page = rpc.request("listSessions", params, held).await?;
+        for item in page
+            .get("items")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(uri) = item.get("resource").and_then(Value::as_str) {
+                catalog.insert(uri.to_string(), item.clone());
+            }
+        }
+        cursor = page
+            .get("nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if cursor.is_none() {
+            return Ok(catalog);
+        }
+    }
+    Err("listSessions did not end".into())
+}
+
+/// The notifications that turn catalog `old` into `new`.
+fn catalog_diff(
+    old: &BTreeMap<String, Value>,
+    new: &BTreeMap<String, Value>,
+) -> Vec<(&'static str, Value)> {
+    let root = ahp_types::ROOT_RESOURCE_URI;
+    let mut out = Vec::new();
+    for (uri, summary) in new {
+        match old.get(uri) {
+            None => out.push((
+                "root/sessionAdded",
+                json!({"channel": root, "summary": summary}),
+            )),
+            Some(prev) if prev != summary => {
+                let mut changes = summary.clone();
+                if let Some(o) = changes.as_object_mut() {
+                    for identity in ["resource", "provider", "createdAt"] {
+                        o.remove(identity);
+                    }
+                }
+                out.push((
+                    "root/sessionSummaryChanged",
+                    json!({"channel": root, "session": uri, "changes": changes}),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for uri in old.keys().filter(|u| !new.contains_key(*u)) {
+        out.push((
+            "root/sessionRemoved",
+            json!({"channel": root, "session": uri}),
+        ));
+    }
+    out
+}
+
+async fn on_frame(
+    hub: &Arc<HostHub>,
+    events: &mpsc::UnboundedSender<WatchEvent>,
+    rpc: &mut Rpc,
+    v: Value,
+) -> Result<(), String> {
+    let host = hub.id.clone();
+    let method = v.get("method").and_then(Value::as_str).unwrap_or_default();
+    if let Some(id) = v.get("id").filter(|_| !method.is_empty()) {
+        let refuse = json!({"jsonrpc": "2.0", "id": id,
+            "error": {"code": -32601, "message": "the relay's watch link serves no requests"}});
+        return rpc
+            .ws
+            .send(Message::text(refuse.to_string()))
+            .await
+            .map_err(|e| e.to_string());
+    }
+    let params = v.get("params").cloned().unwrap_or(Value::Null);
+    match method {
+        "action" => {
+            if params.get("channel").and_then(Value::as_str) != Some(ahp_types::ROOT_RESOURCE_URI)
+                || params.get("rejectionReason").is_some()
+            {
+                return Ok(());
+            }
+            let Some(action) = params
+                .get("action")
+                .cloned()
+                .and_then(|a| serde_json::from_value(a).ok())
+            else {
+                return Ok(());
+            };
+            let field = match &action {
+                ahp_types::actions::StateAction::RootAgentsChanged(_) => RootField::Agents,
+                ahp_types::actions::StateAction::RootTerminalsChanged(_) => RootField::Terminals,
+                ahp_types::actions::StateAction::RootActiveSessionsChanged(_) => {
+                    RootField::ActiveSessions
+                }
+                _ => return Ok(()),
+            };
+            hub.update(|view| {
+                if let Some(root) = view.root.as_mut() {
+                    ahp::apply_action_to_root(root, &action);
+                }
+            });
+            let _ = events.send(WatchEvent::Root {
+                host,
+                fields: vec![field],
+            });
+        }
+        "root/sessionAdded" => {
+            let summary = params.get("summary").cloned().unwrap_or(Value::Null);
+            if let Some(uri) = summary
+                .get("resource")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+            {
+                hub.update(|view| view.catalog.insert(uri, summary));
+                let _ = events.send(WatchEvent::Catalog {
+                    host,
+                    method: "root/sessionAdded",
+                    params,
+                });
+            }
+        }
+        "root/sessionRemoved" => {
+            if let Some(uri) = params
+                .get("session")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+            {
+                hub.update(|view| view.catalog.remove(&uri));
+                let _ = events.send(WatchEvent::Catalog {
+                    host,
+                    method: "root/sessionRemoved",
+                    params,
+                });
+            }
+        }
+        "root/sessionSummaryChanged" => {
+            let uri = params
+                .get("session")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let changes = params.get("changes").and_then(Value::as_object).cloned();
+            if let (Some(uri), Some(changes)) = (uri, changes) {
+                hub.update(|view| {
+                    if let Some(Value::Object(summary)) = view.catalog.get_mut(&uri) {
+                        for (k, v) in changes {
+                            if !matches!(k.as_str(), "resource" | "provider" | "createdAt") {
+                                summary.insert(k, v);
+                            }
+                        }
+                    }
+                });
+                let _ = events.send(WatchEvent::Catalog {
+                    host,
+                    method: "root/sessionSummaryChanged",
+                    params,
+                });
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_reports_added_changed_removed() {
+        let old: BTreeMap<String, Value> = [
+            ("a".to_string(), json!({"resource": "a", "title": "x"})),
+            ("b".to_string(), json!({"resource": "b"})),
+        ]
+        .into();
+        let new: BTreeMap<String, Value> = [
+            ("a".to_string(), json!({"resource": "a", "title": "y"})),
+            ("c".to_string(), json!({"resource": "c"})),
+        ]
+        .into();
+        let methods: Vec<&str> = catalog_diff(&old, &new).iter().map(|(m, _)| *m).collect();
+        assert_eq!(
+            methods,
+            [
+                "root/sessionSummaryChanged",
+                "root/sessionAdded",
+                "root/sessionRemoved"
+            ]
+        );
+    }
+}

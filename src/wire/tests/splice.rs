@@ -1,0 +1,270 @@
+//! Splicing: round trips compared as `Value`s, escaping, and refused edits.
+
+use serde_json::{Value, json};
+
+use super::{ok, value};
+use crate::wire::{Edit, EditValue, SpliceError, json_escape_into, splice};
+
+/// `s` as a JSON string token written by [`json_escape_into`].
+fn escaped(s: &str) -> String {
+    let mut out = String::new();
+    json_escape_into(&mut out, s);
+    out
+}
+
+#[test]
+fn escaping_matches_serde_json_and_round_trips() {
+    let mut samples: Vec<String> = (0u8..0x80).map(|b| char::from(b).to_string()).collect();
+    samples.extend(
+        [
+            "",
+            "plain",
+            "ahp-chat:/c-1",
+            "a\"b\\c",
+            "é€😀",
+            "\u{2028}\u{7f}",
+            "x\u{0}y\u{1f}z",
+            "\\u0041",
+        ]
+        .map(String::from),
+    );
+    for s in &samples {
+        let token = escaped(s);
+        assert_eq!(token, serde_json::to_string(s).expect("to_string"), "{s:?}");
+        assert_eq!(&serde_json::from_str::<String>(&token).expect("parses"), s);
+    }
+    let mut out = String::from("prefix:");
+    json_escape_into(&mut out, "\n");
+    assert_eq!(out, r#"prefix:"\n""#);
+}
+
+#[test]
+fn splice_serverseq_and_channel_changes_only_those_values() {
+    let text = r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"ahp-chat:/c\u00e9","action":{"type":"chat/delta","content":"x\"y","_meta":{"k":[1,2]}},"serverSeq":12345,"origin":{"clientId":"r1.abc","clientSeq":3}}}"#;
+    let frame = ok(text);
+    let p = &frame.params;
+    let new_channel = "ahp-chat:/gpu1~c\"é\n😀";
+    let mut edits = [
+        Edit {
+            range: p.server_seq.clone().expect("seq").range,
+            replacement: EditValue::U64(9_007_199_254_740_991),
+        },
+        Edit {
+            range: p.channel.clone().expect("channel").range,
+            replacement: EditValue::JsonString(new_channel),
+        },
+        Edit {
+            range: p.origin_client_id.clone().expect("client").range,
+            replacement: EditValue::JsonString("me"),
+        },
+    ];
+    let spliced = splice(text, &mut edits).expect("splice");
+    let mut expected = value(text);
+    expected["params"]["serverSeq"] = json!(9_007_199_254_740_991u64);
+    expected["params"]["channel"] = json!(new_channel);
+    expected["params"]["origin"]["clientId"] = json!("me");
+    assert_eq!(value(&spliced), expected);
+    assert!(
+        spliced.contains(r#""content":"x\"y","_meta":{"k":[1,2]}"#),
+        "payload copied verbatim"
+    );
+    let again = ok(&spliced);
+    assert_eq!(again.channel(), Some(new_channel));
+}
+
+#[test]
+fn echoing_an_id_with_raw() {
+    let request =
+        r#"{"jsonrpc":"2.0","id":"a\u00e9","method":"subscribe","params":{"channel":"c"}}"#;
+    let client_id = ok(request).id().cloned().expect("id");
+    let upstream =
+        r#"{"jsonrpc":"2.0","id":17,"result":{"snapshot":{"resource":"c","fromSeq":5}}}"#;
+    let frame = ok(upstream);
+    let host_id = frame.id().cloned().expect("id");
+    assert_eq!(host_id.as_u64(), Some(17));
+    let snapshot = frame.result.snapshot.expect("snapshot");
+    let mut edits = [
+        Edit {
+            range: snapshot.from_seq.expect("fromSeq").range,
+            replacement: EditValue::U64(0),
+        },
+        Edit {
+            range: host_id.range,
+            replacement: EditValue::Raw(client_id.raw),
+        },
+    ];
+    let spliced = splice(upstream, &mut edits).expect("splice");
+    assert_eq!(
+        spliced,
+        r#"{"jsonrpc":"2.0","id":"a\u00e9","result":{"snapshot":{"resource":"c","fromSeq":0}}}"#
+    );
+    assert_eq!(
+        value(&spliced),
+        json!({"jsonrpc":"2.0","id":"aé","result":{"snapshot":{"resource":"c","fromSeq":0}}})
+    );
+}
+
+#[test]
+fn edits_are_applied_in_position_order() {
+    let text = "[1,2,3]";
+    let mut edits = [
+        Edit {
+            range: 5..6,
+            replacement: EditValue::Raw("c"),
+        },
+        Edit {
+            range: 1..2,
+            replacement: EditValue::Raw("a"),
+        },
+        Edit {
+            range: 3..3,
+            replacement: EditValue::Raw("ins,"),
+        },
+        Edit {
+            range: 3..4,
+            replacement: EditValue::U64(u64::MAX),
+        },
+    ];
+    assert!(matches!(
+        splice(text, &mut edits),
+        Err(SpliceError::Overlap { .. })
+    ));
+    let mut edits = [
+        Edit {
+            range: 5..6,
+            replacement: EditValue::Raw("\"c\""),
+        },
+        Edit {
+            range: 1..2,
+            replacement: EditValue::JsonString("a"),
+        },
+        Edit {
+            range: 3..4,
+            replacement: EditValue::U64(u64::MAX),
+        },
+        Edit {
+            range: 7..7,
+            replacement: EditValue::Raw(" "),
+        },
+    ];
+    assert_eq!(
+        splice(text, &mut edits).as_deref(),
+        Ok(r#"["a",18446744073709551615,"c"] "#)
+    );
+    assert_eq!(splice(text, &mut []).as_deref(), Ok(text));
+}
+
+#[test]
+fn overlapping_or_invalid_edits_are_refused() {
+    let text = r#"{"a":"é","b":12}"#;
+    let cases: [(&[(usize, usize)], SpliceError); 6] = [
+        (
+            &[(1, 5), (4, 6)],
+            SpliceError::Overlap {
+                first: 1..5,
+                second: 4..6,
+            },
+        ),
+        (
+            &[(4, 6), (1, 5)],
+            SpliceError::Overlap {
+                first: 1..5,
+                second: 4..6,
+            },
+        ),
+        (
+            &[(2, 2), (2, 2)],
+            SpliceError::Overlap {
+                first: 2..2,
+                second: 2..2,
+            },
+        ),
+        (
+            &[(2, 4), (2, 2)],
+            SpliceError::Overlap {
+                first: 2..2,
+                second: 2..4,
+            },
+        ),
+        (
+            &[(16, 19)],
+            SpliceError::OutOfBounds {
+                start: 16,
+                end: 19,
+                len: 17,
+            },
+        ),
+        (
+            &[(6, 7)],
+            SpliceError::OutOfBounds {
+                start: 6,
+                end: 7,
+                len: 17,
+            },
+        ),
+    ];
+    for (ranges, expected) in cases {
+        let mut edits: Vec<Edit> = ranges
+            .iter()
+            .map(|&(start, end)| Edit {
+                range: start..end,
+                replacement: EditValue::U64(1),
+            })
+            .collect();
+        assert_eq!(splice(text, &mut edits), Err(expected), "{ranges:?}");
+    }
+    #[allow(clippy::reversed_empty_ranges)]
+    let mut reversed = [Edit {
+        range: 5..3,
+        replacement: EditValue::U64(1),
+    }];
+    assert_eq!(
+        splice(text, &mut reversed),
+        Err(SpliceError::OutOfBounds {
+            start: 5,
+            end: 3,
+            len: 17
+        })
+    );
+    // Adjacent ranges are fine.
+    let mut adjacent = [
+        Edit {
+            range: 14..16,
+            replacement: EditValue::U64(7),
+        },
+        Edit {
+            range: 16..17,
+            replacement: EditValue::Raw("}"),
+        },
+    ];
+    assert_eq!(
+        value(&splice(text, &mut adjacent).expect("splice")),
+        json!({"a":"é","b":7})
+    );
+}
+
+#[test]
+fn splicing_a_value_keeps_every_other_value() {
+    let text = r#"{"jsonrpc":"2.0","id":2,"result":{"serverSeq":1,"snapshots":[{"resource":"ahp-root://","fromSeq":1,"state":{"agents":[{"provider":"copilot"}]}},{"resource":"ahp-session:/s","fromSeq":1}]}}"#;
+    let result = ok(text).result;
+    let mut edits: Vec<Edit> = result
+        .snapshots
+        .iter()
+        .filter_map(|s| s.from_seq.as_ref())
+        .map(|seq| Edit {
+            range: seq.range.clone(),
+            replacement: EditValue::U64(1_700_000_000_000_000),
+        })
+        .collect();
+    edits.push(Edit {
+        range: result.server_seq.expect("seq").range,
+        replacement: EditValue::U64(1_700_000_000_000_000),
+    });
+    let spliced = splice(text, &mut edits).expect("splice");
+    let mut expected: Value = value(text);
+    expected["result"]["serverSeq"] = json!(1_700_000_000_000_000u64);
+    for i in 0..2 {
+        expected["result"]["snapshots"][i]["fromSeq"] = json!(1_700_000_000_000_000u64);
+    }
+    assert_eq!(value(&spliced), expected);
+}
