@@ -13,6 +13,8 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+pub mod relay;
+
 /// Generous bound for anything a test waits for on loopback.
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -115,6 +117,11 @@ pub struct RawWs {
 }
 
 impl RawWs {
+    /// Wraps an already-open WebSocket.
+    pub fn from_stream(ws: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Self {
+        Self { ws }
+    }
+
     /// Opens a raw WebSocket to `url`.
     pub async fn connect(url: &str) -> Self {
         let (ws, _) = tokio_tungstenite::connect_async(url)

@@ -1,0 +1,126 @@
+//! Helpers for relay tests: simulated hosts behind a real relay over TLS,
+//! dev tokens, and the official client dialed through the TLS endpoint.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ahp::{Client, ClientConfig};
+use ahp_relay::client::dial::{DialOptions, connect_client, dial_stream};
+use ahp_relay::devkit::DevKit;
+use ahp_relay::run::RunningRelay;
+use ahp_relay::simhost::{SimHost, SimHostConfig};
+
+use super::WAIT;
+
+/// A relay with its simulated hosts and dev credentials.
+pub struct TestRelay {
+    /// The running relay.
+    pub relay: RunningRelay,
+    /// The simulated hosts, in the order given.
+    pub hosts: Vec<SimHost>,
+    /// Certificate, keys, config directory.
+    pub kit: DevKit,
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh scratch directory under the system temp dir.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "ahp-relay-test-{tag}-{}-{n}-{}",
+        std::process::id(),
+        ahp_relay::relay::unix_now()
+    ))
+}
+
+impl TestRelay {
+    /// Starts `hosts` and a relay in front of them; `extra` is appended to
+    /// the generated TOML config. Waits until every watch link is up.
+    pub async fn start(hosts: Vec<SimHostConfig>, extra: &str) -> Self {
+        let mut started = Vec::new();
+        for cfg in hosts {
+            started.push(SimHost::start_local(cfg).await.expect("simhost starts"));
+        }
+        let kit = DevKit::create(&scratch_dir("relay")).expect("dev kit");
+        let pairs: Vec<(String, String)> = started
+            .iter()
+            .map(|h| (h.config().name.clone(), h.url()))
+            .collect();
+        let cfg = kit
+            .config("127.0.0.1:0", &pairs, extra)
+            .expect("config validates");
+        let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
+        let me = Self {
+            relay,
+            hosts: started,
+            kit,
+        };
+        me.wait_hosts_up().await;
+        me
+    }
+
+    /// Waits until every host's watch link is up.
+    pub async fn wait_hosts_up(&self) {
+        let relay = self.relay.relay.clone();
+        super::wait_until("watch links up", || {
+            relay
+                .hubs()
+                .all(|h| h.status() == ahp_relay::upstream::hub::HostStatus::Up)
+        })
+        .await;
+    }
+
+    /// `wss://localhost:<port>/`.
+    pub fn url(&self) -> String {
+        format!("wss://localhost:{}/", self.relay.addr.port())
+    }
+
+    /// A 1-hour dev token for `sub`.
+    pub fn token(&self, sub: &str) -> String {
+        self.kit
+            .token(sub, &[], Duration::from_secs(3600), None)
+            .expect("token")
+    }
+
+    /// Dial options with `token` as bearer header, trusting the relay's certificate.
+    pub fn dial_options(&self, token: Option<String>) -> DialOptions {
+        DialOptions {
+            url: self.url(),
+            token,
+            ca_file: Some(self.kit.cert.clone()),
+            insecure: false,
+            connect_timeout: WAIT,
+            extra_headers: Vec::new(),
+        }
+    }
+
+    /// The official client connected through TLS as `sub` (not initialized).
+    pub async fn client(&self, sub: &str) -> Client {
+        let config = ClientConfig {
+            default_request_timeout: Some(WAIT),
+            subscription_buffer: 1 << 16,
+        };
+        connect_client(&self.dial_options(Some(self.token(sub))), config)
+            .await
+            .expect("client connects through the relay")
+    }
+
+    /// The official client connected and initialized as (`sub`, `client_id`).
+    pub async fn client_init(&self, sub: &str, client_id: &str) -> Client {
+        let c = self.client(sub).await;
+        c.initialize(client_id.into(), vec!["1.0.0".into()], vec![])
+            .await
+            .expect("initialize through the relay");
+        c
+    }
+
+    /// A raw TLS WebSocket through the relay as `sub`.
+    pub async fn raw(&self, sub: &str) -> super::RawWs {
+        let ws = dial_stream(&self.dial_options(Some(self.token(sub))))
+            .await
+            .expect("raw websocket through the relay");
+        super::RawWs::from_stream(ws)
+    }
+}
