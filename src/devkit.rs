@@ -70,12 +70,14 @@ impl DevKit {
     }
 
     /// A relay configuration listening on `listen` with TLS, the dev issuer,
-    /// and `hosts` as `(id, ws url)` pairs; `extra` is appended TOML
-    /// (e.g. a `[limits]` table).
+    /// and `hosts` as `(id, ws url)` pairs; `auth_extra` is TOML placed in the
+    /// `[auth]` table (e.g. `deny_list_file = "…"`), `extra` is appended at
+    /// the end (e.g. a `[limits]` table or more `[[auth.issuers]]`).
     pub fn config(
         &self,
         listen: &str,
         hosts: &[(String, String)],
+        auth_extra: &str,
         extra: &str,
     ) -> Result<RelayConfig, DevKitError> {
         let mut toml = format!(
@@ -86,6 +88,7 @@ tls_key = "{key}"
 
 [auth]
 leeway_secs = 5
+{auth_extra}
 
 [[auth.issuers]]
 issuer = "{DEV_ISSUER}"

@@ -89,7 +89,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .map(|h| (h.config().name.clone(), h.url()))
         .collect();
     let cfg = kit
-        .config(&args.listen.to_string(), &pairs, "")
+        .config(&args.listen.to_string(), &pairs, "", "")
         .map_err(|e| e.to_string())?;
     let running = crate::run::start(cfg).await.map_err(|e| e.to_string())?;
     let token = kit

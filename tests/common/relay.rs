@@ -39,6 +39,11 @@ impl TestRelay {
     /// Starts `hosts` and a relay in front of them; `extra` is appended to
     /// the generated TOML config. Waits until every watch link is up.
     pub async fn start(hosts: Vec<SimHostConfig>, extra: &str) -> Self {
+        Self::start_with(hosts, "", extra).await
+    }
+
+    /// Like [`TestRelay::start`], with `auth_extra` TOML inside `[auth]`.
+    pub async fn start_with(hosts: Vec<SimHostConfig>, auth_extra: &str, extra: &str) -> Self {
         let mut started = Vec::new();
         for cfg in hosts {
             started.push(SimHost::start_local(cfg).await.expect("simhost starts"));
@@ -49,7 +54,7 @@ impl TestRelay {
             .map(|h| (h.config().name.clone(), h.url()))
             .collect();
         let cfg = kit
-            .config("127.0.0.1:0", &pairs, extra)
+            .config("127.0.0.1:0", &pairs, auth_extra, extra)
             .expect("config validates");
         let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
         let me = Self {
