@@ -233,10 +233,32 @@ impl Relay {
         }
     }
 
-    /// Union of the hosts' completion trigger characters (none known yet:
-    /// links do not expose the hosts' `InitializeResult`).
+    /// Union of the up hosts' completion trigger characters (§6.6).
     pub fn trigger_characters(&self) -> Vec<String> {
-        Vec::new()
+        let mut all: Vec<String> = self
+            .hubs
+            .values()
+            .map(|h| h.view())
+            .filter(|v| v.status == HostStatus::Up)
+            .flat_map(|v| v.trigger_characters)
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// The hosts' terminal command prefix, only if every up host agrees (§6.6).
+    pub fn terminal_command_prefix(&self) -> Option<String> {
+        let mut prefixes = self
+            .hubs
+            .values()
+            .map(|h| h.view())
+            .filter(|v| v.status == HostStatus::Up)
+            .map(|v| v.terminal_command_prefix);
+        let first = prefixes.next()??;
+        prefixes
+            .all(|p| p.as_deref() == Some(first.as_str()))
+            .then_some(first)
     }
 
     fn root_field(&self, field: RootField, identity: (&str, &str)) -> Value {

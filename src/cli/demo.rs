@@ -102,17 +102,26 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let url = format!("wss://localhost:{}/", running.addr.port());
     let host_list: Vec<String> = pairs.iter().map(|(id, u)| format!("{id}={u}")).collect();
-    println!("AHP_RELAY_URL={url}");
-    println!("AHP_RELAY_TOKEN={token}");
-    println!("AHP_RELAY_CA={}", kit.cert.display());
-    println!("AHP_RELAY_DEV_KEY={}", kit.dev_key.display());
-    println!("AHP_RELAY_HOSTS={}", host_list.join(","));
+    let vars = [
+        ("AHP_RELAY_URL", url.clone()),
+        ("AHP_RELAY_TOKEN", token),
+        ("AHP_RELAY_CA", kit.cert.display().to_string()),
+        ("AHP_RELAY_DEV_KEY", kit.dev_key.display().to_string()),
+        ("AHP_RELAY_HOSTS", host_list.join(",")),
+    ];
+    let mut exports = String::new();
+    for (name, value) in &vars {
+        println!("{name}={value}");
+        exports.push_str(&format!("export {name}={value}\n"));
+    }
+    let env_file = kit.dir.join("env");
+    std::fs::write(&env_file, exports).map_err(|e| e.to_string())?;
     println!();
     println!(
         "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
         hosts.len()
     );
-    println!("In another terminal, export the lines above (e.g. paste them after `export`), then:");
+    println!("In another terminal: source {} — then:", env_file.display());
     println!("  ahp-relay client sessions");
     println!("  ahp-relay client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
     println!("  ahp-relay token --key \"$AHP_RELAY_DEV_KEY\" --sub alice --ttl 1h");

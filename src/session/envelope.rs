@@ -18,6 +18,23 @@ use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
 use crate::wire::{self, Edit, EditValue, Frame, FrameKind};
 
+/// Requests a host may send to its client (AHP `ServerCommandMap`).
+pub const HOST_REQUESTS: &[&str] = &[
+    "resourceRead",
+    "resourceWrite",
+    "resourceList",
+    "resourceCopy",
+    "resourceDelete",
+    "resourceMove",
+    "resourceResolve",
+    "resourceMkdir",
+    "resourceRequest",
+    "createResourceWatch",
+];
+
+/// How long a client may take to answer a host's request (contract §4.5).
+const CLIENT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What the link must do after a host frame was handled.
 #[derive(Debug, PartialEq, Eq)]
 pub enum LinkReply {
@@ -55,8 +72,66 @@ impl ClientSession {
                 LinkReply::None
             }
             FrameKind::Request { id, method } => {
-                LinkReply::ToHost(RpcError::method_not_found(method).frame(id.raw))
+                if HOST_REQUESTS.contains(&method.as_ref()) {
+                    self.forward_host_request(host, id.raw, text);
+                    LinkReply::None
+                } else {
+                    LinkReply::ToHost(RpcError::method_not_found(method).frame(id.raw))
+                }
             }
+        }
+    }
+
+    /// Sends a host's request to this link's client under a relay-assigned
+    /// id (§4.5); a client that does not answer in time leaves the host
+    /// with -32603. Client-published URIs in it are never rewritten.
+    fn forward_host_request(&self, host: &Arc<HostHub>, host_id: &str, text: &str) {
+        let Ok(mut v) = serde_json::from_str::<Value>(text) else {
+            return;
+        };
+        let mut core = self.lock();
+        let n = core.register_host_request(host.id.clone(), host_id.to_string());
+        if let Some(o) = v.as_object_mut() {
+            o.insert("id".into(), serde_json::json!(n));
+        }
+        self.push(&mut core, v.to_string());
+        drop(core);
+        let Some(me) = self.relay.session_of(&self.key) else {
+            return;
+        };
+        tokio::spawn(async move {
+            tokio::time::sleep(CLIENT_REQUEST_TIMEOUT).await;
+            me.answer_host_request(n, None);
+        });
+    }
+
+    /// Relays the client's answer (`None`: timeout) to request `n` back to
+    /// the host that asked, under the host's own id.
+    pub fn answer_host_request(&self, n: u64, answer: Option<&Value>) {
+        let ((host, host_id), link) = {
+            let mut core = self.lock();
+            let Some((host, host_id)) = core.host_requests.remove(&n) else {
+                return;
+            };
+            let link = core.links.get(&host).cloned();
+            ((host, host_id), link)
+        };
+        let frame = match answer {
+            Some(v) if v.get("error").is_some() => {
+                let error = v.get("error").cloned().unwrap_or(Value::Null);
+                format!(r#"{{"jsonrpc":"2.0","id":{host_id},"error":{error}}}"#)
+            }
+            Some(v) => {
+                let result = v.get("result").cloned().unwrap_or(Value::Null);
+                format!(r#"{{"jsonrpc":"2.0","id":{host_id},"result":{result}}}"#)
+            }
+            None => RpcError::internal("the client did not answer in time", None).frame(&host_id),
+        };
+        match link {
+            Some(link) => {
+                link.send(crate::upstream::link::LinkCmd::Frame(frame));
+            }
+            None => tracing::debug!(host = %host, "answer to a host request after its link closed"),
         }
     }
 

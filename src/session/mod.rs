@@ -119,10 +119,22 @@ pub struct SessionCore {
     pub pending: HashMap<(Arc<str>, u64), Pending>,
     /// Open links by host.
     pub links: HashMap<Arc<str>, Arc<Link>>,
+    /// Host → client requests waiting for the client's answer, by the id the
+    /// relay gave them: (host, the host's id as exact JSON text).
+    pub host_requests: HashMap<u64, (Arc<str>, String)>,
+    next_host_request: u64,
     closed: bool,
 }
 
 impl SessionCore {
+    /// Registers a host → client request and returns the id the client sees.
+    pub fn register_host_request(&mut self, host: Arc<str>, host_id: String) -> u64 {
+        let n = self.next_host_request;
+        self.next_host_request += 1;
+        self.host_requests.insert(n, (host, host_id));
+        n
+    }
+
     /// The last number issued (S0 before any envelope).
     pub fn last(&self) -> u64 {
         self.last
@@ -172,6 +184,8 @@ impl ClientSession {
             chans: HashMap::new(),
             pending: HashMap::new(),
             links: HashMap::new(),
+            host_requests: HashMap::new(),
+            next_host_request: 1,
             closed: false,
         };
         Self {

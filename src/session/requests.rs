@@ -127,8 +127,14 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 _ => relay.metrics.client_notifications_dropped.inc(),
             }
         }
-        FrameKind::Response { .. } | FrameKind::ErrorResponse { .. } => {
-            relay.metrics.client_notifications_dropped.inc();
+        FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. } => {
+            match (conn.session.clone(), id.as_u64()) {
+                (Some(session), Some(n)) => {
+                    let answer = serde_json::from_str::<Value>(text).ok();
+                    session.answer_host_request(n, answer.as_ref());
+                }
+                _ => relay.metrics.client_notifications_dropped.inc(),
+            }
         }
     }
 }
@@ -275,6 +281,10 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         "snapshots": snapshots,
         "completionTriggerCharacters": relay.trigger_characters(),
     });
+    let mut result = result;
+    if let (Some(prefix), Some(o)) = (relay.terminal_command_prefix(), result.as_object_mut()) {
+        o.insert("terminalCommandPrefix".into(), json!(prefix));
+    }
     session.respond(&mut core, id, &result.to_string());
     for (hub, host_uri, client_uri, _) in taken {
         core.subs.insert(client_uri);

@@ -64,6 +64,10 @@ pub fn handle_request(
         "fetchTurns" => fetch_turns(core, params),
         "createTerminal" => create_terminal(core, conn, params),
         "disposeTerminal" => dispose_terminal(core, params),
+        "completions" => match core.state.chats.contains_key(&channel_param(params)?) {
+            true => Ok(r#"{"items":[]}"#.into()),
+            false => Err(RpcError::not_found("chat not found")),
+        },
         "authenticate" => Err(RpcError::invalid_params(
             "this host advertises no protected resources",
         )),
@@ -162,8 +166,8 @@ fn initialize(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<Strin
         meta: None,
         snapshots,
         default_directory: None,
-        completion_trigger_characters: None,
-        terminal_command_prefix: None,
+        completion_trigger_characters: Some(vec!["@".into()]),
+        terminal_command_prefix: Some("!".into()),
         telemetry: None,
         automations: None,
     };

@@ -129,8 +129,11 @@ fn on_text(shared: &Arc<Shared>, conn: ConnId, text: &str) {
     match (id, method) {
         (Some(id), Some(method)) => on_request(shared, conn, &id, &method, &params),
         (None, Some(method)) => on_notification(shared, conn, &method, &params),
-        (Some(_), None) if obj.contains_key("result") || obj.contains_key("error") => {
-            // A response to a host→client request; this host never sends any.
+        (Some(id), None) if obj.contains_key("result") || obj.contains_key("error") => {
+            // The answer to a request the host sent (`SimHost::ask_client`).
+            if let Some(waiter) = id.as_u64().and_then(|n| shared.lock().asks.remove(&n)) {
+                let _ = waiter.send(msg.clone());
+            }
         }
         (id, None) => {
             let err = RpcError::invalid_request("missing method");

@@ -97,6 +97,10 @@ pub struct HostCore {
     pub rng: SplitMix64,
     /// Wakes the agent task of a chat when a client acts on its turn.
     pub wakers: HashMap<String, Arc<Notify>>,
+    /// Host → client requests waiting for their answer, by id.
+    pub asks: HashMap<u64, tokio::sync::oneshot::Sender<Value>>,
+    /// Id of the next host → client request.
+    pub next_ask: u64,
     next_id: u64,
 }
 
@@ -116,6 +120,8 @@ impl HostCore {
             epoch: 0,
             rng,
             wakers: HashMap::new(),
+            asks: HashMap::new(),
+            next_ask: 1,
             next_id: 0,
         }
     }

@@ -140,6 +140,31 @@ impl SimHost {
         self.shared.stalled.send_replace(stalled);
     }
 
+    /// Sends a host → client request (e.g. `resourceRead` of a
+    /// client-published URI) to the first connection of `client_id` and
+    /// waits up to `within` for its answer (the whole response object).
+    pub async fn ask_client(
+        &self,
+        client_id: &str,
+        method: &str,
+        params: Value,
+        within: std::time::Duration,
+    ) -> Option<Value> {
+        let rx = {
+            let mut core = self.shared.lock();
+            let conn = *core.conns_of(client_id).first()?;
+            let id = core.next_ask;
+            core.next_ask += 1;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            core.asks.insert(id, tx);
+            let frame =
+                serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            core.send(conn, frame.to_string());
+            rx
+        };
+        tokio::time::timeout(within, rx).await.ok()?.ok()
+    }
+
     /// Every frame received since start (or [`SimHost::clear_record`]).
     pub fn received(&self) -> Vec<FrameRecord> {
         self.shared.recorder().all()

@@ -43,6 +43,10 @@ pub struct WatchView {
     pub root: Option<RootState>,
     /// Session summaries by host URI, as JSON objects.
     pub catalog: BTreeMap<String, Value>,
+    /// `InitializeResult.completionTriggerCharacters` of the host.
+    pub trigger_characters: Vec<String>,
+    /// `InitializeResult.terminalCommandPrefix` of the host.
+    pub terminal_command_prefix: Option<String>,
 }
 
 /// A configured host plus its mirrors. Shared by the watch link (writer)
@@ -80,6 +84,8 @@ impl HostHub {
                 status: HostStatus::Connecting,
                 root: None,
                 catalog: BTreeMap::new(),
+                trigger_characters: Vec::new(),
+                terminal_command_prefix: None,
             }),
             catalog_changed: Notify::new(),
         })

@@ -144,7 +144,7 @@ async fn open(session: &Weak<ClientSession>, host: &Arc<HostHub>) -> Option<WsSt
         );
         let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": [s.version],
-            "clientId": s.upstream_id}});
+            "clientId": s.upstream_id, "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]}});
         (host.dial_options(Some(user)), init)
     };
     let mut ws = match dial_stream(&opts).await {

@@ -165,8 +165,18 @@ async fn session(
         .and_then(|s| serde_json::from_value(s).ok())
         .ok_or("initialize returned no root snapshot")?;
     let catalog = fetch_catalog(&mut rpc, &mut held).await?;
+    let triggers: Vec<String> = init
+        .get("completionTriggerCharacters")
+        .and_then(|t| serde_json::from_value(t.clone()).ok())
+        .unwrap_or_default();
+    let prefix = init
+        .get("terminalCommandPrefix")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     let diff = hub.update(|v| {
         let diff = catalog_diff(&v.catalog, &catalog);
+        v.trigger_characters = triggers;
+        v.terminal_command_prefix = prefix;
         v.root = Some(root);
         v.catalog = catalog;
         v.status = HostStatus::Up;

@@ -1,0 +1,69 @@
+//! Host → client requests through the relay (contract §4.5): a host's
+//! `resourceRead` on a per-client link reaches only that link's client under
+//! a relay-assigned integer id, and the client's answer goes back to the
+//! host under the host's own id.
+
+mod common;
+
+use std::time::Duration;
+
+use ahp_relay::devkit::DEV_ISSUER;
+use ahp_relay::session::PrincipalKey;
+use common::relay::TestRelay;
+use common::*;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn host_request_reaches_only_its_client_and_the_answer_returns() {
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], "").await;
+    let mut a = t.raw("alice").await;
+    a.initialize("ca").await;
+    let mut b = t.raw("bob").await;
+    b.initialize("cb").await;
+    for ws in [&mut a, &mut b] {
+        let r = ws
+            .request(
+                1,
+                "subscribe",
+                json!({"channel": "ahp-session:/alpha~alpha-1"}),
+            )
+            .await;
+        assert!(r.get("result").is_some(), "subscribe answered: {r}");
+    }
+    let alice = PrincipalKey {
+        issuer: DEV_ISSUER.into(),
+        subject: "alice".into(),
+    };
+    let upstream_a = t.relay.relay.upstream_id(&alice, "ca");
+    assert!(upstream_a.starts_with("r1."));
+    let host = &t.hosts[0];
+    let ask = host.ask_client(
+        &upstream_a,
+        "resourceRead",
+        json!({"channel": "ahp-root://", "uri": "virtual://client/x.txt"}),
+        Duration::from_secs(5),
+    );
+    let serve = async {
+        let req = a
+            .recv_json()
+            .await
+            .expect("alice receives the host's request");
+        assert_eq!(req["method"], "resourceRead");
+        assert!(req["id"].is_u64(), "relay-assigned integer id: {req}");
+        assert_eq!(
+            req["params"]["uri"], "virtual://client/x.txt",
+            "client-published URIs are not rewritten"
+        );
+        let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"data": "aGk=", "encoding": "base64"}});
+        a.send_json(&reply).await;
+    };
+    let (answer, ()) = tokio::join!(ask, serve);
+    let answer = answer.expect("the host gets the client's answer");
+    assert_eq!(answer["result"]["data"], "aGk=");
+    assert!(answer["id"].is_u64(), "answered under the host's own id");
+    // Bob received nothing: his next frame is the answer to his ping.
+    let pong = b
+        .request(9, "ping", json!({"channel": "ahp-root://"}))
+        .await;
+    assert_eq!(pong["result"], Value::Null);
+}
