@@ -111,12 +111,26 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     opts.open(path)?.write_all(bytes)
 }
 
+/// Re-reads issuer keys (PEM/JWKS files) and the `jti` deny list every few
+/// seconds; a broken file keeps the previous keys (contract §3.3).
+async fn reload_auth(relay: Arc<Relay>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = relay.auth.reload() {
+            tracing::warn!(error = %e, "auth reload failed; keeping the previous keys");
+        }
+    }
+}
+
 /// Starts a relay: everything is loaded and the listener bound before this
 /// returns, so a returned relay accepts connections.
 pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let secret = load_or_create_secret(&cfg.relay.secret_file)?;
     let store = RedbStore::open(&cfg.relay.store).map_err(|e| StartError::Store(e.to_string()))?;
     let auth = Authenticator::load(&cfg.auth).map_err(|e| StartError::Load(e.to_string()))?;
+    tracing::info!(issuers = cfg.auth.issuers.len(), "auth keys loaded");
     let tls = match (&cfg.listen.tls_cert, &cfg.listen.tls_key) {
         (Some(cert), Some(key)) => {
             let reloading =
@@ -142,6 +156,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let tasks = vec![
         tokio::spawn(relay.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),
+        tokio::spawn(reload_auth(relay.clone())),
     ];
     tracing::info!(%addr, hosts = relay.hubs().count(), "relay listening");
     Ok(RunningRelay {

@@ -873,7 +873,7 @@ fn load_state(config: &AuthConfig) -> Result<KeyState, AuthConfigError> {
         Some(path) => load_deny_list(path)?,
         None => HashSet::new(),
     };
-    tracing::info!(
+    tracing::debug!(
         issuers = issuers.len(),
         keys = key_count,
         revoked_jtis = deny_list.len(),

@@ -18,6 +18,10 @@ use crate::session::requests::{Conn, on_client_frame};
 
 type Kill = Option<(u16, String)>;
 
+/// How often an open socket checks whether its token was revoked (the deny
+/// list itself is reloaded by `run::start`).
+const REVOCATION_CHECK: Duration = Duration::from_secs(2);
+
 /// Serves one authenticated client socket until it closes.
 pub async fn serve_client<S>(relay: Arc<Relay>, principal: Principal, ws: WebSocketStream<S>)
 where
@@ -46,8 +50,15 @@ where
         session: None,
     };
     let mut killed = kill_rx;
+    let mut revocation_check = tokio::time::interval(REVOCATION_CHECK);
     loop {
         tokio::select! {
+            _ = revocation_check.tick() => {
+                let revoked = conn.principal.jti.as_deref().is_some_and(|j| relay.auth.is_revoked(j));
+                if revoked {
+                    conn.kill.send_replace(Some((4003, "token revoked: do not retry with it".into())));
+                }
+            }
             msg = stream.next() => match msg {
                 Some(Ok(Message::Text(t))) => on_client_frame(&mut conn, t.as_str()).await,
                 Some(Ok(Message::Binary(_))) => {
