@@ -248,9 +248,13 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ),
 ];
 
-/// Looks up a shape's rows.
+/// The table indexed by shape, built once.
+static INDEX: std::sync::LazyLock<std::collections::HashMap<&'static str, &'static [Row]>> =
+    std::sync::LazyLock::new(|| TABLE.iter().copied().collect());
+
+/// Looks up a shape's rows (a hash lookup: this runs for every envelope).
 pub fn rows(shape: &str) -> Option<&'static [Row]> {
-    TABLE.iter().find(|(k, _)| *k == shape).map(|(_, r)| *r)
+    INDEX.get(shape).copied()
 }
 
 /// The state shape a snapshot of `uri` holds, chosen by scheme.

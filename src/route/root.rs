@@ -1,0 +1,158 @@
+//! The relay's `ahp-root://` (contract §6.1–6.2): the merge of the up hosts'
+//! root states with names qualified, and the fan-out of watch-link events as
+//! numbered root actions and catalog notifications.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::relay::Relay;
+use crate::route::namer::ToClient;
+use crate::route::translate;
+use crate::session::ClientSession;
+use crate::upstream::hub::HostStatus;
+use crate::upstream::watch::{RootField, WatchEvent};
+
+impl Relay {
+    fn root_field(&self, field: RootField, identity: (&str, &str)) -> Value {
+        let mut items = Vec::new();
+        let mut active = 0i64;
+        for hub in self.hubs.values() {
+            let view = hub.view();
+            if field == RootField::ActiveSessions {
+                active += view.catalog.len() as i64;
+                continue;
+            }
+            let Some(root) = view.root else { continue };
+            if view.status != HostStatus::Up {
+                continue;
+            }
+            let namer = ToClient {
+                host: &hub.id,
+                store: self.store.as_ref(),
+                identity: Some(identity),
+            };
+            let (list, shape) = match field {
+                RootField::Agents => (serde_json::to_value(&root.agents), "@Agent"),
+                _ => (
+                    serde_json::to_value(root.terminals.unwrap_or_default()),
+                    "@TerminalInfo",
+                ),
+            };
+            for mut item in list
+                .ok()
+                .and_then(|v| v.as_array().cloned())
+                .unwrap_or_default()
+            {
+                if translate::translate(&mut item, shape, &namer).is_err() {
+                    continue;
+                }
+                if field == RootField::Agents
+                    && let Some(name) = item.get_mut("displayName")
+                {
+                    *name = json!(format!(
+                        "{} ({})",
+                        name.as_str().unwrap_or_default(),
+                        hub.label()
+                    ));
+                }
+                items.push(item);
+            }
+        }
+        match field {
+            RootField::ActiveSessions => json!(active),
+            _ => Value::Array(items),
+        }
+    }
+
+    /// The relay's root state for one session: agents of up hosts with
+    /// qualified providers and labelled names, their terminals, and the
+    /// count of listed sessions; never `config` or host `_meta` (§6.1).
+    pub fn merged_root(&self, identity: (&str, &str)) -> Value {
+        json!({
+            "agents": self.root_field(RootField::Agents, identity),
+            "terminals": self.root_field(RootField::Terminals, identity),
+            "activeSessions": self.root_field(RootField::ActiveSessions, identity),
+        })
+    }
+
+    /// Consumes watch-link events forever, turning them into numbered root
+    /// actions and catalog notifications for every session that follows root.
+    pub async fn run_fanout(self: Arc<Self>, mut events: mpsc::UnboundedReceiver<WatchEvent>) {
+        while let Some(ev) = events.recv().await {
+            match ev {
+                WatchEvent::Status { host, status } => {
+                    self.metrics
+                        .host_up
+                        .with_label_values(&[&host])
+                        .set(i64::from(status == HostStatus::Up));
+                    let all = [
+                        RootField::Agents,
+                        RootField::Terminals,
+                        RootField::ActiveSessions,
+                    ];
+                    self.fan_root(&all);
+                }
+                WatchEvent::Root { fields, .. } => self.fan_root(&fields),
+                WatchEvent::Catalog {
+                    host,
+                    method,
+                    params,
+                } => {
+                    self.fan_catalog(&host, method, params);
+                    self.fan_root(&[RootField::ActiveSessions]);
+                }
+            }
+        }
+    }
+
+    fn followers(&self) -> Vec<Arc<ClientSession>> {
+        self.sessions
+            .iter()
+            .filter(|s| s.follows_root())
+            .map(|s| s.clone())
+            .collect()
+    }
+
+    fn fan_root(&self, fields: &[RootField]) {
+        for s in self.followers() {
+            for field in fields {
+                let value = self.root_field(*field, s.identity());
+                let action = match field {
+                    RootField::Agents => json!({"type": "root/agentsChanged", "agents": value}),
+                    RootField::Terminals => {
+                        json!({"type": "root/terminalsChanged", "terminals": value})
+                    }
+                    RootField::ActiveSessions => {
+                        json!({"type": "root/activeSessionsChanged", "activeSessions": value})
+                    }
+                };
+                let mut core = s.lock();
+                s.push_envelope(&mut core, |n| {
+                    Some(
+                        json!({"jsonrpc": "2.0", "method": "action", "params": {
+                        "channel": ahp_types::ROOT_RESOURCE_URI, "action": action, "serverSeq": n}})
+                        .to_string(),
+                    )
+                });
+            }
+        }
+    }
+
+    fn fan_catalog(&self, host: &str, method: &str, mut params: Value) {
+        let namer = ToClient {
+            host,
+            store: self.store.as_ref(),
+            identity: None,
+        };
+        if translate::translate(&mut params, method, &namer).is_err() {
+            return;
+        }
+        let frame = json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string();
+        for s in self.followers() {
+            let mut core = s.lock();
+            s.push(&mut core, frame.clone());
+        }
+    }
+}
