@@ -94,7 +94,13 @@ impl Edge {
             let edge = edge.clone();
             async move { Ok::<_, Infallible>(edge.route(req, peer)) }
         });
+        // The request head must arrive within the handshake timeout (on TLS
+        // and plaintext listeners alike), so half-open connections cannot
+        // pile up.
+        let head_timeout = Duration::from_secs(self.relay.cfg.limits.handshake_timeout_secs);
         let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(head_timeout)
             .serve_connection(io, service)
             .with_upgrades();
         if let Err(e) = conn.await {

@@ -1,0 +1,806 @@
+//! The relay's edge over real TLS sockets (contract §3, scenarios S9, S12 close codes, S14):
+//! refusals at the upgrade with their statuses and no host traffic, every accepted token
+//! place, the 429 failure limit, token expiry (4001), health and metrics endpoints, TLS
+//! trust, socket-level close codes, and token redaction.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ahp_relay::client::dial::{DialError, DialOptions, dial_stream};
+use ahp_relay::devkit::{DEV_AUDIENCE, DEV_ISSUER};
+use ahp_relay::relay::unix_now;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use common::relay::{TestRelay, scratch_dir};
+use common::{RawWs, WAIT, fast_config};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::header::{
+    AUTHORIZATION, RETRY_AFTER, SEC_WEBSOCKET_PROTOCOL, WWW_AUTHENTICATE,
+};
+use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderName, HeaderValue};
+use tokio_tungstenite::{Connector, connect_async_tls_with_config};
+
+/// `iss` of the RS256 issuer configured from `fixtures/keys/rsa_public.pem`.
+const RSA_ISSUER: &str = "https://rsa.example/";
+
+// ─── Harness ────────────────────────────────────────────────────────────────
+
+/// A relay in front of one simhost, with the dev HS256 issuer and an RS256 `pem` issuer,
+/// remembering the host connections that were open once the watch link was up.
+struct Edge {
+    t: TestRelay,
+    watch_conns: HashSet<u64>,
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/keys")
+        .join(name)
+}
+
+/// The `[[auth.issuers]]` entry of the RS256 issuer (appended through `extra`).
+fn rsa_issuer_toml() -> String {
+    format!(
+        "\n[[auth.issuers]]\nissuer = \"{RSA_ISSUER}\"\naudience = [\"{DEV_AUDIENCE}\"]\n\
+         keys = {{ type = \"pem\", algorithm = \"RS256\", files = [\"{}\"] }}\n",
+        fixture("rsa_public.pem").display()
+    )
+}
+
+impl Edge {
+    async fn start() -> Self {
+        Self::start_with("", "").await
+    }
+
+    async fn start_with(auth_extra: &str, extra: &str) -> Self {
+        let extra = format!("{}{extra}", rsa_issuer_toml());
+        let t = TestRelay::start_with(vec![fast_config("alpha", 1)], auth_extra, &extra).await;
+        let host = &t.hosts[0];
+        assert_eq!(host.connections(), 1, "only the watch link is connected");
+        let watch_conns = host.received().iter().map(|f| f.conn).collect();
+        host.clear_record();
+        Self { t, watch_conns }
+    }
+
+    /// Nothing but the relay's own watch link ever reached the host.
+    fn assert_no_host_traffic(&self, what: &str) {
+        for host in &self.t.hosts {
+            assert_eq!(
+                host.connections(),
+                1,
+                "{what}: the host sees only the watch link"
+            );
+            let stray: Vec<_> = host
+                .received()
+                .into_iter()
+                .filter(|f| !self.watch_conns.contains(&f.conn))
+                .collect();
+            assert!(
+                stray.is_empty(),
+                "{what}: frames reached the host: {stray:?}"
+            );
+        }
+    }
+
+    fn secret(&self) -> Vec<u8> {
+        ahp_relay::cli::token::trim_newlines(std::fs::read(&self.t.kit.dev_key).expect("dev key"))
+    }
+
+    /// An HS256 token signed with the dev secret over `claims`.
+    fn hs256(&self, claims: &Value) -> String {
+        sign(
+            Algorithm::HS256,
+            &EncodingKey::from_secret(&self.secret()).unwrap(),
+            claims,
+        )
+    }
+
+    /// A valid 10-minute dev token.
+    fn valid(&self) -> String {
+        self.hs256(&dev_claims(json!({})))
+    }
+}
+
+/// Dev-issuer claims valid for 10 minutes, with `overrides` merged in (`null` removes).
+fn dev_claims(overrides: Value) -> Value {
+    let now = unix_now();
+    let mut claims = json!({
+        "iss": DEV_ISSUER, "sub": "mallory", "aud": DEV_AUDIENCE,
+        "iat": now, "exp": now + 600, "groups": [],
+    });
+    let map = claims.as_object_mut().unwrap();
+    for (k, v) in overrides.as_object().unwrap() {
+        if v.is_null() {
+            map.remove(k);
+        } else {
+            map.insert(k.clone(), v.clone());
+        }
+    }
+    claims
+}
+
+fn sign(alg: Algorithm, key: &EncodingKey, claims: &Value) -> String {
+    jsonwebtoken::encode(&Header::new(alg), claims, key).expect("token signs")
+}
+
+fn b64(v: &Value) -> String {
+    URL_SAFE_NO_PAD.encode(v.to_string())
+}
+
+/// A rustls client configuration trusting exactly the certificates of `pem`.
+fn trusting(pem: &Path) -> rustls::ClientConfig {
+    let bytes = std::fs::read(pem).expect("cert file");
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&bytes) {
+        roots.add(cert.expect("PEM cert")).expect("root added");
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// What one upgrade attempt got: the status and headers, the body of a refusal, and the
+/// socket when it was switched.
+struct Upgrade {
+    status: u16,
+    headers: HeaderMap,
+    body: Vec<u8>,
+    ws: Option<RawWs>,
+}
+
+impl Upgrade {
+    fn header(&self, name: &HeaderName) -> Option<&str> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("ASCII header"))
+    }
+
+    fn socket(self, what: &str) -> RawWs {
+        assert_eq!(self.status, 101, "{what}: upgrade accepted");
+        self.ws.expect("socket")
+    }
+}
+
+/// An upgrade to `/<path_and_query>` with `headers`, over TLS trusting the relay's cert.
+async fn upgrade(t: &TestRelay, path_and_query: &str, headers: &[(HeaderName, &str)]) -> Upgrade {
+    let url = format!("wss://localhost:{}/{path_and_query}", t.relay.addr.port());
+    let mut req = url.into_client_request().expect("request");
+    for (name, value) in headers {
+        req.headers_mut().append(
+            name.clone(),
+            HeaderValue::from_str(value).expect("header value"),
+        );
+    }
+    let connector = Connector::Rustls(Arc::new(trusting(&t.kit.cert)));
+    let attempt = connect_async_tls_with_config(req, None, true, Some(connector));
+    match tokio::time::timeout(WAIT, attempt)
+        .await
+        .expect("upgrade answered in time")
+    {
+        Ok((ws, resp)) => Upgrade {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: Vec::new(),
+            ws: Some(RawWs::from_stream(ws)),
+        },
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Upgrade {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: resp.body().clone().unwrap_or_default(),
+            ws: None,
+        },
+        Err(e) => panic!("upgrade failed below HTTP: {e}"),
+    }
+}
+
+/// An upgrade carrying `token` as `Authorization: Bearer`.
+async fn upgrade_bearer(t: &TestRelay, token: &str) -> Upgrade {
+    upgrade(t, "", &[(AUTHORIZATION, &format!("Bearer {token}"))]).await
+}
+
+/// Asserts a refusal with `status` (401 also carries a `WWW-Authenticate: Bearer …`
+/// challenge) that echoes nothing of `token`, and that no host saw anything.
+fn assert_refused(e: &Edge, u: &Upgrade, status: u16, token: &str, what: &str) {
+    assert_eq!(u.status, status, "{what}: status");
+    assert!(u.ws.is_none(), "{what}: no socket");
+    if status == 401 {
+        let challenge = u.header(&WWW_AUTHENTICATE);
+        assert!(
+            challenge.is_some_and(|c| c.starts_with("Bearer ")),
+            "{what}: WWW-Authenticate: {challenge:?}"
+        );
+    }
+    if token.len() >= 8 {
+        let body = String::from_utf8_lossy(&u.body);
+        assert!(!body.contains(token), "{what}: body echoes the token");
+        for v in u.headers.values() {
+            assert!(
+                !v.to_str().unwrap_or_default().contains(token),
+                "{what}: a header echoes the token"
+            );
+        }
+    }
+    e.assert_no_host_traffic(what);
+}
+
+/// `initialize` then `ping` on `ws` both succeed.
+async fn assert_works(ws: &mut RawWs, client_id: &str) {
+    let init = ws.initialize(client_id).await;
+    assert_eq!(
+        init.pointer("/result/protocolVersion"),
+        Some(&json!("1.0.0")),
+        "{init}"
+    );
+    let pong = ws
+        .request(1, "ping", json!({"channel": "ahp-root://"}))
+        .await;
+    assert_eq!(pong.get("result"), Some(&Value::Null), "{pong}");
+}
+
+/// `GET path` over TLS (trusting the relay's cert); the status and body.
+async fn https_get(t: &TestRelay, path: &str) -> (u16, String) {
+    let run = async {
+        let tcp = TcpStream::connect(t.relay.addr).await.expect("tcp");
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&t.kit.cert)));
+        let name = ServerName::try_from("localhost").expect("name");
+        let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        tls.write_all(req.as_bytes())
+            .await
+            .expect("request written");
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            match tls.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let text = String::from_utf8(buf).expect("UTF-8 response");
+        let (head, body) = text.split_once("\r\n\r\n").expect("complete head");
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        (status, body.to_string())
+    };
+    tokio::time::timeout(WAIT, run)
+        .await
+        .expect("HTTP answer in time")
+}
+
+/// The value of the sample line `name` (with its labels) in a Prometheus text page.
+fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// `/metrics` counts exactly `n` refusals labelled `reason` (the refusal was for that reason).
+async fn assert_reason(e: &Edge, reason: &str, n: u64) {
+    let (status, page) = https_get(&e.t, "/metrics").await;
+    assert_eq!(status, 200);
+    let name = format!("ahp_relay_auth_failures_total{{reason=\"{reason}\"}}");
+    assert_eq!(metric(&page, &name), Some(n as f64), "{name} in:\n{page}");
+}
+
+// ─── 1. Refusals at the upgrade (S9) ────────────────────────────────────────
+
+/// An expired token (beyond the 5 s leeway) gets 401 and reaches no host.
+#[tokio::test]
+async fn expired_token_is_refused_401() {
+    let e = Edge::start().await;
+    let now = unix_now();
+    let token = e.hs256(&dev_claims(json!({"iat": now - 1200, "exp": now - 600})));
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 401, &token, "expired");
+    assert_reason(&e, "expired", 1).await;
+}
+
+/// A token whose `nbf` is 60 s ahead gets 401; one 2 s ahead (inside the leeway) is accepted.
+#[tokio::test]
+async fn nbf_in_the_future_is_refused_401() {
+    let e = Edge::start().await;
+    let now = unix_now();
+    let token = e.hs256(&dev_claims(json!({"nbf": now + 60})));
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 401, &token, "nbf ahead");
+    assert_reason(&e, "not_yet_valid", 1).await;
+    let within = e.hs256(&dev_claims(json!({"nbf": now + 2})));
+    let u = upgrade_bearer(&e.t, &within).await;
+    assert_eq!(u.status, 101, "nbf within the leeway is accepted");
+}
+
+/// A token for another audience gets 401.
+#[tokio::test]
+async fn wrong_audience_is_refused_401() {
+    let e = Edge::start().await;
+    let token = e.hs256(&dev_claims(json!({"aud": "some-other-service"})));
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 401, &token, "wrong aud");
+    assert_reason(&e, "wrong_audience", 1).await;
+}
+
+/// A token from an issuer that is not configured gets 401.
+#[tokio::test]
+async fn unknown_issuer_is_refused_401() {
+    let e = Edge::start().await;
+    let token = e.hs256(&dev_claims(json!({"iss": "https://evil.example/"})));
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 401, &token, "unknown iss");
+    assert_reason(&e, "unknown_issuer", 1).await;
+}
+
+/// An unsigned `alg: none` token with otherwise valid claims gets 401.
+#[tokio::test]
+async fn alg_none_is_refused_401() {
+    let e = Edge::start().await;
+    let token = format!(
+        "{}.{}.",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&dev_claims(json!({})))
+    );
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 401, &token, "alg none");
+    assert_reason(&e, "algorithm_not_allowed", 1).await;
+}
+
+/// HS256 signed with the RSA public key PEM as HMAC secret, for the RS256 issuer, gets 401.
+#[tokio::test]
+async fn hs256_signed_with_rsa_public_key_is_refused_401() {
+    let e = Edge::start().await;
+    let public_pem = std::fs::read(fixture("rsa_public.pem")).expect("public key");
+    let claims = dev_claims(json!({"iss": RSA_ISSUER}));
+    let token = sign(
+        Algorithm::HS256,
+        &EncodingKey::from_secret(&public_pem).unwrap(),
+        &claims,
+    );
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 401, &token, "HS256 with RSA public key");
+    assert_reason(&e, "algorithm_not_allowed", 1).await;
+}
+
+/// Malformed tokens (`abc.def`, garbage, a non-JSON part) get 401.
+#[tokio::test]
+async fn malformed_tokens_are_refused_401() {
+    let e = Edge::start().await;
+    for token in ["abc.def", "garbage", "not.a.jwt", "%%%%.&&&&.$$$$"] {
+        let u = upgrade_bearer(&e.t, token).await;
+        assert_refused(&e, &u, 401, token, token);
+    }
+    assert_reason(&e, "malformed", 4).await;
+}
+
+/// An upgrade without any token gets 401 with a `WWW-Authenticate: Bearer` challenge.
+#[tokio::test]
+async fn missing_token_is_refused_401() {
+    let e = Edge::start().await;
+    let u = upgrade(&e.t, "", &[]).await;
+    assert_refused(&e, &u, 401, "", "missing");
+    assert_reason(&e, "missing_token", 1).await;
+}
+
+/// A token whose `jti` is on the deny list gets 403; another `jti` is accepted.
+#[tokio::test]
+async fn revoked_jti_is_refused_403() {
+    let dir = scratch_dir("deny");
+    std::fs::create_dir_all(&dir).unwrap();
+    let deny = dir.join("deny.txt");
+    std::fs::write(&deny, "# revoked\nrevoked-1\n").unwrap();
+    let e = Edge::start_with(&format!("deny_list_file = \"{}\"", deny.display()), "").await;
+    let token = e.hs256(&dev_claims(json!({"jti": "revoked-1"})));
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 403, &token, "revoked jti");
+    assert_reason(&e, "revoked", 1).await;
+    let other = e.hs256(&dev_claims(json!({"jti": "still-good"})));
+    assert_eq!(upgrade_bearer(&e.t, &other).await.status, 101, "other jti");
+}
+
+/// A token living 2 h without `jti` gets 401; the same lifetime with a `jti` is accepted.
+#[tokio::test]
+async fn long_lived_token_without_jti_is_refused_401() {
+    let e = Edge::start().await;
+    let long = Duration::from_secs(2 * 3600);
+    let token = e.t.kit.token("mallory", &[], long, None).unwrap();
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 401, &token, "long-lived without jti");
+    assert_reason(&e, "lifetime_needs_jti", 1).await;
+    let with_jti = e.t.kit.token("mallory", &[], long, Some("j-1")).unwrap();
+    let u = upgrade_bearer(&e.t, &with_jti).await;
+    assert_eq!(u.status, 101, "long-lived with jti");
+}
+
+/// Two different (valid) tokens in the header and the query get 400.
+#[tokio::test]
+async fn conflicting_tokens_are_refused_400() {
+    let e = Edge::start().await;
+    let a = e.valid();
+    let b = e.hs256(&dev_claims(json!({"sub": "other"})));
+    assert_ne!(a, b);
+    let u = upgrade(
+        &e.t,
+        &format!("?tkn={b}"),
+        &[(AUTHORIZATION, &format!("Bearer {a}"))],
+    )
+    .await;
+    assert_refused(&e, &u, 400, &a, "conflicting header/query");
+    assert_refused(&e, &u, 400, &b, "conflicting header/query");
+    assert_reason(&e, "conflicting_tokens", 1).await;
+    let proto = format!("bearer, {b}");
+    let u = upgrade(
+        &e.t,
+        &format!("?access_token={a}"),
+        &[(SEC_WEBSOCKET_PROTOCOL, &proto)],
+    )
+    .await;
+    assert_refused(&e, &u, 400, &a, "conflicting sub-protocol/query");
+    let u = upgrade(
+        &e.t,
+        &format!("?tkn={a}"),
+        &[(AUTHORIZATION, &format!("Bearer {a}"))],
+    )
+    .await;
+    assert_eq!(u.status, 101, "the same token in two places is no conflict");
+}
+
+// ─── 2. Accepted token places (§3.2) ────────────────────────────────────────
+
+/// `Authorization: Bearer <jwt>` is accepted; initialize and ping work.
+#[tokio::test]
+async fn authorization_bearer_is_accepted() {
+    let e = Edge::start().await;
+    let u = upgrade_bearer(&e.t, &e.valid()).await;
+    assert_works(&mut u.socket("Authorization"), "c-auth").await;
+}
+
+/// `Sec-WebSocket-Protocol: bearer, <jwt>` is accepted and answered with `bearer`.
+#[tokio::test]
+async fn subprotocol_bearer_is_accepted_and_answered() {
+    let e = Edge::start().await;
+    let proto = format!("bearer, {}", e.valid());
+    let u = upgrade(&e.t, "", &[(SEC_WEBSOCKET_PROTOCOL, &proto)]).await;
+    assert_eq!(u.header(&SEC_WEBSOCKET_PROTOCOL), Some("bearer"));
+    assert_works(&mut u.socket("sub-protocol"), "c-proto").await;
+}
+
+/// The query parameter `tkn` is accepted.
+#[tokio::test]
+async fn query_tkn_is_accepted() {
+    let e = Edge::start().await;
+    let u = upgrade(&e.t, &format!("?tkn={}", e.valid()), &[]).await;
+    assert_works(&mut u.socket("tkn"), "c-tkn").await;
+}
+
+/// The query parameter `access_token` is accepted.
+#[tokio::test]
+async fn query_access_token_is_accepted() {
+    let e = Edge::start().await;
+    let u = upgrade(&e.t, &format!("?x=1&access_token={}", e.valid()), &[]).await;
+    assert_works(&mut u.socket("access_token"), "c-access").await;
+}
+
+/// An RS256 token signed with the fixture private key is accepted by the `pem` issuer.
+#[tokio::test]
+async fn rs256_token_from_pem_issuer_is_accepted() {
+    let e = Edge::start().await;
+    let private = std::fs::read(fixture("rsa_private.pem")).expect("private key");
+    let key = EncodingKey::from_rsa_pem(&private).expect("RSA key");
+    let token = sign(
+        Algorithm::RS256,
+        &key,
+        &dev_claims(json!({"iss": RSA_ISSUER})),
+    );
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_works(&mut u.socket("RS256"), "c-rsa").await;
+}
+
+/// With `allow_query_token = false` a query token is ignored: 401 as if missing.
+#[tokio::test]
+async fn query_token_ignored_when_disallowed() {
+    let e = Edge::start_with("allow_query_token = false", "").await;
+    let token = e.valid();
+    let u = upgrade(&e.t, &format!("?tkn={token}"), &[]).await;
+    assert_refused(&e, &u, 401, &token, "tkn disallowed");
+    let u = upgrade(&e.t, &format!("?access_token={token}"), &[]).await;
+    assert_refused(&e, &u, 401, &token, "access_token disallowed");
+    assert_reason(&e, "missing_token", 2).await;
+    assert_works(
+        &mut upgrade_bearer(&e.t, &token).await.socket("header"),
+        "c-h",
+    )
+    .await;
+}
+
+// ─── 3. Failure rate limit (§3.4) ───────────────────────────────────────────
+
+/// After 10 failed upgrades, even a valid token gets 429 with `Retry-After`.
+#[tokio::test]
+async fn ten_failures_then_429_with_retry_after() {
+    let e = Edge::start().await;
+    for i in 0..10 {
+        let u = upgrade(&e.t, "", &[]).await;
+        assert_eq!(u.status, 401, "failure {i} is still a 401");
+    }
+    let u = upgrade_bearer(&e.t, &e.valid()).await;
+    assert_eq!(u.status, 429, "11th attempt with a valid token");
+    let retry: u64 = u
+        .header(&RETRY_AFTER)
+        .expect("Retry-After header")
+        .parse()
+        .expect("Retry-After in seconds");
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    e.assert_no_host_traffic("429");
+    let (status, _) = https_get(&e.t, "/healthz").await;
+    assert_eq!(status, 200, "health endpoints are not rate limited");
+}
+
+// ─── 4. Token expiry (S14) ──────────────────────────────────────────────────
+
+/// A 2 s token's socket closes with 4001 after exp + leeway; a new token re-initializes.
+#[tokio::test]
+async fn token_expiry_closes_4001_and_new_token_reinitializes() {
+    let e = Edge::start().await;
+    let minted = Instant::now();
+    let short =
+        e.t.kit
+            .token("alice", &[], Duration::from_secs(2), None)
+            .unwrap();
+    let mut ws = upgrade_bearer(&e.t, &short).await.socket("2 s token");
+    let init = ws.initialize("c1").await;
+    let seq = init
+        .pointer("/result/serverSeq")
+        .and_then(Value::as_i64)
+        .expect("serverSeq");
+    let close = ws.close_code().await;
+    let elapsed = minted.elapsed();
+    assert_eq!(close.map(|c| c.0), Some(4001), "close code");
+    assert!(
+        elapsed >= Duration::from_secs(5) && elapsed <= Duration::from_secs(9),
+        "closed after {elapsed:?}, expected exp (2 s) + leeway (5 s)"
+    );
+
+    let mut ws = e.t.raw("alice").await;
+    let reconnect = ws
+        .request(
+            1,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "c1",
+                   "lastSeenServerSeq": seq, "subscriptions": []}),
+        )
+        .await;
+    assert_eq!(
+        reconnect.pointer("/error/code"),
+        Some(&json!(-32008)),
+        "{reconnect}"
+    );
+    let init = ws.initialize("c1").await;
+    assert!(init.get("result").is_some(), "{init}");
+    let pong = ws
+        .request(2, "ping", json!({"channel": "ahp-root://"}))
+        .await;
+    assert_eq!(pong.get("result"), Some(&Value::Null), "{pong}");
+}
+
+/// Putting a connected token's `jti` on the deny list closes its socket with 4003 (§3.3).
+#[tokio::test]
+async fn revoking_a_connected_token_closes_4003() {
+    let dir = scratch_dir("deny-live");
+    std::fs::create_dir_all(&dir).unwrap();
+    let deny = dir.join("deny.txt");
+    std::fs::write(&deny, "# nothing revoked yet\n").unwrap();
+    let e = Edge::start_with(&format!("deny_list_file = \"{}\"", deny.display()), "").await;
+    let token = e.hs256(&dev_claims(json!({"jti": "live-1"})));
+    let mut ws = upgrade_bearer(&e.t, &token)
+        .await
+        .socket("before revocation");
+    assert_works(&mut ws, "c-live").await;
+    std::fs::write(&deny, "live-1\n").unwrap();
+    assert_eq!(ws.close_code().await.map(|c| c.0), Some(4003));
+    let u = upgrade_bearer(&e.t, &token).await;
+    assert_refused(&e, &u, 403, &token, "revoked after reload");
+}
+
+// ─── 5. Health and metrics (§8.2) ───────────────────────────────────────────
+
+/// `/healthz` and `/readyz` answer 200 over TLS; a non-upgrade GET to `/` gets 426.
+#[tokio::test]
+async fn health_endpoints_and_426_over_tls() {
+    let e = Edge::start().await;
+    assert_eq!(https_get(&e.t, "/healthz").await.0, 200);
+    assert_eq!(https_get(&e.t, "/readyz").await.0, 200);
+    assert_eq!(https_get(&e.t, "/").await.0, 426);
+    e.assert_no_host_traffic("health");
+}
+
+/// `/metrics` counts accepted connections and an expired-token refusal by reason.
+#[tokio::test]
+async fn metrics_count_connections_and_expired_refusals() {
+    let e = Edge::start().await;
+    let now = unix_now();
+    let expired = e.hs256(&dev_claims(json!({"iat": now - 1200, "exp": now - 600})));
+    assert_eq!(upgrade_bearer(&e.t, &expired).await.status, 401);
+    let mut ws = e.t.raw("alice").await;
+    assert_works(&mut ws, "c-metrics").await;
+    let (status, page) = https_get(&e.t, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(&page, "ahp_relay_connections_total"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        metric(&page, "ahp_relay_auth_failures_total{reason=\"expired\"}"),
+        Some(1.0),
+        "{page}"
+    );
+    assert!(!page.contains(&expired), "metrics never show a token");
+}
+
+// ─── 6. TLS trust (§3.1) ────────────────────────────────────────────────────
+
+/// An untrusting client fails the TLS handshake; `insecure` connects; others still served.
+#[tokio::test]
+async fn untrusted_certificate_fails_insecure_connects() {
+    let e = Edge::start().await;
+    let token = e.t.token("alice");
+    let mut webpki = e.t.dial_options(Some(token.clone()));
+    webpki.ca_file = None;
+    let err = dial_stream(&webpki).await.err();
+    assert!(matches!(err, Some(DialError::Tls { .. })), "{err:?}");
+
+    let dir = scratch_dir("other-ca");
+    std::fs::create_dir_all(&dir).unwrap();
+    let other = dir.join("other.pem");
+    let (cert, _) = ahp_relay::edge::tls::self_signed(&["localhost"]).unwrap();
+    std::fs::write(&other, cert).unwrap();
+    let mut foreign = e.t.dial_options(Some(token.clone()));
+    foreign.ca_file = Some(other);
+    let err = dial_stream(&foreign).await.err();
+    assert!(matches!(err, Some(DialError::Tls { .. })), "{err:?}");
+
+    let mut insecure = e.t.dial_options(Some(token));
+    insecure.ca_file = None;
+    insecure.insecure = true;
+    let ws = dial_stream(&insecure)
+        .await
+        .expect("insecure dial connects");
+    assert_works(&mut RawWs::from_stream(ws), "c-insecure").await;
+
+    assert_works(&mut e.t.raw("bob").await, "c-bob").await;
+}
+
+// ─── 7. Close codes and frame limits (§3.6, §3.7, S12) ──────────────────────
+
+const SMALL_LIMITS: &str = "\n[limits]\nmax_frame_bytes = 4096\nmax_json_depth = 16\n";
+
+/// A binary frame closes the socket with 1003; another client is unaffected.
+#[tokio::test]
+async fn binary_frame_closes_1003() {
+    let e = Edge::start_with("", SMALL_LIMITS).await;
+    let mut other = e.t.raw("bob").await;
+    let mut ws = e.t.raw("alice").await;
+    ws.send_binary(vec![1, 2, 3]).await;
+    assert_eq!(ws.close_code().await.map(|c| c.0), Some(1003));
+    assert_works(&mut other, "c-other").await;
+}
+
+/// A text frame larger than `max_frame_bytes` (4096) closes the socket with 1009.
+#[tokio::test]
+async fn oversized_frame_closes_1009() {
+    let e = Edge::start_with("", SMALL_LIMITS).await;
+    let mut other = e.t.raw("bob").await;
+    let mut ws = e.t.raw("alice").await;
+    let pad = "x".repeat(5000);
+    ws.send_json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping",
+                         "params": {"channel": "ahp-root://", "pad": pad}}))
+        .await;
+    assert_eq!(ws.close_code().await.map(|c| c.0), Some(1009));
+    assert_works(&mut other, "c-other").await;
+}
+
+/// JSON deeper than `max_json_depth` (16) gets -32600 and the socket stays open.
+#[tokio::test]
+async fn too_deep_json_gets_32600_and_socket_stays_open() {
+    let e = Edge::start_with("", SMALL_LIMITS).await;
+    let mut ws = e.t.raw("alice").await;
+    // Top object = 1, params = 2, then `n` nested arrays: depth 2 + n.
+    let ping = |id: u64, n: usize| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"ping","params":{{"channel":"ahp-root://","x":{}{}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    ws.send_text(&ping(5, 15)).await;
+    let answer = ws.recv_json().await.expect("an answer, not a close");
+    assert_eq!(
+        answer.pointer("/error/code"),
+        Some(&json!(-32600)),
+        "{answer}"
+    );
+    ws.send_text(&ping(6, 14)).await;
+    let answer = ws.response(&json!(6)).await;
+    assert_eq!(
+        answer.get("result"),
+        Some(&Value::Null),
+        "depth 16 is fine: {answer}"
+    );
+    assert_works(&mut ws, "c-deep").await;
+}
+
+/// A TCP connection that never starts TLS is closed after `handshake_timeout_secs`.
+#[tokio::test]
+async fn silent_tcp_connection_is_closed_after_handshake_timeout() {
+    let e = Edge::start_with("", "\n[limits]\nhandshake_timeout_secs = 1\n").await;
+    let mut tcp = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(4), tcp.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "still open 4 s after a 1 s handshake timeout: {read:?}"
+    );
+}
+
+/// An upgrade request left unfinished is closed after `handshake_timeout_secs` (TLS + HTTP).
+#[tokio::test]
+async fn stalled_upgrade_request_is_closed_after_handshake_timeout() {
+    let e = Edge::start_with("", "\n[limits]\nhandshake_timeout_secs = 1\n").await;
+    let tcp = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&e.t.kit.cert)));
+    let name = ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .expect("partial request");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(4), tls.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "still open 4 s after a 1 s handshake timeout: {read:?}"
+    );
+}
+
+// ─── 8. Tokens never shown (§3.2, §7.5) ─────────────────────────────────────
+
+/// `redact_query` hides `tkn` and `access_token` values and keeps other parameters.
+#[test]
+fn redact_query_hides_token_values() {
+    use ahp_relay::edge::auth::redact_query;
+    let shown = redact_query("tkn=abc&x=1");
+    assert!(!shown.contains("abc"), "{shown}");
+    assert!(shown.contains("x=1"), "{shown}");
+    let shown = redact_query("access_token=eyJsecret.part.sig&y=2");
+    assert!(!shown.contains("eyJsecret"), "{shown}");
+    assert!(shown.contains("y=2"), "{shown}");
+}
+
+/// `DialOptions`' `Debug` output never contains the token.
+#[test]
+fn dial_options_debug_hides_token() {
+    let opts = DialOptions {
+        url: "wss://relay.example/".into(),
+        token: Some("eyJhbGciOi.super-secret-token.sig".into()),
+        ca_file: None,
+        insecure: false,
+        connect_timeout: Duration::from_secs(1),
+        extra_headers: Vec::new(),
+    };
+    let shown = format!("{opts:?}");
+    assert!(!shown.contains("super-secret-token"), "{shown}");
+    assert!(shown.contains("relay.example"), "{shown}");
+}
