@@ -139,6 +139,8 @@ pub struct Limits {
     pub sessions_per_principal: usize,
     /// Links (hosts in use) per client session.
     pub links_per_session: usize,
+    /// Seconds of silence after which links and watch links ping their host.
+    pub link_ping_secs: u64,
 }
 
 impl Default for Limits {
@@ -154,11 +156,17 @@ impl Default for Limits {
             list_sessions_limit: 200,
             sessions_per_principal: 16,
             links_per_session: 8,
+            link_ping_secs: 20,
         }
     }
 }
 
 impl Limits {
+    /// [`Limits::link_ping_secs`] as a duration (at least one second).
+    pub fn link_ping(&self) -> Duration {
+        Duration::from_secs(self.link_ping_secs.max(1))
+    }
+
     /// [`Limits::upstream_request_secs`] as a duration.
     pub fn upstream_request(&self) -> Duration {
         Duration::from_secs(self.upstream_request_secs)

@@ -50,6 +50,7 @@ pub struct Relay {
     /// Token verification.
     pub auth: Authenticator,
     next_socket: AtomicU64,
+    watch_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -123,11 +124,29 @@ impl Relay {
             metrics,
             auth,
             next_socket: AtomicU64::new(1),
+            watch_tasks: std::sync::Mutex::new(Vec::new()),
         });
-        for hub in relay.hubs.values() {
-            tokio::spawn(crate::upstream::watch::run(hub.clone(), tx.clone()));
+        let tasks: Vec<_> = relay
+            .hubs
+            .values()
+            .map(|hub| {
+                let ping = relay.cfg.limits.link_ping();
+                tokio::spawn(crate::upstream::watch::run(hub.clone(), tx.clone(), ping))
+            })
+            .collect();
+        if let Ok(mut t) = relay.watch_tasks.lock() {
+            *t = tasks;
         }
         Ok((relay, rx))
+    }
+
+    /// Stops every watch link (their host connections close).
+    pub fn stop_watch_links(&self) {
+        if let Ok(mut tasks) = self.watch_tasks.lock() {
+            for t in tasks.drain(..) {
+                t.abort();
+            }
+        }
     }
 
     /// A new socket id.

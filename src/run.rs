@@ -71,6 +71,7 @@ impl RunningRelay {
         for t in self.tasks {
             t.abort();
         }
+        self.relay.stop_watch_links();
     }
 }
 

@@ -18,6 +18,9 @@ use crate::session::requests::{Conn, on_client_frame};
 
 type Kill = Option<(u16, String)>;
 
+/// How long the close handshake (with queued frames) may take.
+const CLOSE_WITHIN: Duration = Duration::from_secs(3);
+
 /// How often an open socket checks whether its token was revoked (the deny
 /// list itself is reloaded by `run::start`).
 const REVOCATION_CHECK: Duration = Duration::from_secs(2);
@@ -92,7 +95,13 @@ where
         relay.detach(&session);
     }
     drop(conn);
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    let mut writer = writer;
+    if tokio::time::timeout(CLOSE_WITHIN * 2, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
     relay.metrics.connections_open.dec();
 }
 
@@ -109,12 +118,17 @@ async fn write_loop<S>(
             _ = kill.changed() => {
                 let close = kill.borrow().clone();
                 if let Some((code, reason)) = close {
-                    // Deliver what is queued, then close with the code.
-                    while let Ok(f) = out.try_recv() {
-                        if sink.feed(Message::Text(f)).await.is_err() { return; }
-                    }
-                    let frame = CloseFrame { code: code.into(), reason: reason.into() };
-                    let _ = sink.send(Message::Close(Some(frame))).await;
+                    // Deliver what is queued (not to a slow consumer), then the
+                    // close frame — bounded in time: a client that never reads
+                    // cannot hold the socket open.
+                    let flush = async {
+                        while code != 4008 && let Ok(f) = out.try_recv() {
+                            sink.feed(Message::Text(f)).await?;
+                        }
+                        let frame = CloseFrame { code: code.into(), reason: reason.into() };
+                        sink.send(Message::Close(Some(frame))).await
+                    };
+                    let _ = tokio::time::timeout(CLOSE_WITHIN, flush).await;
                     return;
                 }
             }

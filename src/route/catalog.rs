@@ -30,10 +30,11 @@ impl Relay {
                 _ => return Err(RpcError::invalid_params("limit must be a positive integer")),
             },
         };
-        let after = match params.get("cursor").and_then(Value::as_str) {
-            None => None,
+        let after = match params.get("cursor") {
+            None | Some(Value::Null) => None,
             Some(c) => Some(
-                self.open_cursor(c, session)
+                c.as_str()
+                    .and_then(|c| self.open_cursor(c, session))
                     .ok_or_else(|| RpcError::invalid_params("unknown cursor"))?,
             ),
         };

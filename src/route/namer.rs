@@ -80,7 +80,12 @@ pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String
         return Ok(uri.to_string());
     }
     match names::read_client_uri(uri) {
-        Ok(ClientName::Qualified { host: h, host_uri }) if h == host => Ok(host_uri),
+        Ok(ClientName::Qualified { host: h, host_uri }) if h == host => {
+            if aliases_store_entry(store, h, &host_uri) {
+                return Err("unknown URI".into());
+            }
+            Ok(host_uri)
+        }
         Ok(ClientName::Qualified { .. }) => Err("URI names another host".into()),
         Ok(ClientName::Verbatim { key }) if is_store_entry(store, host, &key) => {
             Ok(uri.to_string())
@@ -89,11 +94,20 @@ pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String
     }
 }
 
+/// Whether a qualified URI's host form is a client-chosen store entry of
+/// that host: such a URI has exactly one name, the verbatim one, so the
+/// qualified spelling is not an alias for it (contract §4.2).
+fn aliases_store_entry(store: &dyn UriStore, host: &str, host_uri: &str) -> bool {
+    UriParts::parse(host_uri).is_some_and(|p| is_store_entry(store, host, &p.base()))
+}
+
 /// The host a client channel URI belongs to and its host form; `None` when
 /// the URI is not a host channel the relay knows.
 pub fn route(store: &dyn UriStore, uri: &str) -> Option<(String, String)> {
     match names::read_client_uri(uri).ok()? {
-        ClientName::Qualified { host, host_uri } => Some((host.to_string(), host_uri)),
+        ClientName::Qualified { host, host_uri } => {
+            (!aliases_store_entry(store, host, &host_uri)).then(|| (host.to_string(), host_uri))
+        }
         ClientName::Verbatim { key } => match store.lookup(&key) {
             Ok(Some(e)) if !matches!(e.state, UriState::Tombstone { .. }) => {
                 Some((e.host, uri.to_string()))

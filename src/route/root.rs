@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use crate::relay::Relay;
 use crate::route::namer::ToClient;
 use crate::route::translate;
-use crate::session::ClientSession;
+use crate::session::{ClientSession, SessionCore};
 use crate::upstream::hub::HostStatus;
 use crate::upstream::watch::{RootField, WatchEvent};
 
@@ -115,10 +115,29 @@ impl Relay {
             .collect()
     }
 
+    /// The merged root for `session`, remembered as what its client has seen.
+    pub fn root_snapshot(&self, session: &ClientSession, core: &mut SessionCore) -> Value {
+        let root = self.merged_root(session.identity());
+        if let Value::Object(fields) = &root {
+            core.root_seen = fields.clone();
+        }
+        root
+    }
+
     fn fan_root(&self, fields: &[RootField]) {
         for s in self.followers() {
             for field in fields {
                 let value = self.root_field(*field, s.identity());
+                let key = match field {
+                    RootField::Agents => "agents",
+                    RootField::Terminals => "terminals",
+                    RootField::ActiveSessions => "activeSessions",
+                };
+                let mut core = s.lock();
+                if core.root_seen.get(key) == Some(&value) {
+                    continue;
+                }
+                core.root_seen.insert(key.to_string(), value.clone());
                 let action = match field {
                     RootField::Agents => json!({"type": "root/agentsChanged", "agents": value}),
                     RootField::Terminals => {
@@ -128,7 +147,6 @@ impl Relay {
                         json!({"type": "root/activeSessionsChanged", "activeSessions": value})
                     }
                 };
-                let mut core = s.lock();
                 s.push_envelope(&mut core, |n| {
                     Some(
                         json!({"jsonrpc": "2.0", "method": "action", "params": {

@@ -123,6 +123,9 @@ pub struct SessionCore {
     /// relay gave them: (host, the host's id as exact JSON text).
     pub host_requests: HashMap<u64, (Arc<str>, String)>,
     next_host_request: u64,
+    /// The root state (client form) the client was last given, so root
+    /// actions are sent only when a field really changed.
+    pub root_seen: serde_json::Map<String, Value>,
     closed: bool,
 }
 
@@ -186,6 +189,7 @@ impl ClientSession {
             links: HashMap::new(),
             host_requests: HashMap::new(),
             next_host_request: 1,
+            root_seen: serde_json::Map::new(),
             closed: false,
         };
         Self {

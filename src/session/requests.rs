@@ -265,7 +265,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     if wanted.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
         core.subs.insert(ahp_types::ROOT_RESOURCE_URI.to_string());
         snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
-            "state": relay.merged_root(session.identity()), "fromSeq": from}));
+            "state": relay.root_snapshot(&session, &mut core), "fromSeq": from}));
     }
     for (_, _, _, snap) in &taken {
         let mut snap = snap.clone();
@@ -411,7 +411,9 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         let relay = &session.relay;
         let mut core = session.lock();
         core.subs.insert(p.channel.clone());
-        let snap = json!({"snapshot": {"resource": p.channel, "state": relay.merged_root(session.identity()), "fromSeq": core.last()}});
+        let state = relay.root_snapshot(session, &mut core);
+        let snap =
+            json!({"snapshot": {"resource": p.channel, "state": state, "fromSeq": core.last()}});
         session.respond(&mut core, id, &snap.to_string());
         return Ok(());
     }

@@ -48,11 +48,9 @@ pub struct Link {
     /// The host.
     pub host: Arc<HostHub>,
     tx: mpsc::UnboundedSender<LinkCmd>,
-    next_id: AtomicU64,
+    next_id: Arc<AtomicU64>,
 }
 
-/// Silence after which a link pings its host.
-const PING_AFTER: Duration = Duration::from_secs(20);
 /// How long the host may take to answer `initialize`.
 const INIT_WITHIN: Duration = Duration::from_secs(10);
 
@@ -61,13 +59,14 @@ impl Link {
     /// are queued in order.
     pub fn open(session: &Arc<ClientSession>, host: Arc<HostHub>) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let next_id = Arc::new(AtomicU64::new(1));
         let link = Arc::new(Self {
             host: host.clone(),
             tx,
-            next_id: AtomicU64::new(1),
+            next_id: next_id.clone(),
         });
         session.relay.metrics.links_opened.inc();
-        tokio::spawn(run(Arc::downgrade(session), host, rx));
+        tokio::spawn(run(Arc::downgrade(session), host, rx, next_id));
         link
     }
 
@@ -87,13 +86,17 @@ async fn run(
     session: Weak<ClientSession>,
     host: Arc<HostHub>,
     mut rx: mpsc::UnboundedReceiver<LinkCmd>,
+    ids: Arc<AtomicU64>,
 ) {
     let Some(opened) = open(&session, &host).await else {
         fail(&session, &host, &mut rx, false);
         return;
     };
     let mut ws = opened;
-    let mut ping_id = 0u64;
+    let ping_after = match session.upgrade() {
+        Some(s) => s.relay.cfg.limits.link_ping(),
+        None => return,
+    };
     let was_up = loop {
         tokio::select! {
             cmd = rx.recv() => {
@@ -111,10 +114,12 @@ async fn run(
                 }
                 if ws.flush().await.is_err() { break true; }
             }
-            msg = tokio::time::timeout(PING_AFTER, ws.next()) => match msg {
+            msg = tokio::time::timeout(ping_after, ws.next()) => match msg {
                 Err(_) => {
-                    ping_id += 1;
-                    let ping = json!({"jsonrpc": "2.0", "id": format!("relay-ping-{ping_id}"), "method": "ping",
+                    // An id from the link's own counter: no pending request has it,
+                    // so the answer is ignored.
+                    let ping_id = ids.fetch_add(1, Ordering::Relaxed);
+                    let ping = json!({"jsonrpc": "2.0", "id": ping_id, "method": "ping",
                         "params": {"channel": ahp_types::ROOT_RESOURCE_URI}});
                     if ws.send(Message::text(ping.to_string())).await.is_err() { break true; }
                 }

@@ -23,8 +23,6 @@ use crate::client::dial::{WsStream, dial_stream};
 /// The upstream client id every watch link uses.
 pub const WATCH_CLIENT_ID: &str = "r1.watch";
 
-/// Silence after which the watch link pings.
-const PING_AFTER: Duration = Duration::from_secs(20);
 /// Time a ping (or any request) may take before the link is declared dead.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
@@ -68,10 +66,14 @@ pub enum WatchEvent {
 }
 
 /// Runs the watch link of `hub` forever, reporting to `events`.
-pub async fn run(hub: Arc<HostHub>, events: mpsc::UnboundedSender<WatchEvent>) {
+pub async fn run(
+    hub: Arc<HostHub>,
+    events: mpsc::UnboundedSender<WatchEvent>,
+    ping_after: Duration,
+) {
     let mut backoff = Duration::from_millis(250);
     loop {
-        match session(&hub, &events).await {
+        match session(&hub, &events, ping_after).await {
             Ok(()) => backoff = Duration::from_millis(250),
             Err(why) => tracing::warn!(host = %hub.id, %why, "watch link failed"),
         }
@@ -145,6 +147,7 @@ impl Rpc {
 async fn session(
     hub: &Arc<HostHub>,
     events: &mpsc::UnboundedSender<WatchEvent>,
+    ping_after: Duration,
 ) -> Result<(), String> {
     let ws = dial_stream(&hub.dial_options(None))
         .await
@@ -208,7 +211,7 @@ async fn session(
         on_frame(hub, events, &mut rpc, v).await?;
     }
     loop {
-        let v = match tokio::time::timeout(PING_AFTER, rpc.recv()).await {
+        let v = match tokio::time::timeout(ping_after, rpc.recv()).await {
             Ok(v) => v?,
             Err(_) => {
                 let mut later = Vec::new();
