@@ -1459,3 +1459,47 @@ async fn relay_stop_closes_its_host_connections() {
     })
     .await;
 }
+
+/// A host that refuses the relay's protocol version is hidden: no agent, no
+/// session, and its URIs answer like nonexistent ones (contract §4.1).
+#[tokio::test]
+async fn incompatible_host_is_hidden() {
+    let old = SimHostConfig {
+        legacy_0_9: true,
+        ..fast_config("old", 2)
+    };
+    let t = TestRelay::start_unchecked(vec![fast_config("a", 1), old], "", "").await;
+    let relay = t.relay.relay.clone();
+    use ahp_relay::upstream::hub::HostStatus;
+    wait_until("old marked incompatible and a up", || {
+        relay
+            .hub("old")
+            .is_some_and(|h| h.status() == HostStatus::Incompatible)
+            && relay.hub("a").is_some_and(|h| h.status() == HostStatus::Up)
+    })
+    .await;
+    let c = t.client_init("alice", "c").await;
+    let list: ahp_types::commands::ListSessionsResult = c
+        .request("listSessions", json!({"channel": "ahp-root://"}))
+        .await
+        .expect("list");
+    let uris: Vec<&str> = list.items.iter().map(|s| s.resource.as_str()).collect();
+    assert_eq!(uris, ["ahp-session:/a~a-1"]);
+    let err = c
+        .request::<_, Value>("subscribe", json!({"channel": "ahp-session:/old~old-1"}))
+        .await
+        .expect_err("hidden host");
+    match err {
+        ahp::ClientError::Rpc(e) => assert_eq!(e.code, -32001),
+        other => panic!("unexpected {other:?}"),
+    }
+    let (snap, _) = c.subscribe("ahp-root://".into()).await.expect("root");
+    let root = serde_json::to_value(snap.snapshot.expect("root snapshot").state).expect("json");
+    let providers: Vec<&str> = root["agents"]
+        .as_array()
+        .expect("agents")
+        .iter()
+        .filter_map(|a| a["provider"].as_str())
+        .collect();
+    assert_eq!(providers, ["sim@a"]);
+}

@@ -41,6 +41,9 @@ impl Relay {
         let mut all: Vec<(i64, String, Value)> = Vec::new();
         for hub in self.hubs.values() {
             let view = hub.view();
+            if view.status == HostStatus::Incompatible {
+                continue;
+            }
             let namer = ToClient {
                 host: &hub.id,
                 store: self.store.as_ref(),

@@ -323,6 +323,7 @@ fn host_for(
     let relay = &session.relay;
     namer::route(relay.store.as_ref(), uri)
         .and_then(|(h, hu)| relay.hub(&h).map(|hub| (hub.clone(), hu)))
+        .filter(|(hub, _)| hub.status() != HostStatus::Incompatible)
         .ok_or_else(|| not_found(uri))
 }
 

@@ -27,6 +27,8 @@ use crate::rpc::RpcError;
 
 /// Caret ranges of the protocol versions this host speaks.
 pub const SUPPORTED_VERSIONS: &[&str] = &["^1.0.0"];
+/// What a host configured with `legacy_0_9` speaks instead.
+pub const LEGACY_VERSIONS: &[&str] = &["^0.9.0"];
 
 /// Largest `listSessions` page; also the page when `limit` is omitted.
 const MAX_PAGE: usize = 1000;
@@ -146,10 +148,14 @@ fn initialize(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<Strin
             "connection is already initialized",
         ));
     }
+    let (prefix, supported) = match core.cfg.legacy_0_9 {
+        false => ("1.", SUPPORTED_VERSIONS),
+        true => ("0.9.", LEGACY_VERSIONS),
+    };
     let version = match negotiate_protocol_version(&p.protocol_versions) {
         Err(e) => return Err(RpcError::invalid_params(e)),
-        Ok(Some(v)) if v.starts_with("1.") => v.to_string(),
-        Ok(_) => return Err(RpcError::unsupported_version(SUPPORTED_VERSIONS)),
+        Ok(Some(v)) if v.starts_with(prefix) => v.to_string(),
+        Ok(_) => return Err(RpcError::unsupported_version(supported)),
     };
     if p.client_id.is_empty() {
         return Err(RpcError::invalid_params("clientId must not be empty"));

@@ -69,6 +69,9 @@ pub struct SimHostConfig {
     pub record_limit: usize,
     /// Largest WebSocket message accepted, in bytes.
     pub max_frame_bytes: usize,
+    /// Speak only protocol 0.9.x (refusing 1.x with -32005): a host a v1
+    /// relay cannot serve, for tests of incompatible hosts.
+    pub legacy_0_9: bool,
 }
 
 impl Default for SimHostConfig {
@@ -84,6 +87,7 @@ impl Default for SimHostConfig {
             vscode_compat: false,
             record_limit: 100_000,
             max_frame_bytes: 4 * 1024 * 1024,
+            legacy_0_9: false,
         }
     }
 }

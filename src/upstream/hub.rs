@@ -21,6 +21,9 @@ pub enum HostStatus {
     Up,
     /// Last attempt failed; retrying with backoff.
     Down,
+    /// The host refused the protocol version the relay speaks (-32005): its
+    /// agents, sessions and terminals are hidden as if it did not exist.
+    Incompatible,
 }
 
 impl HostStatus {
@@ -30,6 +33,7 @@ impl HostStatus {
             Self::Connecting => "connecting",
             Self::Up => "up",
             Self::Down => "unreachable",
+            Self::Incompatible => "incompatible",
         }
     }
 }

@@ -73,15 +73,32 @@ pub async fn run(
 ) {
     let mut backoff = Duration::from_millis(250);
     loop {
-        match session(&hub, &events, ping_after).await {
-            Ok(()) => backoff = Duration::from_millis(250),
-            Err(why) => tracing::warn!(host = %hub.id, %why, "watch link failed"),
-        }
-        if hub.status() != HostStatus::Down {
-            hub.update(|v| v.status = HostStatus::Down);
+        let status = match session(&hub, &events, ping_after).await {
+            Ok(()) => {
+                backoff = Duration::from_millis(250);
+                HostStatus::Down
+            }
+            Err(Failure::Incompatible(why)) => {
+                tracing::warn!(host = %hub.id, %why, "host refused the relay's protocol version; hiding it");
+                backoff = Duration::from_secs(60);
+                HostStatus::Incompatible
+            }
+            Err(Failure::Other(why)) => {
+                tracing::warn!(host = %hub.id, %why, "watch link failed");
+                HostStatus::Down
+            }
+        };
+        if hub.status() != status {
+            hub.update(|v| {
+                v.status = status;
+                if status == HostStatus::Incompatible {
+                    v.catalog.clear();
+                    v.root = None;
+                }
+            });
             let _ = events.send(WatchEvent::Status {
                 host: hub.id.clone(),
-                status: HostStatus::Down,
+                status,
             });
         }
         if events.is_closed() {
@@ -89,6 +106,27 @@ pub async fn run(
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Why a watch-link period ended.
+#[derive(Debug)]
+enum Failure {
+    /// `initialize` was refused with -32005.
+    Incompatible(String),
+    /// Anything else (connection, timeout, protocol).
+    Other(String),
+}
+
+impl From<String> for Failure {
+    fn from(s: String) -> Self {
+        Self::Other(s)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(s: &str) -> Self {
+        Self::Other(s.to_string())
     }
 }
 
@@ -148,7 +186,7 @@ async fn session(
     hub: &Arc<HostHub>,
     events: &mpsc::UnboundedSender<WatchEvent>,
     ping_after: Duration,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let ws = dial_stream(&hub.dial_options(None))
         .await
         .map_err(|e| e.to_string())?;
@@ -161,7 +199,14 @@ async fn session(
                    "clientId": WATCH_CLIENT_ID, "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]}),
             &mut held,
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            if e.contains(&format!("\"code\":{}", ahp_types::errors::ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION)) {
+                Failure::Incompatible(e)
+            } else {
+                Failure::Other(e)
+            }
+        })?;
     let root: RootState = init
         .pointer("/snapshots/0/state")
         .cloned()

@@ -44,6 +44,14 @@ impl TestRelay {
 
     /// Like [`TestRelay::start`], with `auth_extra` TOML inside `[auth]`.
     pub async fn start_with(hosts: Vec<SimHostConfig>, auth_extra: &str, extra: &str) -> Self {
+        let me = Self::start_unchecked(hosts, auth_extra, extra).await;
+        me.wait_hosts_up().await;
+        me
+    }
+
+    /// Starts hosts and relay without waiting for the watch links (for
+    /// hosts that are expected never to come up).
+    pub async fn start_unchecked(hosts: Vec<SimHostConfig>, auth_extra: &str, extra: &str) -> Self {
         let mut started = Vec::new();
         for cfg in hosts {
             started.push(SimHost::start_local(cfg).await.expect("simhost starts"));
@@ -57,13 +65,11 @@ impl TestRelay {
             .config("127.0.0.1:0", &pairs, auth_extra, extra)
             .expect("config validates");
         let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
-        let me = Self {
+        Self {
             relay,
             hosts: started,
             kit,
-        };
-        me.wait_hosts_up().await;
-        me
+        }
     }
 
     /// Waits until every host's watch link is up.
