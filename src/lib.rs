@@ -8,6 +8,7 @@ pub mod config;
 pub mod devkit;
 pub mod edge;
 pub mod metrics;
+pub mod policy;
 pub mod relay;
 pub mod route;
 pub mod rpc;

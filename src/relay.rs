@@ -49,6 +49,7 @@ pub struct Relay {
     pub metrics: Metrics,
     /// Token verification.
     pub auth: Authenticator,
+    policy: std::sync::RwLock<Arc<dyn crate::policy::Policy>>,
     next_socket: AtomicU64,
     watch_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -123,6 +124,7 @@ impl Relay {
             upstream_limits,
             metrics,
             auth,
+            policy: std::sync::RwLock::new(Arc::new(crate::policy::AllowAll)),
             next_socket: AtomicU64::new(1),
             watch_tasks: std::sync::Mutex::new(Vec::new()),
         });
@@ -138,6 +140,33 @@ impl Relay {
             *t = tasks;
         }
         Ok((relay, rx))
+    }
+
+    /// The access-control decision point in force.
+    pub fn policy(&self) -> Arc<dyn crate::policy::Policy> {
+        self.policy
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Replaces the policy; the next request is decided by the new one
+    /// (contract §7.6).
+    pub fn set_policy(&self, policy: Arc<dyn crate::policy::Policy>) {
+        match self.policy.write() {
+            Ok(mut p) => *p = policy,
+            Err(e) => *e.into_inner() = policy,
+        }
+    }
+
+    /// The principal that created `uri` on `host` through the relay, if one did.
+    pub fn owner_of(&self, host: &str, uri: &str) -> Option<crate::route::store::Owner> {
+        self.store
+            .lookup(uri)
+            .ok()
+            .flatten()
+            .filter(|e| e.host == host)
+            .map(|e| e.owner)
     }
 
     /// Stops every watch link (their host connections close).

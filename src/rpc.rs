@@ -108,6 +108,10 @@ impl RpcError {
         }
         format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)
     }
+    /// -32009: visible but not permitted.
+    pub fn permission_denied(what: &str) -> Self {
+        Self::new(ahp::PERMISSION_DENIED, format!("permission denied: {what}"))
+    }
     /// -32010: the target already exists.
     pub fn already_exists(uri: &str) -> Self {
         Self::new(ahp::ALREADY_EXISTS, format!("already exists: {uri}"))

@@ -39,9 +39,12 @@ impl Relay {
             ),
         };
         let mut all: Vec<(i64, String, Value)> = Vec::new();
+        let policy = self.policy();
         for hub in self.hubs.values() {
             let view = hub.view();
-            if view.status == HostStatus::Incompatible {
+            if view.status == HostStatus::Incompatible
+                || !policy.sees_host(session.subject(), &hub.id)
+            {
                 continue;
             }
             let namer = ToClient {
@@ -49,7 +52,11 @@ impl Relay {
                 store: self.store.as_ref(),
                 identity: None,
             };
-            for summary in view.catalog.values() {
+            for (uri, summary) in &view.catalog {
+                let owner = self.owner_of(&hub.id, uri);
+                if !policy.sees_session(session.subject(), &hub.id, uri, owner.as_ref()) {
+                    continue;
+                }
                 let mut s = summary.clone();
                 if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
                     continue;

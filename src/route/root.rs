@@ -15,13 +15,26 @@ use crate::upstream::hub::HostStatus;
 use crate::upstream::watch::{RootField, WatchEvent};
 
 impl Relay {
-    fn root_field(&self, field: RootField, identity: (&str, &str)) -> Value {
+    fn root_field(&self, field: RootField, session: &ClientSession) -> Value {
+        let identity = session.identity();
         let mut items = Vec::new();
         let mut active = 0i64;
+        let who = session.subject();
+        let policy = self.policy();
         for hub in self.hubs.values() {
+            if !policy.sees_host(who, &hub.id) {
+                continue;
+            }
             let view = hub.view();
             if field == RootField::ActiveSessions {
-                active += view.catalog.len() as i64;
+                let visible = view
+                    .catalog
+                    .keys()
+                    .filter(|uri| {
+                        policy.sees_session(who, &hub.id, uri, self.owner_of(&hub.id, uri).as_ref())
+                    })
+                    .count();
+                active += visible as i64;
                 continue;
             }
             let Some(root) = view.root else { continue };
@@ -69,11 +82,11 @@ impl Relay {
     /// The relay's root state for one session: agents of up hosts with
     /// qualified providers and labelled names, their terminals, and the
     /// count of listed sessions; never `config` or host `_meta` (§6.1).
-    pub fn merged_root(&self, identity: (&str, &str)) -> Value {
+    pub fn merged_root(&self, session: &ClientSession) -> Value {
         json!({
-            "agents": self.root_field(RootField::Agents, identity),
-            "terminals": self.root_field(RootField::Terminals, identity),
-            "activeSessions": self.root_field(RootField::ActiveSessions, identity),
+            "agents": self.root_field(RootField::Agents, session),
+            "terminals": self.root_field(RootField::Terminals, session),
+            "activeSessions": self.root_field(RootField::ActiveSessions, session),
         })
     }
 
@@ -117,7 +130,7 @@ impl Relay {
 
     /// The merged root for `session`, remembered as what its client has seen.
     pub fn root_snapshot(&self, session: &ClientSession, core: &mut SessionCore) -> Value {
-        let root = self.merged_root(session.identity());
+        let root = self.merged_root(session);
         if let Value::Object(fields) = &root {
             core.root_seen = fields.clone();
         }
@@ -127,7 +140,7 @@ impl Relay {
     fn fan_root(&self, fields: &[RootField]) {
         for s in self.followers() {
             for field in fields {
-                let value = self.root_field(*field, s.identity());
+                let value = self.root_field(*field, &s);
                 let key = match field {
                     RootField::Agents => "agents",
                     RootField::Terminals => "terminals",

@@ -162,6 +162,8 @@ pub struct ClientSession {
     pub version: String,
     /// The socket this session is attached to (cursors are bound to it).
     pub socket: u64,
+    /// The principal's groups, from the token.
+    pub groups: Vec<String>,
     out: mpsc::Sender<Utf8Bytes>,
     kill: watch::Sender<Option<(u16, String)>>,
     core: Mutex<SessionCore>,
@@ -175,6 +177,7 @@ impl ClientSession {
         key: SessionKey,
         version: String,
         socket: u64,
+        groups: Vec<String>,
         out: mpsc::Sender<Utf8Bytes>,
         kill: watch::Sender<Option<(u16, String)>>,
     ) -> Self {
@@ -198,6 +201,7 @@ impl ClientSession {
             upstream_id,
             version,
             socket,
+            groups,
             out,
             kill,
             core: Mutex::new(core),
@@ -207,6 +211,14 @@ impl ClientSession {
     /// Locks the session state. Never held across an `.await`.
     pub fn lock(&self) -> MutexGuard<'_, SessionCore> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Who this session acts for, for policy decisions.
+    pub fn subject(&self) -> crate::policy::Subject<'_> {
+        crate::policy::Subject {
+            principal: &self.key.principal,
+            groups: &self.groups,
+        }
     }
 
     /// (upstream id, client id), for name translation.

@@ -239,6 +239,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         key,
         version.clone(),
         conn.socket,
+        conn.principal.groups.clone(),
         conn.out.clone(),
         conn.kill.clone(),
     ));
@@ -335,11 +336,20 @@ fn not_found(uri: &str) -> RpcError {
     }
 }
 
-/// The session's link to `hub`, opened on first use.
+/// The session's link to `hub`, opened on first use — after the policy
+/// allowed `method` there; an invisible host gets `missing` (the answer for
+/// something that does not exist), so no host is contacted for it.
 fn link_for(
     session: &Arc<ClientSession>,
     hub: &Arc<crate::upstream::hub::HostHub>,
+    method: &str,
+    missing: impl FnOnce() -> RpcError,
 ) -> Result<Arc<Link>, RpcError> {
+    match gate(session, &hub.id, method) {
+        Ok(()) => {}
+        Err(Denied::Invisible) => return Err(missing()),
+        Err(Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
+    }
     if hub.status() == HostStatus::Down {
         return Err(RpcError::host_unavailable(&hub.id));
     }
@@ -356,6 +366,26 @@ fn link_for(
     let link = Link::open(session, hub.clone());
     core.links.insert(hub.id.clone(), link.clone());
     Ok(link)
+}
+
+/// Why the policy refused.
+enum Denied {
+    /// The host is invisible to the principal: answer as for nothing there.
+    Invisible,
+    /// Visible but not permitted: -32009 or a rejection echo.
+    NotPermitted,
+}
+
+/// The policy's word on `method` against `host` (contract §4.4, §7.3).
+fn gate(session: &ClientSession, host: &str, method: &str) -> Result<(), Denied> {
+    let policy = session.relay.policy();
+    if !policy.sees_host(session.subject(), host) {
+        return Err(Denied::Invisible);
+    }
+    match crate::policy::permission_for_method(method) {
+        Some(p) if policy.permits(session.subject(), host, p) => Ok(()),
+        _ => Err(Denied::NotPermitted),
+    }
 }
 
 /// Sends a request on `link` and records what its answer needs.
@@ -419,7 +449,7 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         return Ok(());
     }
     let (hub, host_uri) = host_for(session, &p.channel)?;
-    let link = link_for(session, &hub)?;
+    let link = link_for(session, &hub, "subscribe", || not_found(&p.channel))?;
     let params = to_host(session, &hub.id, v, "params:subscribe", &host_uri)?;
     hold(session, &hub.id, &host_uri, &p.channel);
     forward(
@@ -457,7 +487,7 @@ type InitialWait = (
 
 fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<InitialWait, RpcError> {
     let (hub, host_uri) = host_for(session, channel)?;
-    let link = link_for(session, &hub)?;
+    let link = link_for(session, &hub, "subscribe", || not_found(channel))?;
     hold(session, &hub.id, &host_uri, channel);
     let (tx, rx) = oneshot::channel();
     forward(
@@ -474,8 +504,9 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
     Ok((hub, host_uri, channel.to_string(), rx))
 }
 
-/// Reserves a client-chosen URI in the store for `host`.
-fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Result<(), RpcError> {
+/// Checks a client-chosen URI's form (`<scheme>:/<id>`, id in
+/// `[A-Za-z0-9._-]{1,128}`) before anything else looks at the request.
+fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
     let parsed =
         validate_client_uri(uri).map_err(|e| RpcError::invalid_params(format!("{uri}: {e}")))?;
     if parsed.scheme != scheme {
@@ -483,6 +514,12 @@ fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Resu
             "expected a {scheme}: URI"
         )));
     }
+    Ok(())
+}
+
+/// Reserves a client-chosen URI (checked by [`check_client_uri`]) in the
+/// store for `host`.
+fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Result<(), RpcError> {
     let owner = Owner {
         issuer: session.key.principal.issuer.clone(),
         subject: session.key.principal.subject.clone(),
@@ -506,6 +543,7 @@ fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Resu
 
 fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateSessionParams>(params)?;
+    check_client_uri(&p.channel, "ahp-session")?;
     let relay = &session.relay;
     let hub = match p.provider.as_deref() {
         Some(provider) => names::read_provider(provider)
@@ -517,7 +555,9 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
             )
         })?,
     };
-    let link = link_for(session, &hub)?;
+    let link = link_for(session, &hub, "createSession", || {
+        RpcError::provider_not_found(p.provider.as_deref().unwrap_or_default())
+    })?;
     let mut params = to_host(session, &hub.id, v, "params:createSession", &p.channel)?;
     if let (Some(token), Some(o)) = (p.progress_token.as_deref(), params.as_object_mut()) {
         o.insert(
@@ -537,8 +577,9 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
 
 fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateChatParams>(params)?;
+    check_client_uri(&p.chat, "ahp-chat")?;
     let (hub, host_session) = host_for(session, &p.channel)?;
-    let link = link_for(session, &hub)?;
+    let link = link_for(session, &hub, "createChat", || not_found(&p.channel))?;
     let params = to_host(session, &hub.id, v, "params:createChat", &host_session)?;
     reserve(session, &p.chat, "ahp-chat", &hub.id)?;
     let kind = PendingKind::Create {
@@ -552,6 +593,7 @@ fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<
 
 fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateTerminalParams>(params)?;
+    check_client_uri(&p.channel, "ahp-terminal")?;
     let relay = &session.relay;
     let hub = match &p.claim {
         ahp_types::state::TerminalClaim::Session(c) => host_for(session, &c.session)?.0,
@@ -559,7 +601,7 @@ fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Res
             RpcError::invalid_params("cannot choose a host for a client-claimed terminal: claim a session, or configure relay.default_host")
         })?,
     };
-    let link = link_for(session, &hub)?;
+    let link = link_for(session, &hub, "createTerminal", || not_found(&p.channel))?;
     let params = to_host(session, &hub.id, v, "params:createTerminal", &p.channel)?;
     reserve(session, &p.channel, "ahp-terminal", &hub.id)?;
     let kind = PendingKind::Create {
@@ -586,7 +628,7 @@ fn routed<T: DeserializeOwned + Serialize>(
         .unwrap_or_default()
         .to_string();
     let (hub, host_uri) = host_for(session, &channel)?;
-    let link = link_for(session, &hub)?;
+    let link = link_for(session, &hub, method, || not_found(&channel))?;
     let params = to_host(session, &hub.id, v, &format!("params:{method}"), &host_uri)?;
     let kind = if dispose {
         let verbatim = matches!(
@@ -619,7 +661,14 @@ fn by_provider<T: DeserializeOwned + Serialize>(
             .only_agent_host()
             .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,
     };
-    let link = link_for(session, &hub)?;
+    let provider = v
+        .get("provider")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let link = link_for(session, &hub, method, || {
+        RpcError::provider_not_found(&provider)
+    })?;
     if let Some(provider) = v.get_mut("provider")
         && let Some((p, _)) = provider.as_str().and_then(names::read_provider)
     {
@@ -674,7 +723,14 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
     if let Err(e) = translate::translate(&mut host_action, &ty, &namer) {
         return reject(&format!("cannot translate {e}"));
     }
-    let link = match link_for(session, &hub) {
+    match gate(session, &hub.id, "dispatchAction") {
+        Ok(()) => {}
+        Err(Denied::Invisible) => return, // invisible = nonexistent: no echo
+        Err(Denied::NotPermitted) => return reject("permission denied"),
+    }
+    let link = match link_for(session, &hub, "dispatchAction", || {
+        RpcError::not_found("not found")
+    }) {
         Ok(l) => l,
         Err(_) => return reject(&format!("host {} unavailable", hub.id)),
     };
