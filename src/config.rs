@@ -141,6 +141,12 @@ pub struct Limits {
     pub links_per_session: usize,
     /// Seconds of silence after which links and watch links ping their host.
     pub link_ping_secs: u64,
+    /// Seconds a detached session keeps its links (and keeps buffering).
+    pub detach_grace_secs: u64,
+    /// Seconds a detached session's record is kept after its links closed.
+    pub retain_secs: u64,
+    /// Seconds a `reconnect` waits for a host it needs fresh state from.
+    pub upstream_settle_secs: u64,
 }
 
 impl Default for Limits {
@@ -157,6 +163,9 @@ impl Default for Limits {
             sessions_per_principal: 16,
             links_per_session: 8,
             link_ping_secs: 20,
+            detach_grace_secs: 20,
+            retain_secs: 600,
+            upstream_settle_secs: 3,
         }
     }
 }

@@ -169,6 +169,16 @@ impl Relay {
             .map(|e| e.owner)
     }
 
+    /// Ends every client session (their links close).
+    pub fn stop_sessions(&self) {
+        let all: Vec<Arc<ClientSession>> = self.sessions.iter().map(|s| s.clone()).collect();
+        self.sessions.clear();
+        for s in all {
+            s.close(1012, "relay restarting");
+            s.shut();
+        }
+    }
+
     /// Stops every watch link (their host connections close).
     pub fn stop_watch_links(&self) {
         if let Ok(mut tasks) = self.watch_tasks.lock() {
@@ -249,10 +259,33 @@ impl Relay {
 
     /// Removes a session when its socket closes (only if it is still the
     /// registered one) and closes its links.
-    pub fn detach(&self, session: &Arc<ClientSession>) {
-        self.sessions
-            .remove_if(&session.key, |_, s| Arc::ptr_eq(s, session));
-        session.shut();
+    /// Socket `socket` of `session` closed (contract §5.7): the session
+    /// stays, detached, with its links open and its buffer filling for
+    /// `detach_grace_secs`; then its links close (continuity with the hosts
+    /// is lost) and the record is kept for `retain_secs`, then dropped. A
+    /// `reconnect` in between re-attaches it.
+    pub fn detach(self: &Arc<Self>, session: &Arc<ClientSession>, socket: u64) {
+        let Some(generation) = session.detach_socket(socket) else {
+            return; // another socket took over
+        };
+        let grace = std::time::Duration::from_secs(self.cfg.limits.detach_grace_secs);
+        let retain = std::time::Duration::from_secs(self.cfg.limits.retain_secs);
+        // Weak handles: a stopped relay is not kept alive by its timers.
+        let relay = Arc::downgrade(self);
+        let weak = Arc::downgrade(session);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            match weak.upgrade() {
+                Some(s) if s.detached_since(generation) => s.drop_links(),
+                _ => return,
+            }
+            tokio::time::sleep(retain).await;
+            if let (Some(relay), Some(s)) = (relay.upgrade(), weak.upgrade())
+                && s.detached_since(generation)
+            {
+                relay.sessions.remove_if(&s.key, |_, v| Arc::ptr_eq(v, &s));
+            }
+        });
     }
 
     /// The registered session for `key`.

@@ -72,6 +72,7 @@ impl RunningRelay {
             t.abort();
         }
         self.relay.stop_watch_links();
+        self.relay.stop_sessions();
     }
 }
 

@@ -551,7 +551,7 @@ async fn ten_failures_then_429_with_retry_after() {
 
 // ─── 4. Token expiry (S14) ──────────────────────────────────────────────────
 
-/// A 2 s token's socket closes with 4001 after exp + leeway; a new token re-initializes.
+/// A 2 s token's socket closes with 4001 after exp + leeway; a new token resumes by `replay` (S14).
 #[tokio::test]
 async fn token_expiry_closes_4001_and_new_token_reinitializes() {
     let e = Edge::start().await;
@@ -584,12 +584,12 @@ async fn token_expiry_closes_4001_and_new_token_reinitializes() {
         )
         .await;
     assert_eq!(
-        reconnect.pointer("/error/code"),
-        Some(&json!(-32008)),
+        reconnect.pointer("/result/type"),
+        Some(&json!("replay")),
         "{reconnect}"
     );
-    let init = ws.initialize("c1").await;
-    assert!(init.get("result").is_some(), "{init}");
+    assert_eq!(reconnect.pointer("/result/actions"), Some(&json!([])));
+    assert_eq!(reconnect.pointer("/result/missing"), Some(&json!([])));
     let pong = ws
         .request(2, "ping", json!({"channel": "ahp-root://"}))
         .await;

@@ -92,7 +92,7 @@ where
         }
     }
     if let Some(session) = conn.session.take() {
-        relay.detach(&session);
+        relay.detach(&session, socket);
     }
     drop(conn);
     let mut writer = writer;

@@ -107,7 +107,8 @@ impl Relay {
         let mut m = self.mac_key.clone();
         m.update(b"listSessions\0");
         m.update(session.upstream_id.as_bytes());
-        m.update(&session.socket.to_be_bytes());
+        let socket = session.lock().socket_id().unwrap_or(0);
+        m.update(&socket.to_be_bytes());
         m.update(body.as_bytes());
         let tag = B64.encode(m.finalize().into_bytes());
         tag.get(..22).unwrap_or(&tag).to_string()

@@ -46,7 +46,7 @@ pub enum LinkReply {
 
 impl ClientSession {
     /// Handles one frame from `host`'s link.
-    pub fn on_host_frame(&self, host: &Arc<HostHub>, text: &str) -> LinkReply {
+    pub fn on_host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply {
         let frame = match wire::classify(text, &self.relay.upstream_limits) {
             Ok(f) => f,
             Err(e) => {
@@ -58,7 +58,7 @@ impl ClientSession {
         match &frame.kind {
             FrameKind::Notification { method } => {
                 match method.as_ref() {
-                    "action" => self.on_envelope(host, text, &frame),
+                    "action" => self.on_envelope(host, link, text, &frame),
                     "root/progress" => self.on_progress(host, text),
                     "auth/required" => self.on_auth_required(host, text),
                     _ => {} // root/session* come from the watch link alone
@@ -67,7 +67,7 @@ impl ClientSession {
             }
             FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. } => {
                 if let Some(n) = id.as_u64() {
-                    self.on_response(host, n, text);
+                    self.on_response(host, link, n, text);
                 }
                 LinkReply::None
             }
@@ -99,9 +99,12 @@ impl ClientSession {
         let Some(me) = self.relay.session_of(&self.key) else {
             return;
         };
+        let me = Arc::downgrade(&me);
         tokio::spawn(async move {
             tokio::time::sleep(CLIENT_REQUEST_TIMEOUT).await;
-            me.answer_host_request(n, None);
+            if let Some(me) = me.upgrade() {
+                me.answer_host_request(n, None);
+            }
         });
     }
 
@@ -135,11 +138,16 @@ impl ClientSession {
         }
     }
 
-    fn on_envelope(&self, host: &Arc<HostHub>, text: &str, frame: &Frame<'_>) {
+    fn on_envelope(&self, host: &Arc<HostHub>, link: u64, text: &str, frame: &Frame<'_>) {
         let (Some(channel), Some(seq)) = (frame.channel(), frame.params.server_seq.as_ref()) else {
             return;
         };
         let mut core = self.lock();
+        // Only the host's current link speaks for its channels: a link being
+        // replaced by re-baselining may still deliver a few frames.
+        if core.links.get(&host.id).map(|l| l.id) != Some(link) {
+            return;
+        }
         let Some(chan) = core
             .chans
             .get_mut(&host.id)
@@ -208,9 +216,9 @@ impl ClientSession {
         }
     }
 
-    fn on_response(&self, host: &Arc<HostHub>, n: u64, text: &str) {
+    fn on_response(&self, host: &Arc<HostHub>, link: u64, n: u64, text: &str) {
         let mut core = self.lock();
-        let Some(pending) = core.pending.remove(&(host.id.clone(), n)) else {
+        let Some(pending) = core.pending.remove(&(link, n)) else {
             return;
         };
         let Ok(v) = serde_json::from_str::<Value>(text) else {
@@ -254,6 +262,7 @@ impl ClientSession {
                         None => "{}".to_string(),
                     };
                     self.respond(&mut core, &pending.client_id, &result);
+                    core.baselined.insert(client_channel.clone());
                     core.subs.insert(client_channel);
                     self.release(&mut core, host, &host_channel);
                 }
@@ -374,7 +383,7 @@ impl ClientSession {
 
     /// The client form of a host snapshot, numbered `from` (the session's
     /// last number), and the host `fromSeq` it was taken at.
-    fn client_snapshot(
+    pub(super) fn client_snapshot(
         &self,
         host: &Arc<HostHub>,
         snap: Option<&Value>,
@@ -445,13 +454,12 @@ impl ClientSession {
     /// A link to `host` failed to open (`was_up` false) or dropped: requests
     /// in flight fail, and a client that followed channels there is told to
     /// resynchronise (4000) because continuity is lost (contract §5.8).
-    pub fn on_link_down(&self, host: &Arc<HostHub>, was_up: bool) {
+    pub fn on_link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool) {
         let mut core = self.lock();
-        core.links.remove(&host.id);
-        let ids: Vec<(Arc<str>, u64)> = core
+        let ids: Vec<(u64, u64)> = core
             .pending
             .keys()
-            .filter(|(h, _)| *h == host.id)
+            .filter(|(l, _)| *l == link)
             .cloned()
             .collect();
         for key in ids {
@@ -473,9 +481,25 @@ impl ClientSession {
                 }
             }
         }
-        let followed = core.chans.remove(&host.id).is_some_and(|m| !m.is_empty());
+        if core.links.get(&host.id).map(|l| l.id) != Some(link) {
+            return; // an older link, already replaced
+        }
+        core.links.remove(&host.id);
+        let lost: Vec<String> = core
+            .chans
+            .remove(&host.id)
+            .into_iter()
+            .flat_map(|m| m.into_values())
+            .map(|c| match c {
+                Chan::Holding { client, .. } | Chan::Live { client } => client,
+            })
+            .collect();
+        for c in &lost {
+            core.baselined.remove(c);
+        }
+        let attached = core.socket_id().is_some();
         drop(core);
-        if was_up && followed {
+        if was_up && !lost.is_empty() && attached {
             self.relay.metrics.resyncs.inc();
             self.close(4000, "resync: lost continuity with a host; reconnect now");
         }

@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod envelope;
+pub mod reconnect;
 pub mod requests;
 pub mod sequence;
 
@@ -115,8 +116,8 @@ pub struct SessionCore {
     pub subs: HashSet<String>,
     /// Per host: host channel → state.
     pub chans: HashMap<Arc<str>, HashMap<String, Chan>>,
-    /// Requests in flight: (host, link request id) → pending.
-    pub pending: HashMap<(Arc<str>, u64), Pending>,
+    /// Requests in flight: (link id, link request id) → pending.
+    pub pending: HashMap<(u64, u64), Pending>,
     /// Open links by host.
     pub links: HashMap<Arc<str>, Arc<Link>>,
     /// Host → client requests waiting for the client's answer, by the id the
@@ -126,10 +127,48 @@ pub struct SessionCore {
     /// The root state (client form) the client was last given, so root
     /// actions are sent only when a field really changed.
     pub root_seen: serde_json::Map<String, Value>,
-    closed: bool,
+    /// Channels (client form) that received a snapshot in this session and
+    /// kept upstream continuity since: the channels `reconnect` may replay.
+    pub baselined: HashSet<String>,
+    /// The attached socket; `None` while detached.
+    socket: Option<Socket>,
+    /// Incremented by every attach; lifetime timers check it.
+    attach_gen: u64,
+    s0: u64,
+}
+
+/// The client socket a session writes to.
+#[derive(Debug)]
+pub struct Socket {
+    /// The socket's id (cursors are bound to it).
+    pub id: u64,
+    /// Frames to the client (bounded).
+    pub out: mpsc::Sender<Utf8Bytes>,
+    /// Closes the client socket with a code and reason.
+    pub kill: watch::Sender<Option<(u16, String)>>,
 }
 
 impl SessionCore {
+    /// The id of the attached socket, if any.
+    pub fn socket_id(&self) -> Option<u64> {
+        self.socket.as_ref().map(|s| s.id)
+    }
+
+    /// The session's S0.
+    pub fn s0(&self) -> u64 {
+        self.s0
+    }
+
+    /// Buffered frames numbered above `after`, oldest first, and whether
+    /// every frame after `after` is still buffered.
+    pub fn buffered_since(&self, after: u64) -> (Vec<Utf8Bytes>, bool) {
+        let complete = after >= self.buffer.evicted_through();
+        (
+            self.buffer.since(after).map(|(_, f)| f.clone()).collect(),
+            complete,
+        )
+    }
+
     /// Registers a host → client request and returns the id the client sees.
     pub fn register_host_request(&mut self, host: Arc<str>, host_id: String) -> u64 {
         let n = self.next_host_request;
@@ -160,31 +199,29 @@ pub struct ClientSession {
     pub upstream_id: String,
     /// The protocol version negotiated with the client.
     pub version: String,
-    /// The socket this session is attached to (cursors are bound to it).
-    pub socket: u64,
     /// The principal's groups, from the token.
     pub groups: Vec<String>,
-    out: mpsc::Sender<Utf8Bytes>,
-    kill: watch::Sender<Option<(u16, String)>>,
     core: Mutex<SessionCore>,
 }
 
 impl ClientSession {
-    /// A new session numbering from `s0`, writing to `out`; `kill` closes
-    /// the client socket with a code and reason.
+    /// A new session numbering from a fresh S0, attached to `socket`.
     pub fn new(
         relay: Arc<Relay>,
         key: SessionKey,
         version: String,
-        socket: u64,
         groups: Vec<String>,
-        out: mpsc::Sender<Utf8Bytes>,
-        kill: watch::Sender<Option<(u16, String)>>,
+        socket: Socket,
     ) -> Self {
         let upstream_id = relay.upstream_id(&key.principal, &key.client_id);
         let limits = &relay.cfg.limits;
+        let s0 = relay.origins.next();
         let core = SessionCore {
-            last: relay.origins.next(),
+            last: s0,
+            s0,
+            baselined: HashSet::new(),
+            socket: Some(socket),
+            attach_gen: 0,
             buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
             subs: HashSet::new(),
             chans: HashMap::new(),
@@ -193,17 +230,13 @@ impl ClientSession {
             host_requests: HashMap::new(),
             next_host_request: 1,
             root_seen: serde_json::Map::new(),
-            closed: false,
         };
         Self {
             relay,
             key,
             upstream_id,
             version,
-            socket,
             groups,
-            out,
-            kill,
             core: Mutex::new(core),
         }
     }
@@ -229,16 +262,16 @@ impl ClientSession {
     /// Queues a frame for the client. A client whose queue is full is closed
     /// with 4008 (slow consumer) rather than stalling a link or the relay.
     pub fn push(&self, core: &mut SessionCore, frame: impl Into<Utf8Bytes>) {
-        if core.closed {
+        let Some(socket) = &core.socket else {
             return;
-        }
-        match self.out.try_send(frame.into()) {
+        };
+        match socket.out.try_send(frame.into()) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.relay.metrics.slow_consumer_closes.inc();
                 self.close_locked(core, 4008, "slow consumer: reconnect after backoff");
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => core.closed = true,
+            Err(mpsc::error::TrySendError::Closed(_)) => core.socket = None,
         }
     }
 
@@ -300,21 +333,61 @@ impl ClientSession {
     }
 
     fn close_locked(&self, core: &mut SessionCore, code: u16, reason: &str) {
-        if core.closed {
-            return;
+        if let Some(socket) = core.socket.take() {
+            socket.kill.send_replace(Some((code, reason.to_string())));
         }
-        core.closed = true;
-        self.kill.send_replace(Some((code, reason.to_string())));
     }
 
-    /// Detaches the session from its socket: links close (their hosts see
-    /// the client leave) and nothing more is delivered.
-    pub fn shut(&self) {
+    /// Attaches `socket` (a `reconnect` on a new socket); a socket still
+    /// attached is closed first with 4009 (contract §5.6). Returns the
+    /// attach generation lifetime timers compare against.
+    pub fn attach_socket(&self, core: &mut SessionCore, socket: Socket) -> u64 {
+        self.close_locked(
+            core,
+            4009,
+            "superseded by another socket of the same client",
+        );
+        core.socket = Some(socket);
+        core.attach_gen += 1;
+        core.attach_gen
+    }
+
+    /// Detaches socket `id` if it is the attached one: the session keeps its
+    /// links and keeps buffering (contract §5.7). Returns the generation to
+    /// hand to lifetime timers, or `None` if another socket is attached.
+    pub fn detach_socket(&self, id: u64) -> Option<u64> {
         let mut core = self.lock();
-        core.closed = true;
+        if core.socket_id() != Some(id) {
+            return None;
+        }
+        core.socket = None;
+        core.attach_gen += 1;
+        Some(core.attach_gen)
+    }
+
+    /// Whether the session is still detached since generation `gen`.
+    pub fn detached_since(&self, generation: u64) -> bool {
+        let core = self.lock();
+        core.socket.is_none() && core.attach_gen == generation
+    }
+
+    /// Closes every link: hosts see the client leave, requests in flight are
+    /// dropped, and every host channel loses continuity (a later `reconnect`
+    /// gets snapshots for them).
+    pub fn drop_links(&self) {
+        let mut core = self.lock();
         core.links.clear();
         core.pending.clear();
         core.chans.clear();
+        core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
+    }
+
+    /// Ends the session for good (superseded by a new `initialize`).
+    pub fn shut(&self) {
+        self.drop_links();
+        let mut core = self.lock();
+        core.socket = None;
+        core.attach_gen += 1;
     }
 
     /// Whether the client follows the relay root channel.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use ahp_types::commands::{
     CompletionsParams, CreateChatParams, CreateSessionParams, CreateTerminalParams,
     DisposeChatParams, DisposeSessionParams, DisposeTerminalParams, FetchTurnsParams,
-    InitializeParams, MoveChatParams, ReconnectParams, ResolveSessionConfigParams,
-    SessionConfigCompletionsParams, SubscribeParams,
+    InitializeParams, MoveChatParams, ResolveSessionConfigParams, SessionConfigCompletionsParams,
+    SubscribeParams,
 };
 use ahp_types::errors::ahp_error_codes;
 use serde::Serialize;
@@ -148,7 +148,9 @@ fn params_of(text: &str) -> Value {
 
 /// Parses `params` into the typed params of the method and back: fields the
 /// type does not know are dropped (`_meta` is a known field).
-fn typed<T: DeserializeOwned + Serialize>(params: Value) -> Result<(T, Value), RpcError> {
+pub(super) fn typed<T: DeserializeOwned + Serialize>(
+    params: Value,
+) -> Result<(T, Value), RpcError> {
     let t: T = serde_json::from_value(params)
         .map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))?;
     let v = serde_json::to_value(&t).map_err(|e| RpcError::internal(e.to_string(), None))?;
@@ -165,7 +167,12 @@ async fn request(
     match method {
         "ping" => return Some(Ok("null".into())),
         "initialize" => return initialize(conn, id, params).await.err().map(Err),
-        "reconnect" => return Some(reconnect(conn, params)),
+        "reconnect" => {
+            return super::reconnect::reconnect(conn, id, params)
+                .await
+                .err()
+                .map(Err);
+        }
         _ => {}
     }
     let Some(session) = conn.session.clone() else {
@@ -234,14 +241,17 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         },
         client_id: p.client_id.clone(),
     };
+    let socket = super::Socket {
+        id: conn.socket,
+        out: conn.out.clone(),
+        kill: conn.kill.clone(),
+    };
     let session = Arc::new(ClientSession::new(
         relay.clone(),
         key,
         version.clone(),
-        conn.socket,
         conn.principal.groups.clone(),
-        conn.out.clone(),
-        conn.kill.clone(),
+        socket,
     ));
     relay.attach(session.clone())?;
     conn.session = Some(session.clone());
@@ -265,6 +275,8 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     let mut snapshots = Vec::new();
     if wanted.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
         core.subs.insert(ahp_types::ROOT_RESOURCE_URI.to_string());
+        core.baselined
+            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
         snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
             "state": relay.root_snapshot(&session, &mut core), "fromSeq": from}));
     }
@@ -288,36 +300,16 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     }
     session.respond(&mut core, id, &result.to_string());
     for (hub, host_uri, client_uri, _) in taken {
+        core.baselined.insert(client_uri.clone());
         core.subs.insert(client_uri);
         session.release(&mut core, &hub, &host_uri);
     }
     Ok(())
 }
 
-/// `reconnect`: the relay keeps no session after its socket closes (the
-/// detached lifetime comes with the reconnect issue), so every reconnect
-/// gets `NotFound` and the socket stays open for `initialize` (contract §5.6).
-fn reconnect(conn: &Conn, params: Value) -> Result<String, RpcError> {
-    if conn.session.is_some() {
-        return Err(RpcError::invalid_request(
-            "connection is already initialized",
-        ));
-    }
-    let (p, _) = typed::<ReconnectParams>(params)?;
-    conn.relay
-        .metrics
-        .reconnects
-        .with_label_values(&["not_found"])
-        .inc();
-    let _ = p;
-    Err(RpcError::not_found(
-        "no session for this clientId: initialize again",
-    ))
-}
-
 /// The hub and host form of a client channel URI, or the §4.4 answer for a
 /// channel that does not exist (-32001 for sessions, -32008 otherwise).
-fn host_for(
+pub(super) fn host_for(
     session: &ClientSession,
     uri: &str,
 ) -> Result<(Arc<crate::upstream::hub::HostHub>, String), RpcError> {
@@ -328,7 +320,7 @@ fn host_for(
         .ok_or_else(|| not_found(uri))
 }
 
-fn not_found(uri: &str) -> RpcError {
+pub(super) fn not_found(uri: &str) -> RpcError {
     if uri.starts_with("ahp-session:") {
         RpcError::session_not_found(uri)
     } else {
@@ -363,13 +355,13 @@ fn link_for(
             Some(json!({"reason": "linkLimit", "retryable": false})),
         ));
     }
-    let link = Link::open(session, hub.clone());
+    let link = Link::open(session, hub.clone(), Default::default());
     core.links.insert(hub.id.clone(), link.clone());
     Ok(link)
 }
 
 /// Why the policy refused.
-enum Denied {
+pub(super) enum Denied {
     /// The host is invisible to the principal: answer as for nothing there.
     Invisible,
     /// Visible but not permitted: -32009 or a rejection echo.
@@ -377,7 +369,7 @@ enum Denied {
 }
 
 /// The policy's word on `method` against `host` (contract §4.4, §7.3).
-fn gate(session: &ClientSession, host: &str, method: &str) -> Result<(), Denied> {
+pub(super) fn gate(session: &ClientSession, host: &str, method: &str) -> Result<(), Denied> {
     let policy = session.relay.policy();
     if !policy.sees_host(session.subject(), host) {
         return Err(Denied::Invisible);
@@ -400,7 +392,7 @@ fn forward(
     let n = link.next_id();
     let frame = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params}).to_string();
     session.lock().pending.insert(
-        (link.host.id.clone(), n),
+        (link.id, n),
         Pending {
             client_id: id.to_string(),
             method: method.to_string(),
@@ -408,7 +400,7 @@ fn forward(
         },
     );
     if !link.send(LinkCmd::Frame(frame)) {
-        session.lock().pending.remove(&(link.host.id.clone(), n));
+        session.lock().pending.remove(&(link.id, n));
         return Err(RpcError::host_unavailable(&link.host.id));
     }
     Ok(())
@@ -442,6 +434,7 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         let relay = &session.relay;
         let mut core = session.lock();
         core.subs.insert(p.channel.clone());
+        core.baselined.insert(p.channel.clone());
         let state = relay.root_snapshot(session, &mut core);
         let snap =
             json!({"snapshot": {"resource": p.channel, "state": state, "fromSeq": core.last()}});

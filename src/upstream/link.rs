@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::hub::HostHub;
@@ -45,6 +45,9 @@ pub enum LinkCmd {
 /// A session's handle on its link to one host.
 #[derive(Debug)]
 pub struct Link {
+    /// Unique among all links of this process (pending requests and
+    /// envelopes are matched to the link they came from).
+    pub id: u64,
     /// The host.
     pub host: Arc<HostHub>,
     tx: mpsc::UnboundedSender<LinkCmd>,
@@ -54,19 +57,39 @@ pub struct Link {
 /// How long the host may take to answer `initialize`.
 const INIT_WITHIN: Duration = Duration::from_secs(10);
 
+static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
+
+/// What a link's `initialize` asks for beyond the root channel.
+#[derive(Debug, Default)]
+pub struct Baseline {
+    /// Host channels to receive snapshots of (`initialSubscriptions`).
+    pub channels: Vec<String>,
+    /// Receives the host's `InitializeResult` (or `None` if it failed).
+    pub reply: Option<oneshot::Sender<Option<Value>>>,
+}
+
 impl Link {
     /// Starts a link from `session` to `host`; frames sent before it is up
-    /// are queued in order.
-    pub fn open(session: &Arc<ClientSession>, host: Arc<HostHub>) -> Arc<Self> {
+    /// are queued in order. With a [`Baseline`], `initialize` subscribes
+    /// those channels and hands the snapshots back (re-baselining, §5.5).
+    pub fn open(session: &Arc<ClientSession>, host: Arc<HostHub>, baseline: Baseline) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let next_id = Arc::new(AtomicU64::new(1));
         let link = Arc::new(Self {
+            id: NEXT_LINK.fetch_add(1, Ordering::Relaxed),
             host: host.clone(),
             tx,
             next_id: next_id.clone(),
         });
         session.relay.metrics.links_opened.inc();
-        tokio::spawn(run(Arc::downgrade(session), host, rx, next_id));
+        tokio::spawn(run(
+            Arc::downgrade(session),
+            host,
+            link.id,
+            rx,
+            next_id,
+            baseline,
+        ));
         link
     }
 
@@ -85,16 +108,22 @@ impl Link {
 async fn run(
     session: Weak<ClientSession>,
     host: Arc<HostHub>,
+    link_id: u64,
     mut rx: mpsc::UnboundedReceiver<LinkCmd>,
     ids: Arc<AtomicU64>,
+    baseline: Baseline,
 ) {
-    let Some(opened) = open(&session, &host).await else {
-        fail(&session, &host, &mut rx, false);
+    let Some((mut ws, early)) = open(&session, &host, baseline).await else {
+        fail(&session, &host, link_id, &mut rx, false);
         return;
     };
-    let mut ws = opened;
     let ping_after = match session.upgrade() {
-        Some(s) => s.relay.cfg.limits.link_ping(),
+        Some(s) => {
+            for text in early {
+                let _ = s.on_host_frame(&host, link_id, &text);
+            }
+            s.relay.cfg.limits.link_ping()
+        }
         None => return,
     };
     let was_up = loop {
@@ -125,7 +154,7 @@ async fn run(
                 }
                 Ok(Some(Ok(Message::Text(t)))) => {
                     let Some(s) = session.upgrade() else { return };
-                    if let LinkReply::ToHost(reply) = s.on_host_frame(&host, t.as_str())
+                    if let LinkReply::ToHost(reply) = s.on_host_frame(&host, link_id, t.as_str())
                         && ws.send(Message::text(reply)).await.is_err()
                     {
                         break true;
@@ -136,20 +165,43 @@ async fn run(
             },
         }
     };
-    fail(&session, &host, &mut rx, was_up);
+    fail(&session, &host, link_id, &mut rx, was_up);
 }
 
-/// Dials and initializes; `None` if the host cannot be used.
-async fn open(session: &Weak<ClientSession>, host: &Arc<HostHub>) -> Option<WsStream> {
+/// Dials and initializes; `None` if the host cannot be used. Frames that
+/// arrive before the `initialize` answer are returned to be handled after it.
+async fn open(
+    session: &Weak<ClientSession>,
+    host: &Arc<HostHub>,
+    mut baseline: Baseline,
+) -> Option<(WsStream, Vec<String>)> {
+    let answer = opened(session, host, &baseline.channels).await;
+    let result = answer
+        .as_ref()
+        .and_then(|(_, _, v)| v.get("result").cloned());
+    if let Some(reply) = baseline.reply.take() {
+        let _ = reply.send(result.clone());
+    }
+    let (ws, early, _) = answer?;
+    result.map(|_| (ws, early))
+}
+
+async fn opened(
+    session: &Weak<ClientSession>,
+    host: &Arc<HostHub>,
+    channels: &[String],
+) -> Option<(WsStream, Vec<String>, Value)> {
     let (opts, init) = {
         let s = session.upgrade()?;
         let user = (
             s.key.principal.issuer.as_str(),
             s.key.principal.subject.as_str(),
         );
+        let mut subs = vec![ahp_types::ROOT_RESOURCE_URI.to_string()];
+        subs.extend(channels.iter().cloned());
         let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": [s.version],
-            "clientId": s.upstream_id, "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]}});
+            "clientId": s.upstream_id, "initialSubscriptions": subs}});
         (host.dial_options(Some(user)), init)
     };
     let mut ws = match dial_stream(&opts).await {
@@ -160,13 +212,15 @@ async fn open(session: &Weak<ClientSession>, host: &Arc<HostHub>) -> Option<WsSt
         }
     };
     ws.send(Message::text(init.to_string())).await.ok()?;
+    let mut early = Vec::new();
     let answer = tokio::time::timeout(INIT_WITHIN, async {
         while let Some(Ok(msg)) = ws.next().await {
             if let Message::Text(t) = msg {
                 let v: Value = serde_json::from_str(t.as_str()).ok()?;
-                if v.get("id") == Some(&json!(0)) {
+                if v.get("id") == Some(&json!(0)) && v.get("method").is_none() {
                     return Some(v);
                 }
+                early.push(t.to_string());
             }
         }
         None
@@ -178,13 +232,14 @@ async fn open(session: &Weak<ClientSession>, host: &Arc<HostHub>) -> Option<WsSt
         tracing::warn!(host = %host.id, error = %err, "host refused the link's initialize");
         return None;
     }
-    Some(ws)
+    Some((ws, early, answer))
 }
 
 /// Reports the link down and answers what is still queued on it.
 fn fail(
     session: &Weak<ClientSession>,
     host: &Arc<HostHub>,
+    link_id: u64,
     rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
     was_up: bool,
 ) {
@@ -192,7 +247,7 @@ fn fail(
         return;
     };
     s.relay.metrics.links_failed.inc();
-    s.on_link_down(host, was_up);
+    s.on_link_down(host, link_id, was_up);
     rx.close();
     let mut core = s.lock();
     while let Ok(cmd) = rx.try_recv() {

@@ -1,0 +1,313 @@
+//! `reconnect` through the relay (contract §5.5): the relay answers from its
+//! own buffer when it can prove nothing is missing, and otherwise gives fresh
+//! snapshots obtained by *re-baselining* links — a new link initialized with
+//! the same upstream id and the client's channels as `initialSubscriptions`,
+//! adopted before the old link closes. It never `unsubscribe`s/`subscribe`s
+//! upstream for this, which would make hosts drop the client from
+//! `activeClients` and fail its tool calls.
+//!
+//! The response is the cut: it is written under the session lock, and held
+//! envelopes are numbered after it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use ahp_types::commands::ReconnectParams;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::requests::{Conn, gate, host_for, typed};
+use super::{Chan, ClientSession, PrincipalKey, SessionCore, SessionKey, Socket};
+use crate::rpc::RpcError;
+use crate::upstream::hub::HostHub;
+use crate::upstream::link::{Baseline, Link, LinkCmd};
+
+/// Handles `reconnect` on a socket without a session; writes the answer itself.
+pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcError> {
+    if conn.session.is_some() {
+        return Err(RpcError::invalid_request(
+            "connection is already initialized",
+        ));
+    }
+    let (p, _) = typed::<ReconnectParams>(params)?;
+    let relay = conn.relay.clone();
+    let key = SessionKey {
+        principal: PrincipalKey {
+            issuer: conn.principal.issuer.clone(),
+            subject: conn.principal.subject.clone(),
+        },
+        client_id: p.client_id.clone(),
+    };
+    let Some(session) = relay.session_of(&key) else {
+        relay
+            .metrics
+            .reconnects
+            .with_label_values(&["not_found"])
+            .inc();
+        return Err(RpcError::not_found(
+            "no session for this clientId: initialize again",
+        ));
+    };
+    let mut requested: Vec<String> = Vec::new();
+    for c in p.subscriptions {
+        if !requested.contains(&c) {
+            requested.push(c);
+        }
+    }
+    let socket = Socket {
+        id: conn.socket,
+        out: conn.out.clone(),
+        kill: conn.kill.clone(),
+    };
+    conn.session = Some(session.clone());
+    let replayed = {
+        let mut core = session.lock();
+        session.attach_socket(&mut core, socket);
+        forget_unrequested(&mut core, &requested);
+        match replay(&session, &core, p.last_seen_server_seq, &requested) {
+            Some(result) => {
+                session.respond(&mut core, id, &result);
+                true
+            }
+            None => {
+                // Root actions are held back (root left out of `subs`) until the cut.
+                core.subs.remove(ahp_types::ROOT_RESOURCE_URI);
+                core.baselined.clear();
+                false
+            }
+        }
+    };
+    if replayed {
+        relay
+            .metrics
+            .reconnects
+            .with_label_values(&["replay"])
+            .inc();
+        return Ok(());
+    }
+    relay
+        .metrics
+        .reconnects
+        .with_label_values(&["snapshot"])
+        .inc();
+    let waits = rebaseline(&session, &requested);
+    let settle = std::time::Duration::from_secs(relay.cfg.limits.upstream_settle_secs);
+    let mut adopted = Vec::new();
+    for (hub, channels, rx) in waits {
+        let init = tokio::time::timeout(settle, rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        adopted.push((hub, channels, init));
+    }
+    let mut core = session.lock();
+    let from = core.last();
+    let mut snapshots = Vec::new();
+    if requested.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
+        let root = relay.root_snapshot(&session, &mut core);
+        snapshots.push(
+            json!({"resource": ahp_types::ROOT_RESOURCE_URI, "state": root, "fromSeq": from}),
+        );
+        core.subs.insert(ahp_types::ROOT_RESOURCE_URI.to_string());
+        core.baselined
+            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
+    }
+    let mut release = Vec::new();
+    for (hub, channels, init) in adopted {
+        for (client, host_uri) in channels {
+            let snap = init.as_ref().and_then(|r| snapshot_of(r, &host_uri));
+            let (client_snap, host_from) = session.client_snapshot(&hub, snap, &client, from);
+            match client_snap {
+                Some(s) => {
+                    if let Some(Chan::Holding { from: f, .. }) = core
+                        .chans
+                        .get_mut(&hub.id)
+                        .and_then(|m| m.get_mut(&host_uri))
+                    {
+                        *f = host_from;
+                    }
+                    snapshots.push(s);
+                    core.subs.insert(client.clone());
+                    core.baselined.insert(client);
+                    release.push((hub.clone(), host_uri));
+                }
+                None => {
+                    // Gone, or its host did not answer in time: omitted.
+                    if let Some(m) = core.chans.get_mut(&hub.id) {
+                        m.remove(&host_uri);
+                    }
+                }
+            }
+        }
+    }
+    let result = json!({"type": "snapshot", "snapshots": snapshots});
+    session.respond(&mut core, id, &result.to_string());
+    for (hub, host_uri) in release {
+        session.release(&mut core, &hub, &host_uri);
+    }
+    Ok(())
+}
+
+/// The `replay` answer, if the relay can prove it complete: the watermark
+/// lies in [S0, last], nothing after it was evicted, and every requested
+/// channel got a snapshot in this session and kept continuity since.
+fn replay(
+    session: &ClientSession,
+    core: &SessionCore,
+    watermark: i64,
+    requested: &[String],
+) -> Option<String> {
+    let w = u64::try_from(watermark).ok()?;
+    if w < core.s0() || w > core.last() {
+        return None;
+    }
+    let (frames, complete) = core.buffered_since(w);
+    if !complete {
+        return None;
+    }
+    let mut missing = Vec::new();
+    for c in requested {
+        let routable = c == ahp_types::ROOT_RESOURCE_URI || host_for(session, c).is_ok();
+        if !routable {
+            missing.push(c.clone());
+        } else if !core.baselined.contains(c) {
+            return None;
+        }
+    }
+    let wanted: HashSet<&str> = requested.iter().map(String::as_str).collect();
+    let mut actions = Vec::new();
+    for f in &frames {
+        #[derive(serde::Deserialize)]
+        struct Env<'a> {
+            #[serde(borrow)]
+            params: &'a RawValue,
+        }
+        #[derive(serde::Deserialize)]
+        struct Chan<'a> {
+            channel: std::borrow::Cow<'a, str>,
+        }
+        let Ok(env) = serde_json::from_str::<Env<'_>>(f.as_str()) else {
+            continue;
+        };
+        let Ok(ch) = serde_json::from_str::<Chan<'_>>(env.params.get()) else {
+            continue;
+        };
+        if wanted.contains(ch.channel.as_ref()) {
+            actions.push(env.params.get());
+        }
+    }
+    let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
+    Some(format!(
+        r#"{{"type":"replay","actions":[{}],"missing":{missing}}}"#,
+        actions.join(",")
+    ))
+}
+
+/// Stops following channels the client did not ask to keep.
+fn forget_unrequested(core: &mut SessionCore, requested: &[String]) {
+    let keep: HashSet<&str> = requested.iter().map(String::as_str).collect();
+    core.subs.retain(|c| keep.contains(c.as_str()));
+    core.baselined.retain(|c| keep.contains(c.as_str()));
+    let mut unsubscribe = Vec::new();
+    for (host, chans) in core.chans.iter_mut() {
+        chans.retain(|host_uri, chan| {
+            let client = match chan {
+                Chan::Holding { client, .. } | Chan::Live { client } => client,
+            };
+            let kept = keep.contains(client.as_str());
+            if !kept {
+                unsubscribe.push((host.clone(), host_uri.clone()));
+            }
+            kept
+        });
+    }
+    for (host, host_uri) in unsubscribe {
+        if let Some(link) = core.links.get(&host) {
+            let frame =
+                json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}});
+            link.send(LinkCmd::Frame(frame.to_string()));
+        }
+    }
+}
+
+/// (client URI, host URI) pairs of one host.
+type Channels = Vec<(String, String)>;
+type Wait = (Arc<HostHub>, Channels, oneshot::Receiver<Option<Value>>);
+
+/// Opens a fresh link per host with the requested channels as
+/// `initialSubscriptions`; their envelopes are held from now on. The old
+/// link is replaced (it closes when dropped) and its requests in flight fail.
+fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
+    let mut by_host: BTreeMap<String, (Arc<HostHub>, Channels)> = BTreeMap::new();
+    for c in requested
+        .iter()
+        .filter(|c| *c != ahp_types::ROOT_RESOURCE_URI)
+    {
+        let Ok((hub, host_uri)) = host_for(session, c) else {
+            continue;
+        };
+        if !matches!(gate(session, &hub.id, "subscribe"), Ok(())) {
+            continue;
+        }
+        by_host
+            .entry(hub.id.to_string())
+            .or_insert_with(|| (hub.clone(), Vec::new()))
+            .1
+            .push((c.clone(), host_uri));
+    }
+    let mut waits = Vec::new();
+    for (_, (hub, channels)) in by_host {
+        let (tx, rx) = oneshot::channel();
+        let baseline = Baseline {
+            channels: channels.iter().map(|(_, h)| h.clone()).collect(),
+            reply: Some(tx),
+        };
+        let mut core = session.lock();
+        let m = core.chans.entry(hub.id.clone()).or_default();
+        for (client, host_uri) in &channels {
+            m.insert(
+                host_uri.clone(),
+                Chan::Holding {
+                    client: client.clone(),
+                    held: Vec::new(),
+                    from: None,
+                },
+            );
+        }
+        let link = Link::open(session, hub.clone(), baseline);
+        if let Some(old) = core.links.insert(hub.id.clone(), link) {
+            fail_requests_of(session, &mut core, &old);
+        }
+        waits.push((hub, channels, rx));
+    }
+    waits
+}
+
+/// Requests in flight on a replaced link will never be answered.
+fn fail_requests_of(session: &ClientSession, core: &mut SessionCore, old: &Link) {
+    let keys: Vec<(u64, u64)> = core
+        .pending
+        .keys()
+        .filter(|(l, _)| *l == old.id)
+        .cloned()
+        .collect();
+    for key in keys {
+        if let Some(p) = core.pending.remove(&key) {
+            if let super::PendingKind::Initial { reply, .. } = p.kind {
+                let _ = reply.send(None);
+            } else {
+                session.respond_error(core, &p.client_id, &RpcError::upstream_lost(&old.host.id));
+            }
+        }
+    }
+}
+
+/// The snapshot of `host_uri` in a host's `InitializeResult`.
+fn snapshot_of<'a>(init: &'a Value, host_uri: &str) -> Option<&'a Value> {
+    init.get("snapshots")?
+        .as_array()?
+        .iter()
+        .find(|s| s.get("resource").and_then(Value::as_str) == Some(host_uri))
+}
