@@ -340,3 +340,32 @@ impl RawWs {
         }
     }
 }
+
+/// A frame or the end of a socket.
+pub enum Next {
+    /// A text frame, parsed.
+    Frame(Value),
+    /// The socket closed with this close frame (code, reason), if it had one.
+    Closed(Option<(u16, String)>),
+}
+
+impl RawWs {
+    /// The next text frame, or how the socket closed.
+    pub async fn next_or_close(&mut self) -> Next {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("frame or close in time");
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    return Next::Frame(serde_json::from_str(t.as_str()).expect("JSON frame"));
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    return Next::Closed(frame.map(|f| (u16::from(f.code), f.reason.to_string())));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return Next::Closed(None),
+            }
+        }
+    }
+}

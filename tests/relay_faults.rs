@@ -1,0 +1,164 @@
+//! Host faults through the relay (contract §5.8, scenario S8): a host that
+//! restarts during a turn closes its clients with 4000 (continuity lost);
+//! their `reconnect` gets fresh snapshots by re-baselining and converges,
+//! while the other host's chat keeps streaming to the same client.
+
+mod common;
+
+use std::time::Duration;
+
+use ahp_relay::simhost::AgentScript;
+use ahp_relay::simhost::clock::now_iso;
+use ahp_types::actions::ActionEnvelope;
+use common::relay::TestRelay;
+use common::*;
+use serde_json::{Value, json};
+
+fn slow(name: &str) -> ahp_relay::simhost::SimHostConfig {
+    ahp_relay::simhost::SimHostConfig {
+        sessions: 1,
+        script: AgentScript {
+            reply_deltas: 60,
+            delta_bytes: 8,
+            delta_rate: 40,
+            tool_confirmation: false,
+            seed: None,
+        },
+        ..ahp_relay::simhost::SimHostConfig::named(name)
+    }
+}
+
+/// Reads frames until `until` holds for one; returns the action envelopes seen.
+async fn envelopes_until(
+    ws: &mut RawWs,
+    mut until: impl FnMut(&Value) -> bool,
+) -> Vec<ActionEnvelope> {
+    let mut out = Vec::new();
+    loop {
+        let v = ws.recv_json().await.expect("socket open");
+        let done = until(&v);
+        if v["method"] == "action" {
+            out.push(serde_json::from_value(v["params"].clone()).expect("envelope"));
+        }
+        if done {
+            return out;
+        }
+    }
+}
+
+fn start_turn(chat: &str, seq: i64, turn: &str) -> Value {
+    json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": chat, "clientSeq": seq,
+        "action": {"type": "chat/turnStarted", "turnId": turn, "startedAt": now_iso(),
+                   "message": {"text": "go", "origin": {"kind": "user"}}}}})
+}
+
+/// The host's chat state with its own name replaced by the client's.
+fn host_chat(t: &TestRelay, i: usize, host_uri: &str, client_uri: &str) -> Value {
+    let mut s = t.hosts[i].channel_state(host_uri).expect("host chat");
+    s["resource"] = json!(client_uri);
+    s
+}
+
+#[tokio::test]
+async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
+    let t = TestRelay::start(vec![slow("a"), slow("b")], "").await;
+    let (chat_a, chat_b) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
+    let mut ws = t.raw("alice").await;
+    ws.initialize("s8").await;
+    let sa = ws.request(1, "subscribe", json!({"channel": chat_a})).await;
+    let sb = ws.request(2, "subscribe", json!({"channel": chat_b})).await;
+    let (mut state_a, mut state_b) = (
+        sa["result"]["snapshot"]["state"].clone(),
+        sb["result"]["snapshot"]["state"].clone(),
+    );
+    ws.send_json(&start_turn(chat_a, 1, "ta")).await;
+    ws.send_json(&start_turn(chat_b, 2, "tb")).await;
+    // Let both turns stream a little, then restart host a.
+    let before = envelopes_until(&mut ws, |v| {
+        v["params"]["action"]["type"] == "chat/delta" && v["params"]["channel"] == chat_a
+    })
+    .await;
+    t.hosts[0].restart(true);
+    let mut seen = before;
+    let close = loop {
+        match ws.next_or_close().await {
+            Next::Frame(v) if v["method"] == "action" => {
+                seen.push(serde_json::from_value(v["params"].clone()).expect("envelope"))
+            }
+            Next::Frame(_) => {}
+            Next::Closed(c) => break c,
+        }
+    };
+    assert_eq!(
+        close.map(|c| c.0),
+        Some(4000),
+        "resync: continuity with host a lost"
+    );
+    assert_strictly_increasing(&seen);
+    let watermark = seen
+        .last()
+        .map(|e| e.server_seq)
+        .expect("envelopes before the restart");
+    // Before the restart, both chats streamed in one sequence.
+    state_a = reduce_chat(&state_a, chat_a, &seen);
+    assert!(
+        state_a.get("activeTurn").is_some(),
+        "a's turn was running when a restarted"
+    );
+    state_b = reduce_chat(&state_b, chat_b, &seen);
+    assert!(
+        state_b.get("activeTurn").is_some(),
+        "b's turn was running too"
+    );
+
+    let mut ws = t.raw("alice").await;
+    let r = ws
+        .request(
+            9,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "s8",
+            "lastSeenServerSeq": watermark, "subscriptions": [chat_a, chat_b]}),
+        )
+        .await;
+    assert_eq!(
+        r["result"]["type"], "snapshot",
+        "continuity with a was lost: {r}"
+    );
+    let snaps = r["result"]["snapshots"].as_array().expect("snapshots");
+    let snap = |uri: &str| {
+        snaps
+            .iter()
+            .find(|s| s["resource"] == uri)
+            .cloned()
+            .unwrap_or_else(|| panic!("snapshot of {uri}: {r}"))
+    };
+    let from = snap(chat_a)["fromSeq"].as_u64().expect("fromSeq");
+    assert!(from >= watermark, "one sequence across the reconnect");
+    assert_eq!(
+        snap(chat_a)["state"],
+        host_chat(&t, 0, "ahp-chat:/a-1-main", chat_a),
+        "a's chat as the restarted host has it"
+    );
+    assert!(
+        snap(chat_a)["state"].get("activeTurn").is_none(),
+        "the restart ended a's turn"
+    );
+    // b's turn keeps streaming after the reconnect and converges.
+    state_b = snap(chat_b)["state"].clone();
+    let after = envelopes_until(&mut ws, |v| {
+        v["params"]["action"]["type"] == "chat/turnComplete" && v["params"]["channel"] == chat_b
+    })
+    .await;
+    assert!(
+        after.iter().all(|e| e.server_seq > from),
+        "numbered after the snapshot"
+    );
+    assert_strictly_increasing(&after);
+    state_b = reduce_chat(&state_b, chat_b, &after);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        state_b,
+        host_chat(&t, 1, "ahp-chat:/b-1-main", chat_b),
+        "b converges"
+    );
+}
