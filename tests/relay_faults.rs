@@ -162,3 +162,67 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
         "b converges"
     );
 }
+
+/// A dropped link resumes by upstream `reconnect` (§5.8): the host replays
+/// what the link missed, the client sees one unbroken sequence and no
+/// resync, and its state converges with the host's.
+#[tokio::test]
+async fn dropped_link_resumes_by_upstream_replay_without_resync() {
+    use ahp_relay::devkit::DEV_ISSUER;
+    use ahp_relay::session::PrincipalKey;
+    let t = TestRelay::start(vec![slow("a")], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut ws = t.raw("alice").await;
+    ws.initialize("blip").await;
+    let s = ws.request(1, "subscribe", json!({"channel": chat})).await;
+    let mut state = s["result"]["snapshot"]["state"].clone();
+    ws.send_json(&start_turn(chat, 1, "t1")).await;
+    let mut seen =
+        envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
+    let upstream = t.relay.relay.upstream_id(
+        &PrincipalKey {
+            issuer: DEV_ISSUER.into(),
+            subject: "alice".into(),
+        },
+        "blip",
+    );
+    assert_eq!(
+        t.hosts[0].drop_client(&upstream),
+        1,
+        "the link's connection is cut"
+    );
+    seen.extend(
+        envelopes_until(&mut ws, |v| {
+            v["params"]["action"]["type"] == "chat/turnComplete"
+        })
+        .await,
+    );
+    assert_strictly_increasing(&seen);
+    let numbers: Vec<u64> = seen.iter().map(|e| e.server_seq).collect();
+    assert!(
+        numbers.windows(2).all(|w| w[1] == w[0] + 1),
+        "no gap in the client's sequence across the cut: {numbers:?}"
+    );
+    let deltas = seen
+        .iter()
+        .filter(|e| action_type(e) == "chat/delta")
+        .count();
+    assert_eq!(deltas, 60, "every delta exactly once");
+    state = reduce_chat(&state, chat, &seen);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(state, host_chat(&t, 0, "ahp-chat:/a-1-main", chat));
+    // A `reconnect` arrives before its connection has a clientId: match the text.
+    let reconnects = t.hosts[0]
+        .received()
+        .iter()
+        .filter(|f| f.method.as_deref() == Some("reconnect") && f.text.contains(&upstream))
+        .count();
+    assert_eq!(
+        reconnects, 1,
+        "the link resumed with one upstream reconnect"
+    );
+    let pong = ws
+        .request(9, "ping", json!({"channel": "ahp-root://"}))
+        .await;
+    assert_eq!(pong["result"], Value::Null, "the client socket stayed open");
+}

@@ -148,6 +148,14 @@ impl ClientSession {
         if core.links.get(&host.id).map(|l| l.id) != Some(link) {
             return;
         }
+        // Host numbers only grow on one connection: an envelope at or below
+        // the link's watermark repeats one already accepted (after an
+        // upstream replay) and is dropped.
+        let watermark = core.watermarks.entry(link).or_insert(0);
+        if seq.value <= *watermark {
+            return;
+        }
+        *watermark = seq.value;
         let Some(chan) = core
             .chans
             .get_mut(&host.id)
@@ -449,6 +457,59 @@ impl ClientSession {
         }
         let mut core = self.lock();
         self.push(&mut core, v.to_string());
+    }
+
+    /// Fails the requests in flight on link `link` (its connection dropped:
+    /// their answers will never come).
+    pub fn fail_link_requests(&self, host: &Arc<HostHub>, link: u64) {
+        let mut core = self.lock();
+        let ids: Vec<(u64, u64)> = core
+            .pending
+            .keys()
+            .filter(|(l, _)| *l == link)
+            .cloned()
+            .collect();
+        for key in ids {
+            if let Some(p) = core.pending.remove(&key) {
+                match p.kind {
+                    PendingKind::Initial { reply, .. } => {
+                        let _ = reply.send(None);
+                    }
+                    PendingKind::Create { store_key, .. } => {
+                        let _ = self.relay.store.release(&store_key);
+                        self.respond_error(
+                            &mut core,
+                            &p.client_id,
+                            &RpcError::upstream_lost(&host.id),
+                        );
+                    }
+                    _ => self.respond_error(
+                        &mut core,
+                        &p.client_id,
+                        &RpcError::upstream_lost(&host.id),
+                    ),
+                }
+            }
+        }
+    }
+
+    /// What an upstream `reconnect` of link `link` needs: its watermark and
+    /// the host channels it follows (root included); `None` when the link
+    /// should not be resumed (replaced, or the client is detached — a link
+    /// that drops while its client is away stays closed, §5.8).
+    pub fn resume_plan(&self, host: &Arc<HostHub>, link: u64) -> Option<(u64, Vec<String>)> {
+        let core = self.lock();
+        if core.links.get(&host.id).map(|l| l.id) != Some(link) || core.socket_id().is_none() {
+            return None;
+        }
+        let mut channels = vec![ahp_types::ROOT_RESOURCE_URI.to_string()];
+        channels.extend(
+            core.chans
+                .get(&host.id)
+                .into_iter()
+                .flat_map(|m| m.keys().cloned()),
+        );
+        Some((core.watermarks.get(&link).copied().unwrap_or(0), channels))
     }
 
     /// A link to `host` failed to open (`was_up` false) or dropped: requests

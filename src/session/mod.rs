@@ -124,6 +124,9 @@ pub struct SessionCore {
     /// relay gave them: (host, the host's id as exact JSON text).
     pub host_requests: HashMap<u64, (Arc<str>, String)>,
     next_host_request: u64,
+    /// Per link id: the host `serverSeq` of the last envelope accepted on
+    /// it, replaced by the host's numbers at every baseline (§5.8).
+    pub watermarks: HashMap<u64, u64>,
     /// The root state (client form) the client was last given, so root
     /// actions are sent only when a field really changed.
     pub root_seen: serde_json::Map<String, Value>,
@@ -134,6 +137,11 @@ pub struct SessionCore {
     socket: Option<Socket>,
     /// Incremented by every attach; lifetime timers check it.
     attach_gen: u64,
+    /// The id of the socket attached last (also after the relay closed it).
+    last_socket: u64,
+    /// Links replaced by re-baselining, kept until the new links' snapshots
+    /// are adopted (§5.5), then dropped.
+    pub retiring: Vec<Arc<Link>>,
     s0: u64,
 }
 
@@ -220,8 +228,10 @@ impl ClientSession {
             last: s0,
             s0,
             baselined: HashSet::new(),
+            last_socket: socket.id,
             socket: Some(socket),
             attach_gen: 0,
+            retiring: Vec::new(),
             buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
             subs: HashSet::new(),
             chans: HashMap::new(),
@@ -230,6 +240,7 @@ impl ClientSession {
             host_requests: HashMap::new(),
             next_host_request: 1,
             root_seen: serde_json::Map::new(),
+            watermarks: HashMap::new(),
         };
         Self {
             relay,
@@ -347,6 +358,7 @@ impl ClientSession {
             4009,
             "superseded by another socket of the same client",
         );
+        core.last_socket = socket.id;
         core.socket = Some(socket);
         core.attach_gen += 1;
         core.attach_gen
@@ -357,7 +369,11 @@ impl ClientSession {
     /// hand to lifetime timers, or `None` if another socket is attached.
     pub fn detach_socket(&self, id: u64) -> Option<u64> {
         let mut core = self.lock();
-        if core.socket_id() != Some(id) {
+        // The relay may have closed this socket itself (4000, 4008): the
+        // session is then already without a socket, and still detaches.
+        let ours =
+            core.socket_id() == Some(id) || (core.socket.is_none() && core.last_socket == id);
+        if !ours {
             return None;
         }
         core.socket = None;
@@ -377,6 +393,7 @@ impl ClientSession {
     pub fn drop_links(&self) {
         let mut core = self.lock();
         core.links.clear();
+        core.retiring.clear();
         core.pending.clear();
         core.chans.clear();
         core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);

@@ -147,6 +147,10 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     for (hub, host_uri) in release {
         session.release(&mut core, &hub, &host_uri);
     }
+    // The new links' snapshots are adopted: the old links may close now.
+    for old in std::mem::take(&mut core.retiring) {
+        fail_requests_of(&session, &mut core, &old);
+    }
     Ok(())
 }
 
@@ -278,7 +282,7 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
         }
         let link = Link::open(session, hub.clone(), baseline);
         if let Some(old) = core.links.insert(hub.id.clone(), link) {
-            fail_requests_of(session, &mut core, &old);
+            core.retiring.push(old);
         }
         waits.push((hub, channels, rx));
     }

@@ -113,12 +113,13 @@ async fn run(
     ids: Arc<AtomicU64>,
     baseline: Baseline,
 ) {
-    let Some((mut ws, early)) = open(&session, &host, baseline).await else {
+    let Some((mut ws, early, server_seq)) = open(&session, &host, baseline).await else {
         fail(&session, &host, link_id, &mut rx, false);
         return;
     };
     let ping_after = match session.upgrade() {
         Some(s) => {
+            s.lock().watermarks.insert(link_id, server_seq);
             for text in early {
                 let _ = s.on_host_frame(&host, link_id, &text);
             }
@@ -126,22 +127,51 @@ async fn run(
         }
         None => return,
     };
-    let was_up = loop {
+    loop {
+        if !pump(&session, &host, link_id, &mut rx, &ids, &mut ws, ping_after).await {
+            return; // the session closed the link
+        }
+        // The connection dropped: try to continue it (§5.8).
+        if let Some(s) = session.upgrade() {
+            s.fail_link_requests(&host, link_id);
+        }
+        match resume(&session, &host, link_id).await {
+            Some(resumed) => ws = resumed,
+            None => {
+                fail(&session, &host, link_id, &mut rx, true);
+                return;
+            }
+        }
+    }
+}
+
+/// Pumps frames both ways until the connection drops (`true`) or the
+/// session closes the link (`false`).
+async fn pump(
+    session: &Weak<ClientSession>,
+    host: &Arc<HostHub>,
+    link_id: u64,
+    rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
+    ids: &AtomicU64,
+    ws: &mut WsStream,
+    ping_after: Duration,
+) -> bool {
+    loop {
         tokio::select! {
             cmd = rx.recv() => {
                 let Some(cmd) = cmd else {
                     let _ = ws.close(None).await;
-                    return;
+                    return false;
                 };
                 let frame = match cmd {
                     LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. } => f,
                 };
-                if ws.feed(Message::text(frame)).await.is_err() { break true; }
+                if ws.feed(Message::text(frame)).await.is_err() { return true; }
                 while let Ok(cmd) = rx.try_recv() {
                     let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = cmd;
                     if ws.feed(Message::text(f)).await.is_err() { break; }
                 }
-                if ws.flush().await.is_err() { break true; }
+                if ws.flush().await.is_err() { return true; }
             }
             msg = tokio::time::timeout(ping_after, ws.next()) => match msg {
                 Err(_) => {
@@ -150,22 +180,93 @@ async fn run(
                     let ping_id = ids.fetch_add(1, Ordering::Relaxed);
                     let ping = json!({"jsonrpc": "2.0", "id": ping_id, "method": "ping",
                         "params": {"channel": ahp_types::ROOT_RESOURCE_URI}});
-                    if ws.send(Message::text(ping.to_string())).await.is_err() { break true; }
+                    if ws.send(Message::text(ping.to_string())).await.is_err() { return true; }
                 }
                 Ok(Some(Ok(Message::Text(t)))) => {
-                    let Some(s) = session.upgrade() else { return };
-                    if let LinkReply::ToHost(reply) = s.on_host_frame(&host, link_id, t.as_str())
+                    let Some(s) = session.upgrade() else { return false };
+                    if let LinkReply::ToHost(reply) = s.on_host_frame(host, link_id, t.as_str())
                         && ws.send(Message::text(reply)).await.is_err()
                     {
-                        break true;
+                        return true;
                     }
                 }
-                Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => break true,
+                Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => return true,
                 Ok(Some(Ok(_))) => {}
             },
         }
-    };
-    fail(&session, &host, link_id, &mut rx, was_up);
+    }
+}
+
+/// Re-dials a dropped link and asks the host to `reconnect` it from the
+/// link's watermark. A `replay` continues seamlessly (its envelopes are
+/// numbered as usual; repeats are dropped by the watermark); a `snapshot`,
+/// an error or no host within the attempts is a loss of continuity (`None`).
+async fn resume(
+    session: &Weak<ClientSession>,
+    host: &Arc<HostHub>,
+    link_id: u64,
+) -> Option<WsStream> {
+    for delay in [100u64, 400, 1600] {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let (opts, request) = {
+            let s = session.upgrade()?;
+            let (watermark, channels) = s.resume_plan(host, link_id)?;
+            let user = (
+                s.key.principal.issuer.as_str(),
+                s.key.principal.subject.as_str(),
+            );
+            let request = json!({"jsonrpc": "2.0", "id": 0, "method": "reconnect", "params": {
+                "channel": ahp_types::ROOT_RESOURCE_URI, "clientId": s.upstream_id,
+                "lastSeenServerSeq": watermark, "subscriptions": channels}});
+            (host.dial_options(Some(user)), request)
+        };
+        let Ok(mut ws) = dial_stream(&opts).await else {
+            continue;
+        };
+        let (answer, early) = ask(&mut ws, &request).await?;
+        let replay = answer.pointer("/result/type").and_then(Value::as_str) == Some("replay");
+        let actions = answer
+            .pointer("/result/actions")
+            .and_then(Value::as_array)
+            .cloned();
+        let (true, Some(actions)) = (replay, actions) else {
+            tracing::info!(host = %host.id, "upstream reconnect lost continuity");
+            return None;
+        };
+        let s = session.upgrade()?;
+        for env in actions {
+            let frame = json!({"jsonrpc": "2.0", "method": "action", "params": env}).to_string();
+            let _ = s.on_host_frame(host, link_id, &frame);
+        }
+        for text in early {
+            let _ = s.on_host_frame(host, link_id, &text);
+        }
+        tracing::info!(host = %host.id, "link resumed by upstream replay");
+        return Some(ws);
+    }
+    None
+}
+
+/// Sends `request` (id 0) and waits for its answer; frames before it are returned.
+async fn ask(ws: &mut WsStream, request: &Value) -> Option<(Value, Vec<String>)> {
+    ws.send(Message::text(request.to_string())).await.ok()?;
+    let mut early = Vec::new();
+    let answer = tokio::time::timeout(INIT_WITHIN, async {
+        while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Text(t) = msg {
+                let v: Value = serde_json::from_str(t.as_str()).ok()?;
+                if v.get("id") == Some(&json!(0)) && v.get("method").is_none() {
+                    return Some(v);
+                }
+                early.push(t.to_string());
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()?;
+    Some((answer, early))
 }
 
 /// Dials and initializes; `None` if the host cannot be used. Frames that
@@ -174,7 +275,7 @@ async fn open(
     session: &Weak<ClientSession>,
     host: &Arc<HostHub>,
     mut baseline: Baseline,
-) -> Option<(WsStream, Vec<String>)> {
+) -> Option<(WsStream, Vec<String>, u64)> {
     let answer = opened(session, host, &baseline.channels).await;
     let result = answer
         .as_ref()
@@ -183,7 +284,12 @@ async fn open(
         let _ = reply.send(result.clone());
     }
     let (ws, early, _) = answer?;
-    result.map(|_| (ws, early))
+    let server_seq = result
+        .as_ref()?
+        .get("serverSeq")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Some((ws, early, server_seq))
 }
 
 async fn opened(
@@ -211,23 +317,7 @@ async fn opened(
             return None;
         }
     };
-    ws.send(Message::text(init.to_string())).await.ok()?;
-    let mut early = Vec::new();
-    let answer = tokio::time::timeout(INIT_WITHIN, async {
-        while let Some(Ok(msg)) = ws.next().await {
-            if let Message::Text(t) = msg {
-                let v: Value = serde_json::from_str(t.as_str()).ok()?;
-                if v.get("id") == Some(&json!(0)) && v.get("method").is_none() {
-                    return Some(v);
-                }
-                early.push(t.to_string());
-            }
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()?;
+    let (answer, early) = ask(&mut ws, &init).await?;
     if let Some(err) = answer.get("error") {
         tracing::warn!(host = %host.id, error = %err, "host refused the link's initialize");
         return None;

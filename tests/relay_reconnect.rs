@@ -1,0 +1,1067 @@
+//! `reconnect` through the relay (contract §5.1, §5.5–5.7; scenarios S5, S6,
+//! S7, S7b): `replay` from the relay's own buffer only when it is provably
+//! complete, `snapshot` by re-baselining links otherwise, supersede and
+//! identity, the detach lifetime, and a relay restart seen by a client and
+//! by the SDK's `MultiHostClient`. Real TLS sockets, simulated hosts; raw
+//! sockets where the order of frames on the wire is the point (the
+//! `reconnect` answer is the cut: nothing live is written before it).
+//!
+//! Host states are compared in client names: seeded host URIs qualified
+//! `<scheme>:/<host>~<id>`, providers `<p>@<host>` (see relay_streams.rs).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ahp::hosts::{
+    Backoff, HostConfig, HostEvent, HostEventStream, HostId, HostState, HostSubscriptionStream,
+    MultiHostClient, ReconnectPolicy,
+};
+use ahp::{
+    BoxedTransport, ClientConfig, ClientError, HostedResourceKey, MultiHostStateMirror,
+    SubscriptionEvent, TransportError,
+};
+use ahp_relay::devkit::DEV_ISSUER;
+use ahp_relay::session::PrincipalKey;
+use ahp_relay::simhost::clock::now_iso;
+use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use common::relay::TestRelay;
+use common::*;
+use serde_json::{Value, json};
+
+const ROOT: &str = "ahp-root://";
+/// 2^53 − 1, the largest number every AHP client represents exactly.
+const MAX_SAFE: u64 = (1 << 53) - 1;
+
+// ─── helpers ────────────────────────────────────────────────────────────────
+
+/// An agent streaming `deltas` 16-byte deltas at `rate` per second (0: flat out).
+fn script(deltas: u32, rate: u32) -> AgentScript {
+    AgentScript {
+        reply_deltas: deltas,
+        delta_bytes: 16,
+        delta_rate: rate,
+        tool_confirmation: false,
+        seed: None,
+    }
+}
+
+fn host(name: &str, sessions: usize, script: AgentScript) -> SimHostConfig {
+    SimHostConfig {
+        sessions,
+        script,
+        ..SimHostConfig::named(name)
+    }
+}
+
+/// (client URI, host URI) of seeded chat `<host>-<n>-main`.
+fn seeded_chat(host: &str, n: usize) -> (String, String) {
+    (
+        format!("ahp-chat:/{host}~{host}-{n}-main"),
+        format!("ahp-chat:/{host}-{n}-main"),
+    )
+}
+
+/// A host-assigned URI in client names (`<scheme>:/<host>~<id>`).
+fn client_uri(host: &str, s: &str) -> String {
+    for scheme in ["ahp-session:/", "ahp-chat:/", "ahp-terminal:/"] {
+        if let Some(rest) = s.strip_prefix(scheme)
+            && !rest.is_empty()
+            && !rest.starts_with('/')
+        {
+            return format!("{scheme}{host}~{rest}");
+        }
+    }
+    s.to_string()
+}
+
+/// A host state (JSON) with every name translated to client names.
+fn client_names(host: &str, v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(client_uri(host, s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| client_names(host, x)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| match (k.as_str(), x) {
+                    ("provider", Value::String(p)) => (k.clone(), json!(format!("{p}@{host}"))),
+                    _ => (k.clone(), client_names(host, x)),
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The host's current state of `host_uri`, in client names.
+fn host_state(h: &SimHost, host_uri: &str) -> Value {
+    let state = h
+        .channel_state(host_uri)
+        .unwrap_or_else(|| panic!("host has {host_uri}"));
+    client_names(&h.config().name, &state)
+}
+
+fn principal(sub: &str) -> PrincipalKey {
+    PrincipalKey {
+        issuer: DEV_ISSUER.into(),
+        subject: sub.into(),
+    }
+}
+
+fn turn_started(turn_id: &str) -> StateAction {
+    let v = json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
+        "message": {"text": "go", "origin": {"kind": "user"}}});
+    let a: StateAction = serde_json::from_value(v).expect("action literal parses");
+    assert!(!matches!(a, StateAction::Unknown(_)));
+    a
+}
+
+/// A raw `dispatchAction` frame starting turn `turn_id` on `chat`.
+fn start_turn_frame(chat: &str, client_seq: i64, turn_id: &str) -> Value {
+    json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": chat,
+        "clientSeq": client_seq, "action": serde_json::to_value(turn_started(turn_id))
+            .expect("action serializes")}})
+}
+
+fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
+    e.channel == channel && action_type(e) == ty
+}
+
+/// The `turnId` of an envelope's action, if it has one.
+fn turn_of(e: &ActionEnvelope) -> Option<String> {
+    serde_json::to_value(&e.action)
+        .ok()?
+        .get("turnId")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn deltas(envs: &[ActionEnvelope], channel: &str) -> usize {
+    envs.iter().filter(|e| is(e, channel, "chat/delta")).count()
+}
+
+/// Panics unless `envs` are numbered exactly `after+1, after+2, …` (§5.1).
+fn assert_contiguous(envs: &[ActionEnvelope], after: u64) {
+    for (i, e) in envs.iter().enumerate() {
+        assert_eq!(
+            e.server_seq,
+            after + 1 + i as u64,
+            "envelope #{i} ({} on {}) is not numbered next after {after}",
+            action_type(e),
+            e.channel
+        );
+        assert!(e.server_seq <= MAX_SAFE, "serverSeq above 2^53-1");
+    }
+}
+
+fn reconnect_params(client_id: &str, watermark: Value, subscriptions: &[&str]) -> Value {
+    json!({"channel": ROOT, "clientId": client_id, "lastSeenServerSeq": watermark,
+        "subscriptions": subscriptions})
+}
+
+/// Sends `reconnect` as request `id` on a fresh socket and returns the
+/// response, which must be the very first frame the socket receives (the
+/// answer is the cut, §5.5).
+async fn raw_reconnect(ws: &mut RawWs, id: u64, params: Value) -> Value {
+    ws.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": "reconnect", "params": params}))
+        .await;
+    let first = ws.recv_json().await.expect("socket open until the answer");
+    assert_eq!(
+        first.get("id"),
+        Some(&json!(id)),
+        "the reconnect answer is the first frame: {first}"
+    );
+    first
+}
+
+fn envelopes(actions: &Value) -> Vec<ActionEnvelope> {
+    actions
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array of envelopes: {actions}"))
+        .iter()
+        .map(|a| serde_json::from_value(a.clone()).expect("envelope parses"))
+        .collect()
+}
+
+/// Action envelopes from a raw socket until `stop` holds for one (included).
+async fn raw_actions_until(
+    ws: &mut RawWs,
+    mut stop: impl FnMut(&ActionEnvelope) -> bool,
+) -> Vec<ActionEnvelope> {
+    let mut out = Vec::new();
+    loop {
+        let v = ws.recv_json().await.expect("socket open");
+        if v["method"] == "action" {
+            let e: ActionEnvelope =
+                serde_json::from_value(v["params"].clone()).expect("envelope parses");
+            let done = stop(&e);
+            out.push(e);
+            if done {
+                return out;
+            }
+        }
+    }
+}
+
+/// Envelopes still on their way to a raw socket: a short quiet window, then
+/// a `ping` whose answer follows every frame queued before it.
+async fn raw_settle(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    ws.send_json(
+        &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": ROOT}}),
+    )
+    .await;
+    let mut out = Vec::new();
+    loop {
+        let v = ws.recv_json().await.expect("socket open");
+        if v.get("id") == Some(&json!(id)) {
+            return out;
+        }
+        if v["method"] == "action" {
+            out.push(serde_json::from_value(v["params"].clone()).expect("envelope parses"));
+        }
+    }
+}
+
+/// The one snapshot of `uri` in a `snapshot` result.
+fn snapshot_of<'a>(result: &'a Value, uri: &str) -> &'a Value {
+    let all: Vec<&Value> = result["snapshots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no snapshots: {result}"))
+        .iter()
+        .filter(|s| s["resource"] == uri)
+        .collect();
+    assert_eq!(all.len(), 1, "exactly one snapshot of {uri}: {result}");
+    all[0]
+}
+
+/// The resources of a `snapshot` result, sorted.
+fn snapshot_resources(result: &Value) -> Vec<String> {
+    let mut r: Vec<String> = result["snapshots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no snapshots: {result}"))
+        .iter()
+        .map(|s| s["resource"].as_str().expect("resource").to_string())
+        .collect();
+    r.sort();
+    r
+}
+
+/// Recorded frames (parsed) from index `from` on.
+fn frames_since(h: &SimHost, from: usize) -> Vec<(u64, Value)> {
+    h.received()
+        .iter()
+        .skip(from)
+        .map(|f| {
+            (
+                f.conn,
+                serde_json::from_str(&f.text).expect("recorded frame is JSON"),
+            )
+        })
+        .collect()
+}
+
+/// An error response's code.
+fn error_code(r: &Value) -> i64 {
+    r["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("expected an error response: {r}"))
+}
+
+/// Stops the relay, waits until it is gone (it holds the store), and starts
+/// a new one from the same directory and hosts.
+async fn restart(t: TestRelay) -> TestRelay {
+    let TestRelay { relay, hosts, kit } = t;
+    let first = Arc::downgrade(&relay.relay);
+    relay.stop();
+    wait_until("the first relay is dropped", || first.strong_count() == 0).await;
+    let pairs: Vec<(String, String)> = hosts
+        .iter()
+        .map(|h| (h.config().name.clone(), h.url()))
+        .collect();
+    let cfg = kit
+        .config("127.0.0.1:0", &pairs, "", "")
+        .expect("same config");
+    let relay = ahp_relay::run::start(cfg)
+        .await
+        .expect("relay restarts on the same directory");
+    let t = TestRelay { relay, hosts, kit };
+    t.wait_hosts_up().await;
+    t
+}
+
+// ─── S5: replay ─────────────────────────────────────────────────────────────
+
+/// S5: a client dropped abruptly mid-turn `reconnect`s after 1 s with its last serverSeq and gets `replay`, `missing: []`, as its first frame; replayed then live envelopes are numbered watermark+1, +2, … with no gap or repeat, the turn's 150 deltas arrive exactly once, and the reduced chat equals the host's.
+#[tokio::test]
+async fn s5_drop_mid_turn_then_replay_continues_exactly_after_the_watermark() {
+    const DELTAS: u32 = 150;
+    let t = TestRelay::start(vec![host("a", 1, script(DELTAS, 50))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let a = t.client("alice").await;
+    let mut events = a.events();
+    let init = a
+        .initialize("s5".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let s0 = u64::try_from(init.server_seq).expect("S0 is non-negative");
+    let snap = subscribe_raw(&a, &chat).await;
+    assert_eq!(snapshot_from_seq(&snap), s0, "nothing numbered yet");
+    a.dispatch(chat.clone(), turn_started("s5-turn"))
+        .await
+        .expect("dispatch");
+    let mut seen = 0;
+    let before = actions_until(&mut events, |e| {
+        seen += usize::from(is(e, &chat, "chat/delta"));
+        seen == 10
+    })
+    .await;
+    assert_contiguous(&before, s0);
+    let watermark = before.last().expect("envelopes before the drop").server_seq;
+    // Abrupt drop: the transport goes away without a close frame.
+    drop(events);
+    drop(a);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut b = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut b,
+        1,
+        reconnect_params("s5", json!(watermark), &[chat.as_str()]),
+    )
+    .await;
+    let result = &r["result"];
+    assert_eq!(result["type"], "replay", "{r}");
+    assert_eq!(result["missing"], json!([]), "{r}");
+    let replayed = envelopes(&result["actions"]);
+    assert!(
+        !replayed.is_empty(),
+        "the turn streamed while the client was away"
+    );
+    assert_contiguous(&replayed, watermark);
+    assert!(
+        !replayed.iter().any(|e| is(e, &chat, "chat/turnComplete")),
+        "the turn was still streaming at the reconnect (machine too slow?)"
+    );
+    let last_replayed = replayed.last().map_or(watermark, |e| e.server_seq);
+    let mut live = raw_actions_until(&mut b, |e| is(e, &chat, "chat/turnComplete")).await;
+    live.extend(raw_settle(&mut b, 2).await);
+    assert!(deltas(&live, &chat) > 0, "live deltas after the reconnect");
+    assert_contiguous(&live, last_replayed);
+
+    let all: Vec<ActionEnvelope> = [before, replayed, live].concat();
+    assert_contiguous(&all, s0);
+    assert!(all.iter().all(|e| e.channel == chat), "only the chat");
+    assert_eq!(deltas(&all, &chat), DELTAS as usize, "each delta once");
+    let reduced = reduce_chat(&snap["state"], &chat, &all);
+    assert_eq!(reduced, host_state(&t.hosts[0], &host_chat));
+    assert_eq!(reduced["turns"][0]["id"], "s5-turn", "{reduced}");
+}
+
+// ─── S6: snapshot by re-baselining ──────────────────────────────────────────
+
+/// S6: with `replay_buffer_envelopes = 8`, a client away while more than 8 envelopes are numbered gets `snapshot` with exactly one snapshot each for the chat and `ahp-root://`, sharing one fromSeq above watermark+8; live envelopes continue at fromSeq+1 and the reduced chat equals the host's; upstream, a new link's `initialize` (same upstream id, another connection) carries the chat in `initialSubscriptions` and no `subscribe`/`unsubscribe` of it is sent.
+#[tokio::test]
+async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
+    let t = TestRelay::start(
+        vec![host("a", 1, script(100, 50))],
+        "[limits]\nreplay_buffer_envelopes = 8\n",
+    )
+    .await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let up = t.relay.relay.upstream_id(&principal("alice"), "s6");
+    let a = t.client("alice").await;
+    let mut events = a.events();
+    let init = a
+        .initialize("s6".into(), vec!["1.0.0".into()], vec![ROOT.into()])
+        .await
+        .expect("initialize");
+    let s0 = u64::try_from(init.server_seq).expect("S0");
+    subscribe_raw(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("s6-turn"))
+        .await
+        .expect("dispatch");
+    let mut seen = 0;
+    let before = actions_until(&mut events, |e| {
+        seen += usize::from(is(e, &chat, "chat/delta"));
+        seen == 5
+    })
+    .await;
+    assert_contiguous(&before, s0);
+    let watermark = before.last().expect("envelopes").server_seq;
+    let h = &t.hosts[0];
+    let inits = |frames: &[(u64, Value)]| -> Vec<(u64, Value)> {
+        frames
+            .iter()
+            .filter(|(_, f)| f["method"] == "initialize" && f["params"]["clientId"] == up)
+            .cloned()
+            .collect()
+    };
+    let first_link = inits(&frames_since(h, 0));
+    assert_eq!(first_link.len(), 1, "one link so far: {first_link:?}");
+    drop(events);
+    drop(a);
+    // ~50 envelopes are numbered while away: far more than the buffer holds.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mark = h.received().len();
+    let mut b = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut b,
+        1,
+        reconnect_params("s6", json!(watermark), &[ROOT, chat.as_str()]),
+    )
+    .await;
+    let result = &r["result"];
+    assert_eq!(result["type"], "snapshot", "{r}");
+    assert_eq!(
+        snapshot_resources(result),
+        [chat.as_str(), ROOT],
+        "one snapshot per requested channel: {r}"
+    );
+    let from = snapshot_from_seq(snapshot_of(result, &chat));
+    assert_eq!(snapshot_from_seq(snapshot_of(result, ROOT)), from, "{r}");
+    assert!(
+        from > watermark + 8,
+        "fromSeq {from} continues the sequence past watermark {watermark} + the 8 buffered"
+    );
+    let chat_snap = snapshot_of(result, &chat)["state"].clone();
+    assert!(
+        chat_snap.get("activeTurn").is_some(),
+        "snapshot taken mid-turn (machine too slow?): {chat_snap}"
+    );
+    let mut live = raw_actions_until(&mut b, |e| is(e, &chat, "chat/turnComplete")).await;
+    live.extend(raw_settle(&mut b, 2).await);
+    assert_contiguous(&live, from);
+    assert!(deltas(&live, &chat) > 0, "live deltas after the snapshot");
+    let reduced = reduce_chat(&chat_snap, &chat, &live);
+    assert_eq!(reduced, host_state(h, &host_chat), "converges on the host");
+
+    let upstream = frames_since(h, mark);
+    let relinks = inits(&upstream);
+    assert_eq!(relinks.len(), 1, "one new link: {relinks:?}");
+    let (conn, init) = &relinks[0];
+    assert_ne!(*conn, first_link[0].0, "a new connection");
+    let initial: Vec<&str> = init["params"]["initialSubscriptions"]
+        .as_array()
+        .expect("initialSubscriptions")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(initial.contains(&host_chat.as_str()), "{init}");
+    let resubscribed: Vec<&Value> = upstream
+        .iter()
+        .map(|(_, f)| f)
+        .filter(|f| {
+            (f["method"] == "subscribe" || f["method"] == "unsubscribe")
+                && f["params"]["channel"] == host_chat
+        })
+        .collect();
+    assert!(
+        resubscribed.is_empty(),
+        "re-baselining never (un)subscribes: {resubscribed:?}"
+    );
+}
+
+// ─── baseline, watermark window ─────────────────────────────────────────────
+
+/// §5.5 baseline: with an in-range watermark, `reconnect` for the subscribed chat alone gets `replay` (no action), adding a chat never subscribed in this session gets `snapshot` with exactly both chats' snapshots (host states, fromSeq = the watermark), and afterwards that chat alone gets `replay`.
+#[tokio::test]
+async fn replay_requires_a_baseline_for_every_requested_channel() {
+    let t = TestRelay::start(vec![host("a", 2, script(5, 0))], "").await;
+    let ((chat1, host1), (chat2, host2)) = (seeded_chat("a", 1), seeded_chat("a", 2));
+    let mut ws = t.raw("alice").await;
+    let init = ws.initialize("s-base").await;
+    let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
+    let sub = ws.request(1, "subscribe", json!({"channel": chat1})).await;
+    assert_eq!(snapshot_from_seq(&sub["result"]["snapshot"]), s0, "{sub}");
+    drop(ws);
+
+    let mut ws = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut ws,
+        1,
+        reconnect_params("s-base", json!(s0), &[chat1.as_str()]),
+    )
+    .await;
+    assert_eq!(
+        r["result"],
+        json!({"type": "replay", "actions": [], "missing": []}),
+        "control: the watermark is valid"
+    );
+    drop(ws);
+
+    let mut ws = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut ws,
+        1,
+        reconnect_params("s-base", json!(s0), &[chat1.as_str(), chat2.as_str()]),
+    )
+    .await;
+    let result = &r["result"];
+    assert_eq!(result["type"], "snapshot", "{chat2} has no baseline: {r}");
+    assert_eq!(snapshot_resources(result), [chat1.clone(), chat2.clone()]);
+    for (chat, host_uri) in [(&chat1, &host1), (&chat2, &host2)] {
+        let s = snapshot_of(result, chat);
+        assert_eq!(snapshot_from_seq(s), s0, "nothing numbered since: {s}");
+        assert_eq!(s["state"], host_state(&t.hosts[0], host_uri));
+    }
+    drop(ws);
+
+    let mut ws = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut ws,
+        1,
+        reconnect_params("s-base", json!(s0), &[chat2.as_str()]),
+    )
+    .await;
+    assert_eq!(
+        r["result"],
+        json!({"type": "replay", "actions": [], "missing": []}),
+        "{chat2} got its snapshot in this session"
+    );
+}
+
+/// §5.5 window: after a turn, `reconnect` with the last number seen gets `replay` with no action, while watermarks 0, −1, S0−1, last+1 and 2^53−1 each get `snapshot` with exactly the chat's snapshot at fromSeq = last and the host's state.
+#[tokio::test]
+async fn watermark_outside_s0_to_last_gets_snapshot() {
+    let t = TestRelay::start(vec![host("a", 1, script(5, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let mut ws = t.raw("alice").await;
+    let init = ws.initialize("s-wm").await;
+    let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
+    ws.request(1, "subscribe", json!({"channel": chat})).await;
+    ws.send_json(&start_turn_frame(&chat, 1, "wm-turn")).await;
+    let mut envs = raw_actions_until(&mut ws, |e| is(e, &chat, "chat/turnComplete")).await;
+    envs.extend(raw_settle(&mut ws, 2).await);
+    assert_contiguous(&envs, s0);
+    let last = envs.last().expect("envelopes").server_seq;
+    drop(ws);
+
+    let mut ws = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut ws,
+        1,
+        reconnect_params("s-wm", json!(last), &[chat.as_str()]),
+    )
+    .await;
+    assert_eq!(
+        r["result"],
+        json!({"type": "replay", "actions": [], "missing": []}),
+        "control: last is in the window"
+    );
+    drop(ws);
+    for w in [
+        json!(0),
+        json!(-1),
+        json!(s0 - 1),
+        json!(last + 1),
+        json!(MAX_SAFE),
+    ] {
+        let mut ws = t.raw("alice").await;
+        let r = raw_reconnect(
+            &mut ws,
+            1,
+            reconnect_params("s-wm", w.clone(), &[chat.as_str()]),
+        )
+        .await;
+        let result = &r["result"];
+        assert_eq!(result["type"], "snapshot", "watermark {w}: {r}");
+        assert_eq!(snapshot_resources(result), [chat.as_str()], "{r}");
+        let s = snapshot_of(result, &chat);
+        assert_eq!(snapshot_from_seq(s), last, "watermark {w}: {s}");
+        assert_eq!(s["state"], host_state(&t.hosts[0], &host_chat));
+    }
+}
+
+/// §5.5 buffer edge (`replay_buffer_envelopes = 8`): exactly 8 envelopes numbered while away (another client's rejected dispatches, echoed to every subscriber) replay as exactly w+1…w+8 with the rejection and an opaque `r1.` origin; 9 give `snapshot` at fromSeq = the last number with the host's chat.
+#[tokio::test]
+async fn replay_buffer_exactly_full_replays_and_one_more_gives_snapshot() {
+    let t = TestRelay::start(
+        vec![host("a", 1, script(5, 0))],
+        "[limits]\nreplay_buffer_envelopes = 8\n",
+    )
+    .await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let mut a = t.raw("alice").await;
+    let s0 = a.initialize("s-edge").await["result"]["serverSeq"]
+        .as_u64()
+        .expect("serverSeq");
+    a.request(1, "subscribe", json!({"channel": chat})).await;
+    drop(a);
+    let session = t
+        .relay
+        .relay
+        .session_of(&ahp_relay::session::SessionKey {
+            principal: principal("alice"),
+            client_id: "s-edge".into(),
+        })
+        .expect("the detached session");
+    let mut bob = t.raw("bob").await;
+    bob.initialize("bob-edge").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    let cancel = |n: i64| {
+        json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": chat,
+            "clientSeq": n, "action": {"type": "chat/turnCancelled", "turnId": "none", "duration": 0}}})
+    };
+    for n in 1..=8 {
+        bob.send_json(&cancel(n)).await;
+    }
+    wait_until("8 envelopes numbered for the detached session", || {
+        session.lock().last() == s0 + 8
+    })
+    .await;
+
+    let mut a = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut a,
+        1,
+        reconnect_params("s-edge", json!(s0), &[chat.as_str()]),
+    )
+    .await;
+    assert_eq!(r["result"]["type"], "replay", "the buffer holds all 8: {r}");
+    assert_eq!(r["result"]["missing"], json!([]));
+    let replayed = envelopes(&r["result"]["actions"]);
+    assert_eq!(replayed.len(), 8, "{r}");
+    assert_contiguous(&replayed, s0);
+    for e in &replayed {
+        assert!(e.rejection_reason.is_some(), "{e:?}");
+        let origin = e.origin.as_ref().expect("origin");
+        assert!(
+            origin.client_id.starts_with("r1.") && origin.client_id != "bob-edge",
+            "another client's id stays an opaque pseudonym: {origin:?}"
+        );
+    }
+    drop(a);
+    for n in 9..=17 {
+        bob.send_json(&cancel(n)).await;
+    }
+    wait_until("9 more envelopes numbered", || {
+        session.lock().last() == s0 + 17
+    })
+    .await;
+    let mut a = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut a,
+        1,
+        reconnect_params("s-edge", json!(s0 + 8), &[chat.as_str()]),
+    )
+    .await;
+    let result = &r["result"];
+    assert_eq!(result["type"], "snapshot", "one envelope was evicted: {r}");
+    assert_eq!(snapshot_resources(result), [chat.as_str()]);
+    let s = snapshot_of(result, &chat);
+    assert_eq!(snapshot_from_seq(s), s0 + 17);
+    assert_eq!(s["state"], host_state(&t.hosts[0], &host_chat));
+}
+
+// ─── supersede and identity ─────────────────────────────────────────────────
+
+/// §5.6: socket B's `reconnect` as the same (principal, clientId) while A is attached gets its answer and the live stream, and A's next frame is its 4009 close; the same clientId under another principal gets -32008 on a socket that stays open and can `initialize`, leaving B untouched.
+#[tokio::test]
+async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal() {
+    let t = TestRelay::start(vec![host("a", 1, script(5, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let mut a = t.raw("alice").await;
+    let init = a.initialize("s-sup").await;
+    let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
+    let sub = a.request(1, "subscribe", json!({"channel": chat})).await;
+    let state = sub["result"]["snapshot"]["state"].clone();
+
+    let mut b = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut b,
+        1,
+        reconnect_params("s-sup", json!(s0), &[chat.as_str()]),
+    )
+    .await;
+    assert_eq!(
+        r["result"],
+        json!({"type": "replay", "actions": [], "missing": []})
+    );
+    match a.next_or_close().await {
+        Next::Closed(Some((code, _))) => assert_eq!(code, 4009, "superseded"),
+        Next::Closed(None) => panic!("A closed without a close frame"),
+        Next::Frame(f) => panic!("A got a frame after being superseded: {f}"),
+    }
+    b.send_json(&start_turn_frame(&chat, 1, "sup-turn")).await;
+    let mut live = raw_actions_until(&mut b, |e| is(e, &chat, "chat/turnComplete")).await;
+    live.extend(raw_settle(&mut b, 2).await);
+    assert_contiguous(&live, s0);
+    let echo = live[0].origin.as_ref().expect("the echo has an origin");
+    assert_eq!(
+        (echo.client_id.as_str(), echo.client_seq),
+        ("s-sup", 1),
+        "B is the session's socket"
+    );
+    assert_eq!(
+        reduce_chat(&state, &chat, &live),
+        host_state(&t.hosts[0], &host_chat)
+    );
+
+    let mut bob = t.raw("bob").await;
+    let r = bob
+        .request(
+            1,
+            "reconnect",
+            reconnect_params("s-sup", json!(s0), &[chat.as_str()]),
+        )
+        .await;
+    assert_eq!(error_code(&r), -32008, "another principal's session: {r}");
+    let init = bob.initialize("s-sup").await;
+    assert!(
+        init["result"]["serverSeq"].as_u64().is_some(),
+        "the socket stays open and initializes: {init}"
+    );
+    let pong = b.request(3, "ping", json!({"channel": ROOT})).await;
+    assert_eq!(pong["result"], Value::Null, "B is untouched: {pong}");
+}
+
+// ─── lifetime ───────────────────────────────────────────────────────────────
+
+/// §5.7 with detach_grace 1 s, retain 2 s: dropped sessions keep their links 0.3 s in and lose them at the host between 1 and 2.5 s; a `reconnect` then gets `snapshot` (continuity lost) at fromSeq = its watermark with the host's chat, including a turn another client ran meanwhile; a session left alone for 3.5 s gets -32008 and `initialize` on that socket works with a larger S0.
+#[tokio::test]
+async fn detach_grace_closes_links_then_retention_ends() {
+    let t = TestRelay::start(
+        vec![host("a", 1, script(5, 0))],
+        "[limits]\ndetach_grace_secs = 1\nretain_secs = 2\n",
+    )
+    .await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let h = &t.hosts[0];
+    assert_eq!(h.connections(), 1, "the watch link only");
+    let mut x = t.raw("alice").await;
+    let sx = x.initialize("s-x").await["result"]["serverSeq"]
+        .as_u64()
+        .expect("serverSeq");
+    x.request(1, "subscribe", json!({"channel": chat})).await;
+    let mut y = t.raw("alice").await;
+    let sy = y.initialize("s-y").await["result"]["serverSeq"]
+        .as_u64()
+        .expect("serverSeq");
+    y.request(1, "subscribe", json!({"channel": chat})).await;
+    assert_eq!(h.connections(), 3, "watch link + one link per session");
+
+    let dropped = Instant::now();
+    drop(x);
+    drop(y);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(h.connections(), 3, "links stay open during the grace");
+    wait_until("links closed after the grace", || h.connections() == 1).await;
+    let elapsed = dropped.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(1) && elapsed < Duration::from_millis(2500),
+        "links closed after {elapsed:?}"
+    );
+
+    // The chat changes while x has no link.
+    let mut bob = t.raw("bob").await;
+    bob.initialize("bob").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    bob.send_json(&start_turn_frame(&chat, 1, "bob-turn")).await;
+    raw_actions_until(&mut bob, |e| is(e, &chat, "chat/turnComplete")).await;
+
+    let mut x = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut x,
+        1,
+        reconnect_params("s-x", json!(sx), &[chat.as_str()]),
+    )
+    .await;
+    let result = &r["result"];
+    assert_eq!(result["type"], "snapshot", "continuity lost: {r}");
+    assert_eq!(snapshot_resources(result), [chat.as_str()]);
+    let s = snapshot_of(result, &chat);
+    assert_eq!(snapshot_from_seq(s), sx, "nothing numbered while away");
+    let host_now = host_state(h, &host_chat);
+    assert_eq!(host_now["turns"][0]["id"], "bob-turn", "{host_now}");
+    assert_eq!(s["state"], host_now);
+
+    tokio::time::sleep_until((dropped + Duration::from_millis(3500)).into()).await;
+    let mut y = t.raw("alice").await;
+    let r = y
+        .request(
+            1,
+            "reconnect",
+            reconnect_params("s-y", json!(sy), &[chat.as_str()]),
+        )
+        .await;
+    assert_eq!(error_code(&r), -32008, "the record is gone: {r}");
+    let init = y.initialize("s-y").await;
+    let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
+    assert!(s0 > sy, "a new S0 {s0} above the old {sy}");
+}
+
+/// §5.7 for a session the relay closed itself: after its link drops (4000 resync) and detach_grace 1 s + retain 1 s pass, the record is gone and `reconnect` gets -32008.
+#[tokio::test]
+async fn session_closed_by_the_relay_is_still_dropped_after_retention() {
+    let t = TestRelay::start(
+        vec![host("a", 1, script(5, 0))],
+        "[limits]\ndetach_grace_secs = 1\nretain_secs = 1\n",
+    )
+    .await;
+    let (chat, _) = seeded_chat("a", 1);
+    let mut ws = t.raw("alice").await;
+    let s0 = ws.initialize("s-4000").await["result"]["serverSeq"]
+        .as_u64()
+        .expect("serverSeq");
+    ws.request(1, "subscribe", json!({"channel": chat})).await;
+    // A host restart forgets the link's client: the link cannot resume and
+    // the relay closes the client itself (4000).
+    t.hosts[0].restart(true);
+    match ws.next_or_close().await {
+        Next::Closed(Some((code, _))) => assert_eq!(code, 4000, "resync"),
+        Next::Closed(None) => panic!("closed without a close frame"),
+        Next::Frame(f) => panic!("unexpected frame {f}"),
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut ws = t.raw("alice").await;
+    let r = ws
+        .request(
+            1,
+            "reconnect",
+            reconnect_params("s-4000", json!(s0), &[chat.as_str()]),
+        )
+        .await;
+    assert_eq!(error_code(&r), -32008, "the record is gone: {r}");
+}
+
+// ─── S7: relay restart ──────────────────────────────────────────────────────
+
+/// S7: after a relay restart on the same directory, the client's `reconnect` gets -32008 and `initialize` on the same socket recovers the chat (host's state) with S0 greater than every number seen before the restart.
+#[tokio::test]
+async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0() {
+    let t = TestRelay::start(vec![host("a", 1, script(5, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let a = t.client("alice").await;
+    let mut events = a.events();
+    let init = a
+        .initialize("s7".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let snap = subscribe_raw(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("s7-turn"))
+        .await
+        .expect("dispatch");
+    let mut envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
+    envs.extend(drain_actions(&a, &mut events).await);
+    let s0 = u64::try_from(init.server_seq).expect("S0");
+    assert_contiguous(&envs, s0);
+    let max_seen = envs
+        .iter()
+        .map(|e| e.server_seq)
+        .chain([s0, snapshot_from_seq(&snap)])
+        .max()
+        .expect("numbers");
+
+    let t = restart(t).await;
+    drop(events);
+    drop(a);
+    let b = t.client("alice").await;
+    let err = b
+        .reconnect("s7".into(), max_seen as i64, vec![chat.clone()])
+        .await
+        .expect_err("no session after a restart");
+    match err {
+        ClientError::Rpc(e) => assert_eq!(e.code, -32008, "{e:?}"),
+        other => panic!("expected -32008, got {other:?}"),
+    }
+    let init: Value = b
+        .request(
+            "initialize",
+            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "s7",
+                "initialSubscriptions": [chat]}),
+        )
+        .await
+        .expect("initialize on the same socket");
+    let s0_after = init["serverSeq"].as_u64().expect("serverSeq");
+    assert!(
+        s0_after > max_seen,
+        "new S0 {s0_after} above every number seen before ({max_seen})"
+    );
+    let snaps = init["snapshots"].as_array().expect("snapshots");
+    assert_eq!(snaps.len(), 1, "{init}");
+    assert_eq!(snaps[0]["resource"], chat);
+    assert_eq!(snapshot_from_seq(&snaps[0]), s0_after);
+    assert_eq!(snaps[0]["state"], host_state(&t.hosts[0], &host_chat));
+}
+
+// ─── S7b: the SDK's MultiHostClient across a relay restart ──────────────────
+
+/// Waits for the host's `Connected` event of `generation`.
+async fn connected(events: &mut HostEventStream, generation: u64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let ev = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no Connected generation {generation} in time"))
+            .expect("host events open");
+        if let HostEvent::Connected { generation: g, .. } = ev
+            && g == generation
+        {
+            return;
+        }
+    }
+}
+
+/// Action envelopes delivered by the multi-host client until `stop` holds
+/// for one (included).
+async fn multi_actions_until(
+    events: &mut HostSubscriptionStream,
+    mut stop: impl FnMut(&ActionEnvelope) -> bool,
+) -> Vec<ActionEnvelope> {
+    let mut out = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(WAIT, events.recv())
+            .await
+            .expect("event in time")
+            .expect("events open");
+        if let SubscriptionEvent::Action(e) = ev.event {
+            let done = stop(&e);
+            out.push(e);
+            if done {
+                return out;
+            }
+        }
+    }
+}
+
+/// Action envelopes delivered within `window`.
+async fn multi_actions_within(
+    events: &mut HostSubscriptionStream,
+    window: Duration,
+) -> Vec<ActionEnvelope> {
+    let deadline = tokio::time::Instant::now() + window;
+    let mut out = Vec::new();
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        if let SubscriptionEvent::Action(e) = ev.event {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// S7b: `MultiHostClient` with one entry dialing the relay (TLS + token) subscribes a chat and streams a turn; after a relay restart its runtime's `reconnect` gets NotFound (one not_found outcome), it re-initializes with S0 above its never-lowered watermark, and a second turn streams: delivered envelopes are numbered S0+1, … contiguously in each incarnation, each turn's 20 deltas arrive once, and both the reduced chat and the SDK's state mirror equal the host's.
+#[tokio::test]
+async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_gaps() {
+    const DELTAS: usize = 20;
+    let t = TestRelay::start(vec![host("a", 1, script(DELTAS as u32, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let dial = Arc::new(Mutex::new(t.dial_options(Some(t.token("alice")))));
+    let factory = {
+        let dial = dial.clone();
+        move |_: HostId| {
+            let opts = dial.lock().expect("dial options").clone();
+            async move {
+                ahp_relay::client::dial::dial(&opts)
+                    .await
+                    .map(BoxedTransport::new)
+                    .map_err(|e| TransportError::Io(e.to_string()))
+            }
+        }
+    };
+    let id = HostId::new("relay");
+    let config = HostConfig::new(id.clone(), "relay", factory)
+        .with_client_id("s7b")
+        .with_client_config(ClientConfig {
+            default_request_timeout: Some(WAIT),
+            subscription_buffer: 1 << 16,
+        })
+        .with_reconnect_policy(ReconnectPolicy {
+            backoff: Backoff::Constant {
+                delay: Duration::from_millis(100),
+            },
+            jitter: 0.0,
+            max_attempts: None,
+            reset_on_success: true,
+        });
+    let multi = MultiHostClient::new();
+    let mut events = multi.events();
+    let mut host_events = multi.host_events();
+    multi.add_host(config).await.expect("add host");
+    connected(&mut host_events, 1).await;
+    let s0_first = multi.host(&id).await.expect("host").server_seq as u64;
+
+    let initial = host_state(&t.hosts[0], &host_chat);
+    let sub = multi
+        .subscribe(&id, chat.clone())
+        .await
+        .expect("subscribe through the runtime");
+    let snapshot = sub.snapshot.expect("chat snapshot");
+    assert_eq!(
+        serde_json::to_value(&snapshot.state).expect("state"),
+        initial,
+        "the SDK's typed snapshot is the host's chat"
+    );
+    let mut mirror = MultiHostStateMirror::new();
+    mirror.apply_snapshot(&id, &snapshot);
+    multi
+        .dispatch(&id, chat.clone(), turn_started("t1"))
+        .await
+        .expect("dispatch t1");
+    let mut first = multi_actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
+    first.extend(multi_actions_within(&mut events, Duration::from_millis(200)).await);
+    let watermark = multi.host(&id).await.expect("host").server_seq as u64;
+    assert_eq!(
+        Some(watermark),
+        first.last().map(|e| e.server_seq),
+        "the runtime's watermark is the last envelope"
+    );
+
+    let t = restart(t).await;
+    dial.lock().expect("dial options").url = t.url();
+    connected(&mut host_events, 2).await;
+    let handle = multi.host(&id).await.expect("host");
+    assert_eq!(handle.state, HostState::Connected);
+    let s0_second = handle.server_seq as u64;
+    assert!(
+        s0_second > watermark,
+        "new S0 {s0_second} above the never-lowered watermark {watermark}"
+    );
+    let outcome = |o: &str| {
+        t.relay
+            .relay
+            .metrics
+            .reconnects
+            .with_label_values(&[o])
+            .get()
+    };
+    assert_eq!(
+        (outcome("not_found"), outcome("replay"), outcome("snapshot")),
+        (1, 0, 0),
+        "the runtime tried reconnect once, then initialized"
+    );
+    multi
+        .dispatch(&id, chat.clone(), turn_started("t2"))
+        .await
+        .expect("dispatch t2");
+    let mut second = multi_actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
+    second.extend(multi_actions_within(&mut events, Duration::from_millis(200)).await);
+
+    assert_contiguous(&first, s0_first);
+    assert_contiguous(&second, s0_second);
+    let all: Vec<ActionEnvelope> = [first, second].concat();
+    assert_strictly_increasing(&all);
+    for turn in ["t1", "t2"] {
+        let n = all
+            .iter()
+            .filter(|e| is(e, &chat, "chat/delta") && turn_of(e).as_deref() == Some(turn))
+            .count();
+        assert_eq!(n, DELTAS, "turn {turn}: each delta exactly once");
+    }
+    let host_final = host_state(&t.hosts[0], &host_chat);
+    assert_eq!(reduce_chat(&initial, &chat, &all), host_final);
+    for e in &all {
+        mirror.apply_envelope(&id, e);
+    }
+    let mirrored = mirror
+        .chats()
+        .get(&HostedResourceKey::new(id.clone(), chat.clone()))
+        .expect("the mirror follows the chat");
+    assert_eq!(
+        serde_json::to_value(mirrored).expect("state"),
+        host_final,
+        "the SDK's state mirror equals the host's chat"
+    );
+}
