@@ -127,6 +127,8 @@ pub struct Limits {
     pub handshake_timeout_secs: u64,
     /// Frames queued towards one client before it is closed as slow (4008).
     pub client_queue_frames: usize,
+    /// Bytes queued towards one client before it is closed as slow (4008).
+    pub client_queue_bytes: usize,
     /// Envelopes kept per client session for replay.
     pub replay_buffer_envelopes: usize,
     /// Bytes kept per client session for replay.
@@ -147,6 +149,8 @@ pub struct Limits {
     pub retain_secs: u64,
     /// Seconds a `reconnect` waits for a host it needs fresh state from.
     pub upstream_settle_secs: u64,
+    /// Milliseconds over which resyncs beyond a burst are spread.
+    pub resync_spread_ms: u64,
 }
 
 impl Default for Limits {
@@ -156,6 +160,7 @@ impl Default for Limits {
             max_json_depth: 64,
             handshake_timeout_secs: 10,
             client_queue_frames: 8192,
+            client_queue_bytes: 8 * 1024 * 1024,
             replay_buffer_envelopes: 4096,
             replay_buffer_bytes: 4 * 1024 * 1024,
             upstream_request_secs: 30,
@@ -166,6 +171,7 @@ impl Default for Limits {
             detach_grace_secs: 20,
             retain_secs: 600,
             upstream_settle_secs: 3,
+            resync_spread_ms: 5000,
         }
     }
 }

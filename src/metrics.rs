@@ -35,8 +35,14 @@ pub struct Metrics {
     pub links_failed: IntCounter,
     /// Host health: 1 up, 0 otherwise.
     pub host_up: IntGaugeVec,
-    /// Clients closed with 4000 to resynchronise.
-    pub resyncs: IntCounter,
+    /// Clients closed with 4000 to resynchronise, by cause.
+    pub resyncs: IntCounterVec,
+    /// Bytes held in all replay buffers.
+    pub buffer_bytes: IntGauge,
+    /// Envelopes evicted from replay buffers.
+    pub buffer_evictions: IntCounter,
+    /// Envelopes sent inside `replay` answers.
+    pub replayed_envelopes: IntCounter,
     /// Clients closed with 4008 as slow consumers.
     pub slow_consumer_closes: IntCounter,
     /// `reconnect` outcomes (replay / snapshot / not_found).
@@ -61,6 +67,8 @@ impl Metrics {
         let connections_open =
             IntGauge::new("ahp_relay_connections_open", "client connections open")?;
         registry.register(Box::new(connections_open.clone()))?;
+        let buffer_bytes = IntGauge::new("ahp_relay_buffer_bytes", "bytes held in replay buffers")?;
+        registry.register(Box::new(buffer_bytes.clone()))?;
         let host_up = IntGaugeVec::new(
             Opts::new("ahp_relay_host_up", "1 when the host's watch link is up"),
             &["host"],
@@ -96,7 +104,16 @@ impl Metrics {
             links_opened: counter("links_opened_total", "per-client links opened")?,
             links_failed: counter("links_failed_total", "per-client links failed or dropped")?,
             host_up,
-            resyncs: counter("resyncs_total", "clients closed with 4000")?,
+            resyncs: counter_vec("resyncs_total", "clients closed with 4000", "cause")?,
+            buffer_bytes,
+            buffer_evictions: counter(
+                "buffer_evictions_total",
+                "envelopes evicted from replay buffers",
+            )?,
+            replayed_envelopes: counter(
+                "replayed_envelopes_total",
+                "envelopes sent in replay answers",
+            )?,
             slow_consumer_closes: counter(
                 "slow_consumer_closes_total",
                 "clients closed with 4008",

@@ -52,6 +52,7 @@ pub struct Relay {
     policy: std::sync::RwLock<Arc<dyn crate::policy::Policy>>,
     next_socket: AtomicU64,
     watch_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    resyncs: std::sync::Mutex<(std::time::Instant, u32)>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -127,6 +128,7 @@ impl Relay {
             policy: std::sync::RwLock::new(Arc::new(crate::policy::AllowAll)),
             next_socket: AtomicU64::new(1),
             watch_tasks: std::sync::Mutex::new(Vec::new()),
+            resyncs: std::sync::Mutex::new((std::time::Instant::now(), 0)),
         });
         let tasks: Vec<_> = relay
             .hubs
@@ -157,6 +159,40 @@ impl Relay {
             Ok(mut p) => *p = policy,
             Err(e) => *e.into_inner() = policy,
         }
+    }
+
+    /// How long to wait before closing a client for resync (contract §5.8):
+    /// the first `RESYNC_BURST` resyncs of any second go at once; beyond
+    /// that, each is delayed by a pseudo-random share of
+    /// `limits.resync_spread_ms` (keyed by the client), so a host restart
+    /// does not make every client reconnect in the same instant.
+    pub fn resync_delay(&self, key: &str) -> std::time::Duration {
+        const RESYNC_BURST: u32 = 16;
+        let now = std::time::Instant::now();
+        let burst = match self.resyncs.lock() {
+            Ok(mut w) => {
+                if now.duration_since(w.0) > std::time::Duration::from_secs(1) {
+                    *w = (now, 0);
+                }
+                w.1 += 1;
+                w.1
+            }
+            Err(_) => 0,
+        };
+        if burst <= RESYNC_BURST {
+            return std::time::Duration::ZERO;
+        }
+        let mut h = self.mac_key.clone();
+        h.update(key.as_bytes());
+        h.update(&burst.to_be_bytes());
+        let bytes = h.finalize().into_bytes();
+        let r = u64::from_be_bytes(
+            bytes
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .unwrap_or([0; 8]),
+        );
+        std::time::Duration::from_millis(r % (self.cfg.limits.resync_spread_ms + 1))
     }
 
     /// The principal that created `uri` on `host` through the relay, if one did.

@@ -939,18 +939,28 @@ async fn rejections_are_numbered_and_attributed() {
 
 // ─── slow consumer ──────────────────────────────────────────────────────────
 
-/// §5.9: a client that stops reading is closed with 4008 while another client of the same host receives the whole turn in order.
+/// §5.9: a client that stops reading is closed with 4008 once its queue is
+/// over the frame bound, while another client of the same host receives the
+/// whole turn in order.
 #[tokio::test]
 async fn slow_consumer_is_closed_others_unaffected() {
+    slow_consumer_case("\n[limits]\nclient_queue_frames = 16\n").await;
+}
+
+/// §5.9: the same with the byte bound (256 KiB = 4 frames of 64 KiB) and a
+/// frame bound too large to matter.
+#[tokio::test]
+async fn slow_consumer_is_closed_by_the_byte_bound() {
+    slow_consumer_case("\n[limits]\nclient_queue_frames = 100000\nclient_queue_bytes = 262144\n")
+        .await;
+}
+
+async fn slow_consumer_case(limits: &str) {
     // 160 deltas of 64 KiB (~10 MiB, paced so a reading client never lags
     // 16 frames behind) exceed what the kernel buffers of a peer that does
     // not read absorb on loopback (~4 MiB measured), so the non-reading
-    // client's 16-frame queue must overflow.
-    let t = TestRelay::start(
-        vec![host("a", 1, script(160, 64 * 1024, 120))],
-        "\n[limits]\nclient_queue_frames = 16\n",
-    )
-    .await;
+    // client's queue must overflow.
+    let t = TestRelay::start(vec![host("a", 1, script(160, 64 * 1024, 120))], limits).await;
     let (chat, host_chat) = seeded_chat("a", 1);
     let mut slow = t.raw("sloth").await;
     slow.initialize("slow").await;

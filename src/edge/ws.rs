@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use super::auth::Principal;
 use crate::relay::{Relay, unix_now};
+use crate::session::outbox::{OutboxRx, outbox};
 use crate::session::requests::{Conn, on_client_frame};
 
 type Kill = Option<(u16, String)>;
@@ -33,7 +34,8 @@ where
     relay.metrics.connections.inc();
     relay.metrics.connections_open.inc();
     let (sink, mut stream) = ws.split();
-    let (out_tx, out_rx) = mpsc::channel(relay.cfg.limits.client_queue_frames.max(1));
+    let limits = &relay.cfg.limits;
+    let (out_tx, out_rx) = outbox(limits.client_queue_frames, limits.client_queue_bytes);
     let (kill_tx, kill_rx) = watch::channel::<Kill>(None);
     let writer = tokio::spawn(write_loop(sink, out_rx, kill_rx.clone()));
     let leeway = relay.auth.config().leeway_secs;
@@ -107,7 +109,7 @@ where
 
 async fn write_loop<S>(
     mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
-    mut out: mpsc::Receiver<Utf8Bytes>,
+    mut out: OutboxRx,
     mut kill: watch::Receiver<Kill>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -122,7 +124,7 @@ async fn write_loop<S>(
                     // close frame — bounded in time: a client that never reads
                     // cannot hold the socket open.
                     let flush = async {
-                        while code != 4008 && let Ok(f) = out.try_recv() {
+                        while code != 4008 && let Some(f) = out.try_recv() {
                             sink.feed(Message::Text(f)).await?;
                         }
                         let frame = CloseFrame { code: code.into(), reason: reason.into() };
@@ -138,7 +140,7 @@ async fn write_loop<S>(
                     return;
                 };
                 if sink.feed(Message::Text(f)).await.is_err() { return; }
-                while let Ok(f) = out.try_recv() {
+                while let Some(f) = out.try_recv() {
                     if sink.feed(Message::Text(f)).await.is_err() { return; }
                 }
                 if sink.flush().await.is_err() { return; }

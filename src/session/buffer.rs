@@ -29,18 +29,23 @@ impl ReplayBuffer {
 
     /// Appends the frame numbered `seq` (numbers must increase), evicting
     /// the oldest frames beyond the bounds. The frame is shared, not copied.
-    pub fn push(&mut self, seq: u64, frame: Utf8Bytes) {
+    /// Returns how many frames and bytes were evicted.
+    pub fn push(&mut self, seq: u64, frame: Utf8Bytes) -> (usize, usize) {
         self.bytes += frame.len();
         self.frames.push_back((seq, frame));
+        let (mut frames, mut bytes) = (0, 0);
         while self.frames.len() > self.max_frames || self.bytes > self.max_bytes {
             match self.frames.pop_front() {
                 Some((s, f)) => {
                     self.bytes -= f.len();
                     self.evicted_through = s;
+                    frames += 1;
+                    bytes += f.len();
                 }
                 None => break,
             }
         }
+        (frames, bytes)
     }
 
     /// Highest number evicted so far (0 if none).

@@ -561,8 +561,22 @@ impl ClientSession {
         let attached = core.socket_id().is_some();
         drop(core);
         if was_up && !lost.is_empty() && attached {
-            self.relay.metrics.resyncs.inc();
-            self.close(4000, "resync: lost continuity with a host; reconnect now");
+            self.relay
+                .metrics
+                .resyncs
+                .with_label_values(&["host_link_lost"])
+                .inc();
+            let delay = self.relay.resync_delay(&self.upstream_id);
+            let Some(me) = self.relay.session_of(&self.key) else {
+                return;
+            };
+            let me = Arc::downgrade(&me);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Some(me) = me.upgrade() {
+                    me.close(4000, "resync: lost continuity with a host; reconnect now");
+                }
+            });
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod envelope;
+pub mod outbox;
 pub mod reconnect;
 pub mod requests;
 pub mod sequence;
@@ -17,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 use crate::relay::Relay;
@@ -150,8 +151,8 @@ pub struct SessionCore {
 pub struct Socket {
     /// The socket's id (cursors are bound to it).
     pub id: u64,
-    /// Frames to the client (bounded).
-    pub out: mpsc::Sender<Utf8Bytes>,
+    /// Frames to the client (bounded by frames and bytes).
+    pub out: outbox::Outbox,
     /// Closes the client socket with a code and reason.
     pub kill: watch::Sender<Option<(u16, String)>>,
 }
@@ -193,6 +194,13 @@ impl SessionCore {
     /// Frames and bytes in the replay buffer.
     pub fn buffer_usage(&self) -> (usize, usize) {
         self.buffer.usage()
+    }
+}
+
+impl Drop for ClientSession {
+    fn drop(&mut self) {
+        let bytes = self.lock().buffer.usage().1;
+        self.relay.metrics.buffer_bytes.sub(bytes as i64);
     }
 }
 
@@ -278,11 +286,11 @@ impl ClientSession {
         };
         match socket.out.try_send(frame.into()) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
+            Err(outbox::Refused::Full) => {
                 self.relay.metrics.slow_consumer_closes.inc();
                 self.close_locked(core, 4008, "slow consumer: reconnect after backoff");
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => core.socket = None,
+            Err(outbox::Refused::Closed) => core.socket = None,
         }
     }
 
@@ -296,8 +304,13 @@ impl ClientSession {
         let n = core.last + 1;
         let frame: Utf8Bytes = build(n)?.into();
         core.last = n;
-        core.buffer.push(n, frame.clone());
-        self.relay.metrics.envelopes_relayed.inc();
+        let (evicted, evicted_bytes) = core.buffer.push(n, frame.clone());
+        let metrics = &self.relay.metrics;
+        metrics.buffer_evictions.inc_by(evicted as u64);
+        metrics
+            .buffer_bytes
+            .add(frame.len() as i64 - evicted_bytes as i64);
+        metrics.envelopes_relayed.inc();
         self.push(core, frame);
         Some(n)
     }

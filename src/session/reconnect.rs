@@ -202,6 +202,11 @@ fn replay(
             actions.push(env.params.get());
         }
     }
+    session
+        .relay
+        .metrics
+        .replayed_envelopes
+        .inc_by(actions.len() as u64);
     let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
     Some(format!(
         r#"{{"type":"replay","actions":[{}],"missing":{missing}}}"#,

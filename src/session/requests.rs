@@ -18,8 +18,7 @@ use ahp_types::errors::ahp_error_codes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_tungstenite::tungstenite::Utf8Bytes;
+use tokio::sync::{oneshot, watch};
 
 use super::{Chan, ClientSession, Pending, PendingKind, PrincipalKey, SessionKey};
 use crate::edge::auth::Principal;
@@ -46,7 +45,7 @@ pub struct Conn {
     /// This socket's id.
     pub socket: u64,
     /// Frames to the client.
-    pub out: mpsc::Sender<Utf8Bytes>,
+    pub out: super::outbox::Outbox,
     /// Closes the client socket.
     pub kill: watch::Sender<Option<(u16, String)>>,
     /// The session, once `initialize` succeeded on this socket.
