@@ -226,3 +226,38 @@ async fn dropped_link_resumes_by_upstream_replay_without_resync() {
         .await;
     assert_eq!(pong["result"], Value::Null, "the client socket stayed open");
 }
+
+/// §5.7: a detached session whose buffer evicts closes its links at once
+/// (the client will need snapshots anyway), without waiting for the grace.
+#[tokio::test]
+async fn detached_session_closes_links_when_its_buffer_evicts() {
+    let t = TestRelay::start(
+        vec![slow("a")],
+        "\n[limits]\nreplay_buffer_envelopes = 8\ndetach_grace_secs = 60\n",
+    )
+    .await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut ws = t.raw("alice").await;
+    ws.initialize("evict").await;
+    ws.request(1, "subscribe", json!({"channel": chat})).await;
+    ws.send_json(&start_turn(chat, 1, "t1")).await;
+    envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
+    let links_before = t.hosts[0].connections();
+    assert_eq!(links_before, 2, "watch link + the session's link");
+    drop(ws);
+    let host = &t.hosts[0];
+    wait_until("the link closes although the grace is 60 s", || {
+        host.connections() == 1
+    })
+    .await;
+    let mut ws = t.raw("alice").await;
+    let r = ws
+        .request(
+            2,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "evict",
+            "lastSeenServerSeq": 0, "subscriptions": [chat]}),
+        )
+        .await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+}

@@ -305,6 +305,15 @@ impl ClientSession {
         let frame: Utf8Bytes = build(n)?.into();
         core.last = n;
         let (evicted, evicted_bytes) = core.buffer.push(n, frame.clone());
+        if evicted > 0 && core.socket.is_none() && !core.links.is_empty() {
+            // Detached and the buffer no longer holds the gap: the client will
+            // need snapshots anyway, so the links close now (§5.7).
+            core.links.clear();
+            core.retiring.clear();
+            core.chans.clear();
+            core.pending.clear();
+            core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
+        }
         let metrics = &self.relay.metrics;
         metrics.buffer_evictions.inc_by(evicted as u64);
         metrics
