@@ -261,3 +261,95 @@ async fn detached_session_closes_links_when_its_buffer_evicts() {
         .await;
     assert_eq!(r["result"]["type"], "snapshot", "{r}");
 }
+
+/// S16: host a is down while a client reconnects: host b's channel comes
+/// back at once (a's is omitted, not waited for), and when a returns the
+/// client is resynchronised (4000) so its next `reconnect` recovers a's
+/// channel too.
+#[tokio::test]
+async fn host_down_during_reconnect_then_back_recovers() {
+    let mut t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
+    let (chat_a, chat_b) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
+    let mut ws = t.raw("alice").await;
+    ws.initialize("s16").await;
+    let sa = ws.request(1, "subscribe", json!({"channel": chat_a})).await;
+    ws.request(2, "subscribe", json!({"channel": chat_b})).await;
+    let watermark = sa["result"]["snapshot"]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    let a_cfg = t.hosts[0].config().clone();
+    let a_addr = t.hosts[0].addr();
+    t.hosts.remove(0).shutdown().await;
+    // The link to a cannot resume: the client is resynchronised.
+    let close = loop {
+        match ws.next_or_close().await {
+            Next::Frame(_) => {}
+            Next::Closed(c) => break c,
+        }
+    };
+    assert_eq!(close.map(|c| c.0), Some(4000));
+
+    let mut ws = t.raw("alice").await;
+    let started = std::time::Instant::now();
+    let r = ws
+        .request(
+            3,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "s16",
+            "lastSeenServerSeq": watermark, "subscriptions": [chat_a, chat_b]}),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a down host does not delay the answer"
+    );
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    let got: Vec<&str> = r["result"]["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .filter_map(|s| s["resource"].as_str())
+        .collect();
+    assert_eq!(
+        got,
+        [chat_b],
+        "b's channel now, a's omitted while a is down"
+    );
+
+    // a comes back on the same address: the client is told to reconnect.
+    let back = ahp_relay::simhost::SimHost::start(a_cfg, a_addr)
+        .await
+        .expect("a restarts");
+    let close = loop {
+        match ws.next_or_close().await {
+            Next::Frame(_) => {}
+            Next::Closed(c) => break c,
+        }
+    };
+    assert_eq!(close.map(|c| c.0), Some(4000), "resync when a is back");
+    let mut ws = t.raw("alice").await;
+    let r = ws
+        .request(
+            4,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "s16",
+            "lastSeenServerSeq": watermark, "subscriptions": [chat_a, chat_b]}),
+        )
+        .await;
+    let mut got: Vec<String> = r["result"]["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .filter_map(|s| s["resource"].as_str().map(str::to_string))
+        .collect();
+    got.sort();
+    assert_eq!(got, [chat_a, chat_b], "both channels recovered: {r}");
+    let a_state = r["result"]["snapshots"]
+        .as_array()
+        .and_then(|v| v.iter().find(|s| s["resource"] == chat_a))
+        .map(|s| s["state"].clone())
+        .expect("a's snapshot");
+    let mut host_state = back.channel_state("ahp-chat:/a-1-main").expect("a's chat");
+    host_state["resource"] = json!(chat_a);
+    assert_eq!(a_state, host_state);
+}

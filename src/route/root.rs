@@ -106,6 +106,9 @@ impl Relay {
                         RootField::ActiveSessions,
                     ];
                     self.fan_root(&all);
+                    if status == HostStatus::Up {
+                        self.resync_orphans(&host);
+                    }
                 }
                 WatchEvent::Root { fields, .. } => self.fan_root(&fields),
                 WatchEvent::Catalog {
@@ -117,6 +120,25 @@ impl Relay {
                     self.fan_root(&[RootField::ActiveSessions]);
                 }
             }
+        }
+    }
+
+    /// Host `host` is back: clients whose last `reconnect` had to omit its
+    /// channels are told to reconnect (4000) and get their snapshots (S16).
+    fn resync_orphans(&self, host: &str) {
+        let orphans: Vec<Arc<ClientSession>> = self
+            .sessions
+            .iter()
+            .filter(|s| s.lock().orphaned.contains(host))
+            .map(|s| s.clone())
+            .collect();
+        for s in orphans {
+            s.lock().orphaned.remove(host);
+            self.metrics
+                .resyncs
+                .with_label_values(&["host_returned"])
+                .inc();
+            s.close(4000, "resync: a host is back; reconnect now");
         }
     }
 

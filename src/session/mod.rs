@@ -140,6 +140,9 @@ pub struct SessionCore {
     attach_gen: u64,
     /// The id of the socket attached last (also after the relay closed it).
     last_socket: u64,
+    /// Hosts whose channels a `reconnect` had to omit because the host was
+    /// unreachable: when such a host is back, the client is resynchronised.
+    pub orphaned: HashSet<String>,
     /// Links replaced by re-baselining, kept until the new links' snapshots
     /// are adopted (§5.5), then dropped.
     pub retiring: Vec<Arc<Link>>,
@@ -240,6 +243,7 @@ impl ClientSession {
             socket: Some(socket),
             attach_gen: 0,
             retiring: Vec::new(),
+            orphaned: HashSet::new(),
             buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
             subs: HashSet::new(),
             chans: HashMap::new(),

@@ -105,6 +105,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     let mut core = session.lock();
     let from = core.last();
     let mut snapshots = Vec::new();
+    core.orphaned.clear();
     if requested.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
         let root = relay.root_snapshot(&session, &mut core);
         snapshots.push(
@@ -134,9 +135,15 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
                     release.push((hub.clone(), host_uri));
                 }
                 None => {
-                    // Gone, or its host did not answer in time: omitted.
+                    // Gone, or its host did not answer in time: omitted. If the
+                    // host was unreachable, the client is resynchronised when
+                    // the host comes back (S16), so its next `reconnect` gets
+                    // this channel's snapshot.
                     if let Some(m) = core.chans.get_mut(&hub.id) {
                         m.remove(&host_uri);
+                    }
+                    if init.is_none() {
+                        core.orphaned.insert(hub.id.to_string());
                     }
                 }
             }
