@@ -459,9 +459,9 @@ impl ClientSession {
         self.push(&mut core, v.to_string());
     }
 
-    /// Fails the requests in flight on link `link` (its connection dropped:
-    /// their answers will never come).
-    pub fn fail_link_requests(&self, host: &Arc<HostHub>, link: u64) {
+    /// Fails the requests in flight on link `link` with `err` (its
+    /// connection dropped or never opened: their answers will never come).
+    pub fn fail_link_requests(&self, link: u64, err: &RpcError) {
         let mut core = self.lock();
         let ids: Vec<(u64, u64)> = core
             .pending
@@ -470,25 +470,18 @@ impl ClientSession {
             .cloned()
             .collect();
         for key in ids {
-            if let Some(p) = core.pending.remove(&key) {
-                match p.kind {
-                    PendingKind::Initial { reply, .. } => {
-                        let _ = reply.send(None);
-                    }
-                    PendingKind::Create { store_key, .. } => {
-                        let _ = self.relay.store.release(&store_key);
-                        self.respond_error(
-                            &mut core,
-                            &p.client_id,
-                            &RpcError::upstream_lost(&host.id),
-                        );
-                    }
-                    _ => self.respond_error(
-                        &mut core,
-                        &p.client_id,
-                        &RpcError::upstream_lost(&host.id),
-                    ),
+            let Some(p) = core.pending.remove(&key) else {
+                continue;
+            };
+            match p.kind {
+                PendingKind::Initial { reply, .. } => {
+                    let _ = reply.send(None);
                 }
+                PendingKind::Create { store_key, .. } => {
+                    let _ = self.relay.store.release(&store_key);
+                    self.respond_error(&mut core, &p.client_id, err);
+                }
+                _ => self.respond_error(&mut core, &p.client_id, err),
             }
         }
     }
@@ -516,32 +509,13 @@ impl ClientSession {
     /// in flight fail, and a client that followed channels there is told to
     /// resynchronise (4000) because continuity is lost (contract §5.8).
     pub fn on_link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool) {
+        let err = if was_up {
+            RpcError::upstream_lost(&host.id)
+        } else {
+            RpcError::host_unavailable(&host.id)
+        };
+        self.fail_link_requests(link, &err);
         let mut core = self.lock();
-        let ids: Vec<(u64, u64)> = core
-            .pending
-            .keys()
-            .filter(|(l, _)| *l == link)
-            .cloned()
-            .collect();
-        for key in ids {
-            if let Some(p) = core.pending.remove(&key) {
-                let err = if was_up {
-                    RpcError::upstream_lost(&host.id)
-                } else {
-                    RpcError::host_unavailable(&host.id)
-                };
-                match p.kind {
-                    PendingKind::Initial { reply, .. } => {
-                        let _ = reply.send(None);
-                    }
-                    PendingKind::Create { store_key, .. } => {
-                        let _ = self.relay.store.release(&store_key);
-                        self.respond_error(&mut core, &p.client_id, &err);
-                    }
-                    _ => self.respond_error(&mut core, &p.client_id, &err),
-                }
-            }
-        }
         if core.links.get(&host.id).map(|l| l.id) != Some(link) {
             return; // an older link, already replaced
         }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::requests::{Conn, gate, host_for, typed};
-use super::{Chan, ClientSession, PrincipalKey, SessionCore, SessionKey, Socket};
+use super::{Chan, ClientSession, SessionCore};
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
 use crate::upstream::link::{Baseline, Link, LinkCmd};
@@ -32,13 +32,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     }
     let (p, _) = typed::<ReconnectParams>(params)?;
     let relay = conn.relay.clone();
-    let key = SessionKey {
-        principal: PrincipalKey {
-            issuer: conn.principal.issuer.clone(),
-            subject: conn.principal.subject.clone(),
-        },
-        client_id: p.client_id.clone(),
-    };
+    let key = conn.session_key(&p.client_id);
     let Some(session) = relay.session_of(&key) else {
         relay
             .metrics
@@ -55,11 +49,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
             requested.push(c);
         }
     }
-    let socket = Socket {
-        id: conn.socket,
-        out: conn.out.clone(),
-        kill: conn.kill.clone(),
-    };
+    let socket = conn.socket();
     conn.session = Some(session.clone());
     let replayed = {
         let mut core = session.lock();

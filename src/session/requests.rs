@@ -53,6 +53,26 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// The session key of `client_id` for this socket's principal.
+    pub fn session_key(&self, client_id: &str) -> SessionKey {
+        SessionKey {
+            principal: PrincipalKey {
+                issuer: self.principal.issuer.clone(),
+                subject: self.principal.subject.clone(),
+            },
+            client_id: client_id.to_string(),
+        }
+    }
+
+    /// This socket, for a session to write to.
+    pub fn socket(&self) -> super::Socket {
+        super::Socket {
+            id: self.socket,
+            out: self.out.clone(),
+            kill: self.kill.clone(),
+        }
+    }
+
     fn send(&self, frame: String) {
         if self.out.try_send(frame.into()).is_err() {
             self.kill.send_replace(Some((
@@ -233,18 +253,8 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         ));
     }
     let relay = conn.relay.clone();
-    let key = SessionKey {
-        principal: PrincipalKey {
-            issuer: conn.principal.issuer.clone(),
-            subject: conn.principal.subject.clone(),
-        },
-        client_id: p.client_id.clone(),
-    };
-    let socket = super::Socket {
-        id: conn.socket,
-        out: conn.out.clone(),
-        kill: conn.kill.clone(),
-    };
+    let key = conn.session_key(&p.client_id);
+    let socket = conn.socket();
     let session = Arc::new(ClientSession::new(
         relay.clone(),
         key,

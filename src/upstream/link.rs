@@ -133,7 +133,7 @@ async fn run(
         }
         // The connection dropped: try to continue it (§5.8).
         if let Some(s) = session.upgrade() {
-            s.fail_link_requests(&host, link_id);
+            s.fail_link_requests(link_id, &crate::rpc::RpcError::upstream_lost(&host.id));
         }
         match resume(&session, &host, link_id).await {
             Some(resumed) => ws = resumed,
