@@ -140,6 +140,8 @@ pub struct SessionCore {
     attach_gen: u64,
     /// The id of the socket attached last (also after the relay closed it).
     last_socket: u64,
+    /// While detached: the last number issued when the socket went away.
+    detached_at: Option<u64>,
     /// Hosts whose channels a `reconnect` had to omit because the host was
     /// unreachable: when such a host is back, the client is resynchronised.
     pub orphaned: HashSet<String>,
@@ -240,6 +242,7 @@ impl ClientSession {
             s0,
             baselined: HashSet::new(),
             last_socket: socket.id,
+            detached_at: None,
             socket: Some(socket),
             attach_gen: 0,
             retiring: Vec::new(),
@@ -309,9 +312,13 @@ impl ClientSession {
         let frame: Utf8Bytes = build(n)?.into();
         core.last = n;
         let (evicted, evicted_bytes) = core.buffer.push(n, frame.clone());
-        if evicted > 0 && core.socket.is_none() && !core.links.is_empty() {
-            // Detached and the buffer no longer holds the gap: the client will
-            // need snapshots anyway, so the links close now (§5.7).
+        let gap_lost = core
+            .detached_at
+            .is_some_and(|d| core.buffer.evicted_through() > d);
+        if evicted > 0 && gap_lost && !core.links.is_empty() {
+            // Detached, and the buffer no longer holds everything numbered
+            // since: the client will need snapshots anyway, so the links
+            // close now (§5.7).
             core.links.clear();
             core.retiring.clear();
             core.chans.clear();
@@ -384,6 +391,7 @@ impl ClientSession {
             4009,
             "superseded by another socket of the same client",
         );
+        core.detached_at = None;
         core.last_socket = socket.id;
         core.socket = Some(socket);
         core.attach_gen += 1;
@@ -402,6 +410,7 @@ impl ClientSession {
         if !ours {
             return None;
         }
+        core.detached_at = Some(core.last);
         core.socket = None;
         core.attach_gen += 1;
         Some(core.attach_gen)
