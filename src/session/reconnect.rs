@@ -61,9 +61,22 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
                 true
             }
             None => {
-                // Root actions are held back (root left out of `subs`) until the cut.
+                // Nothing live may reach the new socket before the answer (the
+                // cut): root actions are held back (root left out of `subs`)
+                // and every host channel is held until its fresh snapshot.
                 core.subs.remove(ahp_types::ROOT_RESOURCE_URI);
                 core.baselined.clear();
+                for chans in core.chans.values_mut() {
+                    for chan in chans.values_mut() {
+                        if let Chan::Live { client } = chan {
+                            *chan = Chan::Holding {
+                                client: std::mem::take(client),
+                                held: Vec::new(),
+                                from: None,
+                            };
+                        }
+                    }
+                }
                 false
             }
         }
