@@ -56,22 +56,31 @@ where
     };
     let mut killed = kill_rx;
     let mut revocation_check = tokio::time::interval(REVOCATION_CHECK);
+    // Once the socket is told to close, the reader keeps reading (and
+    // discarding) until the client answers the close frame or a deadline
+    // passes: dropping a connection with unread data makes the kernel reset
+    // it, which would discard the frames still queued and the close code.
+    let mut closing: Option<tokio::time::Instant> = None;
+    let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
     loop {
         tokio::select! {
-            _ = revocation_check.tick() => {
+            _ = tokio::time::sleep_until(closing.unwrap_or(far)), if closing.is_some() => break,
+            _ = revocation_check.tick(), if closing.is_none() => {
                 let revoked = conn.principal.jti.as_deref().is_some_and(|j| relay.auth.is_revoked(j));
                 if revoked {
                     conn.kill.send_replace(Some((4003, "token revoked: do not retry with it".into())));
                 }
             }
             msg = stream.next() => match msg {
-                Some(Ok(Message::Text(t))) => on_client_frame(&mut conn, t.as_str()).await,
-                Some(Ok(Message::Binary(_))) => {
+                Some(Ok(Message::Text(t))) if closing.is_none() => on_client_frame(&mut conn, t.as_str()).await,
+                Some(Ok(Message::Text(_))) => {}
+                Some(Ok(Message::Binary(_))) if closing.is_none() => {
                     relay.metrics.bad_client_frames.with_label_values(&["binary"]).inc();
                     conn.kill.send_replace(Some((1003, "binary frames are not supported".into())));
                 }
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Ok(_)) => {}
+                Some(Err(_)) if closing.is_some() => break,
                 Some(Err(e)) => {
                     let (code, reason, label) = match &e {
                         WsError::Capacity(_) => (1009, "frame too big", "too_large"),
@@ -83,12 +92,17 @@ where
                     break;
                 }
             },
-            _ = &mut expiry => {
+            _ = &mut expiry, if closing.is_none() => {
                 conn.kill.send_replace(Some((4001, "token expired: reconnect with a new token".into())));
             }
-            _ = killed.changed() => {
-                if killed.borrow().is_some() {
-                    break;
+            changed = killed.changed(), if closing.is_none() => {
+                if changed.is_err() || killed.borrow().is_some() {
+                    closing = Some(tokio::time::Instant::now() + CLOSE_WITHIN);
+                    // The session stops using this socket now, not when the
+                    // close handshake ends.
+                    if let Some(session) = conn.session.take() {
+                        relay.detach(&session, socket);
+                    }
                 }
             }
         }
