@@ -142,6 +142,12 @@ pub struct SessionCore {
     last_socket: u64,
     /// While detached: the last number issued when the socket went away.
     detached_at: Option<u64>,
+    /// A snapshot `reconnect` is preparing its answer: relay-made envelopes
+    /// wait (unnumbered) so nothing reaches the socket before the cut.
+    cut_pending: bool,
+    /// Rejection echoes deferred while `cut_pending`: (channel, action,
+    /// clientSeq, reason).
+    deferred: Vec<(String, Value, i64, String)>,
     /// Hosts whose channels a `reconnect` had to omit because the host was
     /// unreachable: when such a host is back, the client is resynchronised.
     pub orphaned: HashSet<String>,
@@ -163,6 +169,16 @@ pub struct Socket {
 }
 
 impl SessionCore {
+    /// The current attach generation (changes with every attach and detach).
+    pub fn attach_gen(&self) -> u64 {
+        self.attach_gen
+    }
+
+    /// Starts holding relay-made envelopes until [`ClientSession::end_cut`].
+    pub fn begin_cut(&mut self) {
+        self.cut_pending = true;
+    }
+
     /// The id of the attached socket, if any.
     pub fn socket_id(&self) -> Option<u64> {
         self.socket.as_ref().map(|s| s.id)
@@ -243,6 +259,8 @@ impl ClientSession {
             baselined: HashSet::new(),
             last_socket: socket.id,
             detached_at: None,
+            cut_pending: false,
+            deferred: Vec::new(),
             socket: Some(socket),
             attach_gen: 0,
             retiring: Vec::new(),
@@ -344,6 +362,15 @@ impl ClientSession {
         client_seq: i64,
         reason: &str,
     ) {
+        if core.cut_pending {
+            core.deferred.push((
+                channel.to_string(),
+                action.clone(),
+                client_seq,
+                reason.to_string(),
+            ));
+            return;
+        }
         self.relay.metrics.relay_rejections.inc();
         let client = self.key.client_id.clone();
         self.push_envelope(core, |n| {
@@ -355,6 +382,15 @@ impl ClientSession {
                 .to_string(),
             )
         });
+    }
+
+    /// The reconnect answer is written: deferred rejection echoes are
+    /// numbered and sent now, after it.
+    pub fn end_cut(&self, core: &mut SessionCore) {
+        core.cut_pending = false;
+        for (channel, action, client_seq, reason) in std::mem::take(&mut core.deferred) {
+            self.reject_dispatch(core, &channel, &action, client_seq, &reason);
+        }
     }
 
     /// Answers a client request with `result` (serialized JSON).

@@ -51,16 +51,18 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     }
     let socket = conn.socket();
     conn.session = Some(session.clone());
-    let replayed = {
+    let (replayed, generation) = {
         let mut core = session.lock();
-        session.attach_socket(&mut core, socket);
+        let generation = session.attach_socket(&mut core, socket);
         forget_unrequested(&mut core, &requested);
-        match replay(&session, &core, p.last_seen_server_seq, &requested) {
+        let replayed = match replay(&session, &core, p.last_seen_server_seq, &requested) {
             Some(result) => {
                 session.respond(&mut core, id, &result);
+                session.end_cut(&mut core);
                 true
             }
             None => {
+                core.begin_cut();
                 // Nothing live may reach the new socket before the answer (the
                 // cut): root actions are held back (root left out of `subs`)
                 // and every host channel is held until its fresh snapshot.
@@ -79,7 +81,8 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
                 }
                 false
             }
-        }
+        };
+        (replayed, generation)
     };
     if replayed {
         relay
@@ -106,6 +109,12 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         adopted.push((hub, channels, init));
     }
     let mut core = session.lock();
+    if core.attach_gen() != generation {
+        // Another socket took the session over meanwhile (this one was
+        // closed with 4009): its own reconnect answers; this one must not
+        // adopt or release anything.
+        return Ok(());
+    }
     let from = core.last();
     let mut snapshots = Vec::new();
     core.orphaned.clear();
@@ -157,6 +166,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     for (hub, host_uri) in release {
         session.release(&mut core, &hub, &host_uri);
     }
+    session.end_cut(&mut core);
     // The new links' snapshots are adopted: the old links may close now.
     for old in std::mem::take(&mut core.retiring) {
         fail_requests_of(&session, &mut core, &old);
