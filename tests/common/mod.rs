@@ -369,3 +369,45 @@ impl RawWs {
         }
     }
 }
+
+// ─── Non-panicking socket helpers (randomized runs count a timeout as a
+// failure of the run and report its seed instead of panicking) ──────────────
+
+impl RawWs {
+    /// The next text frame (parsed; a frame that is not JSON comes back as
+    /// `{"unparsed": <text>}`) or how the socket closed, or `None` if
+    /// nothing arrived within `within`. `Duration::ZERO` only takes what
+    /// is already there. A close frame without a status reads as code 1005
+    /// and a socket that ended without a close frame as 1006 with the
+    /// error as reason (RFC 6455 §7.4.1: codes never sent on the wire).
+    pub async fn next_within(&mut self, within: Duration) -> Option<Next> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let msg = tokio::time::timeout_at(deadline, self.ws.next())
+                .await
+                .ok()?;
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    let v = serde_json::from_str(t.as_str())
+                        .unwrap_or_else(|_| json!({ "unparsed": t.as_str() }));
+                    return Some(Next::Frame(v));
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    let code = frame.map_or((1005, String::new()), |f| {
+                        (u16::from(f.code), f.reason.to_string())
+                    });
+                    return Some(Next::Closed(Some(code)));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Some(Next::Closed(Some((1006, e.to_string())))),
+                None => return Some(Next::Closed(Some((1006, "end of stream".into())))),
+            }
+        }
+    }
+
+    /// Sends one JSON value as a text frame; `false` if the socket can no
+    /// longer be written.
+    pub async fn try_send_json(&mut self, v: &Value) -> bool {
+        self.ws.send(Message::text(v.to_string())).await.is_ok()
+    }
+}
