@@ -25,7 +25,7 @@ use ahp::{
 use ahp_relay::devkit::DEV_ISSUER;
 use ahp_relay::session::PrincipalKey;
 use ahp_relay::simhost::clock::now_iso;
-use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
+use ahp_relay::simhost::{AgentScript, SimHost};
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use common::relay::TestRelay;
 use common::*;
@@ -46,22 +46,6 @@ fn script(deltas: u32, rate: u32) -> AgentScript {
         tool_confirmation: false,
         seed: None,
     }
-}
-
-fn host(name: &str, sessions: usize, script: AgentScript) -> SimHostConfig {
-    SimHostConfig {
-        sessions,
-        script,
-        ..SimHostConfig::named(name)
-    }
-}
-
-/// (client URI, host URI) of seeded chat `<host>-<n>-main`.
-fn seeded_chat(host: &str, n: usize) -> (String, String) {
-    (
-        format!("ahp-chat:/{host}~{host}-{n}-main"),
-        format!("ahp-chat:/{host}-{n}-main"),
-    )
 }
 
 /// A host-assigned URI in client names (`<scheme>:/<host>~<id>`).

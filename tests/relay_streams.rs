@@ -15,8 +15,8 @@ mod common;
 use std::time::Duration;
 
 use ahp::{Client, ClientEvent, ClientEventStream, SubscriptionEvent};
+use ahp_relay::simhost::AgentScript;
 use ahp_relay::simhost::clock::now_iso;
-use ahp_relay::simhost::{AgentScript, SimHostConfig};
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use common::relay::TestRelay;
 use common::*;
@@ -43,23 +43,6 @@ fn script(reply_deltas: u32, delta_bytes: usize, delta_rate: u32) -> AgentScript
         tool_confirmation: false,
         seed: None,
     }
-}
-
-/// A host named `name` with `sessions` seeded sessions and `script`.
-fn host(name: &str, sessions: usize, script: AgentScript) -> SimHostConfig {
-    SimHostConfig {
-        sessions,
-        script,
-        ..SimHostConfig::named(name)
-    }
-}
-
-/// The client name of seeded chat `<host>-<n>-main` on `host`.
-fn seeded_chat(host: &str, n: usize) -> (String, String) {
-    (
-        format!("ahp-chat:/{host}~{host}-{n}-main"),
-        format!("ahp-chat:/{host}-{n}-main"),
-    )
 }
 
 fn action(v: Value) -> StateAction {

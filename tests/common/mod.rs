@@ -411,3 +411,20 @@ impl RawWs {
         self.ws.send(Message::text(v.to_string())).await.is_ok()
     }
 }
+
+/// A host named `name` with `sessions` seeded sessions and `script`.
+pub fn host(name: &str, sessions: usize, script: AgentScript) -> SimHostConfig {
+    SimHostConfig {
+        sessions,
+        script,
+        ..SimHostConfig::named(name)
+    }
+}
+
+/// The client name of seeded chat `<host>-<n>-main` on `host`.
+pub fn seeded_chat(host: &str, n: usize) -> (String, String) {
+    (
+        format!("ahp-chat:/{host}~{host}-{n}-main"),
+        format!("ahp-chat:/{host}-{n}-main"),
+    )
+}
