@@ -112,14 +112,7 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
     );
 
     let mut ws = t.raw("alice").await;
-    let r = ws
-        .request(
-            9,
-            "reconnect",
-            json!({"channel": "ahp-root://", "clientId": "s8",
-            "lastSeenServerSeq": watermark, "subscriptions": [chat_a, chat_b]}),
-        )
-        .await;
+    let r = reconnect(&mut ws, 9, "s8", json!(watermark), &[chat_a, chat_b]).await;
     assert_eq!(
         r["result"]["type"], "snapshot",
         "continuity with a was lost: {r}"
@@ -251,14 +244,7 @@ async fn detached_session_closes_links_when_its_buffer_evicts() {
     })
     .await;
     let mut ws = t.raw("alice").await;
-    let r = ws
-        .request(
-            2,
-            "reconnect",
-            json!({"channel": "ahp-root://", "clientId": "evict",
-            "lastSeenServerSeq": 0, "subscriptions": [chat]}),
-        )
-        .await;
+    let r = reconnect(&mut ws, 2, "evict", json!(0), &[chat]).await;
     assert_eq!(r["result"]["type"], "snapshot", "{r}");
 }
 
@@ -291,14 +277,7 @@ async fn host_down_during_reconnect_then_back_recovers() {
 
     let mut ws = t.raw("alice").await;
     let started = std::time::Instant::now();
-    let r = ws
-        .request(
-            3,
-            "reconnect",
-            json!({"channel": "ahp-root://", "clientId": "s16",
-            "lastSeenServerSeq": watermark, "subscriptions": [chat_a, chat_b]}),
-        )
-        .await;
+    let r = reconnect(&mut ws, 3, "s16", json!(watermark), &[chat_a, chat_b]).await;
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "a down host does not delay the answer"
@@ -328,14 +307,7 @@ async fn host_down_during_reconnect_then_back_recovers() {
     };
     assert_eq!(close.map(|c| c.0), Some(4000), "resync when a is back");
     let mut ws = t.raw("alice").await;
-    let r = ws
-        .request(
-            4,
-            "reconnect",
-            json!({"channel": "ahp-root://", "clientId": "s16",
-            "lastSeenServerSeq": watermark, "subscriptions": [chat_a, chat_b]}),
-        )
-        .await;
+    let r = reconnect(&mut ws, 4, "s16", json!(watermark), &[chat_a, chat_b]).await;
     let mut got: Vec<String> = r["result"]["snapshots"]
         .as_array()
         .expect("snapshots")
@@ -352,4 +324,21 @@ async fn host_down_during_reconnect_then_back_recovers() {
     let mut host_state = back.channel_state("ahp-chat:/a-1-main").expect("a's chat");
     host_state["resource"] = json!(chat_a);
     assert_eq!(a_state, host_state);
+}
+
+/// Sends `reconnect` for `client_id` with `watermark` and `channels`; returns the answer.
+async fn reconnect(
+    ws: &mut RawWs,
+    id: u64,
+    client_id: &str,
+    watermark: Value,
+    channels: &[&str],
+) -> Value {
+    ws.request(
+        id,
+        "reconnect",
+        json!({"channel": "ahp-root://", "clientId": client_id,
+               "lastSeenServerSeq": watermark, "subscriptions": channels}),
+    )
+    .await
 }

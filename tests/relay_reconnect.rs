@@ -125,20 +125,6 @@ fn deltas(envs: &[ActionEnvelope], channel: &str) -> usize {
     envs.iter().filter(|e| is(e, channel, "chat/delta")).count()
 }
 
-/// Panics unless `envs` are numbered exactly `after+1, after+2, …` (§5.1).
-fn assert_contiguous(envs: &[ActionEnvelope], after: u64) {
-    for (i, e) in envs.iter().enumerate() {
-        assert_eq!(
-            e.server_seq,
-            after + 1 + i as u64,
-            "envelope #{i} ({} on {}) is not numbered next after {after}",
-            action_type(e),
-            e.channel
-        );
-        assert!(e.server_seq <= MAX_SAFE, "serverSeq above 2^53-1");
-    }
-}
-
 fn reconnect_params(client_id: &str, watermark: Value, subscriptions: &[&str]) -> Value {
     json!({"channel": ROOT, "clientId": client_id, "lastSeenServerSeq": watermark,
         "subscriptions": subscriptions})
@@ -251,28 +237,6 @@ fn error_code(r: &Value) -> i64 {
     r["error"]["code"]
         .as_i64()
         .unwrap_or_else(|| panic!("expected an error response: {r}"))
-}
-
-/// Stops the relay, waits until it is gone (it holds the store), and starts
-/// a new one from the same directory and hosts.
-async fn restart(t: TestRelay) -> TestRelay {
-    let TestRelay { relay, hosts, kit } = t;
-    let first = Arc::downgrade(&relay.relay);
-    relay.stop();
-    wait_until("the first relay is dropped", || first.strong_count() == 0).await;
-    let pairs: Vec<(String, String)> = hosts
-        .iter()
-        .map(|h| (h.config().name.clone(), h.url()))
-        .collect();
-    let cfg = kit
-        .config("127.0.0.1:0", &pairs, "", "")
-        .expect("same config");
-    let relay = ahp_relay::run::start(cfg)
-        .await
-        .expect("relay restarts on the same directory");
-    let t = TestRelay { relay, hosts, kit };
-    t.wait_hosts_up().await;
-    t
 }
 
 // ─── S5: replay ─────────────────────────────────────────────────────────────
@@ -839,7 +803,7 @@ async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0()
         .max()
         .expect("numbers");
 
-    let t = restart(t).await;
+    let t = t.restart().await;
     drop(events);
     drop(a);
     let b = t.client("alice").await;
@@ -993,7 +957,7 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
         "the runtime's watermark is the last envelope"
     );
 
-    let t = restart(t).await;
+    let t = t.restart().await;
     dial.lock().expect("dial options").url = t.url();
     connected(&mut host_events, 2).await;
     let handle = multi.host(&id).await.expect("host");

@@ -460,22 +460,7 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
     c.shutdown().await;
     drop(c);
     let up_before = t.relay.relay.upstream_id(&principal("alice"), "s11");
-    let TestRelay { relay, hosts, kit } = t;
-    let first = Arc::downgrade(&relay.relay);
-    relay.stop();
-    wait_until("the first relay is dropped", || first.strong_count() == 0).await;
-    let pairs: Vec<(String, String)> = hosts
-        .iter()
-        .map(|h| (h.config().name.clone(), h.url()))
-        .collect();
-    let cfg = kit
-        .config("127.0.0.1:0", &pairs, "", "")
-        .expect("same config");
-    let relay = ahp_relay::run::start(cfg)
-        .await
-        .expect("relay restarts on the same store");
-    let t = TestRelay { relay, hosts, kit };
-    t.wait_hosts_up().await;
+    let t = t.restart().await;
     assert_eq!(
         t.relay.relay.upstream_id(&principal("alice"), "s11"),
         up_before,

@@ -132,21 +132,6 @@ fn host_state(t: &TestRelay, i: usize, host_uri: &str, verbatim: &[&str]) -> Val
     client_names(&h.config().name, &state, verbatim)
 }
 
-/// Panics unless the envelopes carry exactly `after+1, after+2, …`: the
-/// client's sequence numbers every envelope with the next number (§5.1).
-fn assert_contiguous(envs: &[ActionEnvelope], after: u64) {
-    for (i, e) in envs.iter().enumerate() {
-        assert_eq!(
-            e.server_seq,
-            after + 1 + i as u64,
-            "envelope #{i} ({} on {}) is not numbered next after {after}",
-            action_type(e),
-            e.channel
-        );
-        assert!(e.server_seq <= MAX_SAFE, "serverSeq above 2^53-1");
-    }
-}
-
 /// Envelopes still on their way: a ping barrier, then a quiet window (frames
 /// a host sends right after the last awaited one may still be on a link).
 async fn settle(client: &Client, events: &mut ClientEventStream) -> Vec<ActionEnvelope> {

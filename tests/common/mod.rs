@@ -428,3 +428,19 @@ pub fn seeded_chat(host: &str, n: usize) -> (String, String) {
         format!("ahp-chat:/{host}-{n}-main"),
     )
 }
+
+/// Panics unless the envelopes carry exactly `after+1, after+2, …` (the
+/// client's sequence numbers every envelope with the next number, §5.1),
+/// all at most 2^53 − 1.
+pub fn assert_contiguous(envs: &[ActionEnvelope], after: u64) {
+    for (i, e) in envs.iter().enumerate() {
+        assert_eq!(
+            e.server_seq,
+            after + 1 + i as u64,
+            "envelope #{i} ({} on {}) is not numbered next after {after}",
+            action_type(e),
+            e.channel
+        );
+        assert!(e.server_seq < 1 << 53, "serverSeq above 2^53-1");
+    }
+}

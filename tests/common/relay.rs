@@ -72,6 +72,28 @@ impl TestRelay {
         }
     }
 
+    /// Stops the relay, waits until it is gone (it holds the store file),
+    /// and starts a new one from the same directory and hosts.
+    pub async fn restart(self) -> Self {
+        let TestRelay { relay, hosts, kit } = self;
+        let first = std::sync::Arc::downgrade(&relay.relay);
+        relay.stop();
+        super::wait_until("the first relay is dropped", || first.strong_count() == 0).await;
+        let pairs: Vec<(String, String)> = hosts
+            .iter()
+            .map(|h| (h.config().name.clone(), h.url()))
+            .collect();
+        let cfg = kit
+            .config("127.0.0.1:0", &pairs, "", "")
+            .expect("same config");
+        let relay = ahp_relay::run::start(cfg)
+            .await
+            .expect("relay restarts on the same directory");
+        let t = TestRelay { relay, hosts, kit };
+        t.wait_hosts_up().await;
+        t
+    }
+
     /// Waits until every host's watch link is up.
     pub async fn wait_hosts_up(&self) {
         let relay = self.relay.relay.clone();
