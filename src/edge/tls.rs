@@ -124,9 +124,16 @@ impl ReloadingCert {
     }
 }
 
+impl ReloadingCert {
+    /// The certificate served now.
+    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
+        self.current.read().ok().map(|c| c.0.clone())
+    }
+}
+
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.read().ok().map(|c| c.0.clone())
+        self.current()
     }
 }
 
@@ -136,4 +143,44 @@ pub fn self_signed(names: &[&str]) -> Result<(String, String), rcgen::Error> {
     let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     let ck = rcgen::generate_simple_self_signed(names)?;
     Ok((ck.cert.pem(), ck.signing_key.serialize_pem()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first_cert(ck: &CertifiedKey) -> Vec<u8> {
+        ck.cert.first().map(|c| c.to_vec()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_changed_pair_is_served_and_a_broken_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("ahp-relay-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("c.pem"), dir.join("k.pem"));
+        let (c1, k1) = self_signed(&["localhost"]).unwrap();
+        std::fs::write(&cert, &c1).unwrap();
+        std::fs::write(&key, &k1).unwrap();
+        let r = ReloadingCert::load(&cert, &key).unwrap();
+        let before = first_cert(&r.current().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let (c2, k2) = self_signed(&["localhost"]).unwrap();
+        std::fs::write(&cert, &c2).unwrap();
+        std::fs::write(&key, &k2).unwrap();
+        r.reload_if_changed();
+        let after = first_cert(&r.current().unwrap());
+        assert_ne!(
+            before, after,
+            "the new certificate is served without a restart"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        std::fs::write(&cert, "not a certificate").unwrap();
+        r.reload_if_changed();
+        assert_eq!(
+            first_cert(&r.current().unwrap()),
+            after,
+            "a broken file keeps the old pair"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
