@@ -35,6 +35,16 @@ pub enum ConfigError {
     /// A value is out of range or inconsistent with another.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    /// A value at a known place in the file is invalid.
+    #[error("{path}:{line}: {message}")]
+    InvalidAt {
+        /// The config file.
+        path: PathBuf,
+        /// 1-based line of the offending value.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// The whole relay configuration.
@@ -53,6 +63,12 @@ pub struct RelayConfig {
     /// Bounds.
     #[serde(default)]
     pub limits: Limits,
+    /// Access control (contract §7); no rules means nobody sees anything.
+    #[serde(default)]
+    pub policy: crate::policy::PolicyConfig,
+    /// The file this configuration was loaded from (watched for policy reloads).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// Listener and TLS settings.
@@ -151,6 +167,17 @@ pub struct Limits {
     pub upstream_settle_secs: u64,
     /// Milliseconds over which resyncs beyond a burst are spread.
     pub resync_spread_ms: u64,
+    /// Bytes all replay buffers together may hold (contract §5.4). Above
+    /// it, whole buffers of detached sessions are dropped, least recently
+    /// attached first; if attached sessions alone hold more, upgrades are
+    /// refused with 503.
+    pub replay_memory_bytes: usize,
+    /// Once upgrades are refused, they are accepted again only when replay
+    /// memory is at or below this percentage of `replay_memory_bytes`
+    /// (1–100; hysteresis).
+    pub replay_memory_resume_percent: u8,
+    /// `Retry-After` seconds of a 503 refused for replay memory.
+    pub replay_memory_retry_after_secs: u64,
 }
 
 impl Default for Limits {
@@ -172,6 +199,9 @@ impl Default for Limits {
             retain_secs: 600,
             upstream_settle_secs: 3,
             resync_spread_ms: 5000,
+            replay_memory_bytes: 256 * 1024 * 1024,
+            replay_memory_resume_percent: 75,
+            replay_memory_retry_after_secs: 10,
         }
     }
 }
@@ -186,6 +216,30 @@ impl Limits {
     pub fn upstream_request(&self) -> Duration {
         Duration::from_secs(self.upstream_request_secs)
     }
+
+    /// The low watermark of replay memory in bytes: refused upgrades resume
+    /// at or below it.
+    pub fn replay_memory_low_bytes(&self) -> usize {
+        let percent = usize::from(self.replay_memory_resume_percent.clamp(1, 100));
+        (self.replay_memory_bytes / 100)
+            .saturating_mul(percent)
+            .saturating_add(self.replay_memory_bytes % 100 * percent / 100)
+    }
+
+    /// Checks the bounds serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(format!("limits: {m}")));
+        if self.replay_memory_bytes == 0 {
+            return bad("replay_memory_bytes must be at least 1");
+        }
+        if !(1..=100).contains(&self.replay_memory_resume_percent) {
+            return bad("replay_memory_resume_percent must be 1 to 100");
+        }
+        if self.replay_memory_retry_after_secs == 0 {
+            return bad("replay_memory_retry_after_secs must be at least 1");
+        }
+        Ok(())
+    }
 }
 
 impl RelayConfig {
@@ -195,12 +249,30 @@ impl RelayConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfg: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let mut cfg: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
+        cfg.source = Some(path.to_path_buf());
         cfg.validate()?;
+        cfg.validate_policy().map_err(|e| ConfigError::InvalidAt {
+            path: path.to_path_buf(),
+            line: text
+                .get(..e.span.start)
+                .map_or(1, |head| head.matches('\n').count() + 1),
+            message: e.message,
+        })?;
         Ok(cfg)
+    }
+
+    /// Checks the policy rules against the configured hosts.
+    pub fn validate_policy(&self) -> Result<(), crate::policy::rules::RuleError> {
+        let hosts: Vec<(&str, Option<&str>)> = self
+            .hosts
+            .iter()
+            .map(|h| (h.id.as_str(), h.label.as_deref()))
+            .collect();
+        self.policy.validate(&hosts)
     }
 
     /// Checks what serde cannot: host ids, URL schemes, TLS presence.
@@ -251,6 +323,7 @@ impl RelayConfig {
         if self.auth.issuers.is_empty() {
             return bad("auth: at least one issuer is required".into());
         }
+        self.limits.validate()?;
         Ok(())
     }
 

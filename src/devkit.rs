@@ -14,6 +14,44 @@ pub const DEV_ISSUER: &str = "ahp-relay-dev";
 /// Audience of dev tokens.
 pub const DEV_AUDIENCE: &str = "ahp-relay";
 
+/// The policy of a dev setup when the caller gives none: every principal of
+/// the dev issuer is `admin` on every host and sees every session. Tests
+/// that are not about tenancy run under it.
+pub const OPEN_POLICY: &str = r#"
+[[policy.rules]]
+name = "dev-everyone"
+subjects = ["*"]
+hosts = ["*"]
+role = "admin"
+visibility = "all"
+"#;
+
+/// The demo's policy (README "Multi-tenant setup"): `alice` operates every
+/// host and sees every session; `bob` operates every host but sees only the
+/// sessions he created; `carol` may only watch `buildbox`.
+pub const DEMO_POLICY: &str = r#"
+[[policy.rules]]
+name = "alice-operates-everything"
+subjects = ["alice"]
+hosts = ["*"]
+role = "operator"
+visibility = "all"
+
+[[policy.rules]]
+name = "bob-own-sessions"
+subjects = ["bob"]
+hosts = ["*"]
+role = "operator"
+visibility = "own"
+
+[[policy.rules]]
+name = "carol-watches-buildbox"
+subjects = ["carol"]
+hosts = ["buildbox"]
+role = "viewer"
+visibility = "all"
+"#;
+
 /// Files of a dev setup.
 #[derive(Debug, Clone)]
 pub struct DevKit {
@@ -72,7 +110,8 @@ impl DevKit {
     /// A relay configuration listening on `listen` with TLS, the dev issuer,
     /// and `hosts` as `(id, ws url)` pairs; `auth_extra` is TOML placed in the
     /// `[auth]` table (e.g. `deny_list_file = "…"`), `extra` is appended at
-    /// the end (e.g. a `[limits]` table or more `[[auth.issuers]]`).
+    /// the end (e.g. a `[limits]` table or more `[[auth.issuers]]`). Unless
+    /// `extra` has `[[policy.rules]]`, [`OPEN_POLICY`] is appended.
     pub fn config(
         &self,
         listen: &str,
@@ -111,6 +150,9 @@ store = "{store}"
             ));
         }
         toml.push_str(extra);
+        if !extra.contains("[[policy.rules]]") {
+            toml.push_str(OPEN_POLICY);
+        }
         let path = self.dir.join("relay.toml");
         std::fs::write(&path, toml)?;
         Ok(RelayConfig::load(&path)?)

@@ -2,7 +2,10 @@
 //! names from the relay's own table plus `other`, reasons from closed lists
 //! — never a principal, clientId or URI.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
 
 /// Every metric the relay exports.
 #[derive(Debug, Clone)]
@@ -19,6 +22,8 @@ pub struct Metrics {
     pub client_requests: IntCounterVec,
     /// Client frames refused by the wire layer, by reason.
     pub bad_client_frames: IntCounterVec,
+    /// Access-control decisions (allow / deny / invisible).
+    pub acl_decisions: IntCounterVec,
     /// Client notifications or responses dropped (unknown, malformed, early).
     pub client_notifications_dropped: IntCounter,
     /// Envelopes numbered and delivered to clients.
@@ -47,6 +52,20 @@ pub struct Metrics {
     pub slow_consumer_closes: IntCounter,
     /// `reconnect` outcomes (replay / snapshot / not_found).
     pub reconnects: IntCounterVec,
+    /// snapshot / (replay + snapshot) over the relay's lifetime, computed
+    /// from [`Metrics::reconnects`] when `/metrics` is rendered (0 before
+    /// the first answer).
+    pub snapshot_fallback_ratio: Gauge,
+    /// Envelopes per `replay` answer.
+    pub replay_sizes: Histogram,
+    /// Whole replay buffers of detached sessions dropped under global
+    /// memory pressure (contract §5.4).
+    pub pressure_dropped_buffers: IntCounter,
+    /// Bytes those drops freed.
+    pub pressure_freed_bytes: IntCounter,
+    /// WebSocket upgrades refused before authentication, by reason
+    /// (`replay_memory`: 503 under global memory pressure).
+    pub upgrades_refused: IntCounterVec,
 }
 
 impl Metrics {
@@ -74,11 +93,26 @@ impl Metrics {
             &["host"],
         )?;
         registry.register(Box::new(host_up.clone()))?;
+        let snapshot_fallback_ratio = Gauge::new(
+            "ahp_relay_reconnect_snapshot_fallback_ratio",
+            "reconnect answers that were snapshot rather than replay, since start",
+        )?;
+        registry.register(Box::new(snapshot_fallback_ratio.clone()))?;
+        let replay_sizes = Histogram::with_opts(
+            HistogramOpts::new("ahp_relay_replay_envelopes", "envelopes per replay answer")
+                .buckets(vec![0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]),
+        )?;
+        registry.register(Box::new(replay_sizes.clone()))?;
         Ok(Self {
             connections: counter("connections_total", "client connections accepted")?,
             connections_open,
             auth_failures: counter_vec("auth_failures_total", "upgrades refused", "reason")?,
             client_requests: counter_vec("client_requests_total", "client requests", "method")?,
+            acl_decisions: counter_vec(
+                "acl_decisions_total",
+                "Access-control decisions by outcome (allow, deny, invisible)",
+                "decision",
+            )?,
             bad_client_frames: counter_vec(
                 "bad_client_frames_total",
                 "client frames refused",
@@ -119,17 +153,71 @@ impl Metrics {
                 "clients closed with 4008",
             )?,
             reconnects: counter_vec("reconnects_total", "reconnect outcomes", "outcome")?,
+            snapshot_fallback_ratio,
+            replay_sizes,
+            pressure_dropped_buffers: counter(
+                "replay_memory_dropped_buffers_total",
+                "replay buffers of detached sessions dropped under memory pressure",
+            )?,
+            pressure_freed_bytes: counter(
+                "replay_memory_freed_bytes_total",
+                "bytes freed by dropping replay buffers under memory pressure",
+            )?,
+            upgrades_refused: counter_vec(
+                "upgrades_refused_total",
+                "upgrades refused for load",
+                "reason",
+            )?,
             registry,
         })
     }
 
     /// The text exposition format of every metric.
     pub fn render(&self) -> String {
+        let outcome = |o: &str| {
+            self.reconnects
+                .get_metric_with_label_values(&[o])
+                .map_or(0, |c| c.get())
+        };
+        let (snapshot, replay) = (outcome("snapshot"), outcome("replay"));
+        let answered = snapshot + replay;
+        self.snapshot_fallback_ratio.set(if answered == 0 {
+            0.0
+        } else {
+            snapshot as f64 / answered as f64
+        });
         let mut out = String::new();
         let encoder = prometheus::TextEncoder::new();
         if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
             tracing::error!(error = %e, "cannot render metrics");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_fallback_ratio_is_computed_at_render() {
+        let m = Metrics::new().unwrap();
+        assert!(
+            m.render()
+                .contains("ahp_relay_reconnect_snapshot_fallback_ratio 0\n"),
+            "0 before any reconnect"
+        );
+        m.reconnects.with_label_values(&["replay"]).inc_by(3);
+        m.reconnects.with_label_values(&["snapshot"]).inc();
+        m.reconnects.with_label_values(&["not_found"]).inc_by(7);
+        let page = m.render();
+        assert!(
+            page.contains("ahp_relay_reconnect_snapshot_fallback_ratio 0.25\n"),
+            "{page}"
+        );
+        m.replay_sizes.observe(5.0);
+        let page = m.render();
+        assert!(page.contains("ahp_relay_replay_envelopes_bucket{le=\"4\"} 0\n"));
+        assert!(page.contains("ahp_relay_replay_envelopes_bucket{le=\"16\"} 1\n"));
     }
 }

@@ -19,6 +19,7 @@ use crate::edge::auth::Authenticator;
 use crate::metrics::Metrics;
 use crate::route::store::UriStore;
 use crate::rpc::RpcError;
+use crate::session::buffer::ReplayMemory;
 use crate::session::sequence::SequenceOrigins;
 use crate::session::{ClientSession, PrincipalKey, SessionKey};
 use crate::upstream::hub::{HostHub, HostStatus};
@@ -53,6 +54,24 @@ pub struct Relay {
     next_socket: AtomicU64,
     watch_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     resyncs: std::sync::Mutex<(std::time::Instant, u32)>,
+    /// Bytes held by every replay buffer, against `limits.replay_memory_bytes`.
+    memory: Arc<ReplayMemory>,
+    /// Detached sessions, the candidates for dropping under memory pressure
+    /// (contract §5.4); entries of sessions attached again since are stale
+    /// and skipped (their generation changed).
+    detached: DashMap<SessionKey, Detached>,
+    /// Order of detaches: lower means attached less recently.
+    detach_order: AtomicU64,
+}
+
+/// A detached session in the pressure registry.
+#[derive(Debug)]
+struct Detached {
+    /// When it detached, from `Relay::detach_order`.
+    order: u64,
+    /// The attach generation its detach returned.
+    generation: u64,
+    session: std::sync::Weak<ClientSession>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -113,6 +132,10 @@ impl Relay {
             max_frame_bytes: 64 * 1024 * 1024,
             max_depth: 256,
         };
+        let policy = crate::policy::RulePolicy::new(&cfg.policy);
+        limits.validate().map_err(|e| e.to_string())?;
+        let (memory, mut pressure) =
+            ReplayMemory::new(limits.replay_memory_bytes, limits.replay_memory_low_bytes());
         let (tx, rx) = mpsc::unbounded_channel();
         let relay = Arc::new(Self {
             cfg: Arc::new(cfg),
@@ -125,10 +148,23 @@ impl Relay {
             upstream_limits,
             metrics,
             auth,
-            policy: std::sync::RwLock::new(Arc::new(crate::policy::AllowAll)),
+            policy: std::sync::RwLock::new(Arc::new(policy)),
             next_socket: AtomicU64::new(1),
             watch_tasks: std::sync::Mutex::new(Vec::new()),
             resyncs: std::sync::Mutex::new((std::time::Instant::now(), 0)),
+            memory,
+            detached: DashMap::new(),
+            detach_order: AtomicU64::new(0),
+        });
+        // The pressure task: woken when replay memory crosses the budget or
+        // a session detaches over it; ends when the relay and every buffer
+        // are gone (the wake-up sender lives in the shared account).
+        let weak = Arc::downgrade(&relay);
+        tokio::spawn(async move {
+            while pressure.recv().await.is_some() {
+                let Some(relay) = weak.upgrade() else { break };
+                relay.relieve_memory_pressure();
+            }
         });
         let tasks: Vec<_> = relay
             .hubs
@@ -153,12 +189,27 @@ impl Relay {
     }
 
     /// Replaces the policy; the next request is decided by the new one
-    /// (contract §7.6).
+    /// (contract §7.6). Root followers get the root fields that changed for
+    /// them; a client that lost sight of a subscribed channel is closed with
+    /// 4000, so its `reconnect` gets snapshots without that channel.
     pub fn set_policy(&self, policy: Arc<dyn crate::policy::Policy>) {
         match self.policy.write() {
             Ok(mut p) => *p = policy,
             Err(e) => *e.into_inner() = policy,
         }
+        let sessions: Vec<Arc<ClientSession>> = self.sessions.iter().map(|s| s.clone()).collect();
+        for s in sessions {
+            if s.forget_invisible() {
+                self.metrics.resyncs.with_label_values(&["policy"]).inc();
+                s.close(4000, "resync: access policy changed; reconnect now");
+            }
+        }
+        use crate::upstream::watch::RootField;
+        self.fan_root(&[
+            RootField::Agents,
+            RootField::Terminals,
+            RootField::ActiveSessions,
+        ]);
     }
 
     /// How long to wait before closing a client for resync (contract §5.8):
@@ -193,16 +244,6 @@ impl Relay {
                 .unwrap_or([0; 8]),
         );
         std::time::Duration::from_millis(r % (self.cfg.limits.resync_spread_ms + 1))
-    }
-
-    /// The principal that created `uri` on `host` through the relay, if one did.
-    pub fn owner_of(&self, host: &str, uri: &str) -> Option<crate::route::store::Owner> {
-        self.store
-            .lookup(uri)
-            .ok()
-            .flatten()
-            .filter(|e| e.host == host)
-            .map(|e| e.owner)
     }
 
     /// Ends every client session (their links close).
@@ -248,25 +289,34 @@ impl Relay {
             .unwrap_or("other")
     }
 
+    /// The part of every upstream id of principal `p`: `r1.` +
+    /// b64url(HMAC(k, P))[..11] + `.` (a terminal claimed by a client id
+    /// with this prefix belongs to one of `p`'s clients).
+    pub fn upstream_prefix(&self, p: &PrincipalKey) -> String {
+        let who = self.principal_mac(p, None);
+        format!("r1.{}.", who.get(..11).unwrap_or(&who))
+    }
+
+    fn principal_mac(&self, p: &PrincipalKey, client_id: Option<&str>) -> String {
+        let mut m = self.mac_key.clone();
+        m.update(&(p.issuer.len() as u32).to_be_bytes());
+        m.update(p.issuer.as_bytes());
+        m.update(p.subject.as_bytes());
+        if let Some(c) = client_id {
+            m.update(&[0]);
+            m.update(c.as_bytes());
+        }
+        B64.encode(m.finalize().into_bytes())
+    }
+
     /// The upstream client id of session (P, c) (contract §2, B2):
     /// `r1.` + b64url(HMAC(k, P))[..11] + `.` + b64url(HMAC(k, P‖0x00‖c))[..16],
     /// where P is the issuer's length (4 bytes, big endian), the issuer and the subject.
     pub fn upstream_id(&self, p: &PrincipalKey, client_id: &str) -> String {
-        let mut principal = (p.issuer.len() as u32).to_be_bytes().to_vec();
-        principal.extend_from_slice(p.issuer.as_bytes());
-        principal.extend_from_slice(p.subject.as_bytes());
-        let mac = |parts: &[&[u8]]| -> String {
-            let mut m = self.mac_key.clone();
-            for part in parts {
-                m.update(part);
-            }
-            B64.encode(m.finalize().into_bytes())
-        };
-        let who = mac(&[&principal]);
-        let client = mac(&[&principal, &[0], client_id.as_bytes()]);
+        let client = self.principal_mac(p, Some(client_id));
         format!(
-            "r1.{}.{}",
-            who.get(..11).unwrap_or(&who),
+            "{}{}",
+            self.upstream_prefix(p),
             client.get(..16).unwrap_or(&client)
         )
     }
@@ -286,6 +336,7 @@ impl Relay {
                 Some(json!({"reason": "sessionLimit", "retryable": true})),
             ));
         }
+        session.lock().account_replay_memory(self.memory.clone());
         if let Some(old) = self.sessions.insert(session.key.clone(), session) {
             old.close(4009, "superseded by another socket of the same client");
             old.shut();
@@ -304,24 +355,126 @@ impl Relay {
         let Some(generation) = session.detach_socket(socket) else {
             return; // another socket took over
         };
+        let order = self.detach_order.fetch_add(1, Ordering::Relaxed);
+        self.detached.insert(
+            session.key.clone(),
+            Detached {
+                order,
+                generation,
+                session: Arc::downgrade(session),
+            },
+        );
+        if self.memory.over_target() {
+            self.memory.wake();
+        }
         let grace = std::time::Duration::from_secs(self.cfg.limits.detach_grace_secs);
         let retain = std::time::Duration::from_secs(self.cfg.limits.retain_secs);
         // Weak handles: a stopped relay is not kept alive by its timers.
         let relay = Arc::downgrade(self);
         let weak = Arc::downgrade(session);
+        let key = session.key.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            match weak.upgrade() {
-                Some(s) if s.detached_since(generation) => s.drop_links(),
-                _ => return,
+            let still = match weak.upgrade() {
+                Some(s) if s.detached_since(generation) => {
+                    s.drop_links();
+                    true
+                }
+                _ => false,
+            };
+            if still {
+                tokio::time::sleep(retain).await;
+                if let (Some(relay), Some(s)) = (relay.upgrade(), weak.upgrade())
+                    && s.detached_since(generation)
+                {
+                    relay.sessions.remove_if(&s.key, |_, v| Arc::ptr_eq(v, &s));
+                }
             }
-            tokio::time::sleep(retain).await;
-            if let (Some(relay), Some(s)) = (relay.upgrade(), weak.upgrade())
-                && s.detached_since(generation)
-            {
-                relay.sessions.remove_if(&s.key, |_, v| Arc::ptr_eq(v, &s));
+            if let Some(relay) = relay.upgrade() {
+                relay
+                    .detached
+                    .remove_if(&key, |_, d| d.generation == generation && d.order == order);
             }
         });
+    }
+
+    /// The account of bytes held by every replay buffer.
+    pub fn replay_memory(&self) -> &ReplayMemory {
+        &self.memory
+    }
+
+    /// Whether a new WebSocket upgrade must be refused with 503 because
+    /// attached sessions alone hold more replay memory than the budget, and
+    /// memory has not yet fallen to the low watermark (contract §5.4).
+    pub fn refuses_upgrades(&self) -> bool {
+        self.memory.refusing()
+    }
+
+    /// Global memory pressure (contract §5.4): while replay memory is above
+    /// its target (the budget; the low watermark while upgrades are
+    /// refused), drops whole buffers of detached sessions, least recently
+    /// attached first. If only attached sessions are left holding too much,
+    /// upgrades are refused until memory falls to the low watermark.
+    /// Attached sessions are never touched. Runs on the pressure task, only
+    /// when the budget is crossed or a session detaches over it.
+    pub fn relieve_memory_pressure(&self) {
+        let memory = &self.memory;
+        if memory.over_target() {
+            let mut candidates: Vec<(u64, SessionKey, u64, std::sync::Weak<ClientSession>)> = self
+                .detached
+                .iter()
+                .map(|e| {
+                    let d = e.value();
+                    (d.order, e.key().clone(), d.generation, d.session.clone())
+                })
+                .collect();
+            candidates.sort_unstable_by_key(|c| c.0);
+            for (order, key, generation, weak) in candidates {
+                if !memory.over_target() {
+                    break;
+                }
+                let freed = weak.upgrade().and_then(|s| {
+                    let mut core = s.lock();
+                    // Attached again (or ended) since: not a candidate.
+                    (core.socket_id().is_none() && core.attach_gen() == generation).then(|| {
+                        s.close_links(&mut core);
+                        core.drop_replay_buffer()
+                    })
+                });
+                match freed {
+                    None => {
+                        self.detached
+                            .remove_if(&key, |_, d| d.order == order && d.generation == generation);
+                    }
+                    Some((_, 0)) => {}
+                    Some((_, bytes)) => {
+                        let m = &self.metrics;
+                        m.pressure_dropped_buffers.inc();
+                        m.pressure_freed_bytes.inc_by(bytes as u64);
+                        m.buffer_bytes.sub(bytes as i64);
+                        tracing::info!(
+                            bytes,
+                            used = memory.used(),
+                            budget = memory.budget(),
+                            "replay buffer of a detached session dropped under memory pressure"
+                        );
+                    }
+                }
+            }
+        }
+        let used = memory.used();
+        if used > memory.budget() {
+            if !memory.refusing() {
+                tracing::warn!(
+                    used,
+                    budget = memory.budget(),
+                    "attached sessions alone exceed the replay memory budget: refusing upgrades"
+                );
+            }
+            memory.set_refusing(true);
+        } else if used <= memory.low_watermark() {
+            memory.set_refusing(false);
+        }
     }
 
     /// The registered session for `key`.
@@ -329,12 +482,12 @@ impl Relay {
         self.sessions.get(key).map(|s| s.clone())
     }
 
-    /// The host whose agent is the only one visible, if exactly one is.
-    pub fn only_agent_host(&self) -> Option<Arc<HostHub>> {
-        let mut with_agents = self
-            .hubs
-            .values()
-            .filter(|h| h.view().root.is_some_and(|r| !r.agents.is_empty()));
+    /// The host whose agent is the only one `who` can see, if exactly one is.
+    pub fn only_agent_host(&self, who: crate::policy::Subject<'_>) -> Option<Arc<HostHub>> {
+        let mut with_agents = self.hubs.values().filter(|h| {
+            self.grant_on(who, h).is_some()
+                && h.read(|v| v.root.as_ref().is_some_and(|r| !r.agents.is_empty()))
+        });
         let first = with_agents.next()?;
         with_agents.next().is_none().then(|| first.clone())
     }
@@ -348,28 +501,34 @@ impl Relay {
         }
     }
 
-    /// Union of the up hosts' completion trigger characters (§6.6).
-    pub fn trigger_characters(&self) -> Vec<String> {
+    /// Union of the trigger characters of the up hosts `who` can see (§6.6).
+    pub fn trigger_characters(&self, who: crate::policy::Subject<'_>) -> Vec<String> {
         let mut all: Vec<String> = self
             .hubs
             .values()
-            .map(|h| h.view())
-            .filter(|v| v.status == HostStatus::Up)
-            .flat_map(|v| v.trigger_characters)
+            .filter(|h| self.grant_on(who, h).is_some())
+            .flat_map(|h| {
+                h.read(|v| match v.status {
+                    HostStatus::Up => v.trigger_characters.clone(),
+                    _ => Vec::new(),
+                })
+            })
             .collect();
         all.sort();
         all.dedup();
         all
     }
 
-    /// The hosts' terminal command prefix, only if every up host agrees (§6.6).
-    pub fn terminal_command_prefix(&self) -> Option<String> {
+    /// The terminal command prefix, only if every up host `who` can see
+    /// agrees (§6.6).
+    pub fn terminal_command_prefix(&self, who: crate::policy::Subject<'_>) -> Option<String> {
         let mut prefixes = self
             .hubs
             .values()
-            .map(|h| h.view())
-            .filter(|v| v.status == HostStatus::Up)
-            .map(|v| v.terminal_command_prefix);
+            .filter(|h| self.grant_on(who, h).is_some())
+            .filter_map(|h| {
+                h.read(|v| (v.status == HostStatus::Up).then(|| v.terminal_command_prefix.clone()))
+            });
         let first = prefixes.next()??;
         prefixes
             .all(|p| p.as_deref() == Some(first.as_str()))

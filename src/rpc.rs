@@ -71,6 +71,17 @@ impl RpcError {
     pub fn not_found(what: impl Into<String>) -> Self {
         Self::new(ahp::NOT_FOUND, what)
     }
+    /// The relay's answer for a channel that does not exist *or* that the
+    /// principal cannot see (contract §4.4): -32001 for `ahp-session:` URIs,
+    /// -32008 otherwise, with a message that does not repeat the URI and no
+    /// `data`, so the two cases are byte-identical.
+    pub fn nonexistent(uri: &str) -> Self {
+        if uri.starts_with("ahp-session:") {
+            Self::new(ahp::SESSION_NOT_FOUND, "session not found")
+        } else {
+            Self::new(ahp::NOT_FOUND, "not found")
+        }
+    }
     /// -32603: the relay or host failed; `data` says why and whether to retry.
     pub fn internal(message: impl Into<String>, data: Option<Value>) -> Self {
         Self {

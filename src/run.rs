@@ -114,14 +114,58 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Re-reads issuer keys (PEM/JWKS files) and the `jti` deny list every few
-/// seconds; a broken file keeps the previous keys (contract §3.3).
-async fn reload_auth(relay: Arc<Relay>) {
+/// seconds or on SIGHUP; a broken file keeps the previous keys (contract
+/// §3.3). The config file's `[policy]` is reloaded when the file changes
+/// (or on SIGHUP): a valid new policy applies to the next request at once,
+/// and clients that lost sight of a subscribed channel are closed with 4000
+/// (§7.6); an invalid file keeps the previous policy.
+async fn reload_files(relay: Arc<Relay>) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     tick.tick().await;
+    let stamp = |p: &Option<std::path::PathBuf>| {
+        p.as_ref()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut seen = stamp(&relay.cfg.source);
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
-        tick.tick().await;
+        #[cfg(unix)]
+        let forced = match hangup.as_mut() {
+            Some(h) => tokio::select! {
+                _ = tick.tick() => false,
+                _ = h.recv() => true,
+            },
+            None => {
+                tick.tick().await;
+                false
+            }
+        };
+        #[cfg(not(unix))]
+        let forced = {
+            tick.tick().await;
+            false
+        };
         if let Err(e) = relay.auth.reload() {
             tracing::warn!(error = %e, "auth reload failed; keeping the previous keys");
+        }
+        let now = stamp(&relay.cfg.source);
+        if now == seen && !forced {
+            continue;
+        }
+        seen = now;
+        let Some(path) = relay.cfg.source.clone() else {
+            continue;
+        };
+        match RelayConfig::load(&path) {
+            Ok(cfg) => {
+                relay.set_policy(Arc::new(crate::policy::RulePolicy::new(&cfg.policy)));
+                tracing::info!(rules = cfg.policy.rules.len(), "policy reloaded");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "config reload failed; keeping the previous policy")
+            }
         }
     }
 }
@@ -158,7 +202,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let tasks = vec![
         tokio::spawn(relay.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),
-        tokio::spawn(reload_auth(relay.clone())),
+        tokio::spawn(reload_files(relay.clone())),
     ];
     tracing::info!(%addr, hosts = relay.hubs().count(), "relay listening");
     Ok(RunningRelay {

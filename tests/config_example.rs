@@ -1,15 +1,149 @@
-//! The shipped example configuration loads and validates (contract §8.1).
+//! The shipped example configurations load and validate (contract §8.1),
+//! and policy mistakes are reported with file and line (§7, `check-config`).
 
 use std::path::Path;
 
-/// `config/relay.example.toml` parses with `RelayConfig::load` and passes validation.
-#[test]
-fn example_config_loads_and_validates() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/relay.example.toml");
-    let cfg = ahp_relay::config::RelayConfig::load(&path)
+use ahp_relay::config::{ConfigError, RelayConfig};
+
+fn load(name: &str) -> RelayConfig {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config")
+        .join(name);
+    let cfg = RelayConfig::load(&path)
         .unwrap_or_else(|e| panic!("{} does not load: {e}", path.display()));
     cfg.auth
         .validate()
         .unwrap_or_else(|e| panic!("{}: [auth] does not validate: {e}", path.display()));
-    assert!(!cfg.auth.issuers.is_empty(), "the example names an issuer");
+    assert!(!cfg.auth.issuers.is_empty(), "{name} names an issuer");
+    cfg
+}
+
+/// `config/relay.example.toml` parses with `RelayConfig::load` and passes validation.
+#[test]
+fn example_config_loads_and_validates() {
+    let cfg = load("relay.example.toml");
+    assert!(!cfg.policy.rules.is_empty(), "the example has a policy");
+}
+
+/// `config/policy.example.toml` (the worked policy examples) loads, and its
+/// rules grant what its comments say.
+#[test]
+fn policy_example_loads_and_means_what_it_says() {
+    use ahp_relay::policy::{HostRef, Permission, Policy, RulePolicy, Subject, Visibility};
+    use ahp_relay::session::PrincipalKey;
+    let cfg = load("policy.example.toml");
+    let policy = RulePolicy::new(&cfg.policy);
+    let key = |sub: &str| PrincipalKey {
+        issuer: "https://idp.example.com/".into(),
+        subject: sub.into(),
+    };
+    let gpu = HostRef {
+        id: "gpu2",
+        label: Some("gpu"),
+    };
+    let ci = HostRef {
+        id: "buildbox",
+        label: Some("ci"),
+    };
+    let (alice, bob, eve) = (key("alice"), key("bob"), key("eve"));
+    let none: Vec<String> = Vec::new();
+    let ml = vec!["ml".to_string()];
+    let lead = policy
+        .grant(
+            Subject {
+                principal: &alice,
+                groups: &none,
+            },
+            gpu,
+        )
+        .expect("lead sees gpu2");
+    assert_eq!(lead.visibility, Visibility::All);
+    assert!(lead.external && lead.permits(Permission::SessionsOperate));
+    let dev = policy
+        .grant(
+            Subject {
+                principal: &eve,
+                groups: &ml,
+            },
+            gpu,
+        )
+        .expect("ml sees gpu by label");
+    assert_eq!(dev.visibility, Visibility::Group);
+    assert!(!dev.external);
+    assert!(
+        policy
+            .grant(
+                Subject {
+                    principal: &eve,
+                    groups: &ml
+                },
+                ci
+            )
+            .is_none(),
+        "ml never sees the build box"
+    );
+    let contractor = policy
+        .grant(
+            Subject {
+                principal: &bob,
+                groups: &none,
+            },
+            ci,
+        )
+        .expect("bob on ci");
+    assert_eq!(contractor.visibility, Visibility::Own);
+    assert!(!contractor.permits(Permission::FilesWrite) && !contractor.dispose_others);
+    assert!(
+        policy
+            .grant(
+                Subject {
+                    principal: &bob,
+                    groups: &none
+                },
+                gpu
+            )
+            .is_none()
+    );
+}
+
+/// A policy rule naming an unknown host is reported with the file and line
+/// of the offending value; an unknown role with the parser's line.
+#[test]
+fn policy_errors_name_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("ahp-relay-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("config/relay.example.toml"),
+    )
+    .unwrap();
+    let bad_host = format!(
+        "{base}\n[[policy.rules]]\nsubjects = [\"x\"]\nhosts = [\"nowhere\"]\nrole = \"viewer\"\n"
+    );
+    let path = dir.join("bad-host.toml");
+    std::fs::write(&path, &bad_host).unwrap();
+    let line = bad_host
+        .lines()
+        .position(|l| l.contains("nowhere"))
+        .unwrap()
+        + 1;
+    match RelayConfig::load(&path) {
+        Err(ConfigError::InvalidAt {
+            line: l, message, ..
+        }) => {
+            assert_eq!(l, line, "{message}");
+            assert!(message.contains("nowhere"), "{message}");
+        }
+        other => panic!("expected an error at line {line}, got {other:?}"),
+    }
+    let bad_role =
+        format!("{base}\n[[policy.rules]]\nsubjects = [\"x\"]\nhosts = [\"*\"]\nrole = \"root\"\n");
+    std::fs::write(&path, &bad_role).unwrap();
+    let line = bad_role
+        .lines()
+        .position(|l| l.contains("\"root\""))
+        .unwrap()
+        + 1;
+    let e = RelayConfig::load(&path).unwrap_err().to_string();
+    assert!(e.contains(&format!("line {line}")), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,8 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use ahp_relay::policy::{Permission, Policy, Subject};
-use ahp_relay::route::store::Owner;
+use ahp_relay::policy::{Grant, HostRef, PermSet, Permission, Policy, Subject, Visibility};
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
@@ -17,14 +16,14 @@ use serde_json::{Value, json};
 struct HideBReadOnlyA;
 
 impl Policy for HideBReadOnlyA {
-    fn sees_host(&self, _who: Subject<'_>, host: &str) -> bool {
-        host != "b"
-    }
-    fn sees_session(&self, _who: Subject<'_>, host: &str, _s: &str, _o: Option<&Owner>) -> bool {
-        host != "b"
-    }
-    fn permits(&self, _who: Subject<'_>, _host: &str, p: Permission) -> bool {
-        p == Permission::SessionsRead
+    fn grant(&self, _who: Subject<'_>, host: HostRef<'_>) -> Option<Grant> {
+        (host.id != "b").then(|| Grant {
+            permissions: PermSet::of(&[Permission::SessionsRead]),
+            visibility: Visibility::All,
+            external: true,
+            dispose_others: false,
+            rule: "test".into(),
+        })
     }
 }
 
@@ -129,4 +128,81 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         .iter()
         .any(|f| f.method.as_deref() == Some("dispatchAction"));
     assert!(!dispatched_to_a, "a denied dispatch never reaches the host");
+}
+
+/// §7.6 / §8.1: the relay re-reads its config file when it changes; the new
+/// policy applies to the next request, a client that lost sight of a
+/// subscribed channel is closed with 4000, and its `reconnect` gets a
+/// snapshot without that channel. An invalid file keeps the old policy.
+#[tokio::test]
+async fn policy_reload_from_the_config_file_resyncs_clients_that_lost_sight() {
+    let both = r#"
+[[policy.rules]]
+name = "everyone-sees-all"
+subjects = ["*"]
+hosts = ["*"]
+role = "operator"
+visibility = "all"
+"#;
+    let only_a = r#"
+[[policy.rules]]
+name = "everyone-sees-a"
+subjects = ["*"]
+hosts = ["a"]
+role = "operator"
+visibility = "all"
+"#;
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], both).await;
+    let mut ws = t.raw("bob").await;
+    ws.initialize("c").await;
+    for (id, ch) in [(1, "ahp-session:/a~a-1"), (2, "ahp-session:/b~b-1")] {
+        let r = ws.request(id, "subscribe", json!({"channel": ch})).await;
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    let path = t.kit.dir.join("relay.toml");
+    let original = std::fs::read_to_string(&path).expect("config");
+    // A broken file is ignored (the old policy stays in force).
+    std::fs::write(
+        &path,
+        format!("{original}\n[[policy.rules]]\nrole = \"root\"\n"),
+    )
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let still = ws
+        .request(3, "subscribe", json!({"channel": "ahp-chat:/b~b-1-main"}))
+        .await;
+    assert!(still.get("result").is_some(), "old policy kept: {still}");
+    // Hosts are generated before the policy in the dev config: replace it.
+    let changed = original.replace(both, only_a);
+    assert_ne!(changed, original);
+    std::fs::write(&path, changed).unwrap();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(15), ws.close_code())
+        .await
+        .expect("closed within the reload period");
+    assert_eq!(
+        closed.map(|c| c.0),
+        Some(4000),
+        "lost sight of b's channels"
+    );
+    let mut again = t.raw("bob").await;
+    let r = again
+        .request(
+            1,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "c", "lastSeenServerSeq": 0,
+                "subscriptions": ["ahp-session:/a~a-1", "ahp-session:/b~b-1", "ahp-chat:/b~b-1-main"]}),
+        )
+        .await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    let got: Vec<&str> = r["result"]["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .filter_map(|s| s["resource"].as_str())
+        .collect();
+    assert_eq!(got, ["ahp-session:/a~a-1"], "b's channels are gone");
+    let hidden = again
+        .request(2, "subscribe", json!({"channel": "ahp-session:/b~b-1"}))
+        .await;
+    assert_eq!(hidden["error"]["code"], -32001, "{hidden}");
 }

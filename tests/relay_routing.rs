@@ -770,7 +770,7 @@ async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
         "-1",
         "1.5",
     ];
-    for raw in ids {
+    for (n, raw) in ids.into_iter().enumerate() {
         let (text, v) = raw_call(&mut ws, raw, "ping", json!({"channel": ROOT})).await;
         assert_eq!(raw_id(&text), raw, "ping: {text}");
         assert_eq!(v["result"], Value::Null, "{text}");
@@ -792,8 +792,19 @@ async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
             json!({"channel": "ahp-session:/a~nope"}),
         )
         .await;
-        assert_eq!(raw_id(&text), raw, "host error: {text}");
+        assert_eq!(raw_id(&text), raw, "relay's not-found: {text}");
         assert_eq!(v["error"]["code"], -32001, "{text}");
+
+        let fresh = format!("ahp-session:/ids-{n}");
+        let (text, v) = raw_call(
+            &mut ws,
+            raw,
+            "createSession",
+            json!({"channel": fresh, "provider": "nope@a"}),
+        )
+        .await;
+        assert_eq!(raw_id(&text), raw, "host error: {text}");
+        assert_eq!(v["error"]["code"], -32002, "{text}");
 
         let (text, v) = raw_call(
             &mut ws,
@@ -810,9 +821,15 @@ async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
         assert_eq!(v["error"]["code"], -32601, "{text}");
     }
     let subs = host_frames(&t.hosts[0], "subscribe");
-    assert_eq!(subs.len(), 2 * ids.len(), "{subs:?}");
+    assert_eq!(
+        subs.len(),
+        ids.len(),
+        "only visible, existing channels reach the host: {subs:?}"
+    );
+    let creates = host_frames(&t.hosts[0], "createSession");
+    assert_eq!(creates.len(), ids.len(), "{creates:?}");
     let mut seen = BTreeSet::new();
-    for s in &subs {
+    for s in subs.iter().chain(&creates) {
         let id = s["id"]
             .as_u64()
             .unwrap_or_else(|| panic!("host saw a non-integer id: {s}"));
@@ -1255,6 +1272,7 @@ fn rewrite_table_round_trips_and_fails_closed() {
     let owner = Owner {
         issuer: DEV_ISSUER.into(),
         subject: "alice".into(),
+        groups: Vec::new(),
     };
     for scheme in ["ahp-session", "ahp-chat", "ahp-terminal"] {
         let uri = format!("{scheme}:/mine");

@@ -1035,3 +1035,340 @@ async fn seeded_agent_is_deterministic_per_seed() {
         "seeded shapes differ from the fixed script"
     );
 }
+
+// ─── Client-contributed tools (src/simhost/README.md "Client tools") ────────
+
+const CLIENT_TOOL: &str = "read_tab";
+
+fn active_client_set(client_id: &str) -> StateAction {
+    action(json!({"type": "session/activeClientSet", "activeClient": {
+        "clientId": client_id, "displayName": "Test client",
+        "tools": [{"name": CLIENT_TOOL, "title": "Read the open tab"}]}}))
+}
+
+fn tool_complete(turn_id: &str, tool_call_id: &str, success: bool) -> StateAction {
+    action(json!({"type": "chat/toolCallComplete", "turnId": turn_id,
+        "toolCallId": tool_call_id,
+        "result": {"success": success, "pastTenseMessage": "Read the open tab"}}))
+}
+
+fn active_client_ids(session: &Value) -> Vec<String> {
+    session["activeClients"]
+        .as_array()
+        .expect("activeClients")
+        .iter()
+        .filter_map(|c| c["clientId"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A host whose one chat runs a turn that calls client tool `read_tab` of
+/// the `runner` client, up to the call running.
+struct ClientToolRun {
+    host: ahp_relay::simhost::SimHost,
+    runner: Client,
+    events: ahp::ClientEventStream,
+    session: String,
+    chat: String,
+    chat_snap: Value,
+    envs: Vec<ActionEnvelope>,
+    turn_id: String,
+    tool_call_id: String,
+}
+
+async fn running_client_tool(name: &str, grace_ms: u64) -> ClientToolRun {
+    let mut cfg = config(name, script(2, 8, 0));
+    cfg.client_tool_grace_ms = grace_ms;
+    let host = start_host(cfg).await;
+    let (session, chat) = (main_session(name), main_chat(name));
+    let runner = connect_init(&host.url(), "runner").await;
+    let mut events = runner.events();
+    subscribe_raw(&runner, &session).await;
+    let chat_snap = subscribe_raw(&runner, &chat).await;
+    let set = runner
+        .dispatch(session.clone(), active_client_set("runner"))
+        .await
+        .expect("dispatch");
+    let echo = actions_until(&mut events, |e| is_echo(e, "runner", set.client_seq)).await;
+    assert_eq!(echo.last().and_then(|e| e.rejection_reason.clone()), None);
+    let turn_id = format!("{name}-turn");
+    runner
+        .dispatch(
+            chat.clone(),
+            turn_started(&turn_id, &format!("check [client-tool:{CLIENT_TOOL}]")),
+        )
+        .await
+        .expect("dispatch");
+    let envs = actions_until(&mut events, |e| is(e, &chat, "chat/toolCallReady")).await;
+    let start = envs
+        .iter()
+        .find(|e| is(e, &chat, "chat/toolCallStart"))
+        .map(payload)
+        .expect("toolCallStart");
+    assert_eq!(start["toolName"], CLIENT_TOOL);
+    assert_eq!(start["displayName"], "Read the open tab");
+    assert_eq!(
+        start["contributor"],
+        json!({"kind": "client", "clientId": "runner"})
+    );
+    let running = reduce_chat(&chat_snap["state"], &chat, &envs);
+    let tc = tool_call(&running);
+    assert_eq!(
+        tc["status"], "running",
+        "auto-confirmed for its client: {tc}"
+    );
+    assert_eq!(host.channel_state(&chat), Some(running));
+    let tool_call_id = tc["toolCallId"].as_str().expect("toolCallId").to_string();
+    ClientToolRun {
+        host,
+        runner,
+        events,
+        session,
+        chat,
+        chat_snap,
+        envs,
+        turn_id,
+        tool_call_id,
+    }
+}
+
+/// The running client tool call on the host, if the turn still has one.
+fn host_tool_status(host: &ahp_relay::simhost::SimHost, chat: &str) -> Option<String> {
+    let state = host.channel_state(chat)?;
+    state.get("activeTurn")?;
+    tool_call(&state)["status"].as_str().map(str::to_string)
+}
+
+/// Client tools 1: a message with `[client-tool:read_tab]` makes the agent call the tool of the active client offering it (contributor = that client, running at once); the turn waits for it, and the contributor's `chat/toolCallComplete` is accepted and ends the turn.
+#[tokio::test]
+async fn client_tool_call_waits_for_and_is_completed_by_its_contributor() {
+    let mut run = running_client_tool("ctool", 3000).await;
+    let chat = run.chat.clone();
+    let idle = actions_within(&mut run.events, Duration::from_millis(300)).await;
+    assert!(
+        idle.is_empty(),
+        "the turn waits for the client: {:?}",
+        types(&idle)
+    );
+    let h = run
+        .runner
+        .dispatch(
+            chat.clone(),
+            tool_complete(&run.turn_id, &run.tool_call_id, true),
+        )
+        .await
+        .expect("dispatch");
+    let paused_len = run.envs.len();
+    let mut envs = run.envs;
+    envs.extend(actions_until(&mut run.events, |e| is(e, &chat, "chat/turnComplete")).await);
+    let after = on(&envs[paused_len..], &chat);
+    assert_eq!(
+        types(&after),
+        ["chat/toolCallComplete", "chat/turnComplete"]
+    );
+    assert!(is_echo(&after[0], "runner", h.client_seq));
+    assert_eq!(after[0].rejection_reason, None);
+    let done = reduce_chat(&run.chat_snap["state"], &chat, &envs);
+    let tc = tool_call(&done);
+    assert_eq!(tc["status"], "completed");
+    assert_eq!(tc["success"], true, "{tc}");
+    assert_eq!(last_turn(&done)["state"], "complete");
+    assert_eq!(run.host.channel_state(&chat), Some(done));
+}
+
+/// Client tools 2: another client's `chat/toolCallComplete` is echoed with a `rejectionReason` and leaves the call running; the contributor's own completion then succeeds.
+#[tokio::test]
+async fn client_tool_completion_by_another_client_is_rejected() {
+    let mut run = running_client_tool("cthief", 3000).await;
+    let chat = run.chat.clone();
+    let thief = connect_init(&run.host.url(), "thief").await;
+    let mut thief_events = thief.events();
+    subscribe_raw(&thief, &chat).await;
+    let h = thief
+        .dispatch(
+            chat.clone(),
+            tool_complete(&run.turn_id, &run.tool_call_id, true),
+        )
+        .await
+        .expect("dispatch");
+    let echo = actions_until(&mut thief_events, |e| is_echo(e, "thief", h.client_seq)).await;
+    let echo = echo.last().expect("echo");
+    assert_eq!(action_type(echo), "chat/toolCallComplete");
+    assert_eq!(
+        echo.rejection_reason.as_deref(),
+        Some("tool call is not contributed by the dispatching client")
+    );
+    assert_eq!(
+        host_tool_status(&run.host, &chat).as_deref(),
+        Some("running")
+    );
+    let mine = run
+        .runner
+        .dispatch(
+            chat.clone(),
+            tool_complete(&run.turn_id, &run.tool_call_id, true),
+        )
+        .await
+        .expect("dispatch");
+    let tail = actions_until(&mut run.events, |e| is(e, &chat, "chat/turnComplete")).await;
+    let completes: Vec<&ActionEnvelope> = tail
+        .iter()
+        .filter(|e| is(e, &chat, "chat/toolCallComplete"))
+        .collect();
+    assert_eq!(
+        completes.len(),
+        2,
+        "the rejected echo, then the accepted one"
+    );
+    assert!(completes[0].rejection_reason.is_some());
+    assert!(is_echo(completes[1], "runner", mine.client_seq));
+    assert_eq!(completes[1].rejection_reason, None);
+    let mut envs = run.envs;
+    envs.extend(tail);
+    let done = reduce_chat(&run.chat_snap["state"], &chat, &envs);
+    assert_eq!(tool_call(&done)["status"], "completed");
+    assert_eq!(run.host.channel_state(&chat), Some(done));
+}
+
+/// Client tools 3: when the contributor's connection drops, nothing happens during `client_tool_grace_ms`; then the host removes it from `activeClients`, fails the call (`chat/toolCallComplete` with `success: false`, no origin) and the turn completes.
+#[tokio::test]
+async fn contributor_disconnect_fails_the_tool_call_after_the_grace() {
+    const GRACE_MS: u64 = 600;
+    let run = running_client_tool("cdrop", GRACE_MS).await;
+    let (session, chat) = (run.session.clone(), run.chat.clone());
+    let watcher = connect_init(&run.host.url(), "watcher").await;
+    let mut events = watcher.events();
+    let session_snap = subscribe_raw(&watcher, &session).await;
+    assert_eq!(active_client_ids(&session_snap["state"]), ["runner"]);
+    let chat_snap = subscribe_raw(&watcher, &chat).await;
+    let dropped_at = std::time::Instant::now();
+    assert_eq!(run.host.drop_client("runner"), 1);
+    let quiet = actions_within(&mut events, Duration::from_millis(GRACE_MS / 2)).await;
+    assert!(
+        quiet.is_empty(),
+        "nothing before the grace ends: {:?}",
+        types(&quiet)
+    );
+    let mut envs = quiet;
+    envs.extend(actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await);
+    envs.extend(drain_actions(&watcher, &mut events).await);
+    let failed_after = dropped_at.elapsed();
+    assert!(
+        failed_after >= Duration::from_millis(GRACE_MS),
+        "failed after {failed_after:?}, before the {GRACE_MS} ms grace"
+    );
+    let order: Vec<String> = envs
+        .iter()
+        .filter(|e| {
+            is(e, &session, "session/activeClientRemoved")
+                || is(e, &chat, "chat/toolCallComplete")
+                || is(e, &chat, "chat/turnComplete")
+        })
+        .map(action_type)
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "session/activeClientRemoved",
+            "chat/toolCallComplete",
+            "chat/turnComplete"
+        ]
+    );
+    let fail = envs
+        .iter()
+        .find(|e| is(e, &chat, "chat/toolCallComplete"))
+        .expect("failure");
+    assert!(fail.origin.is_none(), "the host's own completion");
+    assert_eq!(payload(fail)["result"]["success"], false);
+    let done = reduce_chat(&chat_snap["state"], &chat, &envs);
+    let tc = tool_call(&done);
+    assert_eq!(tc["status"], "completed");
+    assert_eq!(tc["success"], false, "{tc}");
+    assert_eq!(last_turn(&done)["state"], "complete");
+    assert_eq!(run.host.channel_state(&chat), Some(done));
+    let session_now = reduce_session(&session_snap["state"], &session, &envs);
+    assert!(active_client_ids(&session_now).is_empty());
+    assert_eq!(run.host.channel_state(&session), Some(session_now));
+}
+
+/// Client tools 4: a contributor that drops and re-`initialize`s with the same clientId and `initialSubscriptions` within the grace keeps its running call (still running well after the grace, still active in the session) and completes it from the new connection.
+#[tokio::test]
+async fn contributor_reinitializing_within_the_grace_keeps_its_tool_call() {
+    const GRACE_MS: u64 = 800;
+    let mut run = running_client_tool("cback", GRACE_MS).await;
+    let (session, chat) = (run.session.clone(), run.chat.clone());
+    assert_eq!(run.host.drop_client("runner"), 1);
+    wait_closed(&mut run.events).await;
+    tokio::time::sleep(Duration::from_millis(GRACE_MS / 4)).await;
+    let again = connect(&run.host.url()).await;
+    let mut events = again.events();
+    let init = again
+        .initialize(
+            "runner".into(),
+            vec!["1.0.0".into()],
+            vec![session.clone(), chat.clone()],
+        )
+        .await
+        .expect("initialize again");
+    assert_eq!(init.snapshots.len(), 2);
+    let chat_snap = serde_json::to_value(
+        init.snapshots
+            .iter()
+            .find(|s| s.resource == chat)
+            .expect("chat snapshot"),
+    )
+    .expect("snapshot serializes");
+    tokio::time::sleep(Duration::from_millis(GRACE_MS * 2)).await;
+    assert_eq!(
+        host_tool_status(&run.host, &chat).as_deref(),
+        Some("running"),
+        "kept past the grace"
+    );
+    let session_state = run.host.channel_state(&session).expect("session");
+    assert_eq!(active_client_ids(&session_state), ["runner"]);
+    let quiet = actions_within(&mut events, Duration::from_millis(50)).await;
+    assert!(quiet.is_empty(), "nothing failed: {:?}", types(&quiet));
+    let h = again
+        .dispatch(
+            chat.clone(),
+            tool_complete(&run.turn_id, &run.tool_call_id, true),
+        )
+        .await
+        .expect("dispatch");
+    let envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
+    let complete = envs
+        .iter()
+        .find(|e| is(e, &chat, "chat/toolCallComplete"))
+        .expect("completion echo");
+    assert!(is_echo(complete, "runner", h.client_seq));
+    assert_eq!(complete.rejection_reason, None);
+    let done = reduce_chat(&chat_snap["state"], &chat, &envs);
+    assert_eq!(tool_call(&done)["success"], true);
+    assert_eq!(run.host.channel_state(&chat), Some(done));
+}
+
+/// Client tools 5: `unsubscribe` of the session removes the contributor from `activeClients` at once; its running call fails once the grace has passed.
+#[tokio::test]
+async fn contributor_unsubscribing_the_session_fails_the_tool_call_after_the_grace() {
+    const GRACE_MS: u64 = 500;
+    let mut run = running_client_tool("cleave", GRACE_MS).await;
+    let (session, chat) = (run.session.clone(), run.chat.clone());
+    let left_at = std::time::Instant::now();
+    run.runner
+        .notify("unsubscribe", json!({"channel": session}))
+        .await
+        .expect("unsubscribe");
+    let envs = actions_until(&mut run.events, |e| is(e, &chat, "chat/turnComplete")).await;
+    assert!(left_at.elapsed() >= Duration::from_millis(GRACE_MS));
+    let fail = envs
+        .iter()
+        .find(|e| is(e, &chat, "chat/toolCallComplete"))
+        .expect("failure");
+    assert_eq!(payload(fail)["result"]["success"], false);
+    assert!(active_client_ids(&run.host.channel_state(&session).expect("session")).is_empty());
+    let mut all = run.envs;
+    all.extend(envs);
+    assert_eq!(
+        run.host.channel_state(&chat),
+        Some(reduce_chat(&run.chat_snap["state"], &chat, &all))
+    );
+}

@@ -16,6 +16,7 @@ fn alice() -> Owner {
     Owner {
         issuer: "https://idp.example".into(),
         subject: "alice".into(),
+        groups: vec!["team-a".into()],
     }
 }
 
@@ -23,6 +24,7 @@ fn bob() -> Owner {
     Owner {
         issuer: "https://idp.example".into(),
         subject: "bob".into(),
+        groups: Vec::new(),
     }
 }
 

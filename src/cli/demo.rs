@@ -89,12 +89,17 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .map(|h| (h.config().name.clone(), h.url()))
         .collect();
     let cfg = kit
-        .config(&args.listen.to_string(), &pairs, "", "")
+        .config(
+            &args.listen.to_string(),
+            &pairs,
+            "",
+            crate::devkit::DEMO_POLICY,
+        )
         .map_err(|e| e.to_string())?;
     let running = crate::run::start(cfg).await.map_err(|e| e.to_string())?;
     let token = kit
         .token(
-            "dev",
+            "alice",
             &["dev"],
             Duration::from_secs(12 * 3600),
             Some("demo-token"),
@@ -124,7 +129,15 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     println!("In another terminal: source {} — then:", env_file.display());
     println!("  ahp-relay client sessions");
     println!("  ahp-relay client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
-    println!("  ahp-relay token --key \"$AHP_RELAY_DEV_KEY\" --sub alice --ttl 1h");
+    println!(
+        "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all)."
+    );
+    println!(
+        "  AHP_RELAY_TOKEN=$(ahp-relay token --sub bob) ahp-relay client sessions    # bob: only his own"
+    );
+    println!(
+        "  AHP_RELAY_TOKEN=$(ahp-relay token --sub carol) ahp-relay client sessions  # carol: buildbox, read-only"
+    );
     println!("Press Ctrl-C to stop.");
     super::serve::wait_for_shutdown().await;
     running.stop();

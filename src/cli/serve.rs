@@ -28,11 +28,17 @@ pub fn check(args: CheckArgs) -> ExitCode {
     match RelayConfig::load(&args.config) {
         Ok(cfg) => {
             println!(
-                "{}: ok ({} hosts, {} issuers)",
+                "{}: ok ({} hosts, {} issuers, {} policy rules)",
                 args.config.display(),
                 cfg.hosts.len(),
-                cfg.auth.issuers.len()
+                cfg.auth.issuers.len(),
+                cfg.policy.rules.len()
             );
+            if cfg.policy.rules.is_empty() {
+                eprintln!(
+                    "warning: [policy] has no rules: every principal is denied every host (default deny)"
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

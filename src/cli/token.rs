@@ -11,8 +11,8 @@ use crate::edge::token::{MintRequest, mint_hs256, parse_ttl};
 /// Flags of `token`.
 #[derive(Debug, Clone, Args)]
 pub struct TokenArgs {
-    /// HS256 secret file (e.g. the demo's AHP_RELAY_DEV_KEY).
-    #[arg(long)]
+    /// HS256 secret file (default: the demo's `AHP_RELAY_DEV_KEY`).
+    #[arg(long, env = "AHP_RELAY_DEV_KEY")]
     pub key: PathBuf,
     /// Subject (`sub`).
     #[arg(long)]

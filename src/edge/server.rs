@@ -148,6 +148,27 @@ impl Edge {
         r
     }
 
+    /// 503 with `Retry-After` while attached sessions alone hold more
+    /// replay memory than the budget (contract §5.4). Checked before the
+    /// token, so an overloaded relay spends nothing on verification; not
+    /// an authentication failure, so the failure limiter does not count it.
+    fn refuse_for_memory(&self) -> Response<Body> {
+        self.relay
+            .metrics
+            .upgrades_refused
+            .with_label_values(&["replay_memory"])
+            .inc();
+        let mut r = text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "relay under memory pressure: retry later\n",
+        );
+        let secs = self.relay.cfg.limits.replay_memory_retry_after_secs;
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        r
+    }
+
     fn upgrade(self: &Arc<Self>, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let headers = req.headers();
         let is_ws = headers
@@ -170,6 +191,9 @@ impl Edge {
                 StatusCode::BAD_REQUEST,
                 "a WebSocket upgrade (version 13) is required\n",
             );
+        }
+        if self.relay.refuses_upgrades() {
+            return self.refuse_for_memory();
         }
         let now = Instant::now();
         if !self.limiter.check(peer.ip(), now) {

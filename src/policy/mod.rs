@@ -1,25 +1,128 @@
 //! Access control: the single decision point every routed request, every
-//! dispatched action and every list or root entry goes through (contract §7).
+//! dispatched action, every translated URI field and every list, root or
+//! catalog entry goes through (contract §7).
 //!
-//! This version ships one policy, [`AllowAll`]: every authenticated principal
-//! may see and operate everything. The multi-tenant policy replaces it behind
-//! the same trait, so no call site changes and no path can bypass it: the
-//! router asks [`Policy::permits`] before forwarding, and the catalog and the
-//! root ask [`Policy::sees_host`] / [`Policy::sees_session`] when they build a
-//! reply (so a filter never guards only the live path).
+//! - [`table`] maps every method and every client-dispatchable action type to
+//!   exactly one [`Permission`]; anything not in it is refused.
+//! - [`rules`] is the configured policy: rules binding principals to hosts
+//!   with a role and a session visibility; default deny.
+//! - [`objects`] decides whether a principal can *see* a channel (a session,
+//!   a chat through its session, a terminal through its claim or creator),
+//!   which is always asked before whether it may *do* something (§4.4).
+//! - [`audit`] writes one structured line per decision on a write, per
+//!   terminal subscription, per denied read (§7.5).
+//!
+//! The policy in force is swappable at run time (`Relay::set_policy`), so a
+//! reload applies to the next request at once (§7.6).
+
+pub mod audit;
+pub mod objects;
+pub mod rules;
+pub mod table;
+
+use std::sync::Arc;
 
 use crate::route::store::Owner;
 use crate::session::PrincipalKey;
 
-/// What an operation needs, per host (contract §7.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub use rules::{PolicyConfig, RulePolicy};
+
+/// What an operation needs, per host (contract §7.1): the closed list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Permission {
-    /// Read sessions, chats and their catalog entries.
+    /// `sessions:read`: see sessions and chats, subscribe, fetch turns.
     SessionsRead,
-    /// Create, dispose, dispatch to sessions and chats.
+    /// `sessions:operate`: create, dispose, dispatch to sessions and chats.
     SessionsOperate,
-    /// Create, claim, use terminals.
+    /// `terminals:use`: create, claim, type into terminals.
     TerminalsUse,
+    /// `files:read`: `resource*` reads on the host's file system.
+    FilesRead,
+    /// `files:write`: `resource*` writes on the host's file system.
+    FilesWrite,
+}
+
+impl Permission {
+    /// Every permission, in the order of the closed list.
+    pub const ALL: [Permission; 5] = [
+        Permission::SessionsRead,
+        Permission::SessionsOperate,
+        Permission::TerminalsUse,
+        Permission::FilesRead,
+        Permission::FilesWrite,
+    ];
+
+    /// The permission's name in configs, audit lines and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SessionsRead => "sessions:read",
+            Self::SessionsOperate => "sessions:operate",
+            Self::TerminalsUse => "terminals:use",
+            Self::FilesRead => "files:read",
+            Self::FilesWrite => "files:write",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// A set of permissions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PermSet(u8);
+
+impl PermSet {
+    /// The set holding `perms`.
+    pub fn of(perms: &[Permission]) -> Self {
+        Self(perms.iter().fold(0, |acc, p| acc | p.bit()))
+    }
+
+    /// Whether the set holds `p`.
+    pub fn has(self, p: Permission) -> bool {
+        self.0 & p.bit() != 0
+    }
+
+    /// The union of two sets.
+    pub fn union(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+}
+
+/// Roles bundle permissions (contract §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// `sessions:read`.
+    Viewer,
+    /// Viewer + `sessions:operate`, `terminals:use`, `files:read`.
+    Operator,
+    /// Operator + `files:write` and disposing others' sessions.
+    Admin,
+}
+
+impl Role {
+    /// The permissions the role grants.
+    pub fn permissions(self) -> PermSet {
+        use Permission::*;
+        match self {
+            Self::Viewer => PermSet::of(&[SessionsRead]),
+            Self::Operator => {
+                PermSet::of(&[SessionsRead, SessionsOperate, TerminalsUse, FilesRead])
+            }
+            Self::Admin => PermSet::of(&Permission::ALL),
+        }
+    }
+}
+
+/// Which sessions created through the relay a rule shows (contract §7.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Visibility {
+    /// Only sessions the principal created.
+    Own,
+    /// Sessions created by the principal or by anyone sharing one of its groups.
+    Group,
+    /// Every session created through the relay.
+    All,
 }
 
 /// Who is asking.
@@ -31,84 +134,61 @@ pub struct Subject<'a> {
     pub groups: &'a [String],
 }
 
+impl Subject<'_> {
+    /// Whether `owner` is this principal.
+    pub fn is(&self, owner: &Owner) -> bool {
+        owner.issuer == self.principal.issuer && owner.subject == self.principal.subject
+    }
+}
+
+/// A host as rules select it: by id or by label.
+#[derive(Debug, Clone, Copy)]
+pub struct HostRef<'a> {
+    /// The configured host id.
+    pub id: &'a str,
+    /// The configured label, if any.
+    pub label: Option<&'a str>,
+}
+
+/// What a principal holds on one host: the union of every matching rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Permissions granted.
+    pub permissions: PermSet,
+    /// The widest visibility of the matching rules.
+    pub visibility: Visibility,
+    /// Whether sessions created outside the relay are visible.
+    pub external: bool,
+    /// Whether the principal may dispose sessions it does not own (admin).
+    pub dispose_others: bool,
+    /// The name of the first matching rule (for audit lines).
+    pub rule: Arc<str>,
+}
+
+impl Grant {
+    /// Whether the grant holds `p`.
+    pub fn permits(&self, p: Permission) -> bool {
+        self.permissions.has(p)
+    }
+
+    /// Whether `who` sees a session created by `owner` (`None`: created
+    /// outside the relay). A principal always sees what it created.
+    pub fn sees(&self, who: Subject<'_>, owner: Option<&Owner>) -> bool {
+        match owner {
+            None => self.external,
+            Some(o) if who.is(o) => true,
+            Some(o) => match self.visibility {
+                Visibility::All => true,
+                Visibility::Group => o.groups.iter().any(|g| who.groups.contains(g)),
+                Visibility::Own => false,
+            },
+        }
+    }
+}
+
 /// The decisions the relay asks for.
 pub trait Policy: Send + Sync + std::fmt::Debug {
-    /// Whether `who` may see host `host` at all (its agents and catalog).
-    fn sees_host(&self, who: Subject<'_>, host: &str) -> bool;
-    /// Whether `who` may see session `session` (host form) on `host`, created
-    /// through the relay by `owner` if known.
-    fn sees_session(
-        &self,
-        who: Subject<'_>,
-        host: &str,
-        session: &str,
-        owner: Option<&Owner>,
-    ) -> bool;
-    /// Whether `who` holds `permission` on `host`.
-    fn permits(&self, who: Subject<'_>, host: &str, permission: Permission) -> bool;
-}
-
-/// Everyone authenticated sees and operates everything (single-tenant relays).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AllowAll;
-
-impl Policy for AllowAll {
-    fn sees_host(&self, _who: Subject<'_>, _host: &str) -> bool {
-        true
-    }
-    fn sees_session(
-        &self,
-        _who: Subject<'_>,
-        _host: &str,
-        _session: &str,
-        _owner: Option<&Owner>,
-    ) -> bool {
-        true
-    }
-    fn permits(&self, _who: Subject<'_>, _host: &str, _permission: Permission) -> bool {
-        true
-    }
-}
-
-/// The permission a routed client method needs; `None` for methods the
-/// relay answers itself.
-pub fn permission_for_method(method: &str) -> Option<Permission> {
-    match method {
-        "subscribe" | "fetchTurns" | "completions" | "listSessions" => {
-            Some(Permission::SessionsRead)
-        }
-        "createSession"
-        | "disposeSession"
-        | "createChat"
-        | "disposeChat"
-        | "moveChat"
-        | "resolveSessionConfig"
-        | "sessionConfigCompletions"
-        | "dispatchAction" => Some(Permission::SessionsOperate),
-        "createTerminal" | "disposeTerminal" => Some(Permission::TerminalsUse),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_routed_method_needs_a_permission() {
-        for m in [
-            "subscribe",
-            "createSession",
-            "createTerminal",
-            "dispatchAction",
-            "moveChat",
-        ] {
-            assert!(permission_for_method(m).is_some(), "{m}");
-        }
-        assert_eq!(permission_for_method("ping"), None);
-        assert_eq!(
-            permission_for_method("createTerminal"),
-            Some(Permission::TerminalsUse)
-        );
-    }
+    /// What `who` holds on `host`; `None` means the host is invisible to it
+    /// (its agents, sessions and terminals do not exist for it).
+    fn grant(&self, who: Subject<'_>, host: HostRef<'_>) -> Option<Grant>;
 }

@@ -39,48 +39,46 @@ impl Relay {
             ),
         };
         let mut all: Vec<(i64, String, Value)> = Vec::new();
-        let policy = self.policy();
+        let who = session.subject();
         for hub in self.hubs.values() {
-            let view = hub.view();
-            if view.status == HostStatus::Incompatible
-                || !policy.sees_host(session.subject(), &hub.id)
-            {
+            let Some(grant) = self.grant_on(who, hub) else {
                 continue;
-            }
+            };
             let namer = ToClient {
                 host: &hub.id,
                 store: self.store.as_ref(),
                 identity: None,
             };
-            for (uri, summary) in &view.catalog {
-                let owner = self.owner_of(&hub.id, uri);
-                if !policy.sees_session(session.subject(), &hub.id, uri, owner.as_ref()) {
-                    continue;
-                }
-                let mut s = summary.clone();
-                if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
-                    continue;
-                }
-                if view.status != HostStatus::Up
-                    && let Some(o) = s.as_object_mut()
-                {
-                    let meta = o.entry("_meta").or_insert_with(|| json!({}));
-                    if let Some(m) = meta.as_object_mut() {
-                        m.insert("ahp-relay/hostState".into(), json!(view.status.label()));
+            hub.read(|view| {
+                for (uri, summary) in &view.catalog {
+                    if !self.sees_session(who, &grant, hub, uri) {
+                        continue;
                     }
+                    let mut s = summary.clone();
+                    if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
+                        continue;
+                    }
+                    if view.status != HostStatus::Up
+                        && let Some(o) = s.as_object_mut()
+                    {
+                        let meta = o.entry("_meta").or_insert_with(|| json!({}));
+                        if let Some(m) = meta.as_object_mut() {
+                            m.insert("ahp-relay/hostState".into(), json!(view.status.label()));
+                        }
+                    }
+                    let at = s
+                        .get("modifiedAt")
+                        .and_then(Value::as_str)
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .map_or(i64::MIN, |t| t.as_microsecond());
+                    let uri = s
+                        .get("resource")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
+                    all.push((at, uri, s));
                 }
-                let at = s
-                    .get("modifiedAt")
-                    .and_then(Value::as_str)
-                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                    .map_or(i64::MIN, |t| t.as_microsecond());
-                let uri = s
-                    .get("resource")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                all.push((at, uri, s));
-            }
+            });
         }
         all.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         let start = match &after {

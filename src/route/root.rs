@@ -20,27 +20,27 @@ impl Relay {
         let mut items = Vec::new();
         let mut active = 0i64;
         let who = session.subject();
-        let policy = self.policy();
         for hub in self.hubs.values() {
-            if !policy.sees_host(who, &hub.id) {
+            let Some(grant) = self.grant_on(who, hub) else {
                 continue;
-            }
-            let view = hub.view();
+            };
             if field == RootField::ActiveSessions {
-                let visible = view
-                    .catalog
-                    .keys()
-                    .filter(|uri| {
-                        policy.sees_session(who, &hub.id, uri, self.owner_of(&hub.id, uri).as_ref())
-                    })
-                    .count();
+                let visible = hub.read(|v| {
+                    v.catalog
+                        .keys()
+                        .filter(|uri| self.sees_session(who, &grant, hub, uri))
+                        .count()
+                });
                 active += visible as i64;
                 continue;
             }
-            let Some(root) = view.root else { continue };
-            if view.status != HostStatus::Up {
+            let Some(root) = hub.read(|v| {
+                (v.status == HostStatus::Up)
+                    .then(|| v.root.clone())
+                    .flatten()
+            }) else {
                 continue;
-            }
+            };
             let namer = ToClient {
                 host: &hub.id,
                 store: self.store.as_ref(),
@@ -58,6 +58,11 @@ impl Relay {
                 .and_then(|v| v.as_array().cloned())
                 .unwrap_or_default()
             {
+                if field == RootField::Terminals
+                    && !self.sees_terminal_info(who, &grant, hub, &item)
+                {
+                    continue;
+                }
                 if translate::translate(&mut item, shape, &namer).is_err() {
                     continue;
                 }
@@ -159,7 +164,8 @@ impl Relay {
         root
     }
 
-    fn fan_root(&self, fields: &[RootField]) {
+    /// Sends each root follower the fields that changed for it.
+    pub(crate) fn fan_root(&self, fields: &[RootField]) {
         for s in self.followers() {
             for field in fields {
                 let value = self.root_field(*field, &s);
@@ -193,7 +199,15 @@ impl Relay {
         }
     }
 
+    /// Sends a catalog notification to the followers that can see its
+    /// session, under the policy in force now (§6.4).
     fn fan_catalog(&self, host: &str, method: &str, mut params: Value) {
+        let host_session = params
+            .get("session")
+            .or_else(|| params.pointer("/summary/resource"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let namer = ToClient {
             host,
             store: self.store.as_ref(),
@@ -203,9 +217,18 @@ impl Relay {
             return;
         }
         let frame = json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string();
+        let Some(hub) = self.hubs.get(host) else {
+            return;
+        };
         for s in self.followers() {
-            let mut core = s.lock();
-            s.push(&mut core, frame.clone());
+            let who = s.subject();
+            let visible = self
+                .grant_on(who, hub)
+                .is_some_and(|g| self.sees_session(who, &g, hub, &host_session));
+            if visible {
+                let mut core = s.lock();
+                s.push(&mut core, frame.clone());
+            }
         }
     }
 }

@@ -27,8 +27,9 @@
 //! - a small dependency with no transitive crates, and a key-value API that is all a table of
 //!   `uri → entry` needs (no SQL, no schema text).
 //!
-//! The row layout is versioned by the table name (`uris_v1`); a new layout gets a new table and a
-//! migration at open.
+//! The row layout is versioned by the table name (`uris_v2`, which added the owner's groups to
+//! `uris_v1`); a new layout gets a new table and a migration at open ([`RedbStore::open`] moves
+//! `uris_v1` rows into `uris_v2` with no groups, in one transaction).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -38,11 +39,19 @@ use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
-/// `uri → (host, state, tombstone until, owner issuer, owner subject, created_at)`.
-const URIS: TableDefinition<&str, Row<'_>> = TableDefinition::new("uris_v1");
+/// `uri → (host, state, tombstone until, owner issuer, owner subject, created_at, owner groups)`.
+const URIS: TableDefinition<&str, Row<'_>> = TableDefinition::new("uris_v2");
 
-/// One stored row; the state is one of [`PENDING`], [`CONFIRMED`], [`TOMBSTONE`].
-type Row<'a> = (&'a str, u8, u64, &'a str, &'a str, u64);
+/// The layout before owner groups; migrated at open.
+const URIS_V1: TableDefinition<&str, RowV1<'_>> = TableDefinition::new("uris_v1");
+
+/// One stored row; the state is one of [`PENDING`], [`CONFIRMED`], [`TOMBSTONE`]; groups are
+/// joined by newlines (a group name never contains one: it comes from a JSON string array and
+/// is refused at the edge otherwise).
+type Row<'a> = (&'a str, u8, u64, &'a str, &'a str, u64, &'a str);
+
+/// A `uris_v1` row: [`Row`] without the groups.
+type RowV1<'a> = (&'a str, u8, u64, &'a str, &'a str, u64);
 
 const PENDING: u8 = 0;
 const CONFIRMED: u8 = 1;
@@ -51,13 +60,16 @@ const TOMBSTONE: u8 = 2;
 /// redb's page cache; every entry is mirrored in memory anyway, so a small cache suffices.
 const CACHE_BYTES: usize = 16 << 20;
 
-/// The principal that created an entry through the relay (contract §3.3: issuer + subject).
+/// The principal that created an entry through the relay (contract §3.3: issuer + subject),
+/// with the groups its token carried then (for `group` visibility, §7.2).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Owner {
     /// The token's `iss`.
     pub issuer: String,
     /// The token's `sub`.
     pub subject: String,
+    /// The token's groups at creation time.
+    pub groups: Vec<String>,
 }
 
 /// Where an entry is in its lifecycle (see the module doc).
@@ -195,10 +207,29 @@ impl RedbStore {
         Self::load(db)
     }
 
-    /// Creates the table if needed and reads every row into the mirror.
+    /// Creates the table if needed, migrates `uris_v1` rows, and reads every row into the mirror.
     fn load(db: Database) -> Result<Self, StoreError> {
         let txn = db.begin_write().map_err(unavailable)?;
-        txn.open_table(URIS).map_err(unavailable)?;
+        let has_v1 = txn
+            .list_tables()
+            .map_err(unavailable)?
+            .any(|t| redb::TableHandle::name(&t) == "uris_v1");
+        {
+            let mut table = txn.open_table(URIS).map_err(unavailable)?;
+            if has_v1 {
+                let old = txn.open_table(URIS_V1).map_err(unavailable)?;
+                for row in old.iter().map_err(unavailable)? {
+                    let (uri, row) = row.map_err(unavailable)?;
+                    let (h, st, until, iss, sub, at) = row.value();
+                    table
+                        .insert(uri.value(), (h, st, until, iss, sub, at, ""))
+                        .map_err(unavailable)?;
+                }
+            }
+        }
+        if has_v1 {
+            txn.delete_table(URIS_V1).map_err(unavailable)?;
+        }
         txn.commit().map_err(unavailable)?;
 
         let txn = db.begin_read().map_err(unavailable)?;
@@ -237,7 +268,12 @@ impl RedbStore {
                 return Ok(());
             }
             match &next {
-                Some(entry) => table.insert(uri, encode(entry)).map_err(unavailable)?,
+                Some(entry) => {
+                    let groups = entry.owner.groups.join("\n");
+                    table
+                        .insert(uri, encode(entry, &groups))
+                        .map_err(unavailable)?
+                }
                 None => table.remove(uri).map_err(unavailable)?,
             };
             next
@@ -354,7 +390,7 @@ fn is_expired(entry: &UriEntry, now: u64) -> bool {
     matches!(entry.state, UriState::Tombstone { until } if until <= now)
 }
 
-fn encode(entry: &UriEntry) -> Row<'_> {
+fn encode<'a>(entry: &'a UriEntry, groups: &'a str) -> Row<'a> {
     let (state, until) = match entry.state {
         UriState::Pending => (PENDING, 0),
         UriState::Confirmed => (CONFIRMED, 0),
@@ -367,11 +403,12 @@ fn encode(entry: &UriEntry) -> Row<'_> {
         &entry.owner.issuer,
         &entry.owner.subject,
         entry.created_at,
+        groups,
     )
 }
 
 fn decode(uri: &str, row: Row<'_>) -> Result<UriEntry, StoreError> {
-    let (host, state, until, issuer, subject, created_at) = row;
+    let (host, state, until, issuer, subject, created_at, groups) = row;
     let state = match state {
         PENDING => UriState::Pending,
         CONFIRMED => UriState::Confirmed,
@@ -389,6 +426,11 @@ fn decode(uri: &str, row: Row<'_>) -> Result<UriEntry, StoreError> {
         owner: Owner {
             issuer: issuer.to_owned(),
             subject: subject.to_owned(),
+            groups: groups
+                .split('\n')
+                .filter(|g| !g.is_empty())
+                .map(str::to_owned)
+                .collect(),
         },
         created_at,
     })
@@ -406,6 +448,7 @@ mod tests {
         Owner {
             issuer: "https://idp".into(),
             subject: "alice".into(),
+            groups: vec!["team-a".into(), "ops".into()],
         }
     }
 
@@ -423,13 +466,55 @@ mod tests {
                 owner: owner(),
                 created_at: 7,
             };
-            assert_eq!(decode(&entry.uri, encode(&entry)), Ok(entry.clone()));
+            let groups = entry.owner.groups.join("\n");
+            assert_eq!(
+                decode(&entry.uri, encode(&entry, &groups)),
+                Ok(entry.clone())
+            );
         }
     }
 
     #[test]
+    fn v1_rows_migrate_to_v2_with_no_groups() {
+        let dir = std::env::temp_dir().join(format!("ahp-relay-store-mig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("uris.redb");
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut t = txn.open_table(URIS_V1).unwrap();
+                t.insert(
+                    "ahp-session:/old",
+                    ("gpu1", CONFIRMED, 0, "idp", "alice", 42),
+                )
+                .unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let store = RedbStore::open(&path).unwrap();
+        let e = store.lookup("ahp-session:/old").unwrap().unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.state, e.created_at),
+            ("gpu1", UriState::Confirmed, 42)
+        );
+        assert_eq!(e.owner.subject, "alice");
+        assert!(e.owner.groups.is_empty());
+        drop(store);
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_read().unwrap();
+        let names: Vec<String> = txn
+            .list_tables()
+            .unwrap()
+            .map(|t| redb::TableHandle::name(&t).to_string())
+            .collect();
+        assert_eq!(names, ["uris_v2"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn unknown_state_byte_is_unavailable() {
-        let error = decode("ahp-chat:/c", ("h", 9, 0, "i", "s", 0)).unwrap_err();
+        let error = decode("ahp-chat:/c", ("h", 9, 0, "i", "s", 0, "")).unwrap_err();
         assert!(error.is_unavailable());
     }
 

@@ -87,7 +87,11 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ),
     (
         "@InputRequest",
-        &[Field("chat", Uri), Field("clientId", ClientId)],
+        &[
+            Field("chat", Uri),
+            Field("clientId", ClientId),
+            Nested("toolCall", "@ToolCall"),
+        ],
     ),
     ("@Customization", &[Field("clientId", ClientId)]),
     (
@@ -285,6 +289,19 @@ pub struct TranslateError {
 pub trait Namer {
     /// Translates one value of `kind`; `Err(reason)` fails the frame.
     fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String>;
+
+    /// Translates the value of field `path` of table row `shape`; a namer
+    /// that authorizes each field (contract §4.3) overrides this.
+    fn field(
+        &self,
+        shape: &str,
+        path: &str,
+        kind: FieldKind,
+        value: &str,
+    ) -> Result<String, String> {
+        let _ = (shape, path);
+        self.translate(kind, value)
+    }
 }
 
 /// Translates every field of `shape` in `value` in place.
@@ -294,21 +311,27 @@ pub fn translate(value: &mut Value, shape: &str, namer: &dyn Namer) -> Result<()
     };
     for row in rows {
         match row {
-            Field(path, kind) => walk(value, path, &mut |v, at| leaf(v, *kind, namer, at))?,
+            Field(path, kind) => walk(value, path, &mut |v, at| leaf(v, shape, *kind, namer, at))?,
             Nested(path, inner) => walk(value, path, &mut |v, _| translate(v, inner, namer))?,
         }
     }
     Ok(())
 }
 
-fn leaf(v: &mut Value, kind: FieldKind, namer: &dyn Namer, at: &str) -> Result<(), TranslateError> {
+fn leaf(
+    v: &mut Value,
+    shape: &str,
+    kind: FieldKind,
+    namer: &dyn Namer,
+    at: &str,
+) -> Result<(), TranslateError> {
     let fail = |reason: String| TranslateError {
         field: at.to_string(),
         reason,
     };
     match v {
         Value::String(s) => {
-            *s = namer.translate(kind, s).map_err(fail)?;
+            *s = namer.field(shape, at, kind, s).map_err(fail)?;
             Ok(())
         }
         Value::Null => Ok(()),

@@ -1,9 +1,123 @@
 //! The per-client replay buffer (contract §5.4): numbered envelopes, bounded
-//! by count and bytes, oldest evicted first.
+//! by count and bytes, oldest evicted first — and the relay-wide account of
+//! the bytes all buffers hold ([`ReplayMemory`]), which drives the global
+//! memory-pressure policy of §5.4 (see `Relay::relieve_memory_pressure`).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+/// The bytes held by every replay buffer of a relay, against the budget
+/// `limits.replay_memory_bytes` (contract §5.4).
+///
+/// The hot path is one atomic add per buffered envelope (net of the
+/// envelopes it evicts); only a push that takes the total *across* the
+/// budget wakes the relay's pressure task, which then scans the detached
+/// sessions. While upgrades are refused (every detached buffer already
+/// dropped and still over budget), they stay refused until the total falls
+/// to the low watermark (hysteresis).
+#[derive(Debug)]
+pub struct ReplayMemory {
+    used: AtomicUsize,
+    budget: usize,
+    low: usize,
+    refusing: AtomicBool,
+    wake: mpsc::Sender<()>,
+}
+
+impl ReplayMemory {
+    /// An empty account with `budget` bytes and a low watermark of `low`
+    /// bytes (clamped to the budget), and the receiver woken when the budget
+    /// is crossed (wake-ups coalesce: at most one is pending).
+    pub fn new(budget: usize, low: usize) -> (Arc<Self>, mpsc::Receiver<()>) {
+        let (wake, rx) = mpsc::channel(1);
+        let memory = Self {
+            used: AtomicUsize::new(0),
+            budget,
+            low: low.min(budget),
+            refusing: AtomicBool::new(false),
+            wake,
+        };
+        (Arc::new(memory), rx)
+    }
+
+    /// Bytes held by all replay buffers now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The budget in bytes.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// The low watermark: once upgrades are refused, they are accepted again
+    /// only when the total is at or below it.
+    pub fn low_watermark(&self) -> usize {
+        self.low
+    }
+
+    /// What a pressure scan must bring the total down to: the budget, or
+    /// the low watermark while upgrades are refused.
+    pub fn target(&self) -> usize {
+        if self.refusing() {
+            self.low
+        } else {
+            self.budget
+        }
+    }
+
+    /// Whether the total is above [`ReplayMemory::target`].
+    pub fn over_target(&self) -> bool {
+        self.used() > self.target()
+    }
+
+    /// Whether new WebSocket upgrades must be refused now. A refusal ends
+    /// once the total is at or below the low watermark.
+    pub fn refusing(&self) -> bool {
+        if !self.refusing.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.used() <= self.low {
+            self.refusing.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Starts or ends refusing upgrades (decided by the pressure scan).
+    pub fn set_refusing(&self, on: bool) {
+        self.refusing.store(on, Ordering::Relaxed);
+    }
+
+    /// Asks the pressure task for a scan (a no-op if one is already pending).
+    pub fn wake(&self) {
+        let _ = self.wake.try_send(());
+    }
+
+    fn add(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let before = self.used.fetch_add(n, Ordering::Relaxed);
+        if before <= self.budget && before.saturating_add(n) > self.budget {
+            self.wake();
+        }
+    }
+
+    fn sub(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let before = self.used.fetch_sub(n, Ordering::Relaxed);
+        if before.saturating_sub(n) <= self.low && self.refusing.load(Ordering::Relaxed) {
+            self.refusing.store(false, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Numbered client frames kept for `reconnect` replay.
 #[derive(Debug)]
@@ -13,6 +127,7 @@ pub struct ReplayBuffer {
     max_frames: usize,
     max_bytes: usize,
     evicted_through: u64,
+    memory: Option<Arc<ReplayMemory>>,
 }
 
 impl ReplayBuffer {
@@ -24,14 +139,25 @@ impl ReplayBuffer {
             max_frames,
             max_bytes,
             evicted_through: 0,
+            memory: None,
         }
+    }
+
+    /// Accounts this buffer's bytes (now and from now on) in `memory`.
+    pub fn set_memory(&mut self, memory: Arc<ReplayMemory>) {
+        if let Some(old) = self.memory.take() {
+            old.sub(self.bytes);
+        }
+        memory.add(self.bytes);
+        self.memory = Some(memory);
     }
 
     /// Appends the frame numbered `seq` (numbers must increase), evicting
     /// the oldest frames beyond the bounds. The frame is shared, not copied.
     /// Returns how many frames and bytes were evicted.
     pub fn push(&mut self, seq: u64, frame: Utf8Bytes) -> (usize, usize) {
-        self.bytes += frame.len();
+        let added = frame.len();
+        self.bytes += added;
         self.frames.push_back((seq, frame));
         let (mut frames, mut bytes) = (0, 0);
         while self.frames.len() > self.max_frames || self.bytes > self.max_bytes {
@@ -45,7 +171,33 @@ impl ReplayBuffer {
                 None => break,
             }
         }
+        if let Some(m) = &self.memory {
+            // One atomic operation per envelope, net of what it evicted.
+            if added >= bytes {
+                m.add(added - bytes);
+            } else {
+                m.sub(bytes - added);
+            }
+        }
         (frames, bytes)
+    }
+
+    /// Drops every frame under memory pressure (contract §5.4) and records
+    /// that everything numbered up to `through` (the last number issued) is
+    /// lost, so no `replay` can be built across the gap. Returns how many
+    /// frames and bytes were dropped.
+    pub fn drop_all(&mut self, through: u64) -> (usize, usize) {
+        let dropped = (self.frames.len(), self.bytes);
+        if let Some((last, _)) = self.frames.back() {
+            self.evicted_through = self.evicted_through.max(*last);
+        }
+        self.evicted_through = self.evicted_through.max(through);
+        self.frames = VecDeque::new();
+        if let Some(m) = &self.memory {
+            m.sub(self.bytes);
+        }
+        self.bytes = 0;
+        dropped
     }
 
     /// Highest number evicted so far (0 if none).
@@ -61,6 +213,41 @@ impl ReplayBuffer {
     /// Frames numbered above `after`, oldest first.
     pub fn since(&self, after: u64) -> impl Iterator<Item = &(u64, Utf8Bytes)> {
         self.frames.iter().filter(move |(s, _)| *s > after)
+    }
+}
+
+impl Drop for ReplayBuffer {
+    fn drop(&mut self) {
+        if let Some(m) = &self.memory {
+            m.sub(self.bytes);
+        }
+    }
+}
+
+// What the relay's memory-pressure policy does to a session; it lives here
+// because it is about the buffer, and `session/` children see the session's
+// private state.
+impl super::SessionCore {
+    /// Accounts this session's replay buffer in the relay-wide `memory`.
+    pub(crate) fn account_replay_memory(&mut self, memory: Arc<ReplayMemory>) {
+        self.buffer.set_memory(memory);
+    }
+
+    /// Drops the whole replay buffer of a detached session under global
+    /// memory pressure (contract §5.4). The session records that everything
+    /// numbered so far is lost, and every channel loses its baseline, so its
+    /// next `reconnect` gets `snapshot` — never a `replay` with a hole. Its
+    /// links close now, as when a detached session's buffer evicts (§5.7):
+    /// the client needs snapshots anyway, and open links would refill the
+    /// buffer. Returns how many frames and bytes were freed.
+    pub(crate) fn drop_replay_buffer(&mut self) -> (usize, usize) {
+        let freed = self.buffer.drop_all(self.last);
+        self.links.clear();
+        self.retiring.clear();
+        self.chans.clear();
+        self.pending.clear();
+        self.baselined.clear();
+        freed
     }
 }
 
@@ -81,5 +268,82 @@ mod tests {
         b.push(1, Utf8Bytes::from("123456".to_string()));
         b.push(2, Utf8Bytes::from("123456".to_string()));
         assert_eq!(b.usage(), (1, 6));
+    }
+
+    #[test]
+    fn memory_follows_pushes_evictions_drops_and_drop() {
+        let (m, _rx) = ReplayMemory::new(1000, 500);
+        let mut a = ReplayBuffer::new(2, 1000);
+        a.push(1, Utf8Bytes::from("x".repeat(10)));
+        a.set_memory(m.clone());
+        assert_eq!(m.used(), 10, "bytes held before joining are counted");
+        a.push(2, Utf8Bytes::from("x".repeat(20)));
+        a.push(3, Utf8Bytes::from("x".repeat(30)));
+        assert_eq!(m.used(), 50, "the evicted 10 bytes left the account");
+        let mut b = ReplayBuffer::new(10, 1000);
+        b.set_memory(m.clone());
+        b.push(1, Utf8Bytes::from("y".repeat(7)));
+        assert_eq!(m.used(), 57);
+        assert_eq!(a.drop_all(9), (2, 50));
+        assert_eq!(m.used(), 7);
+        assert_eq!(a.usage(), (0, 0));
+        drop(b);
+        assert_eq!(m.used(), 0, "a dropped buffer gives its bytes back");
+    }
+
+    #[test]
+    fn drop_all_records_the_gap_so_replay_is_impossible() {
+        let mut b = ReplayBuffer::new(10, 1000);
+        for i in 101..=103 {
+            b.push(i, Utf8Bytes::from(format!("f{i}")));
+        }
+        assert_eq!(b.evicted_through(), 0, "nothing lost yet");
+        b.drop_all(105);
+        assert_eq!(b.evicted_through(), 105, "everything issued is lost");
+        assert_eq!(b.since(100).count(), 0);
+        b.push(106, Utf8Bytes::from("f106".to_string()));
+        assert_eq!(b.evicted_through(), 105);
+        assert_eq!(b.since(105).map(|(s, _)| *s).collect::<Vec<_>>(), [106]);
+    }
+
+    #[test]
+    fn only_crossing_the_budget_wakes_the_pressure_task() {
+        let (m, mut rx) = ReplayMemory::new(100, 50);
+        let mut b = ReplayBuffer::new(1000, 10_000);
+        b.set_memory(m.clone());
+        b.push(1, Utf8Bytes::from("x".repeat(60)));
+        assert!(rx.try_recv().is_err(), "under budget: no wake-up");
+        b.push(2, Utf8Bytes::from("x".repeat(60)));
+        assert!(rx.try_recv().is_ok(), "crossing the budget wakes");
+        b.push(3, Utf8Bytes::from("x".repeat(60)));
+        assert!(rx.try_recv().is_err(), "already above: no scan per frame");
+        b.drop_all(3);
+        b.push(4, Utf8Bytes::from("x".repeat(101)));
+        assert!(rx.try_recv().is_ok(), "crossing again wakes again");
+    }
+
+    #[test]
+    fn refusal_has_hysteresis() {
+        let (m, _rx) = ReplayMemory::new(100, 40);
+        let mut a = ReplayBuffer::new(1000, 10_000);
+        let mut b = ReplayBuffer::new(1000, 10_000);
+        a.set_memory(m.clone());
+        b.set_memory(m.clone());
+        a.push(1, Utf8Bytes::from("x".repeat(45)));
+        b.push(1, Utf8Bytes::from("x".repeat(70)));
+        assert!(!m.refusing(), "refusing is decided by the scan");
+        assert_eq!(m.target(), 100);
+        m.set_refusing(true);
+        assert_eq!(m.target(), 40, "while refusing, scans aim at the low mark");
+        b.drop_all(1);
+        assert_eq!(m.used(), 45);
+        assert!(m.refusing(), "under budget but above the low watermark");
+        a.push(2, Utf8Bytes::from("x".repeat(10)));
+        assert!(m.refusing());
+        drop(a);
+        assert!(!m.refusing(), "at the low watermark upgrades resume");
+        assert_eq!(m.target(), 100);
+        m.set_refusing(true);
+        assert!(!m.refusing(), "a stale refusal below the low mark ends");
     }
 }

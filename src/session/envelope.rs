@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Chan, ClientSession, PendingKind, SessionCore};
+use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::route::namer::ToClient;
 use crate::route::translate::{self, state_shape};
 use crate::rpc::RpcError;
@@ -196,6 +196,31 @@ impl ClientSession {
         if rewritten.is_none() {
             relay.metrics.untranslatable_envelopes.inc();
             tracing::warn!(host = %host.id, "dropped a host envelope that could not be translated");
+        }
+        if let (Some(ty), Some(channel)) = (&frame.params.action_type, frame.channel())
+            && tool_calls::concerns(&ty.value)
+        {
+            self.note_tool_call(core, host, channel, &ty.value, text);
+        }
+    }
+
+    /// Keeps the session's owned client tool calls up to date with a
+    /// tool-call or turn-ending envelope (§5.7). A call that starts while the
+    /// client is away closes the links at once, as detaching would have.
+    fn note_tool_call(
+        &self,
+        core: &mut SessionCore,
+        host: &Arc<HostHub>,
+        channel: &str,
+        action_type: &str,
+        text: &str,
+    ) {
+        let started =
+            self.tool_calls
+                .on_envelope(&host.id, channel, action_type, text, &self.upstream_id);
+        if started && core.socket.is_none() && core.detached_at.is_some() {
+            tracing::debug!(host = %host.id, "client tool call started while detached: links close");
+            self.close_links(core);
         }
     }
 
@@ -403,6 +428,10 @@ impl ClientSession {
         };
         let host_from = snap.get("fromSeq").and_then(Value::as_u64);
         let mut state = snap.get("state").cloned().unwrap_or(Value::Null);
+        if let Some(host_channel) = snap.get("resource").and_then(Value::as_str) {
+            self.tool_calls
+                .on_snapshot(&host.id, host_channel, &state, &self.upstream_id);
+        }
         let namer = ToClient {
             host: &host.id,
             store: self.relay.store.as_ref(),

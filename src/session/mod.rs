@@ -13,6 +13,7 @@ pub mod outbox;
 pub mod reconnect;
 pub mod requests;
 pub mod sequence;
+pub mod tool_calls;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -238,6 +239,8 @@ pub struct ClientSession {
     pub version: String,
     /// The principal's groups, from the token.
     pub groups: Vec<String>,
+    /// The client tool calls this session owns on its hosts (§5.7).
+    pub tool_calls: tool_calls::OwnedToolCalls,
     core: Mutex<SessionCore>,
 }
 
@@ -281,6 +284,7 @@ impl ClientSession {
             upstream_id,
             version,
             groups,
+            tool_calls: tool_calls::OwnedToolCalls::default(),
             core: Mutex::new(core),
         }
     }
@@ -435,8 +439,10 @@ impl ClientSession {
     }
 
     /// Detaches socket `id` if it is the attached one: the session keeps its
-    /// links and keeps buffering (contract §5.7). Returns the generation to
-    /// hand to lifetime timers, or `None` if another socket is attached.
+    /// links and keeps buffering (contract §5.7) — unless it owns in-flight
+    /// client tool calls, then its links close at once so hosts fail them
+    /// promptly ([`tool_calls`]). Returns the generation to hand to lifetime
+    /// timers, or `None` if another socket is attached.
     pub fn detach_socket(&self, id: u64) -> Option<u64> {
         let mut core = self.lock();
         // The relay may have closed this socket itself (4000, 4008): the
@@ -449,7 +455,36 @@ impl ClientSession {
         core.detached_at = Some(core.last);
         core.socket = None;
         core.attach_gen += 1;
+        if self.owns_client_tool_calls(&core) {
+            tracing::debug!(
+                calls = self.tool_calls.len(),
+                "detached with in-flight client tool calls: links close at once"
+            );
+            self.close_links(&mut core);
+        }
         Some(core.attach_gen)
+    }
+
+    /// Whether the session owns a client tool call on a channel it still
+    /// follows on a current link (§5.7).
+    pub fn owns_client_tool_calls(&self, core: &SessionCore) -> bool {
+        self.tool_calls.any_followed(|host, channel| {
+            core.links.contains_key(host)
+                && core
+                    .chans
+                    .get(host)
+                    .is_some_and(|m| m.contains_key(channel))
+        })
+    }
+
+    /// Closes every link under the session lock (see [`Self::drop_links`]).
+    pub fn close_links(&self, core: &mut SessionCore) {
+        core.links.clear();
+        core.retiring.clear();
+        core.pending.clear();
+        core.chans.clear();
+        core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
+        self.tool_calls.clear();
     }
 
     /// Whether the session is still detached since generation `gen`.
@@ -463,11 +498,7 @@ impl ClientSession {
     /// gets snapshots for them).
     pub fn drop_links(&self) {
         let mut core = self.lock();
-        core.links.clear();
-        core.retiring.clear();
-        core.pending.clear();
-        core.chans.clear();
-        core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
+        self.close_links(&mut core);
     }
 
     /// Ends the session for good (superseded by a new `initialize`).

@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 
 use super::requests::{Conn, gate, host_for, typed};
 use super::{Chan, ClientSession, SessionCore};
+use crate::policy::Permission;
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
 use crate::upstream::link::{Baseline, Link, LinkCmd};
@@ -222,11 +223,9 @@ fn replay(
             actions.push(env.params.get());
         }
     }
-    session
-        .relay
-        .metrics
-        .replayed_envelopes
-        .inc_by(actions.len() as u64);
+    let metrics = &session.relay.metrics;
+    metrics.replayed_envelopes.inc_by(actions.len() as u64);
+    metrics.replay_sizes.observe(actions.len() as f64);
     let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
     Some(format!(
         r#"{{"type":"replay","actions":[{}],"missing":{missing}}}"#,
@@ -277,7 +276,7 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
         let Ok((hub, host_uri)) = host_for(session, c) else {
             continue;
         };
-        if !matches!(gate(session, &hub.id, "subscribe"), Ok(())) {
+        if gate(session, &hub, "subscribe", c, Permission::SessionsRead).is_err() {
             continue;
         }
         by_host

@@ -22,12 +22,15 @@ use tokio::sync::{oneshot, watch};
 
 use super::{Chan, ClientSession, Pending, PendingKind, PrincipalKey, SessionKey};
 use crate::edge::auth::Principal;
+use crate::policy::audit::{self, Decision};
+use crate::policy::table::{self, Need};
+use crate::policy::{Grant, Permission};
 use crate::relay::Relay;
 use crate::route::client_uri::validate_client_uri;
 use crate::route::namer::{self, ToHost};
 use crate::route::names;
 use crate::route::store::{Owner, StoreError};
-use crate::route::translate;
+use crate::route::translate::{self, FieldKind, Namer};
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostStatus;
 use crate::upstream::link::{Link, LinkCmd};
@@ -301,10 +304,13 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         "serverSeq": from,
         "serverInfo": {"name": "ahp-relay", "version": env!("CARGO_PKG_VERSION")},
         "snapshots": snapshots,
-        "completionTriggerCharacters": relay.trigger_characters(),
+        "completionTriggerCharacters": relay.trigger_characters(session.subject()),
     });
     let mut result = result;
-    if let (Some(prefix), Some(o)) = (relay.terminal_command_prefix(), result.as_object_mut()) {
+    if let (Some(prefix), Some(o)) = (
+        relay.terminal_command_prefix(session.subject()),
+        result.as_object_mut(),
+    ) {
         o.insert("terminalCommandPrefix".into(), json!(prefix));
     }
     session.respond(&mut core, id, &result.to_string());
@@ -316,41 +322,71 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     Ok(())
 }
 
-/// The hub and host form of a client channel URI, or the §4.4 answer for a
-/// channel that does not exist (-32001 for sessions, -32008 otherwise).
+/// The hub and host form of a client channel URI the principal can see, or
+/// the §4.4 answer for one that does not exist (-32001 for sessions, -32008
+/// otherwise) — which is also the answer for one it cannot see, decided
+/// without contacting any host.
 pub(super) fn host_for(
     session: &ClientSession,
     uri: &str,
 ) -> Result<(Arc<crate::upstream::hub::HostHub>, String), RpcError> {
     let relay = &session.relay;
-    namer::route(relay.store.as_ref(), uri)
+    let (hub, host_uri) = namer::route(relay.store.as_ref(), uri)
         .and_then(|(h, hu)| relay.hub(&h).map(|hub| (hub.clone(), hu)))
-        .filter(|(hub, _)| hub.status() != HostStatus::Incompatible)
-        .ok_or_else(|| not_found(uri))
+        .ok_or_else(|| not_found(uri))?;
+    let who = session.subject();
+    let visible = relay
+        .grant_on(who, &hub)
+        .is_some_and(|g| relay.sees_channel(who, &g, &hub, &host_uri));
+    if !visible {
+        relay
+            .metrics
+            .acl_decisions
+            .with_label_values(&[Decision::Invisible.label()])
+            .inc();
+        return Err(not_found(uri));
+    }
+    Ok((hub, host_uri))
 }
 
 pub(super) fn not_found(uri: &str) -> RpcError {
-    if uri.starts_with("ahp-session:") {
-        RpcError::session_not_found(uri)
-    } else {
-        RpcError::not_found(format!("not found: {uri}"))
+    RpcError::nonexistent(uri)
+}
+
+/// What the routed `method` needs on its host, from the one table.
+fn method_permission(method: &str) -> Result<Permission, RpcError> {
+    match table::method_need(method) {
+        Some(Need::Permission(p)) => Ok(p),
+        _ => Err(RpcError::method_not_found(method)),
     }
 }
 
 /// The session's link to `hub`, opened on first use — after the policy
-/// allowed `method` there; an invisible host gets `missing` (the answer for
-/// something that does not exist), so no host is contacted for it.
+/// allowed `method` on `channel` there; an invisible host gets `missing`
+/// (the answer for something that does not exist), so no host is contacted
+/// for it. Returns the link and the grant that allowed it.
 fn link_for(
     session: &Arc<ClientSession>,
     hub: &Arc<crate::upstream::hub::HostHub>,
     method: &str,
+    channel: &str,
     missing: impl FnOnce() -> RpcError,
-) -> Result<Arc<Link>, RpcError> {
-    match gate(session, &hub.id, method) {
-        Ok(()) => {}
+) -> Result<(Arc<Link>, Grant), RpcError> {
+    let need = method_permission(method)?;
+    let grant = match gate(session, hub, method, channel, need) {
+        Ok(g) => g,
         Err(Denied::Invisible) => return Err(missing()),
         Err(Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
-    }
+    };
+    Ok((open_link(session, hub)?, grant))
+}
+
+/// The session's link to `hub` (opened on first use), if the host is up and
+/// the per-session link cap allows.
+fn open_link(
+    session: &Arc<ClientSession>,
+    hub: &Arc<crate::upstream::hub::HostHub>,
+) -> Result<Arc<Link>, RpcError> {
     if hub.status() == HostStatus::Down {
         return Err(RpcError::host_unavailable(&hub.id));
     }
@@ -369,6 +405,51 @@ fn link_for(
     Ok(link)
 }
 
+impl ClientSession {
+    /// After a policy change: forgets subscribed channels the principal can
+    /// no longer see (they lose their baseline, so `reconnect` cannot replay
+    /// them) and closes links to hosts it can no longer see. Returns whether
+    /// any subscribed channel was lost.
+    pub(crate) fn forget_invisible(&self) -> bool {
+        let subs: Vec<String> = self
+            .lock()
+            .subs
+            .iter()
+            .filter(|c| *c != ahp_types::ROOT_RESOURCE_URI)
+            .cloned()
+            .collect();
+        let lost: Vec<String> = subs
+            .into_iter()
+            .filter(|c| host_for(self, c).is_err())
+            .collect();
+        let who = self.subject();
+        let gone: Vec<Arc<str>> = self
+            .relay
+            .hubs()
+            .filter(|h| self.relay.grant_on(who, h).is_none())
+            .map(|h| h.id.clone())
+            .collect();
+        let mut core = self.lock();
+        for c in &lost {
+            core.baselined.remove(c);
+            core.subs.remove(c);
+        }
+        for chans in core.chans.values_mut() {
+            chans.retain(|_, chan| {
+                let client = match chan {
+                    Chan::Holding { client, .. } | Chan::Live { client } => client,
+                };
+                !lost.contains(client)
+            });
+        }
+        for host in gone {
+            core.links.remove(&host);
+            core.chans.remove(&host);
+        }
+        !lost.is_empty()
+    }
+}
+
 /// Why the policy refused.
 pub(super) enum Denied {
     /// The host is invisible to the principal: answer as for nothing there.
@@ -377,16 +458,47 @@ pub(super) enum Denied {
     NotPermitted,
 }
 
-/// The policy's word on `method` against `host` (contract §4.4, §7.3).
-pub(super) fn gate(session: &ClientSession, host: &str, method: &str) -> Result<(), Denied> {
-    let policy = session.relay.policy();
-    if !policy.sees_host(session.subject(), host) {
-        return Err(Denied::Invisible);
+/// The policy's word on operation `op` (a method or an action type) on
+/// `channel` of `hub`, needing `need` (contract §4.4, §7.3). Decisions on
+/// writes, terminal subscriptions and every refusal are audited (§7.5).
+pub(super) fn gate(
+    session: &ClientSession,
+    hub: &crate::upstream::hub::HostHub,
+    op: &str,
+    channel: &str,
+    need: Permission,
+) -> Result<Grant, Denied> {
+    let relay = &session.relay;
+    let who = session.subject();
+    let grant = relay.grant_on(who, hub);
+    let (decision, result) = match grant {
+        None => (Decision::Invisible, Err(Denied::Invisible)),
+        Some(g) if g.permits(need) => (Decision::Allow, Ok(g)),
+        Some(_) => (Decision::Deny, Err(Denied::NotPermitted)),
+    };
+    relay
+        .metrics
+        .acl_decisions
+        .with_label_values(&[decision.label()])
+        .inc();
+    let audited = need != Permission::SessionsRead
+        || decision != Decision::Allow
+        || channel.starts_with("ahp-terminal:");
+    if audited {
+        let rule = match &result {
+            Ok(g) => g.rule.clone(),
+            Err(_) => "-".into(),
+        };
+        audit::record(audit::Record {
+            who,
+            host: &hub.id,
+            channel,
+            operation: op,
+            decision,
+            rule: &rule,
+        });
     }
-    match crate::policy::permission_for_method(method) {
-        Some(p) if policy.permits(session.subject(), host, p) => Ok(()),
-        _ => Err(Denied::NotPermitted),
-    }
+    result
 }
 
 /// Sends a request on `link` and records what its answer needs.
@@ -415,22 +527,90 @@ fn forward(
     Ok(())
 }
 
-/// Translates `params` (already typed) to host names along `shape`, and sets
-/// the channel to its host form.
+/// A client → host namer that authorizes every channel URI it translates
+/// (contract §4.3): the URI must name an object the principal can see on
+/// the target host (else it is as unknown as a URI that names nothing), and
+/// the grant must hold the permission the field implies.
+struct Authorizing<'a> {
+    to_host: ToHost<'a>,
+    session: &'a ClientSession,
+    hub: &'a crate::upstream::hub::HostHub,
+    grant: &'a Grant,
+    denied: std::cell::Cell<bool>,
+}
+
+impl Namer for Authorizing<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+        self.to_host.translate(kind, value)
+    }
+
+    fn field(
+        &self,
+        shape: &str,
+        _path: &str,
+        kind: FieldKind,
+        value: &str,
+    ) -> Result<String, String> {
+        let host_value = self.to_host.translate(kind, value)?;
+        let channel = ["ahp-session:", "ahp-chat:", "ahp-terminal:"]
+            .iter()
+            .any(|s| host_value.starts_with(s));
+        if kind == FieldKind::Uri && channel {
+            let relay = &self.session.relay;
+            let who = self.session.subject();
+            if !relay.sees_channel(who, self.grant, self.hub, &host_value) {
+                return Err("unknown URI".into());
+            }
+            if !self.grant.permits(table::field_need(shape)) {
+                self.denied.set(true);
+                return Err("permission denied".into());
+            }
+        }
+        Ok(host_value)
+    }
+}
+
+/// Translates `value` (already typed) to host names along `shape`,
+/// authorizing every channel it names; `Err(true)` when a field was
+/// visible but not permitted.
+fn translate_to_host(
+    session: &ClientSession,
+    hub: &crate::upstream::hub::HostHub,
+    grant: &Grant,
+    value: &mut Value,
+    shape: &str,
+) -> Result<(), (bool, String)> {
+    let namer = Authorizing {
+        to_host: ToHost {
+            host: &hub.id,
+            store: session.relay.store.as_ref(),
+            identity: session.identity(),
+        },
+        session,
+        hub,
+        grant,
+        denied: std::cell::Cell::new(false),
+    };
+    translate::translate(value, shape, &namer).map_err(|e| (namer.denied.get(), e.to_string()))
+}
+
+/// Translates request `params` to host names along `shape` (fields
+/// authorized), and sets the channel to its host form.
 fn to_host(
     session: &ClientSession,
-    host: &str,
+    hub: &crate::upstream::hub::HostHub,
+    grant: &Grant,
     mut params: Value,
     shape: &str,
     host_channel: &str,
 ) -> Result<Value, RpcError> {
-    let namer = ToHost {
-        host,
-        store: session.relay.store.as_ref(),
-        identity: session.identity(),
-    };
-    translate::translate(&mut params, shape, &namer)
-        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
+    translate_to_host(session, hub, grant, &mut params, shape).map_err(|(denied, e)| {
+        if denied {
+            RpcError::permission_denied(&e)
+        } else {
+            RpcError::invalid_params(e)
+        }
+    })?;
     if let Some(o) = params.as_object_mut() {
         o.insert("channel".into(), json!(host_channel));
     }
@@ -451,8 +631,10 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         return Ok(());
     }
     let (hub, host_uri) = host_for(session, &p.channel)?;
-    let link = link_for(session, &hub, "subscribe", || not_found(&p.channel))?;
-    let params = to_host(session, &hub.id, v, "params:subscribe", &host_uri)?;
+    let (link, grant) = link_for(session, &hub, "subscribe", &p.channel, || {
+        not_found(&p.channel)
+    })?;
+    let params = to_host(session, &hub, &grant, v, "params:subscribe", &host_uri)?;
     hold(session, &hub.id, &host_uri, &p.channel);
     forward(
         session,
@@ -489,7 +671,7 @@ type InitialWait = (
 
 fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<InitialWait, RpcError> {
     let (hub, host_uri) = host_for(session, channel)?;
-    let link = link_for(session, &hub, "subscribe", || not_found(channel))?;
+    let (link, _) = link_for(session, &hub, "subscribe", channel, || not_found(channel))?;
     hold(session, &hub.id, &host_uri, channel);
     let (tx, rx) = oneshot::channel();
     forward(
@@ -525,6 +707,7 @@ fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Resu
     let owner = Owner {
         issuer: session.key.principal.issuer.clone(),
         subject: session.key.principal.subject.clone(),
+        groups: session.subject().groups.to_vec(),
     };
     match session
         .relay
@@ -551,16 +734,16 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
         Some(provider) => names::read_provider(provider)
             .and_then(|(_, h)| relay.hub(h).cloned())
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => relay.only_agent_host().ok_or_else(|| {
+        None => relay.only_agent_host(session.subject()).ok_or_else(|| {
             RpcError::invalid_params(
                 "several agents are available: give provider (<provider>@<host>)",
             )
         })?,
     };
-    let link = link_for(session, &hub, "createSession", || {
+    let (link, grant) = link_for(session, &hub, "createSession", &p.channel, || {
         RpcError::provider_not_found(p.provider.as_deref().unwrap_or_default())
     })?;
-    let mut params = to_host(session, &hub.id, v, "params:createSession", &p.channel)?;
+    let mut params = to_host(session, &hub, &grant, v, "params:createSession", &p.channel)?;
     if let (Some(token), Some(o)) = (p.progress_token.as_deref(), params.as_object_mut()) {
         o.insert(
             "progressToken".into(),
@@ -581,8 +764,10 @@ fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<
     let (p, v) = typed::<CreateChatParams>(params)?;
     check_client_uri(&p.chat, "ahp-chat")?;
     let (hub, host_session) = host_for(session, &p.channel)?;
-    let link = link_for(session, &hub, "createChat", || not_found(&p.channel))?;
-    let params = to_host(session, &hub.id, v, "params:createChat", &host_session)?;
+    let (link, grant) = link_for(session, &hub, "createChat", &p.channel, || {
+        not_found(&p.channel)
+    })?;
+    let params = to_host(session, &hub, &grant, v, "params:createChat", &host_session)?;
     reserve(session, &p.chat, "ahp-chat", &hub.id)?;
     let kind = PendingKind::Create {
         store_key: p.chat.clone(),
@@ -603,8 +788,17 @@ fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Res
             RpcError::invalid_params("cannot choose a host for a client-claimed terminal: claim a session, or configure relay.default_host")
         })?,
     };
-    let link = link_for(session, &hub, "createTerminal", || not_found(&p.channel))?;
-    let params = to_host(session, &hub.id, v, "params:createTerminal", &p.channel)?;
+    let (link, grant) = link_for(session, &hub, "createTerminal", &p.channel, || {
+        not_found(&p.channel)
+    })?;
+    let params = to_host(
+        session,
+        &hub,
+        &grant,
+        v,
+        "params:createTerminal",
+        &p.channel,
+    )?;
     reserve(session, &p.channel, "ahp-terminal", &hub.id)?;
     let kind = PendingKind::Create {
         store_key: p.channel.clone(),
@@ -630,8 +824,34 @@ fn routed<T: DeserializeOwned + Serialize>(
         .unwrap_or_default()
         .to_string();
     let (hub, host_uri) = host_for(session, &channel)?;
-    let link = link_for(session, &hub, method, || not_found(&channel))?;
-    let params = to_host(session, &hub.id, v, &format!("params:{method}"), &host_uri)?;
+    let (link, grant) = link_for(session, &hub, method, &channel, || not_found(&channel))?;
+    if method == "disposeSession" && !grant.dispose_others {
+        let own = session
+            .relay
+            .owner_of(&hub.id, &host_uri)
+            .is_some_and(|o| session.subject().is(&o));
+        if !own {
+            audit::record(audit::Record {
+                who: session.subject(),
+                host: &hub.id,
+                channel: &channel,
+                operation: method,
+                decision: Decision::Deny,
+                rule: "dispose-others-needs-admin",
+            });
+            return Err(RpcError::permission_denied(
+                "disposing a session another principal created needs the admin role",
+            ));
+        }
+    }
+    let params = to_host(
+        session,
+        &hub,
+        &grant,
+        v,
+        &format!("params:{method}"),
+        &host_uri,
+    )?;
     let kind = if dispose {
         let verbatim = matches!(
             names::read_client_uri(&channel),
@@ -660,7 +880,7 @@ fn by_provider<T: DeserializeOwned + Serialize>(
             .and_then(|(_, h)| relay.hub(h).cloned())
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
         None => relay
-            .only_agent_host()
+            .only_agent_host(session.subject())
             .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,
     };
     let provider = v
@@ -668,7 +888,7 @@ fn by_provider<T: DeserializeOwned + Serialize>(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let link = link_for(session, &hub, method, || {
+    let (link, _) = link_for(session, &hub, method, ahp_types::ROOT_RESOURCE_URI, || {
         RpcError::provider_not_found(&provider)
     })?;
     if let Some(provider) = v.get_mut("provider")
@@ -713,28 +933,27 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
     let Some(known) = known else {
         return reject(&format!("unknown or malformed action type: {ty}"));
     };
+    let Some(need) = table::action_need(&ty) else {
+        return reject(&format!(
+            "{ty} cannot be dispatched by a client through the relay"
+        ));
+    };
+    let grant = match gate(session, &hub, &ty, &channel, need) {
+        Ok(g) => g,
+        Err(Denied::Invisible) => return, // invisible = nonexistent: no echo
+        Err(Denied::NotPermitted) => return reject("permission denied"),
+    };
     let mut host_action = match serde_json::to_value(&known) {
         Ok(v) => v,
         Err(_) => return reject("malformed action"),
     };
-    let namer = ToHost {
-        host: &hub.id,
-        store: session.relay.store.as_ref(),
-        identity: session.identity(),
-    };
-    if let Err(e) = translate::translate(&mut host_action, &ty, &namer) {
-        return reject(&format!("cannot translate {e}"));
-    }
-    match gate(session, &hub.id, "dispatchAction") {
+    match translate_to_host(session, &hub, &grant, &mut host_action, &ty) {
         Ok(()) => {}
-        Err(Denied::Invisible) => return, // invisible = nonexistent: no echo
-        Err(Denied::NotPermitted) => return reject("permission denied"),
+        Err((true, e)) => return reject(&format!("permission denied: {e}")),
+        Err((false, e)) => return reject(&format!("cannot translate {e}")),
     }
-    let link = match link_for(session, &hub, "dispatchAction", || {
-        RpcError::not_found("not found")
-    }) {
-        Ok(l) => l,
-        Err(_) => return reject(&format!("host {} unavailable", hub.id)),
+    let Ok(link) = open_link(session, &hub) else {
+        return reject(&format!("host {} unavailable", hub.id));
     };
     let frame = json!({"jsonrpc": "2.0", "method": "dispatchAction",
         "params": {"channel": host_uri, "clientSeq": client_seq, "action": host_action}})

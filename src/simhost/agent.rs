@@ -2,7 +2,10 @@
 //!
 //! A turn streams `chat/responsePart` (an empty markdown part), then
 //! `chat/delta`s, optionally a tool call that waits for the user's
-//! confirmation, then `chat/turnComplete`; a queued message then starts the
+//! confirmation, then — when the message asks for one with
+//! `[client-tool:<name>]` — a call of a client-contributed tool that waits
+//! for its contributor ([`super::client_tools`]), then `chat/turnComplete`;
+//! a queued message then starts the
 //! next turn. Each step re-checks, under the host lock, that the turn is
 //! still the chat's active turn and that the host has not restarted, so a
 //! cancelled turn or a restart stops the stream at once.
@@ -13,6 +16,7 @@ use ahp_types::state::{ChatState, ResponsePart};
 use serde_json::json;
 use tokio::sync::Notify;
 
+use super::client_tools;
 use super::clock::{self, SplitMix64};
 use super::config::AgentScript;
 use super::core::HostCore;
@@ -156,6 +160,11 @@ impl TurnCtx {
         if plan.tool && !self.tool_call().await {
             return;
         }
+        if let Some(tool) = self.requested_client_tool()
+            && !self.client_tool_call(&tool).await
+        {
+            return;
+        }
         self.step(|core, chat| {
             let started = active_started_at(core, chat);
             emit_json(
@@ -214,17 +223,76 @@ impl TurnCtx {
         }
     }
 
-    fn tool_phase(&self, tool_call_id: &str) -> Option<ToolPhase> {
+    /// The client tool the turn's message asks for (`[client-tool:<name>]`).
+    fn requested_client_tool(&self) -> Option<String> {
+        let core = self.shared.lock();
+        let turn = self.live_chat(&core)?.active_turn.as_ref()?;
+        client_tools::requested_tool(&turn.message.text).map(str::to_string)
+    }
+
+    /// Calls client tool `tool`: `chat/toolCallStart` with the offering
+    /// active client as contributor, `chat/toolCallReady` auto-confirmed
+    /// (`running`), then waits until the call is completed (by its
+    /// contributor, or failed by the host when the contributor went away).
+    /// No active client offers `tool`: no call, the turn goes on. False if
+    /// the turn ended meanwhile.
+    async fn client_tool_call(&self, tool: &str) -> bool {
+        let id = format!("{}-client-tool", self.turn_id);
+        let mut called = false;
+        let started = self.step(|core, chat| {
+            let Some((client, display)) = client_tools::contributor_for(core, chat, tool) else {
+                return;
+            };
+            let turn = active_id(core, chat);
+            emit_json(
+                core,
+                chat,
+                json!({"type": "chat/toolCallStart", "turnId": turn, "toolCallId": id,
+                "toolName": tool, "displayName": display,
+                "contributor": {"kind": "client", "clientId": client}}),
+            );
+            emit_json(
+                core,
+                chat,
+                json!({"type": "chat/toolCallReady", "turnId": turn, "toolCallId": id,
+                "invocationMessage": format!("Run `{tool}` on the client"),
+                "confirmed": "not-needed"}),
+            );
+            client_tools::watch_contributor(&self.shared, core, &client);
+            called = true;
+        });
+        if !started {
+            return false;
+        }
+        if !called {
+            return true;
+        }
+        loop {
+            let woken = self.notify.notified();
+            match self.tool_status(&id).as_deref() {
+                None => return false,
+                Some("completed" | "cancelled") => return true,
+                Some(_) => woken.await,
+            }
+        }
+    }
+
+    /// The `status` of tool call `tool_call_id` in the live active turn.
+    fn tool_status(&self, tool_call_id: &str) -> Option<String> {
         let core = self.shared.lock();
         let chat = self.live_chat(&core)?;
         let turn = chat.active_turn.as_ref()?;
-        let status = turn.response_parts.iter().find_map(|p| match p {
+        turn.response_parts.iter().find_map(|p| match p {
             ResponsePart::ToolCall(tc) => serde_json::to_value(&tc.tool_call)
                 .ok()
                 .filter(|v| v.get("toolCallId").and_then(|x| x.as_str()) == Some(tool_call_id))
                 .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_string)),
             _ => None,
-        })?;
+        })
+    }
+
+    fn tool_phase(&self, tool_call_id: &str) -> Option<ToolPhase> {
+        let status = self.tool_status(tool_call_id)?;
         Some(match status.as_str() {
             "pending-confirmation" | "streaming" => ToolPhase::Pending,
             "running" => ToolPhase::Running,

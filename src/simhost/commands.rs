@@ -128,6 +128,7 @@ fn claim_client_id(core: &mut HostCore, conn: ConnId, client_id: &str) {
     if let Some(e) = core.conn_mut(conn) {
         e.client_id = Some(client_id.to_string());
     }
+    super::client_tools::client_back(core, client_id);
 }
 
 fn snapshots_for(core: &mut HostCore, conn: ConnId, channels: &[String]) -> Vec<Snapshot> {

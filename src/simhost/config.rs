@@ -72,6 +72,14 @@ pub struct SimHostConfig {
     /// Speak only protocol 0.9.x (refusing 1.x with -32005): a host a v1
     /// relay cannot serve, for tests of incompatible hosts.
     pub legacy_0_9: bool,
+    /// How long the host keeps a client-contributed tool call running after
+    /// its contributor went away — its last connection closed, or it left
+    /// the session's `activeClients` (`session/activeClientRemoved`, or an
+    /// `unsubscribe` of the session) — before failing it with
+    /// `chat/toolCallComplete` `{success: false}`. A client that comes back
+    /// within it (`reconnect`, or `initialize` with the same `clientId`; or
+    /// `session/activeClientSet` again after leaving) keeps its tool calls.
+    pub client_tool_grace_ms: u64,
 }
 
 impl Default for SimHostConfig {
@@ -88,11 +96,17 @@ impl Default for SimHostConfig {
             record_limit: 100_000,
             max_frame_bytes: 4 * 1024 * 1024,
             legacy_0_9: false,
+            client_tool_grace_ms: 3000,
         }
     }
 }
 
 impl SimHostConfig {
+    /// [`SimHostConfig::client_tool_grace_ms`] as a duration.
+    pub fn client_tool_grace(&self) -> Duration {
+        Duration::from_millis(self.client_tool_grace_ms)
+    }
+
     /// A configuration named `name` whose seeded URIs use `name` as prefix.
     pub fn named(name: &str) -> Self {
         Self {

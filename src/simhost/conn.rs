@@ -76,7 +76,10 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
             _ = stalled.changed() => {}
         }
     }
-    shared.lock().detach(id);
+    let mut core = shared.lock();
+    if let Some(client) = core.detach(id) {
+        super::client_tools::client_gone(&shared, &mut core, &client);
+    }
 }
 
 fn close_msg(code: u16, reason: &str) -> Message {
@@ -167,7 +170,7 @@ fn on_notification(shared: &Arc<Shared>, conn: ConnId, method: &str, params: &Va
     let mut core = shared.lock();
     let outcome = match method {
         "dispatchAction" => dispatch::dispatch_action(shared, &mut core, conn, params),
-        "unsubscribe" => dispatch::unsubscribe(&mut core, conn, params),
+        "unsubscribe" => dispatch::unsubscribe(shared, &mut core, conn, params),
         _ => Err("unknown notification"),
     };
     if let Err(why) = outcome {

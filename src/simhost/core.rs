@@ -101,6 +101,14 @@ pub struct HostCore {
     pub asks: HashMap<u64, tokio::sync::oneshot::Sender<Value>>,
     /// Id of the next host → client request.
     pub next_ask: u64,
+    /// Clients whose last connection closed, each with the token of its
+    /// pending grace timer (see `client_tools`).
+    pub gone: HashMap<String, u64>,
+    /// (session, client) pairs that left the session's `activeClients`,
+    /// each with the token of its pending grace timer.
+    pub left: HashMap<(String, String), u64>,
+    /// Token of the next grace timer.
+    pub next_grace: u64,
     next_id: u64,
 }
 
@@ -122,6 +130,9 @@ impl HostCore {
             wakers: HashMap::new(),
             asks: HashMap::new(),
             next_ask: 1,
+            gone: HashMap::new(),
+            left: HashMap::new(),
+            next_grace: 1,
             next_id: 0,
         }
     }
@@ -144,9 +155,11 @@ impl HostCore {
         );
     }
 
-    /// Forgets a closed connection.
-    pub fn detach(&mut self, id: ConnId) {
-        self.conns.remove(&id);
+    /// Forgets a closed connection. Returns its `clientId` when no other
+    /// connection holds it any more (the client has gone away).
+    pub fn detach(&mut self, id: ConnId) -> Option<String> {
+        let client = self.conns.remove(&id)?.client_id?;
+        self.conns_of(&client).is_empty().then_some(client)
     }
 
     /// Queues a frame for one connection (dropped if it has closed).
@@ -441,6 +454,8 @@ impl HostCore {
         self.evicted_up_to = 0;
         self.epoch += 1;
         self.wakers.clear();
+        self.gone.clear();
+        self.left.clear();
         if keep_state {
             self.state.cancel_active_turns();
         } else {

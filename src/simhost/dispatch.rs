@@ -8,6 +8,7 @@ use ahp_types::state::PendingMessageKind;
 use serde_json::{Value, json};
 
 use super::agent;
+use super::client_tools;
 use super::core::{ConnId, HostCore};
 use super::server::Shared;
 use super::state::ChannelKind;
@@ -65,7 +66,10 @@ pub fn dispatch_action(
 fn after_accept(shared: &Arc<Shared>, core: &mut HostCore, channel: &str, action: &StateAction) {
     match action {
         StateAction::ChatTurnStarted(a) => agent::start_turn(shared, core, channel, &a.turn_id),
-        StateAction::ChatToolCallConfirmed(_) | StateAction::ChatTurnCancelled(_) => {
+        StateAction::ChatToolCallConfirmed(_)
+        | StateAction::ChatToolCallComplete(_)
+        | StateAction::ChatToolCallResultConfirmed(_)
+        | StateAction::ChatTurnCancelled(_) => {
             agent::wake(core, channel);
             if matches!(action, StateAction::ChatTurnCancelled(_)) {
                 agent::consume_queue(shared, core, channel);
@@ -73,6 +77,12 @@ fn after_accept(shared: &Arc<Shared>, core: &mut HostCore, channel: &str, action
         }
         StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Queued => {
             agent::consume_queue(shared, core, channel);
+        }
+        StateAction::SessionActiveClientSet(a) => {
+            client_tools::client_rejoined(core, channel, &a.active_client.client_id);
+        }
+        StateAction::SessionActiveClientRemoved(a) => {
+            client_tools::client_left(shared, core, channel, &a.client_id);
         }
         StateAction::TerminalInput(a) => {
             if let Some(echo) = typed_action(json!({"type": "terminal/data", "data": a.data})) {
@@ -87,8 +97,14 @@ fn after_accept(shared: &Arc<Shared>, core: &mut HostCore, channel: &str, action
 }
 
 /// Releases a subscription; leaving a session channel also removes the
-/// client from the session's active clients (the spec's SHOULD).
-pub fn unsubscribe(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<(), &'static str> {
+/// client from the session's active clients (the spec's SHOULD), which
+/// starts the grace of its client tool calls there.
+pub fn unsubscribe(
+    shared: &Arc<Shared>,
+    core: &mut HostCore,
+    conn: ConnId,
+    params: &Value,
+) -> Result<(), &'static str> {
     let channel = params
         .get("channel")
         .and_then(Value::as_str)
@@ -110,6 +126,7 @@ pub fn unsubscribe(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<
             typed_action(json!({"type": "session/activeClientRemoved", "clientId": client}))
     {
         core.emit(channel, a);
+        client_tools::client_left(shared, core, channel, &client);
     }
     Ok(())
 }

@@ -12,12 +12,15 @@
 //! - validation of dispatched actions per the spec's table ([`validate`]);
 //! - a scripted streaming agent with optional tool confirmation and queued
 //!   messages ([`agent`]);
+//! - client-contributed tools: calls owned by an active client, failed when
+//!   the contributor goes away for longer than a grace ([`client_tools`]);
 //! - fault switches, restart and a record of every received frame for tests
 //!   ([`server::SimHost`]).
 //!
 //! Decisions where the spec is silent are documented in `src/simhost/README.md`.
 
 pub mod agent;
+pub mod client_tools;
 pub mod clock;
 pub mod commands;
 pub mod config;

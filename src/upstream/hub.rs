@@ -1,7 +1,7 @@
 //! One configured host as the relay sees it: how to dial it, and what its
 //! watch link currently knows (health, root state, session catalog).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -45,8 +45,12 @@ pub struct WatchView {
     pub status: HostStatus,
     /// The host's root state (rejected envelopes never applied).
     pub root: Option<RootState>,
-    /// Session summaries by host URI, as JSON objects.
+    /// Session summaries by host URI, as JSON objects. Change it only
+    /// through the `WatchView` methods, which keep [`WatchView::chats`] in step.
     pub catalog: BTreeMap<String, Value>,
+    /// Chat host URI → the host URI of the session listing it in the
+    /// catalog (`SessionSummary.chats[]`): how a chat's visibility is decided.
+    pub chats: HashMap<String, String>,
     /// `InitializeResult.completionTriggerCharacters` of the host.
     pub trigger_characters: Vec<String>,
     /// `InitializeResult.terminalCommandPrefix` of the host.
@@ -88,6 +92,7 @@ impl HostHub {
                 status: HostStatus::Connecting,
                 root: None,
                 catalog: BTreeMap::new(),
+                chats: HashMap::new(),
                 trigger_characters: Vec::new(),
                 terminal_command_prefix: None,
             }),
@@ -118,9 +123,9 @@ impl HostHub {
         self.cfg.label.as_deref().unwrap_or(&self.id)
     }
 
-    /// A copy of the watch view.
-    pub fn view(&self) -> WatchView {
-        self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Reads the watch view in place (no copy of the catalog).
+    pub fn read<R>(&self, f: impl FnOnce(&WatchView) -> R) -> R {
+        f(&self.view.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Current health.
@@ -137,12 +142,100 @@ impl HostHub {
             .contains_key(host_uri)
     }
 
+    /// The host URI of the session that lists chat `host_uri`.
+    pub fn session_of_chat(&self, host_uri: &str) -> Option<String> {
+        self.view
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .chats
+            .get(host_uri)
+            .cloned()
+    }
+
+    /// The claim of terminal `host_uri` in the host's root state (host
+    /// form): `None` if the host lists no such terminal, `Some(None)` if it
+    /// is unclaimed.
+    pub fn terminal_claim(&self, host_uri: &str) -> Option<Option<Value>> {
+        let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+        let info = view
+            .root
+            .as_ref()?
+            .terminals
+            .as_ref()?
+            .iter()
+            .find(|t| t.resource == host_uri)?;
+        Some(
+            serde_json::to_value(&info.claim)
+                .ok()
+                .filter(|c| !c.is_null()),
+        )
+    }
+
     /// Mutates the view (watch link only).
     pub fn update<R>(&self, f: impl FnOnce(&mut WatchView) -> R) -> R {
         let r = f(&mut self.view.write().unwrap_or_else(|e| e.into_inner()));
         self.catalog_changed.notify_waiters();
         r
     }
+}
+
+impl WatchView {
+    /// Adds or replaces a session's summary.
+    pub fn insert_session(&mut self, uri: String, summary: Value) {
+        self.remove_session(&uri);
+        for chat in chat_uris(&summary) {
+            self.chats.insert(chat, uri.clone());
+        }
+        self.catalog.insert(uri, summary);
+    }
+
+    /// Removes a session's summary and its chats.
+    pub fn remove_session(&mut self, uri: &str) {
+        if let Some(old) = self.catalog.remove(uri) {
+            for chat in chat_uris(&old) {
+                if self.chats.get(&chat).is_some_and(|s| s == uri) {
+                    self.chats.remove(&chat);
+                }
+            }
+        }
+    }
+
+    /// Applies `root/sessionSummaryChanged` changes (identity fields kept).
+    pub fn patch_session(&mut self, uri: &str, changes: serde_json::Map<String, Value>) {
+        let Some(Value::Object(mut summary)) = self.catalog.get(uri).cloned() else {
+            return;
+        };
+        for (k, v) in changes {
+            if !matches!(k.as_str(), "resource" | "provider" | "createdAt") {
+                summary.insert(k, v);
+            }
+        }
+        self.insert_session(uri.to_string(), Value::Object(summary));
+    }
+
+    /// Replaces the whole catalog (after a watch link (re)connects).
+    pub fn replace_catalog(&mut self, catalog: BTreeMap<String, Value>) {
+        self.catalog.clear();
+        self.chats.clear();
+        for (uri, summary) in catalog {
+            self.insert_session(uri, summary);
+        }
+    }
+}
+
+/// The chat URIs a session summary lists.
+fn chat_uris(summary: &Value) -> Vec<String> {
+    summary
+        .get("chats")
+        .and_then(Value::as_array)
+        .map(|chats| {
+            chats
+                .iter()
+                .filter_map(|c| c.get("resource").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Percent-encodes bytes outside visible ASCII so any issuer or subject is a
@@ -162,6 +255,34 @@ fn header_safe(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chat_index_follows_the_catalog() {
+        let mut v = WatchView {
+            status: HostStatus::Up,
+            root: None,
+            catalog: BTreeMap::new(),
+            chats: HashMap::new(),
+            trigger_characters: Vec::new(),
+            terminal_command_prefix: None,
+        };
+        let s = |chats: &[&str]| {
+            serde_json::json!({"resource": "ahp-session:/s",
+                "chats": chats.iter().map(|c| serde_json::json!({"resource": c})).collect::<Vec<_>>()})
+        };
+        v.insert_session("ahp-session:/s".into(), s(&["ahp-chat:/a", "ahp-chat:/b"]));
+        assert_eq!(
+            v.chats.get("ahp-chat:/b").map(String::as_str),
+            Some("ahp-session:/s")
+        );
+        let mut changes = serde_json::Map::new();
+        changes.insert("chats".into(), s(&["ahp-chat:/c"])["chats"].clone());
+        v.patch_session("ahp-session:/s", changes);
+        assert!(!v.chats.contains_key("ahp-chat:/a"));
+        assert!(v.chats.contains_key("ahp-chat:/c"));
+        v.remove_session("ahp-session:/s");
+        assert!(v.chats.is_empty() && v.catalog.is_empty());
+    }
 
     #[test]
     fn header_values_are_visible_ascii() {

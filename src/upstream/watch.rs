@@ -92,7 +92,7 @@ pub async fn run(
             hub.update(|v| {
                 v.status = status;
                 if status == HostStatus::Incompatible {
-                    v.catalog.clear();
+                    v.replace_catalog(BTreeMap::new());
                     v.root = None;
                 }
             });
@@ -226,7 +226,7 @@ async fn session(
         v.trigger_characters = triggers;
         v.terminal_command_prefix = prefix;
         v.root = Some(root);
-        v.catalog = catalog;
+        v.replace_catalog(catalog);
         v.status = HostStatus::Up;
         diff
     });
@@ -404,7 +404,7 @@ async fn on_frame(
                 .and_then(Value::as_str)
                 .map(str::to_string)
             {
-                hub.update(|view| view.catalog.insert(uri, summary));
+                hub.update(|view| view.insert_session(uri, summary));
                 let _ = events.send(WatchEvent::Catalog {
                     host,
                     method: "root/sessionAdded",
@@ -418,7 +418,7 @@ async fn on_frame(
                 .and_then(Value::as_str)
                 .map(str::to_string)
             {
-                hub.update(|view| view.catalog.remove(&uri));
+                hub.update(|view| view.remove_session(&uri));
                 let _ = events.send(WatchEvent::Catalog {
                     host,
                     method: "root/sessionRemoved",
@@ -433,15 +433,7 @@ async fn on_frame(
                 .map(str::to_string);
             let changes = params.get("changes").and_then(Value::as_object).cloned();
             if let (Some(uri), Some(changes)) = (uri, changes) {
-                hub.update(|view| {
-                    if let Some(Value::Object(summary)) = view.catalog.get_mut(&uri) {
-                        for (k, v) in changes {
-                            if !matches!(k.as_str(), "resource" | "provider" | "createdAt") {
-                                summary.insert(k, v);
-                            }
-                        }
-                    }
-                });
+                hub.update(|view| view.patch_session(&uri, changes));
                 let _ = events.send(WatchEvent::Catalog {
                     host,
                     method: "root/sessionSummaryChanged",

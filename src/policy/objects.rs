@@ -1,0 +1,153 @@
+//! What a principal can see (contract §4.4, §6.1, §7.2): hosts through
+//! their grant; sessions through their creator (the URI store) or the
+//! external-sessions rule; chats through the session that lists them;
+//! terminals through their claim or their creator. An object that does not
+//! exist is invisible too, so "invisible" and "nonexistent" are one answer,
+//! decided without contacting any host.
+
+use serde_json::Value;
+
+use super::{Grant, HostRef, Subject};
+use crate::relay::Relay;
+use crate::route::store::{Owner, UriState};
+use crate::upstream::hub::{HostHub, HostStatus};
+
+impl Relay {
+    /// What `who` holds on `hub`; `None` if the host is invisible to it (no
+    /// rule, or the host refused the relay's protocol version).
+    pub fn grant_on(&self, who: Subject<'_>, hub: &HostHub) -> Option<Grant> {
+        if hub.status() == HostStatus::Incompatible {
+            return None;
+        }
+        self.policy().grant(
+            who,
+            HostRef {
+                id: &hub.id,
+                label: hub.cfg.label.as_deref(),
+            },
+        )
+    }
+
+    /// The creator of a client-chosen URI that `host` owns (store entry,
+    /// tombstones included so removals reach the same principals).
+    pub fn owner_of(&self, host: &str, uri: &str) -> Option<Owner> {
+        self.store
+            .lookup(uri)
+            .ok()
+            .flatten()
+            .filter(|e| e.host == host)
+            .map(|e| e.owner)
+    }
+
+    /// Whether a live store entry for `uri` on `host` exists (a create in
+    /// flight or confirmed, not yet in the catalog perhaps).
+    fn live_entry(&self, host: &str, uri: &str) -> Option<Owner> {
+        self.store
+            .lookup(uri)
+            .ok()
+            .flatten()
+            .filter(|e| e.host == host && !matches!(e.state, UriState::Tombstone { .. }))
+            .map(|e| e.owner)
+    }
+
+    /// Whether `who` (holding `grant` on `hub`) sees session `host_uri` as
+    /// listed or announced (existence not required: used for catalog
+    /// events, removals included).
+    pub fn sees_session(
+        &self,
+        who: Subject<'_>,
+        grant: &Grant,
+        hub: &HostHub,
+        host_uri: &str,
+    ) -> bool {
+        grant.sees(who, self.owner_of(&hub.id, host_uri).as_ref())
+    }
+
+    /// Whether `who` sees the host channel `host_uri` on `hub`, which must
+    /// exist: a session in the catalog (or created through the relay), a
+    /// chat listed by a visible session (or created through the relay), a
+    /// terminal claimed by one of `who`'s clients, attached to a visible
+    /// session, or created by `who`. Any other channel is invisible.
+    pub fn sees_channel(
+        &self,
+        who: Subject<'_>,
+        grant: &Grant,
+        hub: &HostHub,
+        host_uri: &str,
+    ) -> bool {
+        let scheme = host_uri.split_once(':').map_or("", |(s, _)| s);
+        match scheme {
+            "ahp-session" => self.sees_existing_session(who, grant, hub, host_uri),
+            "ahp-chat" => match hub.session_of_chat(host_uri) {
+                Some(session) => self.sees_existing_session(who, grant, hub, &session),
+                None => self
+                    .live_entry(&hub.id, host_uri)
+                    .is_some_and(|o| grant.sees(who, Some(&o))),
+            },
+            "ahp-terminal" => {
+                if self
+                    .live_entry(&hub.id, host_uri)
+                    .is_some_and(|o| who.is(&o))
+                {
+                    return true;
+                }
+                match hub.terminal_claim(host_uri) {
+                    Some(Some(claim)) => self.sees_claim(who, grant, hub, &claim),
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    fn sees_existing_session(
+        &self,
+        who: Subject<'_>,
+        grant: &Grant,
+        hub: &HostHub,
+        host_uri: &str,
+    ) -> bool {
+        if hub.has_session(host_uri) {
+            return self.sees_session(who, grant, hub, host_uri);
+        }
+        self.live_entry(&hub.id, host_uri)
+            .is_some_and(|o| grant.sees(who, Some(&o)))
+    }
+
+    /// Whether a terminal claim (host form) shows the terminal to `who`:
+    /// claimed by one of its own clients, or attached to a session it sees.
+    pub fn sees_claim(
+        &self,
+        who: Subject<'_>,
+        grant: &Grant,
+        hub: &HostHub,
+        claim: &Value,
+    ) -> bool {
+        if let Some(client) = claim.get("clientId").and_then(Value::as_str) {
+            return client.starts_with(&self.upstream_prefix(who.principal));
+        }
+        claim
+            .get("session")
+            .and_then(Value::as_str)
+            .is_some_and(|s| self.sees_existing_session(who, grant, hub, s))
+    }
+
+    /// Whether `who` sees a terminal of the host's root list (host form
+    /// `TerminalInfo`).
+    pub fn sees_terminal_info(
+        &self,
+        who: Subject<'_>,
+        grant: &Grant,
+        hub: &HostHub,
+        info: &Value,
+    ) -> bool {
+        let Some(uri) = info.get("resource").and_then(Value::as_str) else {
+            return false;
+        };
+        if self.live_entry(&hub.id, uri).is_some_and(|o| who.is(&o)) {
+            return true;
+        }
+        info.get("claim")
+            .is_some_and(|c| self.sees_claim(who, grant, hub, c))
+    }
+}

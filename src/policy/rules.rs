@@ -1,0 +1,399 @@
+//! The configured policy (contract §7.1–7.2): `[[policy.rules]]` binding
+//! principals to hosts with a role, a session visibility and a rule for
+//! sessions created outside the relay. Default deny: a principal no rule
+//! matches sees no host at all.
+//!
+//! On each host, a principal holds the union of every rule that matches it
+//! there: all their permissions, the widest visibility, external sessions if
+//! any rule shows them, disposing others' sessions if any rule is `admin`.
+//! Worked examples: `config/policy.example.toml`.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{Grant, HostRef, PermSet, Permission, Policy, Role, Subject, Visibility};
+
+/// `[policy]`: the rules, in order (the first matching rule names audit lines).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The rules; none means nobody sees anything.
+    #[serde(default)]
+    pub rules: Vec<Spanned<RuleConfig>>,
+}
+
+/// One `[[policy.rules]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// Name for audit lines and errors; default `rule-<n>` (1-based).
+    pub name: Option<String>,
+    /// Only tokens of this issuer match; any configured issuer if absent.
+    pub issuer: Option<String>,
+    /// Subjects (`sub`) that match; `"*"` matches every subject.
+    #[serde(default)]
+    pub subjects: Vec<String>,
+    /// Groups that match (any one of them in the token's groups claim).
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Host ids or labels the rule applies to; `"*"` is every host.
+    pub hosts: Spanned<Vec<String>>,
+    /// `viewer`, `operator` or `admin`.
+    pub role: RoleName,
+    /// Extra permissions on top of the role (e.g. `files:write` for an operator).
+    #[serde(default)]
+    pub permissions: Vec<PermissionName>,
+    /// Which relay-created sessions are visible: `own` (default), `group`, `all`.
+    #[serde(default = "default_visibility")]
+    pub visibility: VisibilityName,
+    /// Whether sessions created outside the relay (seeded on the host,
+    /// automation runs, `moveChat` into a new session) are visible.
+    /// Default: true for `visibility = "all"`, false otherwise.
+    pub external_sessions: Option<bool>,
+}
+
+/// A role as spelled in the config.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleName {
+    /// `viewer`
+    Viewer,
+    /// `operator`
+    Operator,
+    /// `admin`
+    Admin,
+}
+
+/// A permission as spelled in the config.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub enum PermissionName {
+    /// `sessions:read`
+    #[serde(rename = "sessions:read")]
+    SessionsRead,
+    /// `sessions:operate`
+    #[serde(rename = "sessions:operate")]
+    SessionsOperate,
+    /// `terminals:use`
+    #[serde(rename = "terminals:use")]
+    TerminalsUse,
+    /// `files:read`
+    #[serde(rename = "files:read")]
+    FilesRead,
+    /// `files:write`
+    #[serde(rename = "files:write")]
+    FilesWrite,
+}
+
+/// A visibility as spelled in the config.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VisibilityName {
+    /// `own`
+    Own,
+    /// `group`
+    Group,
+    /// `all`
+    All,
+}
+
+fn default_visibility() -> VisibilityName {
+    VisibilityName::Own
+}
+
+/// A rule error with the byte range of the offending value in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError {
+    /// Where in the config text.
+    pub span: Range<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl PolicyConfig {
+    /// Checks every rule against the configured hosts (`(id, label)`
+    /// pairs): hosts must exist, a rule must match someone.
+    pub fn validate(&self, hosts: &[(&str, Option<&str>)]) -> Result<(), RuleError> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            let span = rule.span();
+            let r = rule.get_ref();
+            let name = rule_name(i, r);
+            if r.subjects.is_empty() && r.groups.is_empty() {
+                return Err(RuleError {
+                    span,
+                    message: format!(
+                        "policy rule {name}: give subjects or groups (or subjects = [\"*\"])"
+                    ),
+                });
+            }
+            if r.hosts.get_ref().is_empty() {
+                return Err(RuleError {
+                    span: r.hosts.span(),
+                    message: format!("policy rule {name}: hosts is empty"),
+                });
+            }
+            for h in r.hosts.get_ref() {
+                let known = h == "*"
+                    || hosts
+                        .iter()
+                        .any(|(id, label)| id == h || *label == Some(h.as_str()));
+                if !known {
+                    return Err(RuleError {
+                        span: r.hosts.span(),
+                        message: format!(
+                            "policy rule {name}: {h:?} is neither a host id nor a host label"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn rule_name(i: usize, r: &RuleConfig) -> String {
+    r.name.clone().unwrap_or_else(|| format!("rule-{}", i + 1))
+}
+
+/// One compiled rule.
+#[derive(Debug, Clone)]
+struct Rule {
+    name: Arc<str>,
+    issuer: Option<String>,
+    subjects: Vec<String>,
+    groups: Vec<String>,
+    hosts: Vec<String>,
+    permissions: PermSet,
+    visibility: Visibility,
+    external: bool,
+    admin: bool,
+}
+
+impl Rule {
+    fn matches(&self, who: Subject<'_>, host: HostRef<'_>) -> bool {
+        let issuer = self
+            .issuer
+            .as_deref()
+            .is_none_or(|i| i == who.principal.issuer);
+        let subject = self
+            .subjects
+            .iter()
+            .any(|s| s == "*" || *s == who.principal.subject);
+        let group = self.groups.iter().any(|g| who.groups.contains(g));
+        let on_host = self
+            .hosts
+            .iter()
+            .any(|h| h == "*" || h == host.id || Some(h.as_str()) == host.label);
+        issuer && (subject || group) && on_host
+    }
+}
+
+/// The policy of `[[policy.rules]]`.
+#[derive(Debug, Clone)]
+pub struct RulePolicy {
+    rules: Vec<Rule>,
+}
+
+impl RulePolicy {
+    /// Compiles a validated `[policy]` section.
+    pub fn new(cfg: &PolicyConfig) -> Self {
+        let rules = cfg
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let r = r.get_ref();
+                let role = match r.role {
+                    RoleName::Viewer => Role::Viewer,
+                    RoleName::Operator => Role::Operator,
+                    RoleName::Admin => Role::Admin,
+                };
+                let extra: Vec<Permission> = r.permissions.iter().map(|p| p.permission()).collect();
+                let visibility = match r.visibility {
+                    VisibilityName::Own => Visibility::Own,
+                    VisibilityName::Group => Visibility::Group,
+                    VisibilityName::All => Visibility::All,
+                };
+                Rule {
+                    name: rule_name(i, r).into(),
+                    issuer: r.issuer.clone(),
+                    subjects: r.subjects.clone(),
+                    groups: r.groups.clone(),
+                    hosts: r.hosts.get_ref().clone(),
+                    permissions: role.permissions().union(PermSet::of(&extra)),
+                    visibility,
+                    external: r.external_sessions.unwrap_or(visibility == Visibility::All),
+                    admin: role == Role::Admin,
+                }
+            })
+            .collect();
+        Self { rules }
+    }
+}
+
+impl PermissionName {
+    fn permission(self) -> Permission {
+        match self {
+            Self::SessionsRead => Permission::SessionsRead,
+            Self::SessionsOperate => Permission::SessionsOperate,
+            Self::TerminalsUse => Permission::TerminalsUse,
+            Self::FilesRead => Permission::FilesRead,
+            Self::FilesWrite => Permission::FilesWrite,
+        }
+    }
+}
+
+impl Policy for RulePolicy {
+    fn grant(&self, who: Subject<'_>, host: HostRef<'_>) -> Option<Grant> {
+        let mut matching = self.rules.iter().filter(|r| r.matches(who, host));
+        let first = matching.next()?;
+        let mut g = Grant {
+            permissions: first.permissions,
+            visibility: first.visibility,
+            external: first.external,
+            dispose_others: first.admin,
+            rule: first.name.clone(),
+        };
+        for r in matching {
+            g.permissions = g.permissions.union(r.permissions);
+            g.visibility = g.visibility.max(r.visibility);
+            g.external |= r.external;
+            g.dispose_others |= r.admin;
+        }
+        Some(g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::store::Owner;
+    use crate::session::PrincipalKey;
+
+    fn policy(toml_text: &str) -> RulePolicy {
+        #[derive(Deserialize)]
+        struct Doc {
+            policy: PolicyConfig,
+        }
+        let doc: Doc = toml::from_str(toml_text).unwrap();
+        doc.policy
+            .validate(&[("gpu1", Some("gpu")), ("laptop", None)])
+            .unwrap();
+        RulePolicy::new(&doc.policy)
+    }
+
+    fn key(sub: &str) -> PrincipalKey {
+        PrincipalKey {
+            issuer: "idp".into(),
+            subject: sub.into(),
+        }
+    }
+
+    const HOST: HostRef<'static> = HostRef {
+        id: "gpu1",
+        label: Some("gpu"),
+    };
+    const LAPTOP: HostRef<'static> = HostRef {
+        id: "laptop",
+        label: None,
+    };
+
+    #[test]
+    fn default_deny_and_union_of_rules() {
+        let p = policy(
+            r#"
+[[policy.rules]]
+subjects = ["alice"]
+hosts = ["gpu"]
+role = "viewer"
+[[policy.rules]]
+name = "team"
+groups = ["team-a"]
+hosts = ["*"]
+role = "operator"
+visibility = "group"
+"#,
+        );
+        let (alice, bob) = (key("alice"), key("bob"));
+        let none: Vec<String> = vec![];
+        let team = vec!["team-a".to_string()];
+        let a = Subject {
+            principal: &alice,
+            groups: &none,
+        };
+        assert!(p.grant(a, LAPTOP).is_none(), "no rule for alice on laptop");
+        let g = p.grant(a, HOST).unwrap();
+        assert!(g.permits(Permission::SessionsRead) && !g.permits(Permission::SessionsOperate));
+        assert_eq!(&*g.rule, "rule-1");
+        let a_team = Subject {
+            principal: &alice,
+            groups: &team,
+        };
+        let g = p.grant(a_team, HOST).unwrap();
+        assert!(g.permits(Permission::SessionsOperate));
+        assert_eq!(g.visibility, Visibility::Group);
+        assert!(!g.external);
+        assert!(
+            p.grant(
+                Subject {
+                    principal: &bob,
+                    groups: &none
+                },
+                HOST
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn visibility_own_group_all_and_external() {
+        let p = policy(
+            r#"
+[[policy.rules]]
+subjects = ["*"]
+hosts = ["*"]
+role = "operator"
+visibility = "group"
+external_sessions = true
+"#,
+        );
+        let (alice, bob) = (key("alice"), key("bob"));
+        let g1 = vec!["g1".to_string()];
+        let b = Subject {
+            principal: &bob,
+            groups: &g1,
+        };
+        let g = p.grant(b, HOST).unwrap();
+        let owner = |sub: &str, groups: &[&str]| Owner {
+            issuer: "idp".into(),
+            subject: sub.into(),
+            groups: groups.iter().map(|s| s.to_string()).collect(),
+        };
+        assert!(g.sees(b, Some(&owner("bob", &[]))), "own");
+        assert!(g.sees(b, Some(&owner("alice", &["g1"]))), "shared group");
+        assert!(!g.sees(b, Some(&owner("alice", &["g2"]))), "other group");
+        assert!(g.sees(b, None), "external shown by the rule");
+        let _ = alice;
+    }
+
+    #[test]
+    fn unknown_hosts_and_empty_principals_are_errors_with_spans() {
+        #[derive(Debug, Deserialize)]
+        struct Doc {
+            policy: PolicyConfig,
+        }
+        let text = "[[policy.rules]]\nsubjects = [\"a\"]\nhosts = [\"nope\"]\nrole = \"viewer\"\n";
+        let doc: Doc = toml::from_str(text).unwrap();
+        let e = doc.policy.validate(&[("gpu1", None)]).unwrap_err();
+        assert!(e.message.contains("nope"));
+        assert_eq!(&text[e.span.clone()], "[\"nope\"]");
+        let text = "[[policy.rules]]\nhosts = [\"*\"]\nrole = \"viewer\"\n";
+        let doc: Doc = toml::from_str(text).unwrap();
+        assert!(doc.policy.validate(&[]).is_err());
+        let bad: Result<Doc, _> =
+            toml::from_str("[[policy.rules]]\nhosts = [\"*\"]\nrole = \"root\"\n");
+        assert!(bad.unwrap_err().to_string().contains("line 3"));
+    }
+}

@@ -1,0 +1,603 @@
+//! Global replay memory (contract §5.4, §8.2) over real TLS sockets: with a
+//! tiny `limits.replay_memory_bytes`, whole buffers of *detached* sessions
+//! are dropped least-recently-attached first (their next `reconnect` gets
+//! `snapshot`, a more recently detached one that still fits gets `replay`),
+//! attached sessions are never touched, and when attached sessions alone
+//! exceed the budget new upgrades get 503 with `Retry-After` until memory is
+//! back at the low watermark. `/metrics` shows the drops, the refusals, the
+//! snapshot-fallback ratio and the replay-size histogram.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp_relay::devkit::DEV_ISSUER;
+use ahp_relay::session::{ClientSession, PrincipalKey, SessionKey};
+use ahp_relay::simhost::AgentScript;
+use ahp_relay::simhost::clock::now_iso;
+use ahp_types::actions::ActionEnvelope;
+use common::relay::{TestRelay, scratch_dir};
+use common::*;
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::header::{AUTHORIZATION, RETRY_AFTER};
+use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderValue};
+use tokio_tungstenite::{Connector, connect_async_tls_with_config};
+
+const ROOT: &str = "ahp-root://";
+
+// ─── helpers ────────────────────────────────────────────────────────────────
+
+/// A fast agent: 10 deltas of 16 bytes per turn, no pacing (~3 KB of
+/// envelopes per turn).
+fn script() -> AgentScript {
+    AgentScript {
+        reply_deltas: 10,
+        delta_bytes: 16,
+        delta_rate: 0,
+        tool_confirmation: false,
+        seed: None,
+    }
+}
+
+fn key(sub: &str, client_id: &str) -> SessionKey {
+    SessionKey {
+        principal: PrincipalKey {
+            issuer: DEV_ISSUER.into(),
+            subject: sub.into(),
+        },
+        client_id: client_id.into(),
+    }
+}
+
+fn session(t: &TestRelay, sub: &str, client_id: &str) -> Arc<ClientSession> {
+    t.relay
+        .relay
+        .session_of(&key(sub, client_id))
+        .unwrap_or_else(|| panic!("session {sub}/{client_id} exists"))
+}
+
+/// Bytes in the replay buffer of session (`sub`, `client_id`).
+fn buffered(t: &TestRelay, sub: &str, client_id: &str) -> usize {
+    session(t, sub, client_id).lock().buffer_usage().1
+}
+
+async fn wait_detached(t: &TestRelay, sub: &str, client_id: &str) {
+    let s = session(t, sub, client_id);
+    wait_until(&format!("{client_id} detached"), || {
+        s.lock().socket_id().is_none()
+    })
+    .await;
+}
+
+fn dropped_buffers(t: &TestRelay) -> u64 {
+    t.relay.relay.metrics.pressure_dropped_buffers.get()
+}
+
+fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
+    e.channel == channel && action_type(e) == ty
+}
+
+/// Runs one turn on `chat` through raw socket `ws` and returns every
+/// envelope it produced, in order, once the relay has written them all (a
+/// `ping` answer follows every frame queued before it).
+async fn run_turn(ws: &mut RawWs, chat: &str, n: u64) -> Vec<ActionEnvelope> {
+    let action = json!({"type": "chat/turnStarted", "turnId": format!("turn-{n}"),
+        "startedAt": now_iso(), "message": {"text": "go", "origin": {"kind": "user"}}});
+    ws.send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
+        "params": {"channel": chat, "clientSeq": n, "action": action}}))
+        .await;
+    let mut out = Vec::new();
+    let mut complete = false;
+    while !complete {
+        let v = ws.recv_json().await.expect("socket open during the turn");
+        if v["method"] == "action" {
+            let e: ActionEnvelope =
+                serde_json::from_value(v["params"].clone()).expect("envelope parses");
+            complete = is(&e, chat, "chat/turnComplete");
+            out.push(e);
+        }
+    }
+    let ping = 1_000_000 + n;
+    ws.send_json(&json!({"jsonrpc": "2.0", "id": ping, "method": "ping",
+        "params": {"channel": ROOT}}))
+        .await;
+    loop {
+        let v = ws.recv_json().await.expect("socket open");
+        if v.get("id") == Some(&json!(ping)) {
+            return out;
+        }
+        if v["method"] == "action" {
+            out.push(serde_json::from_value(v["params"].clone()).expect("envelope parses"));
+        }
+    }
+}
+
+/// A client (`sub`, `client_id`) attached on a raw socket, subscribed to
+/// `chat` and following every envelope it was sent.
+struct Follower {
+    ws: RawWs,
+    sub: String,
+    id: String,
+    chat: String,
+    s0: u64,
+    seen: Vec<ActionEnvelope>,
+    turns: u64,
+}
+
+impl Follower {
+    async fn start(t: &TestRelay, sub: &str, id: &str, chat: &str) -> Self {
+        let mut ws = t.raw(sub).await;
+        let init = ws.initialize(id).await;
+        let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
+        let r = ws.request(1, "subscribe", json!({"channel": chat})).await;
+        assert!(r.get("result").is_some(), "subscribe {chat}: {r}");
+        Self {
+            ws,
+            sub: sub.into(),
+            id: id.into(),
+            chat: chat.into(),
+            s0,
+            seen: Vec::new(),
+            turns: 0,
+        }
+    }
+
+    /// One turn; asserts it stays small next to `budget` (the sizing of
+    /// these tests relies on it).
+    async fn turn(&mut self, t: &TestRelay, budget: usize) {
+        let before = buffered(t, &self.sub, &self.id);
+        self.turns += 1;
+        let envs = run_turn(&mut self.ws, &self.chat, self.turns).await;
+        assert!(!envs.is_empty(), "the turn produced envelopes");
+        self.seen.extend(envs);
+        let grew = buffered(t, &self.sub, &self.id) - before;
+        assert!(
+            grew > 0 && grew * 10 < budget,
+            "a turn buffers {grew} bytes: too much for a budget of {budget}"
+        );
+    }
+
+    /// Turns until the session buffers at least `bytes`.
+    async fn fill(&mut self, t: &TestRelay, bytes: usize, budget: usize) {
+        while buffered(t, &self.sub, &self.id) < bytes {
+            self.turn(t, budget).await;
+        }
+    }
+
+    fn last(&self) -> u64 {
+        self.seen.last().map_or(self.s0, |e| e.server_seq)
+    }
+
+    /// Closes the socket and waits until the relay detached the session.
+    async fn leave(self, t: &TestRelay) -> Left {
+        let Follower {
+            ws,
+            sub,
+            id,
+            chat,
+            s0,
+            seen,
+            turns,
+        } = self;
+        drop(ws);
+        wait_detached(t, &sub, &id).await;
+        Left {
+            sub,
+            id,
+            chat,
+            s0,
+            seen,
+            turns,
+        }
+    }
+}
+
+/// A client that left: what it had seen.
+struct Left {
+    sub: String,
+    id: String,
+    chat: String,
+    s0: u64,
+    seen: Vec<ActionEnvelope>,
+    turns: u64,
+}
+
+impl Left {
+    /// `reconnect` on a fresh socket from `watermark` for its chat; the
+    /// answer's `result`.
+    async fn reconnect(&self, t: &TestRelay, watermark: u64) -> (RawWs, Value) {
+        let mut ws = t.raw(&self.sub).await;
+        let params = json!({"channel": ROOT, "clientId": self.id,
+            "lastSeenServerSeq": watermark, "subscriptions": [self.chat]});
+        ws.send_json(&json!({"jsonrpc": "2.0", "id": 1, "method": "reconnect", "params": params}))
+            .await;
+        let first = ws.recv_json().await.expect("socket open until the answer");
+        assert_eq!(
+            first["id"],
+            json!(1),
+            "the answer is the first frame: {first}"
+        );
+        (ws, first["result"].clone())
+    }
+}
+
+fn trusting(pem: &Path) -> rustls::ClientConfig {
+    let bytes = std::fs::read(pem).expect("cert file");
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&bytes) {
+        roots.add(cert.expect("PEM cert")).expect("root added");
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// One WebSocket upgrade over TLS with a valid bearer token for `sub`:
+/// the socket if it was switched, else the status, headers and body.
+async fn upgrade(t: &TestRelay, sub: &str) -> Result<RawWs, (u16, HeaderMap, String)> {
+    let mut req = t.url().into_client_request().expect("request");
+    req.headers_mut().insert(
+        AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {}", t.token(sub))).expect("header"),
+    );
+    let connector = Connector::Rustls(Arc::new(trusting(&t.kit.cert)));
+    let attempt = connect_async_tls_with_config(req, None, true, Some(connector));
+    match tokio::time::timeout(WAIT, attempt)
+        .await
+        .expect("upgrade answered in time")
+    {
+        Ok((ws, resp)) => {
+            assert_eq!(resp.status().as_u16(), 101);
+            Ok(RawWs::from_stream(ws))
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err((
+            resp.status().as_u16(),
+            resp.headers().clone(),
+            String::from_utf8_lossy(&resp.body().clone().unwrap_or_default()).into_owned(),
+        )),
+        Err(e) => panic!("upgrade failed below HTTP: {e}"),
+    }
+}
+
+/// Asserts an upgrade is refused with 503 and `Retry-After: <secs>`.
+async fn assert_503(t: &TestRelay, sub: &str, secs: u64, what: &str) {
+    match upgrade(t, sub).await {
+        Ok(_) => panic!("{what}: the upgrade was accepted"),
+        Err((status, headers, body)) => {
+            assert_eq!(status, 503, "{what}: {body}");
+            let retry = headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_else(|| panic!("{what}: no Retry-After"));
+            assert_eq!(retry, secs.to_string(), "{what}: Retry-After");
+            assert!(body.contains("memory"), "{what}: body {body:?}");
+        }
+    }
+}
+
+/// `GET path` over TLS: status and body.
+async fn https_get(t: &TestRelay, path: &str) -> (u16, String) {
+    let run = async {
+        let tcp = TcpStream::connect(t.relay.addr).await.expect("tcp");
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&t.kit.cert)));
+        let name = ServerName::try_from("localhost").expect("name");
+        let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        tls.write_all(req.as_bytes())
+            .await
+            .expect("request written");
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            match tls.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let text = String::from_utf8(buf).expect("UTF-8 response");
+        let (head, body) = text.split_once("\r\n\r\n").expect("complete head");
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        (status, body.to_string())
+    };
+    tokio::time::timeout(WAIT, run)
+        .await
+        .expect("HTTP answer in time")
+}
+
+/// The value of the sample `series` (name and labels exactly) on a
+/// `/metrics` page.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn snapshot_resources(result: &Value) -> Vec<String> {
+    let mut r: Vec<String> = result["snapshots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no snapshots: {result}"))
+        .iter()
+        .map(|s| s["resource"].as_str().expect("resource").to_string())
+        .collect();
+    r.sort();
+    r
+}
+
+fn envelopes(actions: &Value) -> Vec<ActionEnvelope> {
+    actions
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {actions}"))
+        .iter()
+        .map(|a| serde_json::from_value(a.clone()).expect("envelope parses"))
+        .collect()
+}
+
+// ─── dropping detached buffers ──────────────────────────────────────────────
+
+/// §5.4: A and B fill ~35% of an 80 kB budget each and detach, A first; attached C then pushes the total over the budget: exactly A's whole buffer is dropped (the least recently attached), B's and C's are untouched and the total is back under the budget, no upgrade is refused. A's `reconnect` gets `snapshot` (its chat's state holds every turn it ran), B's gets `replay` with every envelope after its S0, and C, attached throughout, leaves and gets `replay` too. `/metrics` shows one buffer dropped with A's bytes freed, outcomes 1 snapshot / 2 replay, a fallback ratio of 1/3 and two replay sizes.
+#[tokio::test]
+async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
+    const BUDGET: usize = 80_000;
+    let t = TestRelay::start(
+        vec![host("a", 3, script())],
+        &format!("[limits]\nreplay_memory_bytes = {BUDGET}\n"),
+    )
+    .await;
+    let chats: Vec<String> = (1..=3).map(|n| seeded_chat("a", n).0).collect();
+    let memory = t.relay.relay.replay_memory();
+
+    let mut a = Follower::start(&t, "alice", "mem-a", &chats[0]).await;
+    a.fill(&t, BUDGET * 35 / 100, BUDGET).await;
+    let a_bytes = buffered(&t, "alice", "mem-a");
+    let a = a.leave(&t).await;
+    let mut b = Follower::start(&t, "alice", "mem-b", &chats[1]).await;
+    b.fill(&t, BUDGET * 35 / 100, BUDGET).await;
+    let b_bytes = buffered(&t, "alice", "mem-b");
+    let b = b.leave(&t).await;
+    assert_eq!(memory.used(), a_bytes + b_bytes, "the account is exact");
+    assert!(memory.used() <= BUDGET, "A and B fit together");
+    assert_eq!(
+        dropped_buffers(&t),
+        0,
+        "control: nothing dropped under budget"
+    );
+    assert_eq!(
+        buffered(&t, "alice", "mem-a"),
+        a_bytes,
+        "detached A keeps its buffer"
+    );
+
+    let mut c = Follower::start(&t, "alice", "mem-c", &chats[2]).await;
+    for _ in 0..40 {
+        if dropped_buffers(&t) > 0 {
+            break;
+        }
+        c.turn(&t, BUDGET).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(dropped_buffers(&t), 1, "exactly one buffer dropped");
+    assert_eq!(
+        buffered(&t, "alice", "mem-a"),
+        0,
+        "A, detached first, lost its buffer"
+    );
+    assert_eq!(
+        buffered(&t, "alice", "mem-b"),
+        b_bytes,
+        "B, detached later, kept it"
+    );
+    let c_bytes = buffered(&t, "alice", "mem-c");
+    assert!(c_bytes > 0, "attached C keeps its buffer");
+    assert_eq!(
+        memory.used(),
+        b_bytes + c_bytes,
+        "A's bytes left the account"
+    );
+    assert!(memory.used() <= BUDGET, "back under the budget");
+    assert_eq!(
+        t.relay.relay.metrics.pressure_freed_bytes.get(),
+        a_bytes as u64,
+        "freed exactly A's bytes"
+    );
+    assert!(
+        !t.relay.relay.refuses_upgrades(),
+        "dropping sufficed: no 503"
+    );
+
+    // A: the buffer lost the gap → snapshot, never a replay with a hole.
+    let (_a_ws, r) = a.reconnect(&t, a.s0).await;
+    assert_eq!(r["type"], "snapshot", "A's buffer was dropped: {r}");
+    assert_eq!(snapshot_resources(&r), [a.chat.as_str()], "{r}");
+    let turns = r["snapshots"][0]["state"]["turns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("chat state with turns: {r}"))
+        .len();
+    assert_eq!(turns as u64, a.turns, "the snapshot holds every turn A ran");
+
+    // B: detached more recently, still fits → replay of everything after S0.
+    let (_b_ws, r) = b.reconnect(&t, b.s0).await;
+    assert_eq!(r["type"], "replay", "B's buffer was kept: {r}");
+    assert_eq!(r["missing"], json!([]));
+    let replayed = envelopes(&r["actions"]);
+    assert_contiguous(&replayed, b.s0);
+    let seqs = |envs: &[ActionEnvelope]| envs.iter().map(|e| e.server_seq).collect::<Vec<_>>();
+    assert_eq!(seqs(&replayed), seqs(&b.seen), "exactly what B was sent");
+
+    // C was attached during the drop: it leaves and replays everything.
+    let c = c.leave(&t).await;
+    let (_c_ws, r) = c.reconnect(&t, c.s0).await;
+    assert_eq!(r["type"], "replay", "attached C was never dropped: {r}");
+    assert_eq!(seqs(&envelopes(&r["actions"])), seqs(&c.seen));
+    assert_eq!(dropped_buffers(&t), 1, "no further drop");
+
+    let (status, page) = https_get(&t, "/metrics").await;
+    assert_eq!(status, 200);
+    let expect = [
+        ("ahp_relay_replay_memory_dropped_buffers_total", 1.0),
+        ("ahp_relay_replay_memory_freed_bytes_total", a_bytes as f64),
+        ("ahp_relay_reconnects_total{outcome=\"snapshot\"}", 1.0),
+        ("ahp_relay_reconnects_total{outcome=\"replay\"}", 2.0),
+        ("ahp_relay_reconnect_snapshot_fallback_ratio", 1.0 / 3.0),
+        ("ahp_relay_replay_envelopes_count", 2.0),
+        (
+            "ahp_relay_replay_envelopes_sum",
+            (b.seen.len() + c.seen.len()) as f64,
+        ),
+    ];
+    for (series, value) in expect {
+        let got = sample(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+        assert!(
+            (got - value).abs() < 1e-9,
+            "{series} = {got}, expected {value}"
+        );
+    }
+    assert!(
+        page.contains("ahp_relay_replay_envelopes_bucket{le=\"4096\"} 2"),
+        "replay size histogram:\n{page}"
+    );
+    assert!(
+        !page.contains("ahp_relay_upgrades_refused_total{"),
+        "no upgrade was refused:\n{page}"
+    );
+}
+
+// ─── refusing upgrades ──────────────────────────────────────────────────────
+
+/// §5.4: two attached sessions together exceed a 40 kB budget (resume at 50%, Retry-After 7): nothing is dropped, a new upgrade with a valid token gets 503 `Retry-After: 7`, and the attached clients keep working. When B leaves, its detached buffer is dropped; memory (A alone, ≥ 60%) is under the budget but above the low watermark, so upgrades are still refused (hysteresis). When A leaves too, its buffer is dropped, memory is back under the low mark, an upgrade succeeds and initializes, and A's `reconnect` — though A had seen everything — gets `snapshot`. `/metrics` counts both refusals by reason and both drops.
+#[tokio::test]
+async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_watermark() {
+    const BUDGET: usize = 40_000;
+    const RETRY: u64 = 7;
+    let t = TestRelay::start(
+        vec![host("a", 2, script())],
+        &format!(
+            "[limits]\nreplay_memory_bytes = {BUDGET}\nreplay_memory_resume_percent = 50\n\
+             replay_memory_retry_after_secs = {RETRY}\n"
+        ),
+    )
+    .await;
+    let memory = t.relay.relay.replay_memory();
+    assert_eq!(memory.low_watermark(), BUDGET / 2);
+    let (chat1, chat2) = (seeded_chat("a", 1).0, seeded_chat("a", 2).0);
+
+    let mut a = Follower::start(&t, "alice", "full-a", &chat1).await;
+    a.fill(&t, BUDGET * 60 / 100, BUDGET).await;
+    assert!(memory.used() <= BUDGET, "A alone fits");
+    let ok = upgrade(&t, "carol").await;
+    assert!(ok.is_ok(), "control: upgrades accepted under the budget");
+    drop(ok);
+
+    let mut b = Follower::start(&t, "bob", "full-b", &chat2).await;
+    while memory.used() <= BUDGET {
+        b.turn(&t, BUDGET).await;
+    }
+    let relay = t.relay.relay.clone();
+    wait_until("upgrades refused", || relay.refuses_upgrades()).await;
+    assert_503(&t, "carol", RETRY, "attached sessions over budget").await;
+    assert_eq!(
+        dropped_buffers(&t),
+        0,
+        "attached sessions are never dropped"
+    );
+    let (a_bytes, b_bytes) = (
+        buffered(&t, "alice", "full-a"),
+        buffered(&t, "bob", "full-b"),
+    );
+    assert_eq!(memory.used(), a_bytes + b_bytes);
+    // The attached clients keep working (and keep buffering).
+    a.turn(&t, BUDGET).await;
+    assert!(buffered(&t, "alice", "full-a") > a_bytes, "A still buffers");
+    let (status, _) = https_get(&t, "/healthz").await;
+    assert_eq!(status, 200, "health is not an upgrade");
+
+    // B leaves: its detached buffer goes, A alone is under the budget but
+    // above the low watermark → still refused.
+    let _b = b.leave(&t).await;
+    wait_until("B's buffer dropped", || dropped_buffers(&t) == 1).await;
+    assert_eq!(buffered(&t, "bob", "full-b"), 0);
+    let used = memory.used();
+    assert!(
+        used <= BUDGET && used > memory.low_watermark(),
+        "between the marks: {used}"
+    );
+    assert_503(&t, "carol", RETRY, "hysteresis: above the low watermark").await;
+
+    // A leaves: memory falls to the low watermark → upgrades resume.
+    let a_last = a.last();
+    let a = a.leave(&t).await;
+    wait_until("A's buffer dropped", || dropped_buffers(&t) == 2).await;
+    assert!(memory.used() <= memory.low_watermark());
+    assert!(!relay.refuses_upgrades());
+    let mut ws = upgrade(&t, "carol")
+        .await
+        .unwrap_or_else(|(s, _, b)| panic!("upgrade after memory freed: {s} {b}"));
+    let init = ws.initialize("full-c").await;
+    assert!(init["result"]["serverSeq"].as_u64().is_some(), "{init}");
+
+    // A had seen everything, yet its buffer was dropped: snapshot.
+    let (_a_ws, r) = a.reconnect(&t, a_last).await;
+    assert_eq!(
+        r["type"], "snapshot",
+        "a dropped buffer forces a snapshot: {r}"
+    );
+    assert_eq!(snapshot_resources(&r), [chat1.as_str()]);
+
+    let (_, page) = https_get(&t, "/metrics").await;
+    for (series, value) in [
+        (
+            "ahp_relay_upgrades_refused_total{reason=\"replay_memory\"}",
+            2.0,
+        ),
+        ("ahp_relay_replay_memory_dropped_buffers_total", 2.0),
+        ("ahp_relay_reconnect_snapshot_fallback_ratio", 1.0),
+    ] {
+        let got = sample(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+        assert!(
+            (got - value).abs() < 1e-9,
+            "{series} = {got}, expected {value}"
+        );
+    }
+    assert!(
+        !page.contains("ahp_relay_auth_failures_total{"),
+        "a 503 is not an auth failure:\n{page}"
+    );
+}
+
+// ─── configuration ──────────────────────────────────────────────────────────
+
+/// The memory limits have defaults (256 MiB, resume at 75%, Retry-After 10 s) and out-of-range values are configuration errors.
+#[test]
+fn memory_limits_default_and_validate() {
+    let d = ahp_relay::config::Limits::default();
+    assert_eq!(d.replay_memory_bytes, 256 * 1024 * 1024);
+    assert_eq!(d.replay_memory_low_bytes(), 192 * 1024 * 1024);
+    assert_eq!(d.replay_memory_retry_after_secs, 10);
+    let kit = ahp_relay::devkit::DevKit::create(&scratch_dir("memory-config")).expect("dev kit");
+    let load = |extra: &str| kit.config("127.0.0.1:0", &[], "", extra);
+    let ok = load("[limits]\nreplay_memory_bytes = 1000\nreplay_memory_resume_percent = 33\n")
+        .expect("valid limits load");
+    assert_eq!(ok.limits.replay_memory_low_bytes(), 330);
+    for bad in [
+        "replay_memory_bytes = 0",
+        "replay_memory_resume_percent = 0",
+        "replay_memory_resume_percent = 101",
+        "replay_memory_retry_after_secs = 0",
+    ] {
+        let err = load(&format!("[limits]\n{bad}\n"));
+        assert!(err.is_err(), "{bad} must be refused");
+    }
+}
