@@ -159,6 +159,9 @@ pub struct Limits {
     pub links_per_session: usize,
     /// Seconds of silence after which links and watch links ping their host.
     pub link_ping_secs: u64,
+    /// A per-client link with no subscription, pending request, host request
+    /// or active-client registration closes after this long (§5.7).
+    pub link_idle_secs: u64,
     /// Seconds a detached session keeps its links (and keeps buffering).
     pub detach_grace_secs: u64,
     /// Seconds a detached session's record is kept after its links closed.
@@ -195,6 +198,7 @@ impl Default for Limits {
             sessions_per_principal: 16,
             links_per_session: 8,
             link_ping_secs: 20,
+            link_idle_secs: 300,
             detach_grace_secs: 20,
             retain_secs: 600,
             upstream_settle_secs: 3,

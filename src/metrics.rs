@@ -38,6 +38,8 @@ pub struct Metrics {
     pub links_opened: IntCounter,
     /// Per-client links that failed to open or dropped.
     pub links_failed: IntCounter,
+    /// Per-client links closed after `link_idle_secs` unused.
+    pub links_idle_closed: IntCounter,
     /// Host health: 1 up, 0 otherwise.
     pub host_up: IntGaugeVec,
     /// Clients closed with 4000 to resynchronise, by cause.
@@ -137,6 +139,10 @@ impl Metrics {
             upstream_bad_frames: counter("upstream_bad_frames_total", "unreadable host frames")?,
             links_opened: counter("links_opened_total", "per-client links opened")?,
             links_failed: counter("links_failed_total", "per-client links failed or dropped")?,
+            links_idle_closed: counter(
+                "links_idle_closed_total",
+                "Per-client links closed after link_idle_secs unused",
+            )?,
             host_up,
             resyncs: counter_vec("resyncs_total", "clients closed with 4000", "cause")?,
             buffer_bytes,

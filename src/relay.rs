@@ -477,6 +477,29 @@ impl Relay {
         }
     }
 
+    /// Closes every session's idle links (§5.7), checking every quarter of
+    /// `link_idle_secs`; runs until the relay is dropped.
+    pub async fn sweep_idle_links(self: Arc<Self>) {
+        let idle = std::time::Duration::from_secs(self.cfg.limits.link_idle_secs);
+        let period = (idle / 4).clamp(
+            std::time::Duration::from_millis(250),
+            std::time::Duration::from_secs(30),
+        );
+        let weak = Arc::downgrade(&self);
+        drop(self);
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(relay) = weak.upgrade() else { return };
+            let now = std::time::Instant::now();
+            let sessions: Vec<Arc<ClientSession>> =
+                relay.sessions.iter().map(|s| s.clone()).collect();
+            for s in sessions {
+                let closed = s.close_idle_links(idle, now);
+                relay.metrics.links_idle_closed.inc_by(closed as u64);
+            }
+        }
+    }
+
     /// The registered session for `key`.
     pub fn session_of(&self, key: &SessionKey) -> Option<Arc<ClientSession>> {
         self.sessions.get(key).map(|s| s.clone())

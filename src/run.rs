@@ -203,6 +203,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         tokio::spawn(relay.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),
         tokio::spawn(reload_files(relay.clone())),
+        tokio::spawn(relay.clone().sweep_idle_links()),
     ];
     tracing::info!(%addr, hosts = relay.hubs().count(), "relay listening");
     Ok(RunningRelay {

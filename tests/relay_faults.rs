@@ -342,3 +342,51 @@ async fn reconnect(
     )
     .await
 }
+
+/// §5.7 `link_idle`: a link with no subscription, request or active-client
+/// registration closes after `link_idle_secs`; one that still carries a
+/// subscription, or whose client registered in `activeClients`, stays.
+#[tokio::test]
+async fn idle_links_close_and_busy_links_stay() {
+    let t = TestRelay::start(
+        vec![fast_config("a", 1), fast_config("b", 1)],
+        "[limits]\nlink_idle_secs = 1\n",
+    )
+    .await;
+    let watch_only = |h: &ahp_relay::simhost::SimHost| h.connections();
+    let (base_a, base_b) = (watch_only(&t.hosts[0]), watch_only(&t.hosts[1]));
+    let mut ws = t.raw("alice").await;
+    ws.initialize("idle").await;
+    for (id, ch) in [(1, "ahp-session:/a~a-1"), (2, "ahp-session:/b~b-1")] {
+        let r = ws.request(id, "subscribe", json!({"channel": ch})).await;
+        assert!(r.get("result").is_some(), "{r}");
+    }
+    assert_eq!(watch_only(&t.hosts[0]), base_a + 1, "a link to a");
+    assert_eq!(watch_only(&t.hosts[1]), base_b + 1, "a link to b");
+    ws.send_json(&json!({"jsonrpc": "2.0", "method": "unsubscribe",
+        "params": {"channel": "ahp-session:/a~a-1"}}))
+        .await;
+    wait_until("a's unused link closes", || {
+        t.hosts[0].connections() == base_a
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        t.hosts[1].connections(),
+        base_b + 1,
+        "b's link carries a subscription: it stays"
+    );
+    let up = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
+        "channel": "ahp-session:/a~a-1", "clientSeq": 1,
+        "action": {"type": "session/activeClientSet", "activeClient": {"clientId": "idle", "tools": []}}}});
+    ws.send_json(&up).await;
+    wait_until("a new link to a", || t.hosts[0].connections() == base_a + 1).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        t.hosts[0].connections(),
+        base_a + 1,
+        "a registered active client keeps its link"
+    );
+    let metrics = t.relay.relay.metrics.links_idle_closed.get();
+    assert_eq!(metrics, 1, "one idle close counted");
+}

@@ -155,6 +155,12 @@ pub struct SessionCore {
     /// Links replaced by re-baselining, kept until the new links' snapshots
     /// are adopted (§5.5), then dropped.
     pub retiring: Vec<Arc<Link>>,
+    /// Hosts where the client registered itself in a session's
+    /// `activeClients` (`session/activeClientSet` dispatched, not removed):
+    /// their links are never idle.
+    pub registered: HashSet<Arc<str>>,
+    /// Since when each link has been idle (§5.7 `link_idle`).
+    idle_since: HashMap<Arc<str>, std::time::Instant>,
     s0: u64,
 }
 
@@ -267,6 +273,8 @@ impl ClientSession {
             socket: Some(socket),
             attach_gen: 0,
             retiring: Vec::new(),
+            registered: HashSet::new(),
+            idle_since: HashMap::new(),
             orphaned: HashSet::new(),
             buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
             subs: HashSet::new(),
@@ -507,6 +515,34 @@ impl ClientSession {
         let mut core = self.lock();
         core.socket = None;
         core.attach_gen += 1;
+    }
+
+    /// Closes links idle for `idle` (no subscribed channel, no request in
+    /// flight either way, no active-client registration) as seen at `now`;
+    /// returns how many closed. Nothing is lost: no channel of the client
+    /// lives on such a link.
+    pub fn close_idle_links(&self, idle: std::time::Duration, now: std::time::Instant) -> usize {
+        let mut core = self.lock();
+        let core = &mut *core;
+        let mut closed = 0;
+        let hosts: Vec<(Arc<str>, u64)> = core.links.iter().map(|(h, l)| (h.clone(), l.id)).collect();
+        for (host, link) in hosts {
+            let busy = core.chans.get(&host).is_some_and(|m| !m.is_empty())
+                || core.pending.keys().any(|(l, _)| *l == link)
+                || core.host_requests.values().any(|(h, _)| *h == host)
+                || core.registered.contains(&host);
+            if busy {
+                core.idle_since.remove(&host);
+                continue;
+            }
+            let since = *core.idle_since.entry(host.clone()).or_insert(now);
+            if now.duration_since(since) >= idle {
+                core.idle_since.remove(&host);
+                core.links.remove(&host);
+                closed += 1;
+            }
+        }
+        closed
     }
 
     /// Whether the client follows the relay root channel.

@@ -964,7 +964,16 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
         action: action.clone(),
         client_seq,
     }) {
-        reject(&format!("host {} unavailable", hub.id));
+        return reject(&format!("host {} unavailable", hub.id));
+    }
+    match ty.as_str() {
+        "session/activeClientSet" => {
+            session.lock().registered.insert(hub.id.clone());
+        }
+        "session/activeClientRemoved" => {
+            session.lock().registered.remove(&hub.id);
+        }
+        _ => {}
     }
 }
 
