@@ -153,10 +153,14 @@ pub struct Limits {
     pub upstream_request_secs: u64,
     /// Largest `listSessions` page.
     pub list_sessions_limit: usize,
-    /// Client sessions (connections) per principal.
+    /// Client sessions (attached or retained) per principal.
     pub sessions_per_principal: usize,
+    /// Open client connections per principal; more get 429 at the upgrade.
+    pub connections_per_principal: usize,
     /// Links (hosts in use) per client session.
     pub links_per_session: usize,
+    /// Per-client links to one host, all principals together.
+    pub links_per_host: usize,
     /// Seconds of silence after which links and watch links ping their host.
     pub link_ping_secs: u64,
     /// A per-client link with no subscription, pending request, host request
@@ -196,7 +200,9 @@ impl Default for Limits {
             upstream_request_secs: 30,
             list_sessions_limit: 200,
             sessions_per_principal: 16,
+            connections_per_principal: 32,
             links_per_session: 8,
+            links_per_host: 2000,
             link_ping_secs: 20,
             link_idle_secs: 300,
             detach_grace_secs: 20,

@@ -52,6 +52,8 @@ pub struct Relay {
     pub auth: Authenticator,
     policy: std::sync::RwLock<Arc<dyn crate::policy::Policy>>,
     next_socket: AtomicU64,
+    /// Open client connections per principal (`connections_per_principal`).
+    connections: Arc<DashMap<PrincipalKey, usize>>,
     watch_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     resyncs: std::sync::Mutex<(std::time::Instant, u32)>,
     /// Bytes held by every replay buffer, against `limits.replay_memory_bytes`.
@@ -150,6 +152,7 @@ impl Relay {
             auth,
             policy: std::sync::RwLock::new(Arc::new(policy)),
             next_socket: AtomicU64::new(1),
+            connections: Arc::new(DashMap::new()),
             watch_tasks: std::sync::Mutex::new(Vec::new()),
             resyncs: std::sync::Mutex::new((std::time::Instant::now(), 0)),
             memory,
@@ -500,6 +503,28 @@ impl Relay {
         }
     }
 
+    /// Counts a new connection of `principal`, or `None` if it already has
+    /// `connections_per_principal` open (§3.6, S19). The count drops when
+    /// the returned guard does.
+    pub fn admit_connection(
+        &self,
+        principal: &crate::edge::auth::Principal,
+    ) -> Option<ConnectionGuard> {
+        let key = PrincipalKey {
+            issuer: principal.issuer.clone(),
+            subject: principal.subject.clone(),
+        };
+        let mut n = self.connections.entry(key.clone()).or_insert(0);
+        if *n >= self.cfg.limits.connections_per_principal {
+            return None;
+        }
+        *n += 1;
+        Some(ConnectionGuard {
+            map: self.connections.clone(),
+            key,
+        })
+    }
+
     /// The registered session for `key`.
     pub fn session_of(&self, key: &SessionKey) -> Option<Arc<ClientSession>> {
         self.sessions.get(key).map(|s| s.clone())
@@ -556,5 +581,21 @@ impl Relay {
         prefixes
             .all(|p| p.as_deref() == Some(first.as_str()))
             .then_some(first)
+    }
+}
+
+/// One admitted client connection; dropping it releases the principal's slot.
+#[derive(Debug)]
+pub struct ConnectionGuard {
+    map: Arc<DashMap<PrincipalKey, usize>>,
+    key: PrincipalKey,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.map.remove_if_mut(&self.key, |_, n| {
+            *n = n.saturating_sub(1);
+            *n == 0
+        });
     }
 }

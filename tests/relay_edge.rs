@@ -804,3 +804,42 @@ fn dial_options_debug_hides_token() {
     assert!(!shown.contains("super-secret-token"), "{shown}");
     assert!(shown.contains("relay.example"), "{shown}");
 }
+
+// ─── per-principal connection cap (§3.6, S19) ───────────────────────────────
+
+/// A principal with `connections_per_principal` sockets open gets 429 with
+/// `Retry-After` for the next one, counted by reason; another principal is
+/// unaffected; closing a socket frees the slot.
+#[tokio::test]
+async fn connections_per_principal_are_capped() {
+    let e = Edge::start_with("", "[limits]\nconnections_per_principal = 2\n").await;
+    let alice = e.t.token("alice");
+    let mut open = Vec::new();
+    for i in 0..2 {
+        let u = upgrade_bearer(&e.t, &alice).await;
+        assert_eq!(u.status, 101, "connection {i} admitted");
+        open.push(u.socket("alice"));
+    }
+    let u = upgrade_bearer(&e.t, &alice).await;
+    assert_eq!(u.status, 429, "third connection of alice");
+    assert!(u.header(&RETRY_AFTER).is_some(), "Retry-After");
+    let bob = upgrade_bearer(&e.t, &e.t.token("bob")).await;
+    assert_eq!(bob.status, 101, "bob is unaffected");
+    assert_works(&mut bob.socket("bob"), "c-bob").await;
+    let (_, metrics) = https_get(&e.t, "/metrics").await;
+    assert!(
+        metrics.contains(r#"ahp_relay_upgrades_refused_total{reason="principal_connections"} 1"#),
+        "{metrics}"
+    );
+    drop(open.pop());
+    let mut admitted = false;
+    for _ in 0..50 {
+        let u = upgrade_bearer(&e.t, &alice).await;
+        if u.status == 101 {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(admitted, "a closed socket frees alice's slot");
+}

@@ -390,3 +390,46 @@ async fn idle_links_close_and_busy_links_stay() {
     let metrics = t.relay.relay.metrics.links_idle_closed.get();
     assert_eq!(metrics, 1, "one idle close counted");
 }
+
+/// §3.6 `links_per_host`: when a host already carries that many per-client
+/// links, another client's first request for it fails fast with -32603
+/// `hostLinkLimit` (retryable) and reaches no host; a freed link frees the slot.
+#[tokio::test]
+async fn links_per_host_are_capped() {
+    let t = TestRelay::start(
+        vec![fast_config("a", 1)],
+        "[limits]\nlinks_per_host = 1\nlink_idle_secs = 1\n",
+    )
+    .await;
+    let mut alice = t.raw("alice").await;
+    alice.initialize("one").await;
+    let r = alice
+        .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let mut bob = t.raw("bob").await;
+    bob.initialize("two").await;
+    let r = bob
+        .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+        .await;
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert_eq!(r["error"]["data"]["reason"], "hostLinkLimit", "{r}");
+    assert_eq!(r["error"]["data"]["retryable"], true, "{r}");
+    alice
+        .send_json(&json!({"jsonrpc": "2.0", "method": "unsubscribe",
+            "params": {"channel": "ahp-session:/a~a-1"}}))
+        .await;
+    let mut id = 2;
+    loop {
+        let r = bob
+            .request(id, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+            .await;
+        if r.get("result").is_some() {
+            break;
+        }
+        assert_eq!(r["error"]["data"]["reason"], "hostLinkLimit", "{r}");
+        assert!(id < 60, "alice's idle link never freed the slot");
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -222,6 +222,20 @@ impl Edge {
             Ok(p) => p,
             Err(e) => return self.refuse(peer, &e),
         };
+        let Some(admitted) = self.relay.admit_connection(&principal) else {
+            self.relay
+                .metrics
+                .upgrades_refused
+                .with_label_values(&["principal_connections"])
+                .inc();
+            let mut r = text(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many connections for this principal\n",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            return r;
+        };
         let mut resp = Response::new(Body::default());
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         let h = resp.headers_mut();
@@ -255,6 +269,7 @@ impl Edge {
                     )
                     .await;
                     super::ws::serve_client(relay, principal, ws).await;
+                    drop(admitted);
                 }
                 Err(e) => tracing::debug!(%peer, error = %e, "upgrade failed"),
             }

@@ -400,6 +400,13 @@ fn open_link(
             Some(json!({"reason": "linkLimit", "retryable": false})),
         ));
     }
+    let per_host = session.relay.cfg.limits.links_per_host;
+    if hub.links.load(std::sync::atomic::Ordering::Relaxed) >= per_host {
+        return Err(RpcError::internal(
+            "too many clients on this host right now",
+            Some(json!({"reason": "hostLinkLimit", "host": &*hub.id, "retryable": true})),
+        ));
+    }
     let link = Link::open(session, hub.clone(), Default::default());
     core.links.insert(hub.id.clone(), link.clone());
     Ok(link)

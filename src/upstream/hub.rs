@@ -70,6 +70,8 @@ pub struct HostHub {
     view: RwLock<WatchView>,
     /// Signalled whenever the catalog changes (creates wait on it).
     pub catalog_changed: Notify,
+    /// Per-client links to this host alive now (`links_per_host`).
+    pub links: std::sync::atomic::AtomicUsize,
 }
 
 /// Header carrying the end user's issuer on links (hosts may audit it).
@@ -97,6 +99,7 @@ impl HostHub {
                 terminal_command_prefix: None,
             }),
             catalog_changed: Notify::new(),
+            links: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 

@@ -54,6 +54,12 @@ pub struct Link {
     next_id: Arc<AtomicU64>,
 }
 
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.host.links.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// How long the host may take to answer `initialize`.
 const INIT_WITHIN: Duration = Duration::from_secs(10);
 
@@ -82,6 +88,7 @@ impl Link {
             next_id: next_id.clone(),
         });
         session.relay.metrics.links_opened.inc();
+        host.links.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(run(
             Arc::downgrade(session),
             host,
