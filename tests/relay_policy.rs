@@ -206,3 +206,42 @@ visibility = "all"
         .await;
     assert_eq!(hidden["error"]["code"], -32001, "{hidden}");
 }
+
+/// §2 / #5: links tell the host who the end user is in the documented
+/// handshake headers (issuer and subject), never the user's JWT; the watch
+/// link carries no user.
+#[tokio::test]
+async fn links_name_the_end_user_to_the_host_and_never_carry_the_jwt() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let token = t.token("bob");
+    let mut ws = t.raw("bob").await;
+    ws.initialize("audit-me").await;
+    let r = ws
+        .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let hs = t.hosts[0].handshakes();
+    let users: Vec<(Option<&str>, Option<&str>)> = hs
+        .iter()
+        .map(|h| (h.user_issuer.as_deref(), h.user_subject.as_deref()))
+        .collect();
+    assert!(
+        users.contains(&(None, None)),
+        "the watch link names no user: {users:?}"
+    );
+    assert!(
+        users.contains(&(Some(ahp_relay::devkit::DEV_ISSUER), Some("bob"))),
+        "bob's link names bob: {users:?}"
+    );
+    for h in &hs {
+        assert!(
+            h.authorization
+                .as_deref()
+                .is_none_or(|a| !a.contains(&token)),
+            "the user's JWT reached the host: {h:?}"
+        );
+    }
+    for f in t.hosts[0].received() {
+        assert!(!f.text.contains(&token), "JWT in a host frame");
+    }
+}

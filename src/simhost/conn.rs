@@ -22,13 +22,31 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
     let mut config = WebSocketConfig::default();
     config.max_message_size = Some(shared.cfg.max_frame_bytes);
     config.max_frame_size = Some(shared.cfg.max_frame_bytes);
-    let ws = match tokio_tungstenite::accept_async_with_config(stream, Some(config)).await {
-        Ok(ws) => ws,
-        Err(e) => {
-            tracing::debug!(error = %e, "simhost handshake failed");
-            return;
-        }
-    };
+    let record =
+        |req: &tokio_tungstenite::tungstenite::handshake::server::Request,
+         resp: tokio_tungstenite::tungstenite::handshake::server::Response| {
+            let header = |name: &str| {
+                req.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            };
+            shared.record_handshake(super::server::Handshake {
+                conn: id,
+                user_issuer: header("ahp-relay-user-issuer"),
+                user_subject: header("ahp-relay-user-subject"),
+                authorization: header("authorization"),
+            });
+            Ok(resp)
+        };
+    let ws =
+        match tokio_tungstenite::accept_hdr_async_with_config(stream, record, Some(config)).await {
+            Ok(ws) => ws,
+            Err(e) => {
+                tracing::debug!(error = %e, "simhost handshake failed");
+                return;
+            }
+        };
     let (mut sink, mut source) = ws.split();
     let (tx, mut rx) = mpsc::unbounded_channel();
     shared.lock().attach(id, tx);

@@ -26,6 +26,21 @@ pub struct Shared {
     /// While true, connections neither read nor write (fault injection).
     pub stalled: watch::Sender<bool>,
     next_conn: AtomicU64,
+    handshakes: Mutex<Vec<Handshake>>,
+}
+
+/// What a connection's WebSocket handshake carried that a host may audit:
+/// the relay's end-user headers, and whether any `Authorization` came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// The connection.
+    pub conn: u64,
+    /// `ahp-relay-user-issuer`, if sent.
+    pub user_issuer: Option<String>,
+    /// `ahp-relay-user-subject`, if sent.
+    pub user_subject: Option<String>,
+    /// The `Authorization` header, if sent.
+    pub authorization: Option<String>,
 }
 
 impl Shared {
@@ -42,6 +57,14 @@ impl Shared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(frame);
+    }
+
+    /// Records a connection's handshake headers.
+    pub fn record_handshake(&self, h: Handshake) {
+        self.handshakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(h);
     }
 
     fn recorder(&self) -> MutexGuard<'_, Recorder> {
@@ -69,6 +92,7 @@ impl SimHost {
             recorder: Mutex::new(Recorder::new(cfg.record_limit)),
             stalled: watch::channel(false).0,
             next_conn: AtomicU64::new(1),
+            handshakes: Mutex::new(Vec::new()),
             cfg,
         });
         let accept_shared = shared.clone();
@@ -191,6 +215,15 @@ impl SimHost {
     /// The last `serverSeq` the host issued.
     pub fn server_seq(&self) -> u64 {
         self.shared.lock().seq
+    }
+
+    /// The handshake headers of every connection since start.
+    pub fn handshakes(&self) -> Vec<Handshake> {
+        self.shared
+            .handshakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Number of open connections.
