@@ -525,7 +525,8 @@ impl ClientSession {
         let mut core = self.lock();
         let core = &mut *core;
         let mut closed = 0;
-        let hosts: Vec<(Arc<str>, u64)> = core.links.iter().map(|(h, l)| (h.clone(), l.id)).collect();
+        let hosts: Vec<(Arc<str>, u64)> =
+            core.links.iter().map(|(h, l)| (h.clone(), l.id)).collect();
         for (host, link) in hosts {
             let busy = core.chans.get(&host).is_some_and(|m| !m.is_empty())
                 || core.pending.keys().any(|(l, _)| *l == link)

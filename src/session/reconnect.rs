@@ -194,14 +194,24 @@ fn replay(
     }
     let mut missing = Vec::new();
     for c in requested {
+        // A channel without a baseline in this session (never snapshotted,
+        // or hidden by a policy change) forces snapshots; one that had a
+        // baseline but no longer routes (disposed) is reported `missing`.
+        if !core.baselined.contains(c) {
+            return None;
+        }
         let routable = c == ahp_types::ROOT_RESOURCE_URI || host_for(session, c).is_ok();
         if !routable {
             missing.push(c.clone());
-        } else if !core.baselined.contains(c) {
-            return None;
         }
     }
-    let wanted: HashSet<&str> = requested.iter().map(String::as_str).collect();
+    // Filtered when the reply is built (§3.5): channels that no longer
+    // route, or that the policy in force hides, contribute nothing.
+    let wanted: HashSet<&str> = requested
+        .iter()
+        .filter(|c| !missing.contains(*c))
+        .map(String::as_str)
+        .collect();
     let mut actions = Vec::new();
     for f in &frames {
         #[derive(serde::Deserialize)]

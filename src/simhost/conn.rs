@@ -22,6 +22,8 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
     let mut config = WebSocketConfig::default();
     config.max_message_size = Some(shared.cfg.max_frame_bytes);
     config.max_frame_size = Some(shared.cfg.max_frame_bytes);
+    // The handshake callback's error type is tungstenite's, not ours.
+    #[allow(clippy::result_large_err)]
     let record =
         |req: &tokio_tungstenite::tungstenite::handshake::server::Request,
          resp: tokio_tungstenite::tungstenite::handshake::server::Response| {
