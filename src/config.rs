@@ -174,6 +174,8 @@ pub struct Limits {
     pub upstream_settle_secs: u64,
     /// Milliseconds over which resyncs beyond a burst are spread.
     pub resync_spread_ms: u64,
+    /// Seconds over which SIGTERM closes clients with 1012 (§8.3).
+    pub drain_window_secs: u64,
     /// Bytes all replay buffers together may hold (contract §5.4). Above
     /// it, whole buffers of detached sessions are dropped, least recently
     /// attached first; if attached sessions alone hold more, upgrades are
@@ -209,6 +211,7 @@ impl Default for Limits {
             retain_secs: 600,
             upstream_settle_secs: 3,
             resync_spread_ms: 5000,
+            drain_window_secs: 30,
             replay_memory_bytes: 256 * 1024 * 1024,
             replay_memory_resume_percent: 75,
             replay_memory_retry_after_secs: 10,

@@ -40,6 +40,8 @@ pub struct Metrics {
     pub links_failed: IntCounter,
     /// Per-client links closed after `link_idle_secs` unused.
     pub links_idle_closed: IntCounter,
+    /// Clients closed with 1012 while draining (§8.3).
+    pub drain_closes: IntCounter,
     /// Host health: 1 up, 0 otherwise.
     pub host_up: IntGaugeVec,
     /// Clients closed with 4000 to resynchronise, by cause.
@@ -139,6 +141,10 @@ impl Metrics {
             upstream_bad_frames: counter("upstream_bad_frames_total", "unreadable host frames")?,
             links_opened: counter("links_opened_total", "per-client links opened")?,
             links_failed: counter("links_failed_total", "per-client links failed or dropped")?,
+            drain_closes: counter(
+                "drain_closes_total",
+                "Clients closed with 1012 while the relay drained",
+            )?,
             links_idle_closed: counter(
                 "links_idle_closed_total",
                 "Per-client links closed after link_idle_secs unused",

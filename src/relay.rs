@@ -259,6 +259,15 @@ impl Relay {
         }
     }
 
+    /// Sessions with a socket attached now.
+    pub fn attached_sessions(&self) -> Vec<Arc<ClientSession>> {
+        self.sessions
+            .iter()
+            .filter(|s| s.lock().socket_id().is_some())
+            .map(|s| s.clone())
+            .collect()
+    }
+
     /// Stops every watch link (their host connections close).
     pub fn stop_watch_links(&self) {
         if let Ok(mut tasks) = self.watch_tasks.lock() {

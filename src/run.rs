@@ -66,6 +66,28 @@ impl RunningRelay {
         format!("{scheme}://{}/", self.addr)
     }
 
+    /// Drains the relay (contract §8.3): `/readyz` turns 503 and new
+    /// upgrades get 503 at once; attached clients are closed with 1012,
+    /// spread evenly over `drain_window_secs` so they do not all reconnect
+    /// at the same moment; then every link and watch link closes.
+    pub async fn drain(self) {
+        self.edge
+            .ready
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let window = Duration::from_secs(self.relay.cfg.limits.drain_window_secs);
+        let attached = self.relay.attached_sessions();
+        tracing::info!(clients = attached.len(), ?window, "draining");
+        let step = window / u32::try_from(attached.len().max(1)).unwrap_or(u32::MAX);
+        for s in attached {
+            s.close(1012, "relay restarting: reconnect after backoff");
+            self.relay.metrics.drain_closes.inc();
+            tokio::time::sleep(step).await;
+        }
+        self.stop();
+        // Let link tasks send their close frames before the process exits.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     /// Stops accepting and stops the watch links.
     pub fn stop(self) {
         for t in self.tasks {

@@ -147,3 +147,28 @@ fn policy_errors_name_file_and_line() {
     assert!(e.contains(&format!("line {line}")), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The `relay.toml` shipped in `deploy/k8s/configmap.yaml` loads and validates.
+#[test]
+fn kubernetes_configmap_config_loads() {
+    let yaml = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s/configmap.yaml"),
+    )
+    .expect("configmap");
+    let start = yaml.find("relay.toml: |").expect("relay.toml key") + "relay.toml: |".len();
+    let toml: String = yaml[start..]
+        .lines()
+        .skip(1)
+        .map(|l| l.strip_prefix("    ").unwrap_or(l.trim_start()))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("ahp-relay-k8s-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("relay.toml");
+    std::fs::write(&path, toml).unwrap();
+    let cfg = RelayConfig::load(&path).unwrap_or_else(|e| panic!("configmap relay.toml: {e}"));
+    assert_eq!(cfg.hosts.len(), 2);
+    assert_eq!(cfg.limits.drain_window_secs, 30);
+    assert!(!cfg.policy.rules.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}

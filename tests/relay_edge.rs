@@ -15,12 +15,10 @@ use ahp_relay::devkit::{DEV_AUDIENCE, DEV_ISSUER};
 use ahp_relay::relay::unix_now;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use common::relay::{TestRelay, scratch_dir};
+use common::relay::{TestRelay, https_get, metric, scratch_dir, trusting};
 use common::{RawWs, WAIT, fast_config};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -138,20 +136,6 @@ fn b64(v: &Value) -> String {
     URL_SAFE_NO_PAD.encode(v.to_string())
 }
 
-/// A rustls client configuration trusting exactly the certificates of `pem`.
-fn trusting(pem: &Path) -> rustls::ClientConfig {
-    let bytes = std::fs::read(pem).expect("cert file");
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&bytes) {
-        roots.add(cert.expect("PEM cert")).expect("root added");
-    }
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
-}
-
 /// What one upgrade attempt got: the status and headers, the body of a refusal, and the
 /// socket when it was switched.
 struct Upgrade {
@@ -248,46 +232,6 @@ async fn assert_works(ws: &mut RawWs, client_id: &str) {
         .request(1, "ping", json!({"channel": "ahp-root://"}))
         .await;
     assert_eq!(pong.get("result"), Some(&Value::Null), "{pong}");
-}
-
-/// `GET path` over TLS (trusting the relay's cert); the status and body.
-async fn https_get(t: &TestRelay, path: &str) -> (u16, String) {
-    let run = async {
-        let tcp = TcpStream::connect(t.relay.addr).await.expect("tcp");
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&t.kit.cert)));
-        let name = ServerName::try_from("localhost").expect("name");
-        let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
-        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        tls.write_all(req.as_bytes())
-            .await
-            .expect("request written");
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 8192];
-        loop {
-            match tls.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let text = String::from_utf8(buf).expect("UTF-8 response");
-        let (head, body) = text.split_once("\r\n\r\n").expect("complete head");
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("status line");
-        (status, body.to_string())
-    };
-    tokio::time::timeout(WAIT, run)
-        .await
-        .expect("HTTP answer in time")
-}
-
-/// The value of the sample line `name` (with its labels) in a Prometheus text page.
-fn metric(page: &str, name: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// `/metrics` counts exactly `n` refusals labelled `reason` (the refusal was for that reason).

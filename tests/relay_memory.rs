@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,14 +17,9 @@ use ahp_relay::session::{ClientSession, PrincipalKey, SessionKey};
 use ahp_relay::simhost::AgentScript;
 use ahp_relay::simhost::clock::now_iso;
 use ahp_types::actions::ActionEnvelope;
-use common::relay::{TestRelay, scratch_dir};
+use common::relay::{TestRelay, https_get, metric, scratch_dir, trusting};
 use common::*;
-use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::header::{AUTHORIZATION, RETRY_AFTER};
 use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderValue};
@@ -94,30 +88,9 @@ async fn run_turn(ws: &mut RawWs, chat: &str, n: u64) -> Vec<ActionEnvelope> {
     ws.send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
         "params": {"channel": chat, "clientSeq": n, "action": action}}))
         .await;
-    let mut out = Vec::new();
-    let mut complete = false;
-    while !complete {
-        let v = ws.recv_json().await.expect("socket open during the turn");
-        if v["method"] == "action" {
-            let e: ActionEnvelope =
-                serde_json::from_value(v["params"].clone()).expect("envelope parses");
-            complete = is(&e, chat, "chat/turnComplete");
-            out.push(e);
-        }
-    }
-    let ping = 1_000_000 + n;
-    ws.send_json(&json!({"jsonrpc": "2.0", "id": ping, "method": "ping",
-        "params": {"channel": ROOT}}))
-        .await;
-    loop {
-        let v = ws.recv_json().await.expect("socket open");
-        if v.get("id") == Some(&json!(ping)) {
-            return out;
-        }
-        if v["method"] == "action" {
-            out.push(serde_json::from_value(v["params"].clone()).expect("envelope parses"));
-        }
-    }
+    let mut out = raw_actions_until(ws, |e| is(e, chat, "chat/turnComplete")).await;
+    out.extend(raw_drain_actions(ws, 1_000_000 + n).await);
+    out
 }
 
 /// A client (`sub`, `client_id`) attached on a raw socket, subscribed to
@@ -229,19 +202,6 @@ impl Left {
     }
 }
 
-fn trusting(pem: &Path) -> rustls::ClientConfig {
-    let bytes = std::fs::read(pem).expect("cert file");
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&bytes) {
-        roots.add(cert.expect("PEM cert")).expect("root added");
-    }
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
-}
-
 /// One WebSocket upgrade over TLS with a valid bearer token for `sub`:
 /// the socket if it was switched, else the status, headers and body.
 async fn upgrade(t: &TestRelay, sub: &str) -> Result<RawWs, (u16, HeaderMap, String)> {
@@ -283,67 +243,6 @@ async fn assert_503(t: &TestRelay, sub: &str, secs: u64, what: &str) {
             assert!(body.contains("memory"), "{what}: body {body:?}");
         }
     }
-}
-
-/// `GET path` over TLS: status and body.
-async fn https_get(t: &TestRelay, path: &str) -> (u16, String) {
-    let run = async {
-        let tcp = TcpStream::connect(t.relay.addr).await.expect("tcp");
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&t.kit.cert)));
-        let name = ServerName::try_from("localhost").expect("name");
-        let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
-        let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        tls.write_all(req.as_bytes())
-            .await
-            .expect("request written");
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 8192];
-        loop {
-            match tls.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let text = String::from_utf8(buf).expect("UTF-8 response");
-        let (head, body) = text.split_once("\r\n\r\n").expect("complete head");
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("status line");
-        (status, body.to_string())
-    };
-    tokio::time::timeout(WAIT, run)
-        .await
-        .expect("HTTP answer in time")
-}
-
-/// The value of the sample `series` (name and labels exactly) on a
-/// `/metrics` page.
-fn sample(page: &str, series: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
-fn snapshot_resources(result: &Value) -> Vec<String> {
-    let mut r: Vec<String> = result["snapshots"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no snapshots: {result}"))
-        .iter()
-        .map(|s| s["resource"].as_str().expect("resource").to_string())
-        .collect();
-    r.sort();
-    r
-}
-
-fn envelopes(actions: &Value) -> Vec<ActionEnvelope> {
-    actions
-        .as_array()
-        .unwrap_or_else(|| panic!("not an array: {actions}"))
-        .iter()
-        .map(|a| serde_json::from_value(a.clone()).expect("envelope parses"))
-        .collect()
 }
 
 // ─── dropping detached buffers ──────────────────────────────────────────────
@@ -459,7 +358,7 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         ),
     ];
     for (series, value) in expect {
-        let got = sample(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+        let got = metric(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
         assert!(
             (got - value).abs() < 1e-9,
             "{series} = {got}, expected {value}"
@@ -565,7 +464,7 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
         ("ahp_relay_replay_memory_dropped_buffers_total", 2.0),
         ("ahp_relay_reconnect_snapshot_fallback_ratio", 1.0),
     ] {
-        let got = sample(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+        let got = metric(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
         assert!(
             (got - value).abs() < 1e-9,
             "{series} = {got}, expected {value}"

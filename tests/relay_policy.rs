@@ -194,13 +194,11 @@ visibility = "all"
         )
         .await;
     assert_eq!(r["result"]["type"], "snapshot", "{r}");
-    let got: Vec<&str> = r["result"]["snapshots"]
-        .as_array()
-        .expect("snapshots")
-        .iter()
-        .filter_map(|s| s["resource"].as_str())
-        .collect();
-    assert_eq!(got, ["ahp-session:/a~a-1"], "b's channels are gone");
+    assert_eq!(
+        snapshot_resources(&r["result"]),
+        ["ahp-session:/a~a-1"],
+        "b's channels are gone"
+    );
     let hidden = again
         .request(2, "subscribe", json!({"channel": "ahp-session:/b~b-1"}))
         .await;

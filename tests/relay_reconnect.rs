@@ -145,55 +145,6 @@ async fn raw_reconnect(ws: &mut RawWs, id: u64, params: Value) -> Value {
     first
 }
 
-fn envelopes(actions: &Value) -> Vec<ActionEnvelope> {
-    actions
-        .as_array()
-        .unwrap_or_else(|| panic!("not an array of envelopes: {actions}"))
-        .iter()
-        .map(|a| serde_json::from_value(a.clone()).expect("envelope parses"))
-        .collect()
-}
-
-/// Action envelopes from a raw socket until `stop` holds for one (included).
-async fn raw_actions_until(
-    ws: &mut RawWs,
-    mut stop: impl FnMut(&ActionEnvelope) -> bool,
-) -> Vec<ActionEnvelope> {
-    let mut out = Vec::new();
-    loop {
-        let v = ws.recv_json().await.expect("socket open");
-        if v["method"] == "action" {
-            let e: ActionEnvelope =
-                serde_json::from_value(v["params"].clone()).expect("envelope parses");
-            let done = stop(&e);
-            out.push(e);
-            if done {
-                return out;
-            }
-        }
-    }
-}
-
-/// Envelopes still on their way to a raw socket: a short quiet window, then
-/// a `ping` whose answer follows every frame queued before it.
-async fn raw_settle(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": ROOT}}),
-    )
-    .await;
-    let mut out = Vec::new();
-    loop {
-        let v = ws.recv_json().await.expect("socket open");
-        if v.get("id") == Some(&json!(id)) {
-            return out;
-        }
-        if v["method"] == "action" {
-            out.push(serde_json::from_value(v["params"].clone()).expect("envelope parses"));
-        }
-    }
-}
-
 /// The one snapshot of `uri` in a `snapshot` result.
 fn snapshot_of<'a>(result: &'a Value, uri: &str) -> &'a Value {
     let all: Vec<&Value> = result["snapshots"]
@@ -204,18 +155,6 @@ fn snapshot_of<'a>(result: &'a Value, uri: &str) -> &'a Value {
         .collect();
     assert_eq!(all.len(), 1, "exactly one snapshot of {uri}: {result}");
     all[0]
-}
-
-/// The resources of a `snapshot` result, sorted.
-fn snapshot_resources(result: &Value) -> Vec<String> {
-    let mut r: Vec<String> = result["snapshots"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no snapshots: {result}"))
-        .iter()
-        .map(|s| s["resource"].as_str().expect("resource").to_string())
-        .collect();
-    r.sort();
-    r
 }
 
 /// Recorded frames (parsed) from index `from` on.

@@ -95,46 +95,6 @@ fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
     e.channel == channel && action_type(e) == ty
 }
 
-/// Action envelopes from a raw socket until `stop` holds for one (included).
-async fn actions_until_raw(
-    ws: &mut RawWs,
-    mut stop: impl FnMut(&ActionEnvelope) -> bool,
-) -> Vec<ActionEnvelope> {
-    let mut out = Vec::new();
-    loop {
-        let v = ws.recv_json().await.expect("socket open");
-        if v["method"] == "action" {
-            let e: ActionEnvelope =
-                serde_json::from_value(v["params"].clone()).expect("envelope parses");
-            let done = stop(&e);
-            out.push(e);
-            if done {
-                return out;
-            }
-        }
-    }
-}
-
-/// Envelopes still on their way: a `ping` whose answer follows every frame
-/// queued before it.
-async fn settle_raw(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": ROOT}}),
-    )
-    .await;
-    let mut out = Vec::new();
-    loop {
-        let v = ws.recv_json().await.expect("socket open");
-        if v.get("id") == Some(&json!(id)) {
-            return out;
-        }
-        if v["method"] == "action" {
-            out.push(serde_json::from_value(v["params"].clone()).expect("envelope parses"));
-        }
-    }
-}
-
 /// A host state in client names: host `a`'s URIs qualified, providers
 /// suffixed, and the session's upstream id shown as the client's own id.
 fn client_names(v: &Value, upstream: &str, client_id: &str) -> Value {
@@ -251,7 +211,7 @@ async fn start_tool_run(t: &TestRelay, client_id: &str) -> ToolRun {
         turn_started(&turn_id, &format!("look [client-tool:{TOOL}]")),
     ))
     .await;
-    let envs = actions_until_raw(&mut ws, |e| is(e, &chat, "chat/toolCallReady")).await;
+    let envs = raw_actions_until(&mut ws, |e| is(e, &chat, "chat/toolCallReady")).await;
     let set = envs
         .iter()
         .find(|e| is(e, &session, "session/activeClientSet"))
@@ -346,8 +306,8 @@ async fn complete_after_snapshot(
     );
     ws.send_json(&dispatch(&chat, 10, tool_complete(turn_id, tool_call_id)))
         .await;
-    let mut live = actions_until_raw(&mut ws, |e| is(e, &chat, "chat/turnComplete")).await;
-    live.extend(settle_raw(&mut ws, 2).await);
+    let mut live = raw_actions_until(&mut ws, |e| is(e, &chat, "chat/turnComplete")).await;
+    live.extend(raw_settle(&mut ws, 2).await);
     assert_contiguous(&live, from);
     let echo = live
         .iter()
@@ -542,7 +502,7 @@ async fn dropped_client_without_tool_calls_keeps_its_links_through_the_grace() {
     assert!(sub["result"]["snapshot"].is_object(), "{sub}");
     ws.send_json(&dispatch(&session, 1, active_client_set("idle")))
         .await;
-    actions_until_raw(&mut ws, |e| is(e, &session, "session/activeClientSet")).await;
+    raw_actions_until(&mut ws, |e| is(e, &session, "session/activeClientSet")).await;
     let h = &t.hosts[0];
     assert_eq!(
         host_active_clients(h, &host_session),

@@ -584,30 +584,28 @@ struct Target {
 impl Target {
     /// A session created through the relay as `ahp-session:/<id>`.
     fn verbatim(obj: Obj, host: usize, id: &str) -> Self {
-        let h = ["a", "b"][host];
-        Target {
-            obj,
-            host,
-            session: format!("ahp-session:/{id}"),
-            chat: main_chat_of(h, id),
-            host_session: format!("ahp-session:/{id}"),
-            host_chat: format!("ahp-chat:/{id}-main"),
-            random_session: format!("ahp-session:/zz-{id}"),
-            random_chat: main_chat_of(h, &format!("zz-{id}")),
-        }
+        Self::named(obj, host, id, "")
     }
 
     /// A session seeded on host `host` as `ahp-session:/<id>`.
     fn seeded(obj: Obj, host: usize, id: &str) -> Self {
         let h = ["a", "b"][host];
+        Self::named(obj, host, id, &format!("{h}~"))
+    }
+
+    /// Session `ahp-session:/<id>` on host `host`, named
+    /// `ahp-session:/<prefix><id>` by clients (a random one:
+    /// `ahp-session:/<prefix>zz-<id>`).
+    fn named(obj: Obj, host: usize, id: &str, prefix: &str) -> Self {
+        let h = ["a", "b"][host];
         Target {
             obj,
             host,
-            session: format!("ahp-session:/{h}~{id}"),
+            session: format!("ahp-session:/{prefix}{id}"),
             chat: main_chat_of(h, id),
             host_session: format!("ahp-session:/{id}"),
             host_chat: format!("ahp-chat:/{id}-main"),
-            random_session: format!("ahp-session:/{h}~zz-{id}"),
+            random_session: format!("ahp-session:/{prefix}zz-{id}"),
             random_chat: main_chat_of(h, &format!("zz-{id}")),
         }
     }
@@ -1213,6 +1211,29 @@ async fn rejection(p: &mut Peer, seq: i64) -> String {
         .to_string()
 }
 
+/// Sends `method` with `params(r)` for every `r` of `names`; each answer
+/// must be an error with one of `codes`. The answers' texts modulo their
+/// ids, in order.
+async fn refusals(
+    p: &mut Peer,
+    method: &str,
+    names: &[&str],
+    codes: &[i64],
+    params: impl Fn(&str) -> Value,
+) -> Vec<String> {
+    let mut answers = Vec::new();
+    for r in names {
+        let (id, text, v) = p.request_raw(method, params(r)).await;
+        let code = v["error"]["code"].as_i64();
+        assert!(
+            code.is_some_and(|c| codes.contains(&c)),
+            "{method} {r}: {text}"
+        );
+        answers.push(without_id(&text, id));
+    }
+    answers
+}
+
 /// S10b: attachments, fork sources, move destinations and terminal claims
 /// naming an invisible chat or session, the bare host form of a qualified
 /// URI, or another host's URI are refused (-32602, -32001 where the claim
@@ -1332,18 +1353,11 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
     positives.push(seq);
 
     // Fork sources (read).
-    let mut answers = Vec::new();
-    for r in bad_chats {
-        let (id, text, v) = bob
-            .request_raw(
-                "createChat",
-                json!({"channel": "ahp-session:/bob-a", "chat": "ahp-chat:/bob-fork",
-                    "source": {"kind": "fork", "chat": r, "turnId": "t-1"}}),
-            )
-            .await;
-        assert_eq!(v["error"]["code"], -32602, "fork source {r}: {text}");
-        answers.push(without_id(&text, id));
-    }
+    let answers = refusals(&mut bob, "createChat", &bad_chats, &[-32602], |r| {
+        json!({"channel": "ahp-session:/bob-a", "chat": "ahp-chat:/bob-fork",
+            "source": {"kind": "fork", "chat": r, "turnId": "t-1"}})
+    })
+    .await;
     assert_eq!(answers[0], answers[2], "invisible vs random fork source");
     assert_eq!(
         answers[1], answers[3],
@@ -1360,17 +1374,11 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
         .await;
 
     // Move destinations (operate).
-    let mut answers = Vec::new();
-    for r in bad_sessions {
-        let (id, text, v) = bob
-            .request_raw(
-                "moveChat",
-                json!({"channel": bob_chat, "destination": {"kind": "session", "session": r}}),
-            )
-            .await;
-        assert_eq!(v["error"]["code"], -32602, "move destination {r}: {text}");
-        answers.push(without_id(&text, id));
-    }
+    let answers = refusals(&mut bob, "moveChat", &bad_sessions, &[-32602], |r| {
+        json!({"channel": bob_chat,
+            "destination": {"kind": "session", "session": r}})
+    })
+    .await;
     assert_eq!(
         answers[0], answers[1],
         "invisible vs random move destination"
@@ -1384,37 +1392,20 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
         .await;
 
     // Terminal claims (operate): a bad chat in a claim of bob's session …
-    let mut answers = Vec::new();
-    for r in bad_chats {
-        let (id, text, v) = bob
-            .request_raw(
-                "createTerminal",
-                json!({"channel": "ahp-terminal:/bob-t2",
-                    "claim": session_claim("ahp-session:/bob-a", r)}),
-            )
-            .await;
-        assert_eq!(v["error"]["code"], -32602, "claim.chat {r}: {text}");
-        answers.push(without_id(&text, id));
-    }
+    let answers = refusals(&mut bob, "createTerminal", &bad_chats, &[-32602], |r| {
+        json!({"channel": "ahp-terminal:/bob-t2",
+            "claim": session_claim("ahp-session:/bob-a", r)})
+    })
+    .await;
     assert_eq!(answers[0], answers[2], "invisible vs random claimed chat");
     // … and a bad session: routed by the claim, so nonexistent (-32001) when
     // it names nothing visible, -32602 when its chat is on another host.
-    let mut answers = Vec::new();
-    for r in bad_sessions {
-        let (id, text, v) = bob
-            .request_raw(
-                "createTerminal",
-                json!({"channel": "ahp-terminal:/bob-t2",
-                    "claim": session_claim(r, &bob_chat)}),
-            )
-            .await;
-        let code = v["error"]["code"].as_i64();
-        assert!(
-            matches!(code, Some(-32001) | Some(-32602)),
-            "claim.session {r}: {text}"
-        );
-        answers.push(without_id(&text, id));
-    }
+    let codes = [-32001, -32602];
+    let answers = refusals(&mut bob, "createTerminal", &bad_sessions, &codes, |r| {
+        json!({"channel": "ahp-terminal:/bob-t2",
+            "claim": session_claim(r, &bob_chat)})
+    })
+    .await;
     assert_eq!(
         answers[0], answers[1],
         "invisible vs random claimed session"

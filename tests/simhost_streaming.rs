@@ -1131,6 +1131,20 @@ async fn running_client_tool(name: &str, grace_ms: u64) -> ClientToolRun {
     }
 }
 
+impl ClientToolRun {
+    /// Dispatches a successful `chat/toolCallComplete` of the run's call
+    /// from `client`.
+    async fn complete_from(&self, client: &Client) -> ahp::DispatchHandle {
+        client
+            .dispatch(
+                self.chat.clone(),
+                tool_complete(&self.turn_id, &self.tool_call_id, true),
+            )
+            .await
+            .expect("dispatch")
+    }
+}
+
 /// The running client tool call on the host, if the turn still has one.
 fn host_tool_status(host: &ahp_relay::simhost::SimHost, chat: &str) -> Option<String> {
     let state = host.channel_state(chat)?;
@@ -1149,14 +1163,7 @@ async fn client_tool_call_waits_for_and_is_completed_by_its_contributor() {
         "the turn waits for the client: {:?}",
         types(&idle)
     );
-    let h = run
-        .runner
-        .dispatch(
-            chat.clone(),
-            tool_complete(&run.turn_id, &run.tool_call_id, true),
-        )
-        .await
-        .expect("dispatch");
+    let h = run.complete_from(&run.runner).await;
     let paused_len = run.envs.len();
     let mut envs = run.envs;
     envs.extend(actions_until(&mut run.events, |e| is(e, &chat, "chat/turnComplete")).await);
@@ -1183,13 +1190,7 @@ async fn client_tool_completion_by_another_client_is_rejected() {
     let thief = connect_init(&run.host.url(), "thief").await;
     let mut thief_events = thief.events();
     subscribe_raw(&thief, &chat).await;
-    let h = thief
-        .dispatch(
-            chat.clone(),
-            tool_complete(&run.turn_id, &run.tool_call_id, true),
-        )
-        .await
-        .expect("dispatch");
+    let h = run.complete_from(&thief).await;
     let echo = actions_until(&mut thief_events, |e| is_echo(e, "thief", h.client_seq)).await;
     let echo = echo.last().expect("echo");
     assert_eq!(action_type(echo), "chat/toolCallComplete");
@@ -1201,14 +1202,7 @@ async fn client_tool_completion_by_another_client_is_rejected() {
         host_tool_status(&run.host, &chat).as_deref(),
         Some("running")
     );
-    let mine = run
-        .runner
-        .dispatch(
-            chat.clone(),
-            tool_complete(&run.turn_id, &run.tool_call_id, true),
-        )
-        .await
-        .expect("dispatch");
+    let mine = run.complete_from(&run.runner).await;
     let tail = actions_until(&mut run.events, |e| is(e, &chat, "chat/turnComplete")).await;
     let completes: Vec<&ActionEnvelope> = tail
         .iter()
@@ -1327,13 +1321,7 @@ async fn contributor_reinitializing_within_the_grace_keeps_its_tool_call() {
     assert_eq!(active_client_ids(&session_state), ["runner"]);
     let quiet = actions_within(&mut events, Duration::from_millis(50)).await;
     assert!(quiet.is_empty(), "nothing failed: {:?}", types(&quiet));
-    let h = again
-        .dispatch(
-            chat.clone(),
-            tool_complete(&run.turn_id, &run.tool_call_id, true),
-        )
-        .await
-        .expect("dispatch");
+    let h = run.complete_from(&again).await;
     let envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
     let complete = envs
         .iter()

@@ -66,7 +66,8 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     };
     eprintln!("ahp-relay listening on {}", running.url());
     wait_for_shutdown().await;
-    running.stop();
+    eprintln!("ahp-relay draining");
+    running.drain().await;
     ExitCode::SUCCESS
 }
 

@@ -192,6 +192,20 @@ impl Edge {
                 "a WebSocket upgrade (version 13) is required\n",
             );
         }
+        if !self.ready.load(std::sync::atomic::Ordering::Relaxed) {
+            self.relay
+                .metrics
+                .upgrades_refused
+                .with_label_values(&["draining"])
+                .inc();
+            let mut r = text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "relay draining: connect again (another replica)\n",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
         if self.relay.refuses_upgrades() {
             return self.refuse_for_memory();
         }

@@ -444,3 +444,75 @@ pub fn assert_contiguous(envs: &[ActionEnvelope], after: u64) {
         assert!(e.server_seq < 1 << 53, "serverSeq above 2^53-1");
     }
 }
+
+// ─── Raw-socket envelopes (reconnect, replay and tool-call tests) ───────────
+
+/// The action envelopes of a JSON array (a `replay` result's `actions`).
+pub fn envelopes(actions: &Value) -> Vec<ActionEnvelope> {
+    actions
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array of envelopes: {actions}"))
+        .iter()
+        .map(|a| serde_json::from_value(a.clone()).expect("envelope parses"))
+        .collect()
+}
+
+/// The resources of a `snapshot` result, sorted.
+pub fn snapshot_resources(result: &Value) -> Vec<String> {
+    let mut r: Vec<String> = result["snapshots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no snapshots: {result}"))
+        .iter()
+        .map(|s| s["resource"].as_str().expect("resource").to_string())
+        .collect();
+    r.sort();
+    r
+}
+
+/// Action envelopes from a raw socket until `stop` holds for one (included).
+pub async fn raw_actions_until(
+    ws: &mut RawWs,
+    mut stop: impl FnMut(&ActionEnvelope) -> bool,
+) -> Vec<ActionEnvelope> {
+    let mut out = Vec::new();
+    loop {
+        let v = ws.recv_json().await.expect("socket open");
+        if v["method"] == "action" {
+            let e: ActionEnvelope =
+                serde_json::from_value(v["params"].clone()).expect("envelope parses");
+            let done = stop(&e);
+            out.push(e);
+            if done {
+                return out;
+            }
+        }
+    }
+}
+
+/// Every envelope queued for a raw socket before now: sends `ping` as
+/// request `id` (its answer follows every frame queued before it) and
+/// returns the action envelopes that arrive before that answer.
+pub async fn raw_drain_actions(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
+    ws.send_json(
+        &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": "ahp-root://"}}),
+    )
+    .await;
+    let mut out = Vec::new();
+    loop {
+        let v = ws.recv_json().await.expect("socket open");
+        if v.get("id") == Some(&json!(id)) {
+            return out;
+        }
+        if v["method"] == "action" {
+            out.push(serde_json::from_value(v["params"].clone()).expect("envelope parses"));
+        }
+    }
+}
+
+/// Envelopes still on their way to a raw socket: a short quiet window, then
+/// a `ping` whose answer follows every frame queued before it (see
+/// [`raw_drain_actions`]).
+pub async fn raw_settle(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    raw_drain_actions(ws, id).await
+}

@@ -1,7 +1,9 @@
 //! Helpers for relay tests: simulated hosts behind a real relay over TLS,
-//! dev tokens, and the official client dialed through the TLS endpoint.
+//! dev tokens, the official client dialed through the TLS endpoint, and
+//! plain HTTPS requests to that endpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -10,6 +12,11 @@ use ahp_relay::client::dial::{DialOptions, connect_client, dial_stream};
 use ahp_relay::devkit::DevKit;
 use ahp_relay::run::RunningRelay;
 use ahp_relay::simhost::{SimHost, SimHostConfig};
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use super::WAIT;
 
@@ -156,4 +163,67 @@ impl TestRelay {
             .expect("raw websocket through the relay");
         super::RawWs::from_stream(ws)
     }
+}
+
+/// A rustls client configuration trusting exactly the certificates of `pem`.
+pub fn trusting(pem: &Path) -> rustls::ClientConfig {
+    let bytes = std::fs::read(pem).expect("cert file");
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&bytes) {
+        roots.add(cert.expect("PEM cert")).expect("root added");
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// `GET path` over TLS (trusting the relay's cert); the status and body.
+pub async fn https_get(t: &TestRelay, path: &str) -> (u16, String) {
+    tokio::time::timeout(WAIT, https_at(t.relay.addr.port(), &t.kit.cert, path))
+        .await
+        .expect("HTTP answer in time")
+        .expect("HTTP answer")
+}
+
+/// The status of `GET path` on `https://localhost:<port>` trusting `ca`, or
+/// `None` if nothing answered (e.g. the relay has exited).
+pub async fn https_status(port: u16, ca: &std::path::Path, path: &str) -> Option<u16> {
+    tokio::time::timeout(WAIT, https_at(port, ca, path))
+        .await
+        .ok()
+        .flatten()
+        .map(|(status, _)| status)
+}
+
+/// `GET path` over TLS on loopback `port`: status and body, or `None` if
+/// the connection, handshake or answer failed.
+async fn https_at(port: u16, ca: &std::path::Path, path: &str) -> Option<(u16, String)> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(ca)));
+    let name = ServerName::try_from("localhost").ok()?;
+    let mut tls = connector.connect(name, tcp).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        match tls.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let text = String::from_utf8(buf).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// The value of the sample line `name` (metric name and labels exactly) in
+/// a Prometheus text page such as `/metrics`.
+pub fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }

@@ -1,0 +1,146 @@
+//! S15 (contract §8.3): SIGTERM to a running `ahp-relay serve` flips
+//! readiness, refuses new upgrades with 503, closes every client with 1012
+//! spread over `drain_window_secs`, closes its host links, and exits 0.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ahp_relay::client::dial::{DialOptions, dial_stream};
+use ahp_relay::devkit::DevKit;
+use common::relay::{https_status, scratch_dir};
+use common::*;
+use serde_json::json;
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sigterm_drains_with_1012_spread_over_the_window() {
+    let host = start_host(fast_config("a", 1)).await;
+    let kit = DevKit::create(&scratch_dir("drain")).expect("kit");
+    let pairs = vec![("a".to_string(), host.url())];
+    kit.config(
+        "127.0.0.1:0",
+        &pairs,
+        "",
+        "[limits]\ndrain_window_secs = 2\n",
+    )
+    .expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["serve", "--config"])
+        .arg(kit.dir.join("relay.toml"))
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("relay binary starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let url = loop {
+        let line = rx
+            .recv_timeout(WAIT)
+            .expect("the relay says where it listens");
+        if let Some(u) = line.strip_prefix("ahp-relay listening on ") {
+            break u.replace("127.0.0.1", "localhost");
+        }
+    };
+    let port: u16 = url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let token = kit
+        .token("alice", &[], Duration::from_secs(600), None)
+        .expect("token");
+    let opts = DialOptions {
+        url: url.clone(),
+        token: Some(token),
+        ca_file: Some(kit.cert.clone()),
+        insecure: false,
+        connect_timeout: WAIT,
+        extra_headers: Vec::new(),
+    };
+    wait_until_async_ready(port, &kit.cert).await;
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("dial"));
+        ws.initialize(&format!("drain-{i}")).await;
+        let r = ws
+            .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+            .await;
+        assert!(r.get("result").is_some(), "{r}");
+        clients.push(ws);
+    }
+    let links = host.connections();
+    assert_eq!(links, 4, "a watch link and three client links");
+
+    let sent = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let watchers: Vec<_> = clients
+        .into_iter()
+        .map(|mut ws| {
+            tokio::spawn(async move {
+                let code = ws.close_code().await.map(|c| c.0);
+                (code, sent.elapsed())
+            })
+        })
+        .collect();
+    wait_until_async(|| async { https_status(port, &kit.cert, "/readyz").await == Some(503) })
+        .await;
+    let refused = dial_stream(&opts).await;
+    assert!(refused.is_err(), "a new upgrade is refused while draining");
+    let mut closed_at = Vec::new();
+    for w in watchers {
+        let (code, at) = w.await.expect("watcher");
+        assert_eq!(code, Some(1012), "closed for a restart");
+        closed_at.push(at);
+    }
+    closed_at.sort();
+    let spread = closed_at[2] - closed_at[0];
+    assert!(
+        spread >= Duration::from_millis(800),
+        "closes spread over the 2 s window, not all at once: {closed_at:?}"
+    );
+    let exit = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(exit.success(), "exit status {exit:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(8),
+        "drained within the window"
+    );
+    wait_until("the relay's host connections closed", || {
+        host.connections() == 0
+    })
+    .await;
+}
+
+/// Polls `/readyz` until the relay answers 200.
+async fn wait_until_async_ready(port: u16, ca: &std::path::Path) {
+    wait_until_async(|| async { https_status(port, ca, "/readyz").await == Some(200) }).await;
+}
+
+/// Polls an async condition every 50 ms, up to [`WAIT`].
+async fn wait_until_async<F, Fut>(mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "condition not met in time");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
