@@ -243,3 +243,90 @@ async fn links_name_the_end_user_to_the_host_and_never_carry_the_jwt() {
         assert!(!f.text.contains(&token), "JWT in a host frame");
     }
 }
+
+/// A sink for the audit lines of this test binary.
+#[derive(Clone, Default)]
+struct AuditSink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for AuditSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// §7.5: writes are audited with their decision — allowed, denied (a
+/// viewer's dispatch) and invisible (a dispatch to another tenant's or a
+/// nonexistent chat) — on the `ahp_relay::audit` target, and no line carries
+/// message text or the token.
+#[tokio::test]
+async fn writes_are_audited_with_their_decision_and_no_content() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let sink = AuditSink::default();
+    let writer = sink.clone();
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(ahp_relay::policy::audit::TARGET, tracing::Level::INFO),
+        );
+    use tracing_subscriber::Layer as _;
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
+    let rules = r#"
+[[policy.rules]]
+name = "auditee-operates-a"
+subjects = ["auditee"]
+hosts = ["a"]
+role = "operator"
+visibility = "all"
+[[policy.rules]]
+name = "auditee-views-b"
+subjects = ["auditee"]
+hosts = ["b"]
+role = "viewer"
+visibility = "all"
+"#;
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], rules).await;
+    let token = t.token("auditee");
+    let mut ws = t.raw("auditee").await;
+    ws.initialize("au").await;
+    let secret = "top secret prompt text";
+    let turn = |chat: &str, seq: i64| {
+        json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
+            "channel": chat, "clientSeq": seq, "action": {"type": "chat/turnStarted",
+            "turnId": format!("t{seq}"), "startedAt": ahp_relay::simhost::clock::now_iso(),
+            "message": {"text": secret, "origin": {"kind": "user"}}}}})
+    };
+    ws.send_json(&turn("ahp-chat:/a~a-1-main", 1)).await;
+    ws.send_json(&turn("ahp-chat:/b~b-1-main", 2)).await;
+    ws.send_json(&turn("ahp-chat:/a~nothing-here", 3)).await;
+    let pong = ws
+        .request(9, "ping", json!({"channel": "ahp-root://"}))
+        .await;
+    assert_eq!(pong["result"], Value::Null);
+    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let mine: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("subject=auditee"))
+        .collect();
+    let has = |channel: &str, decision: &str| {
+        mine.iter().any(|l| {
+            l.contains(&format!("channel={channel}"))
+                && l.contains("operation=chat/turnStarted")
+                && l.contains(&format!("decision=\"{decision}\""))
+        })
+    };
+    assert!(has("ahp-chat:/a~a-1-main", "allow"), "{mine:#?}");
+    assert!(has("ahp-chat:/b~b-1-main", "deny"), "{mine:#?}");
+    assert!(has("ahp-chat:/a~nothing-here", "invisible"), "{mine:#?}");
+    assert!(
+        mine.iter().any(|l| l.contains("rule=auditee-operates-a")),
+        "the granting rule is named: {mine:#?}"
+    );
+    assert!(!text.contains(secret), "message text in the audit");
+    assert!(!text.contains(&token), "token in the audit");
+}

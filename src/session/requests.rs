@@ -349,6 +349,31 @@ pub(super) fn host_for(
     Ok((hub, host_uri))
 }
 
+/// [`host_for`] for an operation `op` (a method or an action type): a
+/// refusal of anything beyond reading is audited (§7.5, decisions on writes).
+fn target_of(
+    session: &ClientSession,
+    uri: &str,
+    op: &str,
+) -> Result<(Arc<crate::upstream::hub::HostHub>, String), RpcError> {
+    host_for(session, uri).inspect_err(|_| {
+        let read = matches!(
+            table::method_need(op),
+            Some(Need::Permission(Permission::SessionsRead))
+        );
+        if !read {
+            audit::record(audit::Record {
+                who: session.subject(),
+                host: "",
+                channel: uri,
+                operation: op,
+                decision: Decision::Invisible,
+                rule: "-",
+            });
+        }
+    })
+}
+
 pub(super) fn not_found(uri: &str) -> RpcError {
     RpcError::nonexistent(uri)
 }
@@ -770,7 +795,7 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
 fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateChatParams>(params)?;
     check_client_uri(&p.chat, "ahp-chat")?;
-    let (hub, host_session) = host_for(session, &p.channel)?;
+    let (hub, host_session) = target_of(session, &p.channel, "createChat")?;
     let (link, grant) = link_for(session, &hub, "createChat", &p.channel, || {
         not_found(&p.channel)
     })?;
@@ -790,7 +815,9 @@ fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Res
     check_client_uri(&p.channel, "ahp-terminal")?;
     let relay = &session.relay;
     let hub = match &p.claim {
-        ahp_types::state::TerminalClaim::Session(c) => host_for(session, &c.session)?.0,
+        ahp_types::state::TerminalClaim::Session(c) => {
+            target_of(session, &c.session, "createTerminal")?.0
+        }
         ahp_types::state::TerminalClaim::Client(_) => relay.default_host().ok_or_else(|| {
             RpcError::invalid_params("cannot choose a host for a client-claimed terminal: claim a session, or configure relay.default_host")
         })?,
@@ -830,7 +857,7 @@ fn routed<T: DeserializeOwned + Serialize>(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let (hub, host_uri) = host_for(session, &channel)?;
+    let (hub, host_uri) = target_of(session, &channel, method)?;
     let (link, grant) = link_for(session, &hub, method, &channel, || not_found(&channel))?;
     if method == "disposeSession" && !grant.dispose_others {
         let own = session
@@ -926,14 +953,14 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
     if channel == ahp_types::ROOT_RESOURCE_URI {
         return reject("the relay's root channel has no configuration to change");
     }
-    let Ok((hub, host_uri)) = host_for(session, &channel) else {
-        return; // unknown channel: no echo, as a host would do
-    };
     let ty = action
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    let Ok((hub, host_uri)) = target_of(session, &channel, &ty) else {
+        return; // unknown channel: no echo, as a host would do
+    };
     let known = serde_json::from_value::<ahp_types::actions::StateAction>(action.clone())
         .ok()
         .filter(|a| !matches!(a, ahp_types::actions::StateAction::Unknown(_)));
