@@ -175,7 +175,11 @@ impl Relay {
                     RootField::ActiveSessions => "activeSessions",
                 };
                 let mut core = s.lock();
-                if core.root_seen.get(key) == Some(&value) {
+                // Checked again under the lock: a snapshot `reconnect` may
+                // have stopped root delivery (its cut) since `followers()`.
+                if !core.subs.contains(ahp_types::ROOT_RESOURCE_URI)
+                    || core.root_seen.get(key) == Some(&value)
+                {
                     continue;
                 }
                 core.root_seen.insert(key.to_string(), value.clone());
@@ -227,7 +231,9 @@ impl Relay {
                 .is_some_and(|g| self.sees_session(who, &g, hub, &host_session));
             if visible {
                 let mut core = s.lock();
-                s.push(&mut core, frame.clone());
+                if core.subs.contains(ahp_types::ROOT_RESOURCE_URI) {
+                    s.push(&mut core, frame.clone());
+                }
             }
         }
     }
