@@ -787,3 +787,30 @@ async fn connections_per_principal_are_capped() {
     }
     assert!(admitted, "a closed socket frees alice's slot");
 }
+
+/// A client that closes its socket with a close handshake releases the
+/// connection at once (its writer task ends, not after a timeout): the
+/// open-connections gauge is back to zero well within the 6 s the relay
+/// would otherwise wait before aborting a stuck writer.
+#[tokio::test]
+async fn a_client_close_releases_the_connection_promptly() {
+    let e = Edge::start().await;
+    let mut ws = e.t.raw("closer").await;
+    ws.initialize("bye").await;
+    let open = |page: &str| metric(page, "ahp_relay_connections_open");
+    let (_, page) = https_get(&e.t, "/metrics").await;
+    assert_eq!(open(&page), Some(1.0), "one socket open");
+    let closed = std::time::Instant::now();
+    ws.close_cleanly().await;
+    loop {
+        let (_, page) = https_get(&e.t, "/metrics").await;
+        assert!(
+            closed.elapsed() < std::time::Duration::from_secs(2),
+            "connection still counted open 2 s after a clean close"
+        );
+        if open(&page) == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -268,7 +268,10 @@ impl Edge {
         let limits = &relay.cfg.limits;
         let config = WebSocketConfig::default()
             .read_buffer_size(16 * 1024)
-            .write_buffer_size(0)
+            // Frames are fed in batches and flushed once per batch (see
+            // `ws::write_loop`): buffering up to 64 KiB turns a burst of
+            // small envelopes into few TLS records and syscalls.
+            .write_buffer_size(64 * 1024)
             .max_write_buffer_size(limits.max_frame_bytes.saturating_mul(2).max(1 << 20))
             .max_message_size(Some(limits.max_frame_bytes))
             .max_frame_size(Some(limits.max_frame_bytes));

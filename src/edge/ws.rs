@@ -131,7 +131,15 @@ async fn write_loop<S>(
     loop {
         tokio::select! {
             biased;
-            _ = kill.changed() => {
+            changed = kill.changed() => {
+                if changed.is_err() {
+                    // The connection is gone (its `Conn` dropped after the
+                    // client closed): nothing more will be sent. Returning
+                    // here matters — a dropped sender makes `changed()`
+                    // ready forever, which would spin this loop.
+                    let _ = tokio::time::timeout(CLOSE_WITHIN, sink.close()).await;
+                    return;
+                }
                 let close = kill.borrow().clone();
                 if let Some((code, reason)) = close {
                     // Deliver what is queued (not to a slow consumer), then the

@@ -130,6 +130,16 @@ impl RawWs {
         Self { ws }
     }
 
+    /// Starts a close handshake from the client side and waits (bounded)
+    /// for the server's answer.
+    pub async fn close_cleanly(mut self) {
+        self.ws.close(None).await.expect("close frame sent");
+        let _ = tokio::time::timeout(WAIT, async {
+            while let Some(Ok(_)) = self.ws.next().await {}
+        })
+        .await;
+    }
+
     /// Sends one text frame.
     pub async fn send_text(&mut self, text: &str) {
         self.ws.send(Message::text(text)).await.expect("send text");
