@@ -869,7 +869,11 @@ async fn upstream_identity_is_derived_and_mapped_back() {
         .collect();
     assert_eq!(
         inits,
-        BTreeSet::from(["r1.watch".to_string(), up_alice.clone(), up_bob.clone()])
+        BTreeSet::from([
+            ahp_relay::upstream::watch::watch_client_id().to_string(),
+            up_alice.clone(),
+            up_bob.clone()
+        ])
     );
     for id in [&up_alice, &up_bob] {
         assert!(id.starts_with("r1.") && id.len() == 3 + 11 + 1 + 16, "{id}");

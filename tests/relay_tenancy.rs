@@ -33,7 +33,9 @@ use serde_json::{Value, json};
 
 const ROOT: &str = "ahp-root://";
 /// The `clientId` of the relay's own watch links at the hosts.
-const WATCH: &str = "r1.watch";
+fn watch() -> String {
+    ahp_relay::upstream::watch::watch_client_id().to_string()
+}
 /// The client tool the simhost agent calls on `[client-tool:read_tab]`.
 const TOOL: &str = "read_tab";
 
@@ -129,7 +131,7 @@ fn foreign_frames(host: &SimHost, allowed: &[&str]) -> Vec<String> {
         .into_iter()
         .filter(|f| {
             let c = f.client_id.as_deref().unwrap_or("");
-            c != WATCH && !allowed.contains(&c)
+            c != watch() && !allowed.contains(&c)
         })
         .map(|f| format!("{:?}: {}", f.client_id, f.text))
         .collect()
@@ -1805,7 +1807,7 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
         .collect();
     assert_eq!(
         inits,
-        BTreeSet::from([WATCH.to_string(), up_alice.clone(), up_mallory.clone()]),
+        BTreeSet::from([watch(), up_alice.clone(), up_mallory.clone()]),
         "host a saw alice and mallory as two upstream clients, never \"same\""
     );
     assert!(host_a.received_from("same").is_empty());

@@ -7,11 +7,15 @@ use hmac::Mac;
 use serde_json::{Value, json};
 
 use crate::relay::Relay;
-use crate::route::namer::ToClient;
+use std::sync::Arc;
+
+use crate::policy::Visibility;
+use crate::route::namer::{ToClient, is_store_entry};
+use crate::route::names;
 use crate::route::translate;
 use crate::rpc::RpcError;
 use crate::session::ClientSession;
-use crate::upstream::hub::HostStatus;
+use crate::upstream::hub::{HostHub, HostStatus, IndexEntry};
 
 impl Relay {
     /// `listSessions` across hosts (contract §6.3): newest first by parsed
@@ -38,64 +42,84 @@ impl Relay {
                     .ok_or_else(|| RpcError::invalid_params("unknown cursor"))?,
             ),
         };
-        let mut all: Vec<(i64, String, Value)> = Vec::new();
         let who = session.subject();
+        let mut lists = Vec::new();
         for hub in self.hubs.values() {
             let Some(grant) = self.grant_on(who, hub) else {
                 continue;
             };
+            let index = hub.sorted_catalog(|uri| {
+                names::qualify(&hub.id, uri, |base| {
+                    is_store_entry(self.store.as_ref(), &hub.id, base)
+                })
+            });
+            // Entries strictly after the cursor, in list order.
+            let start = match &after {
+                None => 0,
+                Some((at, uri)) => index.partition_point(|e| {
+                    e.at > *at || (e.at == *at && e.client.as_ref() <= uri.as_str())
+                }),
+            };
+            // Everyone sees every session where the grant shows all and
+            // external sessions: no per-session lookup.
+            let all = grant.visibility == Visibility::All && grant.external;
+            lists.push((hub, grant, index, start, all));
+        }
+        // Merge the per-host lists, keeping visible entries, until the page
+        // is full and one more visible entry proves a next page.
+        let mut page: Vec<(&Arc<HostHub>, IndexEntry)> = Vec::new();
+        let mut more = false;
+        loop {
+            let next = lists
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (_, _, index, start, _))| index.get(*start).map(|e| (i, e)))
+                .min_by(|(_, a), (_, b)| b.at.cmp(&a.at).then_with(|| a.client.cmp(&b.client)));
+            let Some((i, entry)) = next else { break };
+            let entry = entry.clone();
+            let (hub, grant, _, start, all) = &mut lists[i];
+            *start += 1;
+            if !*all && !self.sees_session(who, grant, hub, &entry.host) {
+                continue;
+            }
+            if page.len() == limit {
+                more = true;
+                break;
+            }
+            page.push((hub, entry));
+        }
+        let mut items = Vec::with_capacity(page.len());
+        for (hub, entry) in &page {
             let namer = ToClient {
                 host: &hub.id,
                 store: self.store.as_ref(),
                 identity: None,
             };
-            hub.read(|view| {
-                for (uri, summary) in &view.catalog {
-                    if !self.sees_session(who, &grant, hub, uri) {
-                        continue;
-                    }
-                    let mut s = summary.clone();
-                    if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
-                        continue;
-                    }
-                    if view.status != HostStatus::Up
-                        && let Some(o) = s.as_object_mut()
-                    {
-                        let meta = o.entry("_meta").or_insert_with(|| json!({}));
-                        if let Some(m) = meta.as_object_mut() {
-                            m.insert("ahp-relay/hostState".into(), json!(view.status.label()));
-                        }
-                    }
-                    let at = s
-                        .get("modifiedAt")
-                        .and_then(Value::as_str)
-                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                        .map_or(i64::MIN, |t| t.as_microsecond());
-                    let uri = s
-                        .get("resource")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string();
-                    all.push((at, uri, s));
+            let Some((mut s, status)) = hub.read(|v| {
+                v.catalog
+                    .get(entry.host.as_ref())
+                    .map(|s| (s.clone(), v.status))
+            }) else {
+                continue; // removed since the index was built
+            };
+            if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
+                continue;
+            }
+            if status != HostStatus::Up
+                && let Some(o) = s.as_object_mut()
+            {
+                let meta = o.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(m) = meta.as_object_mut() {
+                    m.insert("ahp-relay/hostState".into(), json!(status.label()));
                 }
-            });
+            }
+            items.push(s);
         }
-        all.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-        let start = match &after {
-            None => 0,
-            Some((at, uri)) => all
-                .iter()
-                .position(|(a, u, _)| a < at || (a == at && u > uri))
-                .unwrap_or(all.len()),
-        };
-        let page: Vec<&(i64, String, Value)> = all.iter().skip(start).take(limit).collect();
-        let mut result = json!({"items": page.iter().map(|(_, _, s)| s).collect::<Vec<_>>()});
-        if start + page.len() < all.len()
-            && let (Some((at, uri, _)), Some(o)) = (page.last(), result.as_object_mut())
-        {
+        let mut result = json!({"items": items});
+        if more && let (Some((_, last)), Some(o)) = (page.last(), result.as_object_mut()) {
             o.insert(
                 "nextCursor".into(),
-                json!(self.seal_cursor(*at, uri, session)),
+                json!(self.seal_cursor(last.at, &last.client, session)),
             );
         }
         Ok(result.to_string())

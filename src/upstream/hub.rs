@@ -51,6 +51,8 @@ pub struct WatchView {
     /// Chat host URI → the host URI of the session listing it in the
     /// catalog (`SessionSummary.chats[]`): how a chat's visibility is decided.
     pub chats: HashMap<String, String>,
+    /// Incremented by every catalog change (sort indexes compare it).
+    pub catalog_version: u64,
     /// `InitializeResult.completionTriggerCharacters` of the host.
     pub trigger_characters: Vec<String>,
     /// `InitializeResult.terminalCommandPrefix` of the host.
@@ -72,6 +74,20 @@ pub struct HostHub {
     pub catalog_changed: Notify,
     /// Per-client links to this host alive now (`links_per_host`).
     pub links: std::sync::atomic::AtomicUsize,
+    /// The catalog sorted for `listSessions`, with the catalog version it
+    /// was built from (rebuilt on first use after a change).
+    index: std::sync::Mutex<Option<(u64, Arc<Vec<IndexEntry>>)>>,
+}
+
+/// One session of a host's catalog in `listSessions` order.
+#[derive(Debug, Clone)]
+pub struct IndexEntry {
+    /// `modifiedAt` in µs since the epoch (`i64::MIN` if unreadable).
+    pub at: i64,
+    /// The client-facing URI (ties are ordered by it).
+    pub client: Arc<str>,
+    /// The host-form URI (catalog key).
+    pub host: Arc<str>,
 }
 
 /// Header carrying the end user's issuer on links (hosts may audit it).
@@ -95,11 +111,13 @@ impl HostHub {
                 root: None,
                 catalog: BTreeMap::new(),
                 chats: HashMap::new(),
+                catalog_version: 0,
                 trigger_characters: Vec::new(),
                 terminal_command_prefix: None,
             }),
             catalog_changed: Notify::new(),
             links: std::sync::atomic::AtomicUsize::new(0),
+            index: std::sync::Mutex::new(None),
         })
     }
 
@@ -174,6 +192,39 @@ impl HostHub {
         )
     }
 
+    /// The catalog in `listSessions` order (newest `modifiedAt` first, ties
+    /// by client URI), built with `client_uri` on first use after a change
+    /// and shared until the next one.
+    pub fn sorted_catalog(&self, client_uri: impl Fn(&str) -> String) -> Arc<Vec<IndexEntry>> {
+        let mut slot = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let version = self.read(|v| v.catalog_version);
+        if let Some((built, index)) = slot.as_ref()
+            && *built == version
+        {
+            return index.clone();
+        }
+        let (version, mut entries) = self.read(|v| {
+            let entries: Vec<IndexEntry> = v
+                .catalog
+                .iter()
+                .map(|(uri, summary)| IndexEntry {
+                    at: summary
+                        .get("modifiedAt")
+                        .and_then(Value::as_str)
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .map_or(i64::MIN, |t| t.as_microsecond()),
+                    client: client_uri(uri).into(),
+                    host: uri.as_str().into(),
+                })
+                .collect();
+            (v.catalog_version, entries)
+        });
+        entries.sort_by(|a, b| b.at.cmp(&a.at).then_with(|| a.client.cmp(&b.client)));
+        let index = Arc::new(entries);
+        *slot = Some((version, index.clone()));
+        index
+    }
+
     /// Mutates the view (watch link only).
     pub fn update<R>(&self, f: impl FnOnce(&mut WatchView) -> R) -> R {
         let r = f(&mut self.view.write().unwrap_or_else(|e| e.into_inner()));
@@ -185,6 +236,7 @@ impl HostHub {
 impl WatchView {
     /// Adds or replaces a session's summary.
     pub fn insert_session(&mut self, uri: String, summary: Value) {
+        self.catalog_version += 1;
         self.remove_session(&uri);
         for chat in chat_uris(&summary) {
             self.chats.insert(chat, uri.clone());
@@ -194,6 +246,7 @@ impl WatchView {
 
     /// Removes a session's summary and its chats.
     pub fn remove_session(&mut self, uri: &str) {
+        self.catalog_version += 1;
         if let Some(old) = self.catalog.remove(uri) {
             for chat in chat_uris(&old) {
                 if self.chats.get(&chat).is_some_and(|s| s == uri) {
@@ -218,6 +271,7 @@ impl WatchView {
 
     /// Replaces the whole catalog (after a watch link (re)connects).
     pub fn replace_catalog(&mut self, catalog: BTreeMap<String, Value>) {
+        self.catalog_version += 1;
         self.catalog.clear();
         self.chats.clear();
         for (uri, summary) in catalog {
@@ -266,6 +320,7 @@ mod tests {
             root: None,
             catalog: BTreeMap::new(),
             chats: HashMap::new(),
+            catalog_version: 0,
             trigger_characters: Vec::new(),
             terminal_command_prefix: None,
         };

@@ -20,8 +20,22 @@ use tokio_tungstenite::tungstenite::Message;
 use super::hub::{HostHub, HostStatus};
 use crate::client::dial::{WsStream, dial_stream};
 
-/// The upstream client id every watch link uses.
-pub const WATCH_CLIENT_ID: &str = "r1.watch";
+/// The upstream client id of this process's watch links: `r1.watch.` and
+/// 8 random hex digits, so two relays (replicas, or an old and a new one
+/// during a rolling restart) in front of one host are two clients there
+/// rather than superseding each other's watch link.
+pub fn watch_client_id() -> &'static str {
+    static ID: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let mut raw = [0u8; 4];
+        if crate::run::random_fill(&mut raw).is_err() {
+            // No random source: the process id still tells instances apart.
+            raw = std::process::id().to_be_bytes();
+        }
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        format!("r1.watch.{hex}")
+    });
+    &ID
+}
 
 /// Time a ping (or any request) may take before the link is declared dead.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -196,7 +210,7 @@ async fn session(
         .request(
             "initialize",
             json!({"channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": ["1.0.0"],
-                   "clientId": WATCH_CLIENT_ID, "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]}),
+                   "clientId": watch_client_id(), "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]}),
             &mut held,
         )
         .await

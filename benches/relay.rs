@@ -1,0 +1,2071 @@
+//! The performance figures of contract §10, side by side in one run: the relay
+//! against a direct connection to the same kind of simulated host, on loopback.
+//!
+//! The relay runs as its own process (`ahp-relay serve --config …`, the binary
+//! cargo builds for this bench), so its CPU time and memory are read from
+//! `/proc/<pid>` alone. Simulated hosts run in this process on their own
+//! runtime (threads named `simhost`), clients on another (`client`), so the
+//! load source is not slowed by the clients and each side's CPU is known.
+//! Clients are raw WebSockets (tokio-tungstenite) that count frames without
+//! decoding them, so the client side stays cheap and equal on both paths.
+//! Every figure is a median of several runs; targets are printed next to them
+//! and marked met / NOT MET as measured.
+//!
+//! `cargo bench --bench relay` (about 2 minutes); `AHP_BENCH_QUICK=1` for a
+//! ~30 s version with fewer runs and clients; `AHP_BENCH_ONLY=1,4` runs some
+//! sections only (1 includes 2); `AHP_BENCH_IDLE_CLIENTS=N` overrides the
+//! idle-client count (e.g. 10000). Linux only (`/proc`).
+
+use std::collections::VecDeque;
+use std::error::Error;
+use std::fmt::Display;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ahp_relay::client::dial::{DialOptions, WsStream, dial_stream};
+use ahp_relay::devkit::DevKit;
+use ahp_relay::simhost::clock::now_iso;
+use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
+use futures_util::{SinkExt, StreamExt};
+use memchr::memmem;
+use rustls_pki_types::pem::PemObject;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::MaybeTlsStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+type BoxError = Box<dyn Error + Send + Sync>;
+type Result<T> = std::result::Result<T, BoxError>;
+
+fn bad(e: impl Display) -> BoxError {
+    e.to_string().into()
+}
+
+/// Bound for anything that should happen promptly on loopback.
+const WAIT: Duration = Duration::from_secs(20);
+/// Bytes of text per `chat/delta`: the relayed frame is then ~320 bytes.
+const DELTA_BYTES: usize = 90;
+/// The contract's paced load (§10).
+const PACED_TARGET: f64 = 50_000.0;
+const ROOT: &str = "ahp-root://";
+
+// ─── settings ───────────────────────────────────────────────────────────────
+
+/// Counts and repetitions of a full or quick run.
+struct Settings {
+    quick: bool,
+    /// Rounds of each throughput configuration (median reported).
+    rounds: usize,
+    /// Deltas of the one-stream turn.
+    one_stream_deltas: u32,
+    /// Concurrent streams of the many-stream case, and deltas each.
+    many_streams: usize,
+    many_deltas: u32,
+    /// Latency runs per path, and seconds of paced streaming each.
+    latency_runs: usize,
+    latency_secs: f64,
+    /// Idle TLS clients opened for the memory figure.
+    idle_clients: usize,
+    /// Hosts × sessions behind the relay for `listSessions`.
+    list_hosts: usize,
+    list_sessions: usize,
+    list_reps: usize,
+    /// Timed `reconnect`s of the replay figure.
+    replay_reps: usize,
+    /// Sections to run (`AHP_BENCH_ONLY=1,4`; 1 includes 2); all if empty.
+    only: Vec<u32>,
+}
+
+impl Settings {
+    fn runs(&self, section: u32) -> bool {
+        self.only.is_empty() || self.only.contains(&section)
+    }
+
+    fn from_env() -> Self {
+        let quick = std::env::var("AHP_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let mut s = if quick {
+            Self {
+                quick,
+                rounds: 3,
+                one_stream_deltas: 15_000,
+                many_streams: 50,
+                many_deltas: 400,
+                latency_runs: 2,
+                latency_secs: 1.0,
+                idle_clients: 200,
+                list_hosts: 100,
+                list_sessions: 1000,
+                list_reps: 11,
+                replay_reps: 5,
+                only: Vec::new(),
+            }
+        } else {
+            Self {
+                quick,
+                rounds: 7,
+                one_stream_deltas: 50_000,
+                many_streams: 50,
+                many_deltas: 2_000,
+                latency_runs: 3,
+                latency_secs: 2.5,
+                idle_clients: 1000,
+                list_hosts: 100,
+                list_sessions: 1000,
+                list_reps: 21,
+                replay_reps: 9,
+                only: Vec::new(),
+            }
+        };
+        s.only = std::env::var("AHP_BENCH_ONLY")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|n| n.trim().parse().ok())
+            .collect();
+        if let Some(n) = std::env::var("AHP_BENCH_IDLE_CLIENTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            s.idle_clients = n;
+        }
+        s
+    }
+}
+
+// ─── measuring helpers ──────────────────────────────────────────────────────
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The `p`-th percentile (nearest rank) of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "NOT MET" }
+}
+
+/// CPU time of a process: the sum over its live threads of
+/// `/proc/<pid>/task/<tid>/schedstat` (nanoseconds on CPU), and
+/// `utime + stime` of `/proc/<pid>/stat` (clock ticks, all threads ever).
+#[derive(Clone, Copy, Debug, Default)]
+struct Cpu {
+    sched_ns: u64,
+    stat_ticks: u64,
+    /// `stime` alone: ticks spent in the kernel.
+    sys_ticks: u64,
+}
+
+impl Cpu {
+    fn read(pid: &str) -> Cpu {
+        let mut sched_ns = 0;
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for t in tasks.flatten() {
+                let ns = std::fs::read_to_string(t.path().join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+                sched_ns += ns.unwrap_or(0);
+            }
+        }
+        let (utime, stime) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = &s[s.rfind(')')? + 1..];
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                Some((
+                    f.get(11)?.parse::<u64>().ok()?,
+                    f.get(12)?.parse::<u64>().ok()?,
+                ))
+            })
+            .unwrap_or((0, 0));
+        Cpu {
+            sched_ns,
+            stat_ticks: utime + stime,
+            sys_ticks: stime,
+        }
+    }
+
+    /// CPU of this process's threads whose name starts with `prefix`.
+    fn threads(prefix: &str) -> Cpu {
+        let mut sched_ns = 0;
+        if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+            for t in tasks.flatten() {
+                let named = std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with(prefix));
+                if !named {
+                    continue;
+                }
+                let ns = std::fs::read_to_string(t.path().join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+                sched_ns += ns.unwrap_or(0);
+            }
+        }
+        Cpu {
+            sched_ns,
+            ..Cpu::default()
+        }
+    }
+
+    /// Nanoseconds between two readings (schedstat; threads that exited in
+    /// between would be missed, so ticks are kept as a cross-check).
+    fn ns_since(&self, before: &Cpu) -> u64 {
+        self.sched_ns.saturating_sub(before.sched_ns)
+    }
+
+    /// Share of the ticks between two readings spent in the kernel.
+    fn kernel_share_since(&self, before: &Cpu) -> f64 {
+        let all = self.stat_ticks.saturating_sub(before.stat_ticks);
+        self.sys_ticks.saturating_sub(before.sys_ticks) as f64 / all.max(1) as f64
+    }
+
+    fn tick_ms_since(&self, before: &Cpu, ticks_per_sec: u64) -> f64 {
+        self.stat_ticks.saturating_sub(before.stat_ticks) as f64 * 1000.0 / ticks_per_sec as f64
+    }
+}
+
+/// `VmRSS` of a process in bytes.
+fn rss_bytes(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+        })
+        .unwrap_or(0)
+}
+
+fn clock_ticks() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+// ─── the relay as a child process ───────────────────────────────────────────
+
+/// `ahp-relay serve` in a child process, with its dev kit (certificate,
+/// HS256 key, store) in a scratch directory.
+struct RelayProc {
+    child: Child,
+    pid: String,
+    url: String,
+    kit: DevKit,
+    tls: bool,
+    log: Arc<Mutex<VecDeque<String>>>,
+}
+
+static SCRATCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn scratch_dir(tag: &str) -> PathBuf {
+    let n = SCRATCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "ahp-relay-bench-{tag}-{}-{n}-{}",
+        std::process::id(),
+        ahp_relay::relay::unix_now()
+    ))
+}
+
+impl RelayProc {
+    /// Starts a relay in front of `hosts` (`(id, ws url)`), over TLS or plain
+    /// `ws://`, with `extra` TOML appended to the dev config; waits until it
+    /// listens and every host's watch link is up.
+    async fn start(tag: &str, hosts: &[(String, String)], tls: bool, extra: &str) -> Result<Self> {
+        let dir = scratch_dir(tag);
+        let kit = DevKit::create(&dir).map_err(bad)?;
+        kit.config("127.0.0.1:0", hosts, "", extra).map_err(bad)?;
+        let mut config = dir.join("relay.toml");
+        if !tls {
+            let text = std::fs::read_to_string(&config)?;
+            let text = text
+                .lines()
+                .filter(|l| !l.starts_with("tls_cert") && !l.starts_with("tls_key"))
+                .map(|l| {
+                    if l.starts_with("addr = ") {
+                        format!("{l}\nplaintext = true")
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            config = dir.join("relay-plain.toml");
+            std::fs::write(&config, text)?;
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let pid = child.id().to_string();
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+        let keep = log.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if let Some(url) = line.strip_prefix("ahp-relay listening on ")
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(url.trim().to_string());
+                }
+                let mut l = keep.lock().unwrap_or_else(|e| e.into_inner());
+                if l.len() >= 40 {
+                    l.pop_front();
+                }
+                l.push_back(line);
+            }
+        });
+        let mut me = RelayProc {
+            child,
+            pid,
+            url: String::new(),
+            kit,
+            tls,
+            log,
+        };
+        match tokio::time::timeout(WAIT, rx).await {
+            Ok(Ok(url)) => me.url = url,
+            _ => return Err(format!("relay did not start: {}", me.last_log()).into()),
+        }
+        me.wait_hosts_up(hosts.len()).await?;
+        Ok(me)
+    }
+
+    /// The relay's last log lines, without terminal colours.
+    fn last_log(&self) -> String {
+        let l = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        for line in l.iter() {
+            let mut chars = line.chars();
+            while let Some(c) = chars.next() {
+                if c == '\u{1b}' {
+                    for c in chars.by_ref() {
+                        if c.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            out.push('\n');
+        }
+        out.trim_end().to_string()
+    }
+
+    fn port(&self) -> Result<u16> {
+        self.url
+            .trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("no port in {}", self.url).into())
+    }
+
+    /// `GET path` on the relay's listener: status line and body.
+    async fn get(&self, path: &str) -> Result<String> {
+        let tcp = TcpStream::connect(("127.0.0.1", self.port()?)).await?;
+        if !self.tls {
+            return http_get(tcp, path).await;
+        }
+        let pem = std::fs::read(&self.kit.cert)?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots.add(cert.map_err(bad)?).map_err(bad)?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(bad)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").map_err(bad)?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await?;
+        http_get(tls, path).await
+    }
+
+    /// Waits until `/metrics` reports `hosts` watch links up.
+    async fn wait_hosts_up(&self, hosts: usize) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let page = self.get("/metrics").await.unwrap_or_default();
+            let up = page
+                .lines()
+                .filter(|l| l.starts_with("ahp_relay_host_up{") && l.ends_with(" 1"))
+                .count();
+            if up >= hosts {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("only {up} of {hosts} hosts up: {}", self.last_log()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn cpu(&self) -> Cpu {
+        Cpu::read(&self.pid)
+    }
+
+    fn rss(&self) -> u64 {
+        rss_bytes(&self.pid)
+    }
+
+    /// A client endpoint through this relay.
+    fn endpoint(&self, label: &'static str) -> Endpoint {
+        Endpoint {
+            label,
+            url: self.url.clone(),
+            ca: self.tls.then(|| self.kit.cert.clone()),
+            kit: Some(self.kit.clone()),
+            qualify: true,
+        }
+    }
+}
+
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.kit.dir);
+    }
+}
+
+async fn http_get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> Result<String> {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut buf)).await;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+// ─── clients ────────────────────────────────────────────────────────────────
+
+/// Where clients connect: a host directly, or a relay.
+#[derive(Clone)]
+struct Endpoint {
+    label: &'static str,
+    url: String,
+    ca: Option<PathBuf>,
+    /// Dev kit minting tokens (relay only).
+    kit: Option<DevKit>,
+    /// The relay names host chats `<host>~<id>`.
+    qualify: bool,
+}
+
+impl Endpoint {
+    fn direct(label: &'static str, host: &SimHost) -> Self {
+        Endpoint {
+            label,
+            url: host.url(),
+            ca: None,
+            kit: None,
+            qualify: false,
+        }
+    }
+
+    /// The client-facing URI of seeded chat `n` of `host`.
+    fn chat(&self, host: &str, n: usize) -> String {
+        if self.qualify {
+            format!("ahp-chat:/{host}~{host}-{n}-main")
+        } else {
+            format!("ahp-chat:/{host}-{n}-main")
+        }
+    }
+
+    /// Opens a WebSocket as principal `sub` (a 1-hour dev token via the relay).
+    async fn connect(&self, sub: &str) -> Result<Conn> {
+        let token = match &self.kit {
+            Some(kit) => Some(
+                kit.token(sub, &[], Duration::from_secs(3600), None)
+                    .map_err(bad)?,
+            ),
+            None => None,
+        };
+        let ws = dial_stream(&DialOptions {
+            url: self.url.clone(),
+            token,
+            ca_file: self.ca.clone(),
+            insecure: false,
+            connect_timeout: WAIT,
+            extra_headers: Vec::new(),
+        })
+        .await
+        .map_err(bad)?;
+        Ok(Conn { ws, next_id: 1 })
+    }
+
+    /// Connects as `sub`, initializes with client id `sub` and subscribes `chat`.
+    async fn subscriber(&self, sub: &str, chat: &str) -> Result<Conn> {
+        let mut c = self.connect(sub).await?;
+        c.initialize(sub).await?;
+        c.request("subscribe", json!({ "channel": chat })).await?;
+        Ok(c)
+    }
+}
+
+/// A raw JSON-RPC WebSocket.
+struct Conn {
+    ws: WsStream,
+    next_id: u64,
+}
+
+impl Conn {
+    async fn send(&mut self, v: &Value) -> Result<()> {
+        self.ws
+            .send(Message::text(v.to_string()))
+            .await
+            .map_err(bad)
+    }
+
+    /// The next text frame.
+    async fn recv(&mut self) -> Result<Utf8Bytes> {
+        loop {
+            match tokio::time::timeout(WAIT, self.ws.next()).await {
+                Err(_) => return Err("no frame in time".into()),
+                Ok(None) => return Err("socket ended".into()),
+                Ok(Some(Err(e))) => return Err(bad(e)),
+                Ok(Some(Ok(Message::Text(t)))) => return Ok(t),
+                Ok(Some(Ok(Message::Close(f)))) => {
+                    return Err(format!("closed by the peer: {f:?}").into());
+                }
+                Ok(Some(Ok(_))) => {}
+            }
+        }
+    }
+
+    /// Sends a request; returns the time until its response frame arrived
+    /// (before parsing) and the response's `result`.
+    async fn request_timed(&mut self, method: &str, params: Value) -> Result<(Duration, Value)> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let text = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let text = text.to_string();
+        let start = Instant::now();
+        self.ws.send(Message::text(text)).await.map_err(bad)?;
+        loop {
+            let frame = self.recv().await?;
+            let took = start.elapsed();
+            if memmem::find(frame.as_bytes(), b"\"id\"").is_none() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(frame.as_str())?;
+            if v.get("id") != Some(&json!(id)) {
+                continue;
+            }
+            if let Some(e) = v.get("error") {
+                return Err(format!("{method}: {e}").into());
+            }
+            return Ok((took, v.get("result").cloned().unwrap_or(Value::Null)));
+        }
+    }
+
+    async fn request(&mut self, method: &str, params: Value) -> Result<Value> {
+        Ok(self.request_timed(method, params).await?.1)
+    }
+
+    async fn initialize(&mut self, client_id: &str) -> Result<Value> {
+        self.request(
+            "initialize",
+            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": client_id}),
+        )
+        .await
+    }
+
+    /// Dispatches `chat/turnStarted` on `chat` (the agent then streams).
+    async fn start_turn(&mut self, chat: &str, turn_id: &str) -> Result<()> {
+        self.send(
+            &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
+            "channel": chat, "clientSeq": 1,
+            "action": {"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
+                "message": {"text": "benchmark turn", "origin": {"kind": "user"}}}}}),
+        )
+        .await
+    }
+
+    /// Reads `action` frames until `chat/turnComplete`; counts deltas (and
+    /// keeps their arrival times if `times`).
+    async fn read_turn(&mut self, times: bool) -> Result<TurnStats> {
+        let mut s = TurnStats::default();
+        loop {
+            let frame = self.recv().await?;
+            let b = frame.as_bytes();
+            if memmem::find(b, b"\"method\":\"action\"").is_none() {
+                continue;
+            }
+            let now = Instant::now();
+            s.actions += 1;
+            if memmem::find(b, b"\"rejectionReason\"").is_some() {
+                return Err(format!("rejected: {}", frame.as_str()).into());
+            }
+            if memmem::find(b, b"\"chat/delta\"").is_some() {
+                s.deltas += 1;
+                s.delta_frame_bytes += b.len() as u64;
+                s.first.get_or_insert(now);
+                s.last = Some(now);
+                if times {
+                    s.times.push(now);
+                }
+            } else if memmem::find(b, b"\"chat/turnComplete\"").is_some() {
+                return Ok(s);
+            }
+        }
+    }
+
+    /// Name and cipher suite of the TLS session, if any.
+    fn tls_info(&self) -> Option<String> {
+        match self.ws.get_ref() {
+            MaybeTlsStream::Rustls(tls) => {
+                let c = tls.get_ref().1;
+                Some(format!(
+                    "{:?} {:?}",
+                    c.protocol_version()?,
+                    c.negotiated_cipher_suite()?.suite()
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// Closes with a WebSocket close handshake (bounded).
+    async fn close(mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.ws.close(None)).await;
+    }
+
+    /// Drops the socket without a close handshake, as a network drop would.
+    /// Finished runs end their clients this way: a socket the client closes
+    /// makes the relay's writer task spin for seconds (see section 4), which
+    /// would eat the next run's CPU.
+    fn hang_up(self) {
+        drop(self);
+    }
+}
+
+#[derive(Default)]
+struct TurnStats {
+    actions: u64,
+    deltas: u64,
+    delta_frame_bytes: u64,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    times: Vec<Instant>,
+}
+
+async fn join_all<T>(tasks: Vec<JoinHandle<Result<T>>>) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(tasks.len());
+    let mut first_err = None;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(v)) => out.push(v),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(bad(e));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+fn script(reply_deltas: u32, delta_rate: u32) -> AgentScript {
+    AgentScript {
+        reply_deltas,
+        delta_bytes: DELTA_BYTES,
+        delta_rate,
+        tool_confirmation: false,
+        seed: None,
+    }
+}
+
+/// The runtime the simulated hosts run on: its own two worker threads named
+/// `simhost`, so the load source is not slowed by the clients (which run on
+/// threads named `client`) and its CPU time can be told apart.
+static HOST_RT: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+
+fn host_rt() -> Result<tokio::runtime::Handle> {
+    HOST_RT
+        .get()
+        .cloned()
+        .ok_or_else(|| "no host runtime".into())
+}
+
+async fn start_host(name: &str, sessions: usize, script: AgentScript) -> Result<SimHost> {
+    let cfg = SimHostConfig {
+        sessions,
+        script,
+        replay_log: 20_000,
+        record_limit: 16,
+        ..SimHostConfig::named(name)
+    };
+    Ok(host_rt()?
+        .spawn(SimHost::start_local(cfg))
+        .await
+        .map_err(bad)??)
+}
+
+async fn stop_host(host: SimHost) {
+    if let Ok(rt) = host_rt() {
+        let _ = rt.spawn(host.shutdown()).await;
+    }
+}
+
+fn pair(h: &SimHost) -> (String, String) {
+    (h.config().name.clone(), h.url())
+}
+
+// ─── 1 + 2: throughput and CPU ──────────────────────────────────────────────
+
+/// One streaming run: `streams` clients, each subscribed to its own fresh
+/// chat and starting one turn there.
+struct StreamRun {
+    /// Deltas received per second, all streams together (first to last delta).
+    rate: f64,
+    /// `action` envelopes received by the clients.
+    actions: u64,
+    /// Mean size of a delta frame as received.
+    frame_bytes: f64,
+    wall: Duration,
+    relay_cpu_ns: Option<u64>,
+    relay_cpu_tick_ms: Option<f64>,
+    relay_kernel_share: Option<f64>,
+    /// CPU of the simhost threads and of the client threads.
+    host_cpu_ns: u64,
+    client_cpu_ns: u64,
+    tls: Option<String>,
+}
+
+async fn stream_run(
+    ep: &Endpoint,
+    relay: Option<&RelayProc>,
+    host: &str,
+    first_chat: usize,
+    streams: usize,
+    tag: &str,
+    ticks: u64,
+) -> Result<StreamRun> {
+    let mut tasks = Vec::new();
+    for i in 0..streams {
+        let ep = ep.clone();
+        let chat = ep.chat(host, first_chat + i);
+        let sub = format!("{tag}-{i}");
+        tasks.push(tokio::spawn(async move {
+            let c = ep.subscriber(&sub, &chat).await?;
+            Ok((c, chat))
+        }));
+    }
+    let conns = join_all(tasks).await?;
+    let tls = conns.first().and_then(|(c, _)| c.tls_info());
+    let relay_before = relay.map(RelayProc::cpu);
+    let host_before = Cpu::threads("simhost");
+    let client_before = Cpu::threads("client");
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, (mut c, chat)) in conns.into_iter().enumerate() {
+        let turn = format!("{tag}-turn-{i}");
+        tasks.push(tokio::spawn(async move {
+            c.start_turn(&chat, &turn).await?;
+            let s = c.read_turn(false).await?;
+            Ok((c, s))
+        }));
+    }
+    let done = join_all(tasks).await?;
+    let wall = start.elapsed();
+    let relay_after = relay.map(RelayProc::cpu);
+    let host_after = Cpu::threads("simhost");
+    let client_after = Cpu::threads("client");
+    let mut deltas = 0;
+    let mut actions = 0;
+    let mut bytes = 0;
+    let mut first: Option<Instant> = None;
+    let mut last: Option<Instant> = None;
+    let mut conns = Vec::new();
+    for (c, s) in done {
+        deltas += s.deltas;
+        actions += s.actions;
+        bytes += s.delta_frame_bytes;
+        first = match (first, s.first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        last = match (last, s.last) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        conns.push(c);
+    }
+    for c in conns {
+        c.hang_up();
+    }
+    let span = match (first, last) {
+        (Some(a), Some(b)) if b > a => b - a,
+        _ => return Err("no deltas received".into()),
+    };
+    Ok(StreamRun {
+        rate: deltas as f64 / span.as_secs_f64(),
+        actions,
+        frame_bytes: bytes as f64 / deltas.max(1) as f64,
+        wall,
+        relay_cpu_ns: relay_before.zip(relay_after).map(|(b, a)| a.ns_since(&b)),
+        relay_kernel_share: relay_before
+            .zip(relay_after)
+            .map(|(b, a)| a.kernel_share_since(&b)),
+        relay_cpu_tick_ms: relay_before
+            .zip(relay_after)
+            .map(|(b, a)| a.tick_ms_since(&b, ticks)),
+        host_cpu_ns: host_after.ns_since(&host_before),
+        client_cpu_ns: client_after.ns_since(&client_before),
+        tls,
+    })
+}
+
+/// Figures of one configuration over all rounds.
+#[derive(Default)]
+struct Series {
+    runs: Vec<StreamRun>,
+    /// The round of each run.
+    rounds: Vec<usize>,
+}
+
+impl Series {
+    fn push(&mut self, round: usize, run: StreamRun) {
+        self.rounds.push(round);
+        self.runs.push(run);
+    }
+    /// Median over rounds of this path's rate ÷ `base`'s rate in the same
+    /// round (paired, so slow drift of the machine cancels out).
+    fn ratio_to(&self, base: &Series) -> f64 {
+        let mut v = Vec::new();
+        for (round, run) in self.rounds.iter().zip(&self.runs) {
+            if let Some(i) = base.rounds.iter().position(|r| r == round) {
+                v.push(run.rate / base.runs[i].rate);
+            }
+        }
+        median(v)
+    }
+    fn rate(&self) -> f64 {
+        median(self.runs.iter().map(|r| r.rate).collect())
+    }
+    /// Relay CPU per million relayed actions, ms (median over runs).
+    fn relay_ms_per_m(&self) -> f64 {
+        median(
+            self.runs
+                .iter()
+                .filter_map(|r| Some(r.relay_cpu_ns? as f64 / 1e6 / r.actions as f64 * 1e6))
+                .collect(),
+        )
+    }
+    fn relay_kernel_share(&self) -> f64 {
+        median(
+            self.runs
+                .iter()
+                .filter_map(|r| r.relay_kernel_share)
+                .collect(),
+        )
+    }
+    fn relay_tick_ms_per_m(&self) -> f64 {
+        median(
+            self.runs
+                .iter()
+                .filter_map(|r| Some(r.relay_cpu_tick_ms? / r.actions as f64 * 1e6))
+                .collect(),
+        )
+    }
+    /// Simhost and client CPU per million actions, ms.
+    fn host_client_ms_per_m(&self) -> (f64, f64) {
+        let per = |f: fn(&StreamRun) -> u64| {
+            median(
+                self.runs
+                    .iter()
+                    .map(|r| f(r) as f64 / r.actions as f64 * 1e6 / 1e6)
+                    .collect(),
+            )
+        };
+        (per(|r| r.host_cpu_ns), per(|r| r.client_cpu_ns))
+    }
+    /// Cores busy during the run: simhost, clients, relay.
+    fn cores(&self) -> (f64, f64, f64) {
+        let busy = |f: fn(&StreamRun) -> Option<u64>| {
+            median(
+                self.runs
+                    .iter()
+                    .filter_map(|r| Some(f(r)? as f64 / 1e9 / r.wall.as_secs_f64()))
+                    .collect(),
+            )
+        };
+        (
+            busy(|r| Some(r.host_cpu_ns)),
+            busy(|r| Some(r.client_cpu_ns)),
+            busy(|r| r.relay_cpu_ns),
+        )
+    }
+    fn frame_bytes(&self) -> f64 {
+        median(self.runs.iter().map(|r| r.frame_bytes).collect())
+    }
+    fn spread(&self) -> String {
+        let mut v: Vec<f64> = self.runs.iter().map(|r| r.rate).collect();
+        v.sort_by(f64::total_cmp);
+        match (v.first(), v.last()) {
+            (Some(a), Some(b)) => format!("{:.0}–{:.0}", a / 1e3, b / 1e3),
+            _ => "-".into(),
+        }
+    }
+}
+
+struct Throughput {
+    /// [one stream, many streams] × [direct, relay TLS, relay plain].
+    series: [[Series; 3]; 2],
+    errors: Vec<String>,
+}
+
+const PATHS: [&str; 3] = ["direct ws://", "relay wss://", "relay ws://"];
+
+async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
+    // Each path gets its own pair of identical simhosts: a host serves one
+    // relay's watch link only (two relays in front of one host would take
+    // turns superseding each other's watch link, which uses a fixed clientId).
+    let mut one = Vec::new();
+    let mut many = Vec::new();
+    for tag in ["d", "t", "p"] {
+        one.push(
+            start_host(
+                &format!("one-{tag}"),
+                s.rounds,
+                script(s.one_stream_deltas, 0),
+            )
+            .await?,
+        );
+        many.push(
+            start_host(
+                &format!("many-{tag}"),
+                s.rounds * s.many_streams,
+                script(s.many_deltas, 0),
+            )
+            .await?,
+        );
+    }
+    let tls = RelayProc::start("tput-tls", &[pair(&one[1]), pair(&many[1])], true, "").await?;
+    let plain = RelayProc::start("tput-plain", &[pair(&one[2]), pair(&many[2])], false, "").await?;
+    let eps = [
+        (
+            [
+                Endpoint::direct("direct", &one[0]),
+                Endpoint::direct("direct", &many[0]),
+            ],
+            None,
+        ),
+        (
+            [tls.endpoint("relay-tls"), tls.endpoint("relay-tls")],
+            Some(&tls),
+        ),
+        (
+            [plain.endpoint("relay-plain"), plain.endpoint("relay-plain")],
+            Some(&plain),
+        ),
+    ];
+    let mut out = Throughput {
+        series: Default::default(),
+        errors: Vec::new(),
+    };
+    for round in 0..s.rounds {
+        for k in 0..3 {
+            // Rotate the order so no path always runs first.
+            let p = (k + round) % 3;
+            let ([ep_one, ep_many], relay) = &eps[p];
+            let name = |h: &[SimHost]| h[p].config().name.clone();
+            let tag = format!("r{round}-{}-one", ep_one.label);
+            match stream_run(ep_one, *relay, &name(&one), round + 1, 1, &tag, ticks).await {
+                Ok(r) => out.series[0][p].push(round, r),
+                Err(e) => out.errors.push(failure(&tag, &e, *relay)),
+            }
+            let tag = format!("r{round}-{}-many", ep_many.label);
+            let first = round * s.many_streams + 1;
+            let streams = s.many_streams;
+            match stream_run(ep_many, *relay, &name(&many), first, streams, &tag, ticks).await {
+                Ok(r) => out.series[1][p].push(round, r),
+                Err(e) => out.errors.push(failure(&tag, &e, *relay)),
+            }
+        }
+    }
+    drop((tls, plain));
+    for h in one.into_iter().chain(many) {
+        stop_host(h).await;
+    }
+    Ok(out)
+}
+
+/// A failed run, with what the relay logged last.
+fn failure(tag: &str, e: &BoxError, relay: Option<&RelayProc>) -> String {
+    let log = relay.map(RelayProc::last_log).unwrap_or_default();
+    let log: Vec<&str> = log.lines().rev().take(4).collect();
+    if log.is_empty() {
+        format!("{tag}: {e}")
+    } else {
+        format!(
+            "{tag}: {e}\n      relay log (last lines, newest first): {}",
+            log.join("\n      ")
+        )
+    }
+}
+
+// ─── 3: added latency at a paced load ───────────────────────────────────────
+
+struct LatencyRun {
+    /// Paced rate reached through the relay (deltas/s, all streams).
+    rate: f64,
+    samples: usize,
+    p50_us: f64,
+    p99_us: f64,
+    negative: usize,
+    /// Cores the relay process, the simhosts and the clients used.
+    relay_cores: f64,
+    host_cores: f64,
+    client_cores: f64,
+}
+
+/// Streams that also get a direct observer: every `OBSERVE_EVERY`-th.
+const OBSERVE_EVERY: usize = 5;
+/// Simhosts behind each relay in the latency runs.
+const LATENCY_HOSTS: usize = 4;
+
+/// `streams` chats streaming at the host's paced `delta_rate`, each followed
+/// by a client through the relay that starts its turn; every
+/// [`OBSERVE_EVERY`]-th chat also has a direct observer on the host. Added
+/// latency of an envelope = its arrival at the relay client − its arrival
+/// at the direct observer (same process, same clock).
+async fn latency_run(
+    hosts: &[SimHost],
+    relay: &RelayProc,
+    first_chat: usize,
+    streams: usize,
+    tag: &str,
+) -> Result<LatencyRun> {
+    let relay_ep = relay.endpoint("relay");
+    let mut tasks = Vec::new();
+    for i in 0..streams {
+        // Streams are spread over the hosts round-robin.
+        let host = &hosts[i % hosts.len()];
+        let direct = Endpoint::direct("direct", host);
+        let (relay_ep, name) = (relay_ep.clone(), host.config().name.clone());
+        let n = first_chat + i / hosts.len();
+        let tag = tag.to_string();
+        tasks.push(tokio::spawn(async move {
+            let d = match i % OBSERVE_EVERY {
+                0 => Some(
+                    direct
+                        .subscriber(&format!("{tag}-d{i}"), &direct.chat(&name, n))
+                        .await?,
+                ),
+                _ => None,
+            };
+            let chat = relay_ep.chat(&name, n);
+            let r = relay_ep.subscriber(&format!("{tag}-r{i}"), &chat).await?;
+            Ok((d, r, chat))
+        }));
+    }
+    let conns = join_all(tasks).await?;
+    let relay_before = relay.cpu();
+    let host_before = Cpu::threads("simhost");
+    let client_before = Cpu::threads("client");
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, (d, mut r, chat)) in conns.into_iter().enumerate() {
+        let turn = format!("{tag}-turn-{i}");
+        tasks.push(tokio::spawn(async move {
+            let observed = d.map(|mut d| {
+                tokio::spawn(async move {
+                    let s = d.read_turn(true).await;
+                    d.hang_up();
+                    s
+                })
+            });
+            r.start_turn(&chat, &turn).await?;
+            let relayed = r.read_turn(true).await?;
+            r.hang_up();
+            let direct = match observed {
+                Some(t) => Some(t.await.map_err(bad)??),
+                None => None,
+            };
+            Ok((direct, relayed))
+        }));
+    }
+    let pairs = join_all(tasks).await?;
+    let secs = start.elapsed().as_secs_f64();
+    let relay_cores = relay.cpu().ns_since(&relay_before) as f64 / 1e9 / secs;
+    let host_cores = Cpu::threads("simhost").ns_since(&host_before) as f64 / 1e9 / secs;
+    let client_cores = Cpu::threads("client").ns_since(&client_before) as f64 / 1e9 / secs;
+    let mut lat = Vec::new();
+    let mut negative = 0;
+    let (mut first, mut last, mut relayed_deltas) = (None::<Instant>, None::<Instant>, 0u64);
+    for (d, r) in &pairs {
+        if let Some(d) = d {
+            if d.times.len() != r.times.len() {
+                return Err(format!(
+                    "direct saw {} deltas, relay client {}",
+                    d.times.len(),
+                    r.times.len()
+                )
+                .into());
+            }
+            for (a, b) in d.times.iter().zip(&r.times) {
+                let us = if b >= a {
+                    (*b - *a).as_secs_f64() * 1e6
+                } else {
+                    negative += 1;
+                    -((*a - *b).as_secs_f64() * 1e6)
+                };
+                lat.push(us);
+            }
+        }
+        relayed_deltas += r.deltas;
+        first = match (first, r.first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        last = match (last, r.last) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    lat.sort_by(f64::total_cmp);
+    let span = match (first, last) {
+        (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
+        _ => return Err("no deltas".into()),
+    };
+    Ok(LatencyRun {
+        rate: relayed_deltas as f64 / span,
+        samples: lat.len(),
+        p50_us: percentile(&lat, 50.0),
+        p99_us: percentile(&lat, 99.0),
+        negative,
+        relay_cores,
+        host_cores,
+        client_cores,
+    })
+}
+
+/// Runs of one paced rate through one relay.
+struct LatencyLevel {
+    /// The rate aimed at, streams used for it, path.
+    target: f64,
+    streams: usize,
+    path: &'static str,
+    runs: Vec<LatencyRun>,
+}
+
+struct Latency {
+    /// Paced rate one stream reached, at `delta_rate`.
+    per_stream: f64,
+    delta_rate: u32,
+    levels: Vec<LatencyLevel>,
+    errors: Vec<String>,
+}
+
+async fn latency(s: &Settings) -> Result<Latency> {
+    // tokio's timer wheel has 1 ms ticks: a 250 µs sleep lasts until the next
+    // tick, so the per-stream rate is measured rather than assumed.
+    const DELTA_RATE: u32 = 4000;
+    const MAX_STREAMS: usize = 120;
+    let cal_host = start_host("cal", 1, script(1000, DELTA_RATE)).await?;
+    let cal_ep = Endpoint::direct("direct", &cal_host);
+    let mut c = cal_ep.subscriber("cal", &cal_ep.chat("cal", 1)).await?;
+    c.start_turn(&cal_ep.chat("cal", 1), "cal-turn").await?;
+    let st = c.read_turn(false).await?;
+    c.close().await;
+    stop_host(cal_host).await;
+    let per_stream = match (st.first, st.last) {
+        (Some(a), Some(b)) if b > a => st.deltas as f64 / (b - a).as_secs_f64(),
+        _ => 1000.0,
+    };
+    let streams_for = |rate: f64| ((rate / per_stream).ceil() as usize).clamp(1, MAX_STREAMS);
+    let deltas = (per_stream * s.latency_secs) as u32;
+    let sessions = s.latency_runs * 2 * MAX_STREAMS / LATENCY_HOSTS + 1;
+    // Identical hosts per relay (see `throughput`); the load is spread over
+    // several, as one simhost (one lock for the whole host) cannot pace it.
+    let mut host_t = Vec::new();
+    let mut host_p = Vec::new();
+    for i in 0..LATENCY_HOSTS {
+        host_t.push(start_host(&format!("lt{i}"), sessions, script(deltas, DELTA_RATE)).await?);
+        host_p.push(start_host(&format!("lp{i}"), sessions, script(deltas, DELTA_RATE)).await?);
+    }
+    let pairs = |hosts: &[SimHost]| hosts.iter().map(pair).collect::<Vec<_>>();
+    let tls = RelayProc::start("lat-tls", &pairs(&host_t), true, "").await?;
+    let plain = RelayProc::start("lat-plain", &pairs(&host_p), false, "").await?;
+    let mut levels = vec![
+        (PACED_TARGET, "relay wss://", &tls, &host_t),
+        (PACED_TARGET, "relay ws://", &plain, &host_p),
+        (PACED_TARGET / 5.0, "relay wss://", &tls, &host_t),
+    ]
+    .into_iter()
+    .map(|(target, path, relay, host)| {
+        (
+            LatencyLevel {
+                target,
+                streams: streams_for(target),
+                path,
+                runs: Vec::new(),
+            },
+            relay,
+            host,
+        )
+    })
+    .collect::<Vec<_>>();
+    let mut errors = Vec::new();
+    let mut next_chat = [1usize, 1usize];
+    for run in 0..s.latency_runs {
+        for (level, relay, host) in levels.iter_mut() {
+            let h = usize::from(!relay.tls);
+            let tag = format!("lat{run}-{}-{:.0}k", h, level.target / 1e3);
+            let r = latency_run(host, relay, next_chat[h], level.streams, &tag).await;
+            next_chat[h] += level.streams.div_ceil(LATENCY_HOSTS);
+            match r {
+                Ok(r) => level.runs.push(r),
+                Err(e) => errors.push(failure(&tag, &e, Some(relay))),
+            }
+        }
+    }
+    let levels = levels.into_iter().map(|(l, _, _)| l).collect();
+    drop((tls, plain));
+    for h in host_t.into_iter().chain(host_p) {
+        stop_host(h).await;
+    }
+    Ok(Latency {
+        per_stream,
+        delta_rate: DELTA_RATE,
+        levels,
+        errors,
+    })
+}
+
+// ─── 4: memory per idle TLS client ──────────────────────────────────────────
+
+struct Memory {
+    clients: usize,
+    rss_before: u64,
+    rss_after: u64,
+    host_conns_before: usize,
+    host_conns_after: usize,
+    open_secs: f64,
+    /// Relay cores busy over 2 s with every client idle, and over the 2 s
+    /// after `closed` of them closed their sockets with a close handshake.
+    idle_cores: f64,
+    closed: usize,
+    after_drop_cores: f64,
+    after_close_cores: f64,
+}
+
+/// Cores the relay process uses over the next `secs` seconds.
+async fn relay_cores_over(relay: &RelayProc, secs: f64) -> f64 {
+    let before = relay.cpu();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    relay.cpu().ns_since(&before) as f64 / 1e9 / secs
+}
+
+async fn memory(s: &Settings) -> Result<Memory> {
+    let host = start_host("idle", 3, AgentScript::default()).await?;
+    let relay = RelayProc::start("mem", &[pair(&host)], true, "").await?;
+    let ep = relay.endpoint("relay-tls");
+    let open = |i: usize| {
+        let ep = ep.clone();
+        tokio::spawn(async move {
+            let sub = format!("idle-{i}");
+            let mut c = ep.connect(&sub).await?;
+            c.initialize(&sub).await?;
+            c.request("subscribe", json!({ "channel": ROOT })).await?;
+            Ok(c)
+        })
+    };
+    // Warm-up: one client, so one-time allocations are not counted per client.
+    let warm = join_all(vec![open(usize::MAX)]).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let host_conns_before = host.connections();
+    let rss_before = relay.rss();
+    let started = Instant::now();
+    let mut clients = Vec::with_capacity(s.idle_clients);
+    let mut i = 0;
+    while i < s.idle_clients {
+        let batch = (s.idle_clients - i).min(32);
+        clients.extend(join_all((i..i + batch).map(open).collect()).await?);
+        i += batch;
+    }
+    let open_secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after = relay.rss();
+    let host_conns_after = host.connections();
+    let idle_cores = relay_cores_over(&relay, 2.0).await;
+    let closed = clients.len().min(50) / 2;
+    for c in clients.drain(..closed) {
+        c.hang_up();
+    }
+    let after_drop_cores = relay_cores_over(&relay, 2.0).await;
+    let closing: Vec<JoinHandle<Result<()>>> = clients
+        .drain(..closed)
+        .map(|c| {
+            tokio::spawn(async move {
+                c.close().await;
+                Ok(())
+            })
+        })
+        .collect();
+    join_all(closing).await?;
+    let after_close_cores = relay_cores_over(&relay, 2.0).await;
+    for c in clients.into_iter().chain(warm) {
+        drop(c);
+    }
+    drop(relay);
+    stop_host(host).await;
+    Ok(Memory {
+        clients: s.idle_clients,
+        rss_before,
+        rss_after,
+        host_conns_before,
+        host_conns_after,
+        open_secs,
+        idle_cores,
+        closed,
+        after_drop_cores,
+        after_close_cores,
+    })
+}
+
+// ─── 5: listSessions over many hosts ────────────────────────────────────────
+
+struct ListSessions {
+    hosts: usize,
+    sessions: usize,
+    host_start_secs: f64,
+    relay_ready_secs: f64,
+    hosts_on_page: usize,
+    relay_rss: u64,
+    relay_ms: Vec<f64>,
+    second_page_ms: Vec<f64>,
+    direct_ms: Vec<f64>,
+}
+
+async fn list_sessions(s: &Settings) -> Result<ListSessions> {
+    let started = Instant::now();
+    let mut hosts = Vec::with_capacity(s.list_hosts);
+    for i in 0..s.list_hosts {
+        hosts.push(start_host(&format!("h{i:03}"), s.list_sessions, AgentScript::default()).await?);
+    }
+    let host_start_secs = started.elapsed().as_secs_f64();
+    let pairs: Vec<_> = hosts.iter().map(pair).collect();
+    let started = Instant::now();
+    let relay = RelayProc::start("list", &pairs, true, "").await?;
+    let ep = relay.endpoint("relay-tls");
+    let mut c = ep.connect("lister").await?;
+    c.initialize("lister").await?;
+    // Wait until every host's catalog is in: the newest page holds the two
+    // newest sessions of every host (seeded a minute apart, hosts started
+    // within a few seconds), so all hosts appear on it once all are loaded.
+    let want = s.list_hosts.min(100);
+    let hosts_on_page = loop {
+        let r = c
+            .request("listSessions", json!({"channel": ROOT, "limit": 200}))
+            .await?;
+        let mut seen: Vec<&str> = r["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|i| i["resource"].as_str()?.split('~').next())
+                    .collect()
+            })
+            .unwrap_or_default();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() >= want || started.elapsed() > Duration::from_secs(120) {
+            break seen.len();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let relay_ready_secs = started.elapsed().as_secs_f64();
+    let mut relay_ms = Vec::new();
+    let mut second_page_ms = Vec::new();
+    for _ in 0..s.list_reps {
+        let (took, r) = c
+            .request_timed("listSessions", json!({"channel": ROOT, "limit": 200}))
+            .await?;
+        if r["items"].as_array().map_or(0, Vec::len) != 200 {
+            return Err(format!("page of {} items", r["items"]).into());
+        }
+        relay_ms.push(took.as_secs_f64() * 1e3);
+        if let Some(cur) = r["nextCursor"].as_str() {
+            let (took, _) = c
+                .request_timed(
+                    "listSessions",
+                    json!({"channel": ROOT, "limit": 200, "cursor": cur}),
+                )
+                .await?;
+            second_page_ms.push(took.as_secs_f64() * 1e3);
+        }
+    }
+    drop(c);
+    let relay_rss = relay.rss();
+    // Context: one host answering directly (its own 1000 sessions).
+    let direct = Endpoint::direct("direct", &hosts[0]);
+    let mut d = direct.connect("lister").await?;
+    d.initialize("lister").await?;
+    let mut direct_ms = Vec::new();
+    for _ in 0..s.list_reps {
+        let (took, _) = d
+            .request_timed("listSessions", json!({"channel": ROOT, "limit": 200}))
+            .await?;
+        direct_ms.push(took.as_secs_f64() * 1e3);
+    }
+    d.close().await;
+    drop(relay);
+    for h in hosts {
+        stop_host(h).await;
+    }
+    Ok(ListSessions {
+        hosts: s.list_hosts,
+        sessions: s.list_sessions,
+        host_start_secs,
+        relay_ready_secs,
+        hosts_on_page,
+        relay_rss,
+        relay_ms,
+        second_page_ms,
+        direct_ms,
+    })
+}
+
+// ─── 6: 4096-envelope replay ────────────────────────────────────────────────
+
+struct Replay {
+    envelopes: usize,
+    relay_ms: Vec<f64>,
+    relay_bytes: usize,
+    direct_ms: Vec<f64>,
+    direct_bytes: usize,
+}
+
+/// `sub` subscribes `chat`, streams a turn longer than the buffer, and
+/// returns the watermark after which exactly `keep` envelopes follow.
+async fn fill(ep: &Endpoint, sub: &str, chat: &str, keep: usize) -> Result<u64> {
+    let mut c = ep.subscriber(sub, chat).await?;
+    c.start_turn(chat, &format!("{sub}-turn")).await?;
+    let mut seqs = Vec::new();
+    loop {
+        let frame = c.recv().await?;
+        if memmem::find(frame.as_bytes(), b"\"method\":\"action\"").is_none() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(frame.as_str())?;
+        seqs.push(v["params"]["serverSeq"].as_u64().ok_or("no serverSeq")?);
+        if v["params"]["action"]["type"] == "chat/turnComplete" {
+            break;
+        }
+    }
+    c.hang_up();
+    if seqs.len() <= keep {
+        return Err(format!("only {} envelopes streamed", seqs.len()).into());
+    }
+    Ok(seqs[seqs.len() - keep - 1])
+}
+
+/// Times `reps` reconnects of `sub` with `watermark`: from sending
+/// `reconnect` on a fresh socket to receiving the whole answer.
+async fn time_reconnects(
+    ep: &Endpoint,
+    sub: &str,
+    chat: &str,
+    watermark: u64,
+    want: usize,
+    reps: usize,
+) -> Result<(Vec<f64>, usize)> {
+    let mut times = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..reps {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut c = ep.connect(sub).await?;
+        let params = json!({"channel": ROOT, "clientId": sub,
+            "lastSeenServerSeq": watermark, "subscriptions": [chat]});
+        let id = c.next_id;
+        let text = json!({"jsonrpc": "2.0", "id": id, "method": "reconnect", "params": params});
+        let start = Instant::now();
+        c.ws.send(Message::text(text.to_string()))
+            .await
+            .map_err(bad)?;
+        let frame = c.recv().await?;
+        let took = start.elapsed();
+        let v: Value = serde_json::from_str(frame.as_str())?;
+        let result = &v["result"];
+        let got = result["actions"].as_array().map_or(0, Vec::len);
+        if result["type"] != "replay" || got != want {
+            return Err(format!(
+                "expected a replay of {want}, got type {} with {got} actions (error {})",
+                result["type"], v["error"]
+            )
+            .into());
+        }
+        bytes = frame.len();
+        times.push(took.as_secs_f64() * 1e3);
+        drop(c);
+    }
+    Ok((times, bytes))
+}
+
+async fn replay(s: &Settings) -> Result<Replay> {
+    const KEEP: usize = 4096;
+    let host = start_host("rep", 2, script(5000, 0)).await?;
+    let relay = RelayProc::start("replay", &[pair(&host)], true, "").await?;
+    let ep = relay.endpoint("relay-tls");
+    let chat = ep.chat("rep", 1);
+    let watermark = fill(&ep, "replayer", &chat, KEEP).await?;
+    let (relay_ms, relay_bytes) =
+        time_reconnects(&ep, "replayer", &chat, watermark, KEEP, s.replay_reps).await?;
+    let direct = Endpoint::direct("direct", &host);
+    let chat = direct.chat("rep", 2);
+    let watermark = fill(&direct, "replayer-direct", &chat, KEEP).await?;
+    let (direct_ms, direct_bytes) = time_reconnects(
+        &direct,
+        "replayer-direct",
+        &chat,
+        watermark,
+        KEEP,
+        s.replay_reps,
+    )
+    .await?;
+    drop(relay);
+    stop_host(host).await;
+    Ok(Replay {
+        envelopes: KEEP,
+        relay_ms,
+        relay_bytes,
+        direct_ms,
+        direct_bytes,
+    })
+}
+
+// ─── report ─────────────────────────────────────────────────────────────────
+
+/// One row of the closing table.
+struct Row {
+    what: String,
+    target: String,
+    measured: String,
+    ok: Option<bool>,
+}
+
+fn row(what: &str, target: &str, measured: String, ok: Option<bool>) -> Row {
+    Row {
+        what: what.into(),
+        target: target.into(),
+        measured,
+        ok,
+    }
+}
+
+/// Busy clock ticks of the whole machine (user + nice + system, all CPUs)
+/// and of this process with its waited-for children (the relays).
+fn busy_ticks() -> (u64, u64) {
+    let machine = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().next()?;
+            let f: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            Some(f.first()? + f.get(1)? + f.get(2)?)
+        })
+        .unwrap_or(0);
+    let mine = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            let f: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(4)
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            Some(f.iter().sum())
+        })
+        .unwrap_or(0);
+    (machine, mine)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    format!("{cores} cores ({cpu}), load average {load}")
+}
+
+fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
+    println!(
+        "1. Throughput of relayed chat/delta envelopes (deltas/s received, all streams, median of runs)"
+    );
+    println!(
+        "   direct = clients → simhost over plain ws://; relay wss:// = clients ─TLS─ relay ─ws─ simhost;"
+    );
+    println!(
+        "   relay ws:// = the same relay listening without TLS (listen.plaintext), to show the TLS share."
+    );
+    println!(
+        "   The simhost streams each turn flat out (delta_rate 0: a yield between deltas); every stream is"
+    );
+    println!(
+        "   its own client connection (its own principal through the relay) on its own fresh chat. Paths"
+    );
+    println!(
+        "   take turns within each round; ratio = median over rounds of relay ÷ direct in the same round."
+    );
+    if let Some(tls) = t.series[0][1].runs.first().and_then(|r| r.tls.clone()) {
+        println!("   Client ↔ relay TLS: {tls}, ECDSA P-256 self-signed certificate.");
+    }
+    let targets = [0.85, 0.80];
+    for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
+        let s = &t.series[k];
+        println!(
+            "   {name:<10} {:>13} {:>9} {:>7} {:>12} {:>6}   {:>25}",
+            "path", "deltas/s", "ratio", "runs, k/s", "frame", "cores busy: host/clients/relay"
+        );
+        for (p, path) in PATHS.iter().enumerate() {
+            let r = s[p].rate();
+            let (h, c, rl) = s[p].cores();
+            let relay = if rl.is_finite() {
+                format!("{rl:.2}")
+            } else {
+                "-".into()
+            };
+            println!(
+                "   {:<10} {path:>13} {r:>9.0} {:>6.2}x {:>12} {:>5.0}B   {h:>10.2} / {c:.2} / {relay}",
+                "",
+                s[p].ratio_to(&s[0]),
+                s[p].spread(),
+                s[p].frame_bytes()
+            );
+        }
+        let ratio = s[1].ratio_to(&s[0]);
+        rows.push(row(
+            &format!("throughput, {name}, relay wss:// ÷ direct"),
+            &format!("≥ {:.2}×", targets[k]),
+            format!("{ratio:.2}×"),
+            ratio.is_finite().then_some(ratio >= targets[k]),
+        ));
+    }
+    for e in &t.errors {
+        println!("   run failed: {e}");
+    }
+    println!();
+    println!(
+        "2. CPU per million relayed actions (every action envelope the clients received in the run)"
+    );
+    println!(
+        "   The relay is its own process: its CPU = the sum of /proc/<pid>/task/*/schedstat run time (ns)"
+    );
+    println!(
+        "   over the run [in brackets: utime+stime of /proc/<pid>/stat, 10 ms ticks, as a cross-check]."
+    );
+    println!(
+        "   No host share has to be subtracted; for context, the simhost's and the clients' threads (this"
+    );
+    println!(
+        "   process, told apart by thread name) per 1M in each path — the clients' rise is their TLS cost."
+    );
+    for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
+        let s = &t.series[k];
+        let hc: Vec<(f64, f64)> = s.iter().map(Series::host_client_ms_per_m).collect();
+        println!(
+            "   {name:<10} relay wss:// {:>5.0} ms [{:.0}], {:.0}% of it in the kernel;  relay ws:// {:>5.0} ms [{:.0}], {:.0}% kernel",
+            s[1].relay_ms_per_m(),
+            s[1].relay_tick_ms_per_m(),
+            100.0 * s[1].relay_kernel_share(),
+            s[2].relay_ms_per_m(),
+            s[2].relay_tick_ms_per_m(),
+            100.0 * s[2].relay_kernel_share(),
+        );
+        println!(
+            "   {:<10} context: simhost {:.0} / {:.0} / {:.0} ms, clients {:.0} / {:.0} / {:.0} ms (direct / via wss:// / via ws://)",
+            "", hc[0].0, hc[1].0, hc[2].0, hc[0].1, hc[1].1, hc[2].1,
+        );
+        let ms = s[1].relay_ms_per_m();
+        rows.push(row(
+            &format!("relay CPU per 1M actions over TLS, {name}"),
+            "≤ 450 ms",
+            format!("{ms:.0} ms"),
+            ms.is_finite().then_some(ms <= 450.0),
+        ));
+    }
+    println!();
+}
+
+fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
+    let med = |runs: &[LatencyRun], f: fn(&LatencyRun) -> f64| median(runs.iter().map(f).collect());
+    println!("3. Added latency at a paced load");
+    println!(
+        "   Pacing: the simhost sleeps 1/delta_rate between deltas on a tokio timer (1 ms ticks); one stream"
+    );
+    println!(
+        "   reached {:.0} deltas/s at delta_rate {}, so a load of R actions/s runs R/{:.0} streams at once, spread",
+        l.per_stream, l.delta_rate, l.per_stream
+    );
+    println!(
+        "   over {LATENCY_HOSTS} simhosts behind the relay, one relay client each. Every {OBSERVE_EVERY}th chat also has a direct"
+    );
+    println!(
+        "   observer (ws:// to its simhost). Added latency of an envelope = its arrival at the relay client −"
+    );
+    println!(
+        "   its arrival at the direct observer (same process, same clock): host→relay→client minus host→client,"
+    );
+    println!(
+        "   including the client's TLS read. The simhost puts no send time in deltas, so one-way latency itself"
+    );
+    println!(
+        "   is not measured. Host, relay and clients share the 2 cores; client scheduling jitter shows as"
+    );
+    println!("   negative samples. Medians over runs of each run's p50/p99.");
+    for lv in &l.levels {
+        let runs = &lv.runs;
+        if runs.is_empty() {
+            continue;
+        }
+        let samples = runs.iter().map(|r| r.samples).sum::<usize>();
+        println!(
+            "   {:>13} aimed {:>3.0}k/s, {:>3} streams: reached {:>6.0}/s  p50 {:>5.0} µs  p99 {:>6.0} µs  ({} samples/run, {:.0}% < 0)",
+            lv.path,
+            lv.target / 1e3,
+            lv.streams,
+            med(runs, |r| r.rate),
+            med(runs, |r| r.p50_us),
+            med(runs, |r| r.p99_us),
+            samples / runs.len(),
+            100.0 * runs.iter().map(|r| r.negative).sum::<usize>() as f64 / samples.max(1) as f64,
+        );
+        println!(
+            "   {:>13} cores busy: simhosts {:.2}, clients {:.2}, relay {:.2}",
+            "",
+            med(runs, |r| r.host_cores),
+            med(runs, |r| r.client_cores),
+            med(runs, |r| r.relay_cores),
+        );
+    }
+    for e in &l.errors {
+        println!("   run failed: {e}");
+    }
+    let main = l
+        .levels
+        .iter()
+        .find(|lv| lv.path == "relay wss://" && lv.target == PACED_TARGET);
+    let runs: &[LatencyRun] = main.map_or(&[], |lv| &lv.runs);
+    let (p50, p99, rate) = (
+        med(runs, |r| r.p50_us),
+        med(runs, |r| r.p99_us),
+        med(runs, |r| r.rate),
+    );
+    let paced = format!("at {:.0}k/s", rate / 1e3);
+    if rate < 0.95 * PACED_TARGET {
+        println!(
+            "   The paced load fell short of {:.0}k/s ({:.0}k/s reached): the verdicts below are at the rate reached.",
+            PACED_TARGET / 1e3,
+            rate / 1e3
+        );
+    }
+    rows.push(row(
+        "added latency p50, relay wss://",
+        "≤ 150 µs at 50k/s",
+        format!("{p50:.0} µs {paced}"),
+        p50.is_finite().then_some(p50 <= 150.0),
+    ));
+    rows.push(row(
+        "added latency p99, relay wss://",
+        "≤ 0.8 ms at 50k/s",
+        format!("{:.2} ms {paced}", p99 / 1e3),
+        p99.is_finite().then_some(p99 <= 800.0),
+    ));
+    println!();
+}
+
+fn report_memory(m: &Memory, rows: &mut Vec<Row>) {
+    let per = (m.rss_after as f64 - m.rss_before as f64) / m.clients as f64;
+    println!("4. Memory per idle TLS client with ahp-root:// subscribed");
+    println!(
+        "   {} clients (each its own principal and clientId: TLS + upgrade with a JWT, initialize, subscribe",
+        m.clients
+    );
+    println!(
+        "   ahp-root://), opened in {:.1} s. Relay process VmRSS {:.1} MiB before → {:.1} MiB after (1 s settle):",
+        m.open_secs,
+        m.rss_before as f64 / 1048576.0,
+        m.rss_after as f64 / 1048576.0
+    );
+    println!(
+        "   {:.1} KiB per client. Simhost connections before {}, after {} (the relay's watch link).",
+        per / 1024.0,
+        m.host_conns_before,
+        m.host_conns_after
+    );
+    println!(
+        "   Relay CPU over 2 s: all clients idle {:.2} cores; after {} of them dropped their sockets (no close",
+        m.idle_cores, m.closed
+    );
+    println!(
+        "   handshake) {:.2} cores; after {} more closed theirs with a close handshake {:.2} cores{}",
+        m.after_drop_cores,
+        m.closed,
+        m.after_close_cores,
+        if m.after_close_cores > 0.2 { "," } else { "." }
+    );
+    if m.after_close_cores > 0.2 {
+        println!(
+            "   with no traffic: the relay's per-socket writer task spins after a client-initiated close (the"
+        );
+        println!(
+            "   kill watch sender is dropped, so `kill.changed()` is ready forever in a biased select) until it"
+        );
+        println!(
+            "   is aborted 6 s later (src/edge/ws.rs, write_loop). Sections 1–3 and 6 therefore end their"
+        );
+        println!(
+            "   clients by dropping the socket, so that spin does not eat the next run's CPU."
+        );
+    }
+    rows.push(row(
+        "relay memory per idle TLS client",
+        "≤ 32 KiB",
+        format!("{:.1} KiB", per / 1024.0),
+        Some(per <= 32.0 * 1024.0),
+    ));
+    let no_extra = m.host_conns_after == m.host_conns_before;
+    rows.push(row(
+        "upstream connections per idle client",
+        "none",
+        format!(
+            "{} extra",
+            m.host_conns_after as i64 - m.host_conns_before as i64
+        ),
+        Some(no_extra),
+    ));
+    println!();
+}
+
+fn report_list(l: &ListSessions, rows: &mut Vec<Row>) {
+    let sorted = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let r = sorted(&l.relay_ms);
+    let p2 = sorted(&l.second_page_ms);
+    let d = sorted(&l.direct_ms);
+    println!(
+        "5. listSessions over {} hosts × {} sessions",
+        l.hosts, l.sessions
+    );
+    println!(
+        "   {} in-process simhosts started in {:.1} s; relay up with every host's catalog (all {} hosts on the",
+        l.hosts, l.host_start_secs, l.hosts_on_page
+    );
+    println!(
+        "   newest page) in {:.1} s; relay VmRSS then {:.0} MiB. One listSessions, limit 200, over wss://,",
+        l.relay_ready_secs,
+        l.relay_rss as f64 / 1048576.0
+    );
+    println!(
+        "   timed from sending to receiving the whole answer ({} times):",
+        r.len()
+    );
+    println!(
+        "   first page  median {:.2} ms (min {:.2}, max {:.2});  a cursor page median {:.2} ms",
+        median(r.clone()),
+        r.first().copied().unwrap_or(f64::NAN),
+        r.last().copied().unwrap_or(f64::NAN),
+        median(p2)
+    );
+    println!(
+        "   context: one simhost answering directly (ws://, its own {} sessions) median {:.2} ms",
+        l.sessions,
+        median(d)
+    );
+    let m = median(r);
+    rows.push(row(
+        &format!("listSessions, {}×{}, limit 200", l.hosts, l.sessions),
+        "≤ 10 ms",
+        format!("{m:.2} ms"),
+        (m.is_finite() && l.hosts_on_page >= l.hosts.min(100)).then_some(m <= 10.0),
+    ));
+    println!();
+}
+
+fn report_replay(r: &Replay, rows: &mut Vec<Row>) {
+    println!("6. {}-envelope replay", r.envelopes);
+    println!(
+        "   A client streams a 5003-envelope turn, so its 4096-envelope replay buffer is full; its socket drops"
+    );
+    println!(
+        "   (no close handshake), it opens a new one (not timed) and sends reconnect with the watermark 4096"
+    );
+    println!(
+        "   envelopes back (the relay's buffer exactly; the simhost's replay log holds 20000);"
+    );
+    println!(
+        "   timed from sending reconnect to receiving the whole replay answer ({} times).",
+        r.relay_ms.len()
+    );
+    let (rm, dm) = (median(r.relay_ms.clone()), median(r.direct_ms.clone()));
+    println!(
+        "   relay wss:// median {rm:.2} ms ({:.0} KiB answer);  direct ws:// from the simhost's log median {dm:.2} ms ({:.0} KiB)",
+        r.relay_bytes as f64 / 1024.0,
+        r.direct_bytes as f64 / 1024.0
+    );
+    rows.push(row(
+        "4096-envelope replay",
+        "≤ 20 ms",
+        format!("{rm:.2} ms"),
+        rm.is_finite().then_some(rm <= 20.0),
+    ));
+    println!();
+}
+
+fn failed(rows: &mut Vec<Row>, what: &str, e: &BoxError) {
+    println!("{what}: FAILED: {e}\n");
+    rows.push(row(what, "", "not measured".into(), None));
+}
+
+async fn run(s: Settings) {
+    let ticks = clock_ticks();
+    println!(
+        "ahp-relay contract §10 benchmarks ({} run) — {}",
+        if s.quick { "quick" } else { "full" },
+        machine()
+    );
+    println!(
+        "Everything on 127.0.0.1; simhosts and clients in this process, the relay as a child process"
+    );
+    println!(
+        "({} serve). Delta text {} bytes. The machine is shared: figures vary between runs.\n",
+        env!("CARGO_BIN_EXE_ahp-relay"),
+        DELTA_BYTES
+    );
+    let begin = Instant::now();
+    let busy_before = busy_ticks();
+    let mut rows = Vec::new();
+    if s.runs(1) {
+        match throughput(&s, ticks).await {
+            Ok(t) => report_throughput(&t, &mut rows),
+            Err(e) => failed(&mut rows, "1./2. throughput and CPU", &e),
+        }
+    }
+    if s.runs(3) {
+        match latency(&s).await {
+            Ok(l) => report_latency(&l, &mut rows),
+            Err(e) => failed(&mut rows, "3. added latency", &e),
+        }
+    }
+    if s.runs(4) {
+        match memory(&s).await {
+            Ok(m) => report_memory(&m, &mut rows),
+            Err(e) => failed(&mut rows, "4. memory per idle client", &e),
+        }
+    }
+    if s.runs(5) {
+        match list_sessions(&s).await {
+            Ok(l) => report_list(&l, &mut rows),
+            Err(e) => failed(&mut rows, "5. listSessions", &e),
+        }
+    }
+    if s.runs(6) {
+        match replay(&s).await {
+            Ok(r) => report_replay(&r, &mut rows),
+            Err(e) => failed(&mut rows, "6. replay", &e),
+        }
+    }
+    println!("Contract §10 targets (as measured, not tuned):");
+    let w = rows
+        .iter()
+        .map(|r| r.what.chars().count())
+        .max()
+        .unwrap_or(0);
+    for r in &rows {
+        let v = r.ok.map_or("-", verdict);
+        println!(
+            "  {:<w$}  {:<18}  {:<22}  {v}",
+            r.what,
+            r.target,
+            r.measured,
+            w = w
+        );
+    }
+    let busy_after = busy_ticks();
+    let secs = begin.elapsed().as_secs_f64();
+    let others = (busy_after.0.saturating_sub(busy_before.0) as f64
+        - busy_after.1.saturating_sub(busy_before.1) as f64)
+        / ticks as f64
+        / secs;
+    println!(
+        "\ntotal {secs:.0} s; other processes on this machine used about {:.2} of its cores meanwhile.",
+        others.max(0.0)
+    );
+}
+
+fn main() -> Result<()> {
+    let settings = Settings::from_env();
+    let hosts = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("simhost")
+        .enable_all()
+        .build()?;
+    HOST_RT
+        .set(hosts.handle().clone())
+        .map_err(|_| "host runtime set twice")?;
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("client")
+        .enable_all()
+        .build()?;
+    clients.block_on(run(settings));
+    // Drop the runtimes without waiting for tasks still winding down.
+    clients.shutdown_timeout(Duration::from_secs(1));
+    hosts.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
