@@ -561,9 +561,9 @@ impl ClientSession {
         for c in &lost {
             core.baselined.remove(c);
         }
-        let attached = core.socket_id().is_some();
+        let attached = core.socket_id();
         drop(core);
-        if was_up && !lost.is_empty() && attached {
+        if let (true, false, Some(socket)) = (was_up, lost.is_empty(), attached) {
             self.relay
                 .metrics
                 .resyncs
@@ -577,7 +577,11 @@ impl ClientSession {
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 if let Some(me) = me.upgrade() {
-                    me.close(4000, "resync: lost continuity with a host; reconnect now");
+                    me.close_socket(
+                        socket,
+                        4000,
+                        "resync: lost continuity with a host; reconnect now",
+                    );
                 }
             });
         }

@@ -424,6 +424,16 @@ impl ClientSession {
         self.close_locked(&mut core, code, reason);
     }
 
+    /// Closes socket `id` with `code` only if it is still the attached one
+    /// (a resync decided for one socket must not hit a newer socket whose
+    /// own `reconnect` already resynchronises).
+    pub fn close_socket(&self, id: u64, code: u16, reason: &str) {
+        let mut core = self.lock();
+        if core.socket_id() == Some(id) {
+            self.close_locked(&mut core, code, reason);
+        }
+    }
+
     fn close_locked(&self, core: &mut SessionCore, code: u16, reason: &str) {
         if let Some(socket) = core.socket.take() {
             socket.kill.send_replace(Some((code, reason.to_string())));

@@ -110,10 +110,12 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         adopted.push((hub, channels, init));
     }
     let mut core = session.lock();
-    if core.attach_gen() != generation {
+    if core.attach_gen() != generation || core.socket_id() != Some(conn.socket) {
         // Another socket took the session over meanwhile (this one was
-        // closed with 4009): its own reconnect answers; this one must not
-        // adopt or release anything.
+        // closed with 4009), or this socket was closed before its answer
+        // (4000, 4008): the client never sees these snapshots, so nothing
+        // is adopted or baselined — its next `reconnect` must get snapshots
+        // again, never a replay built on state it did not receive.
         return Ok(());
     }
     let from = core.last();
