@@ -2223,3 +2223,63 @@ async fn reconnect_answer_is_the_cut_for_relay_rejections() {
         "envelopes written before the reconnect answer: {before:?}"
     );
 }
+
+/// §5.5: a snapshot `reconnect` whose socket the relay closes before the
+/// answer (here a resync, 4000) adopts and baselines nothing: the client
+/// never received those snapshots, so its next `reconnect` — with a
+/// watermark of the same session — must get snapshots, not a replay on top
+/// of state it never had. Found by S13 (CI seed 43: a delayed 4000 for a
+/// lost host link hit the newer socket of a superseding reconnect while its
+/// answer waited for a stalled host; the next reconnect was answered by
+/// replay and the client missed a turn the host restart had ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_closed_before_its_answer_baselines_nothing() {
+    let t = TestRelay::start(vec![host_cfg("a", 1), host_cfg("b", 2)], "").await;
+    let chats = ["ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main"];
+    let mut s1 = dial(&t, "alice").await.expect("dial");
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "closed-early",
+        "initialSubscriptions": chats}});
+    assert!(s1.try_send_json(&init).await);
+    let s0 = match s1.next_within(Duration::from_secs(5)).await {
+        Some(Next::Frame(v)) => v["result"]["serverSeq"].as_u64().expect("S0"),
+        other => panic!("initialize: {:?}", other.is_some()),
+    };
+    let reconnect = |id: u64, seen: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "reconnect", "params": {
+            "channel": ROOT, "clientId": "closed-early", "lastSeenServerSeq": seen,
+            "subscriptions": chats}})
+    };
+    // A reconnect needing snapshots waits for stalled host b ...
+    t.hosts[1].set_stalled(true);
+    let mut s2 = dial(&t, "alice").await.expect("dial");
+    assert!(s2.try_send_json(&reconnect(2, 0)).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ... while the relay closes its socket (a resync).
+    let key = ahp_relay::session::SessionKey {
+        principal: PrincipalKey {
+            issuer: DEV_ISSUER.into(),
+            subject: "alice".into(),
+        },
+        client_id: "closed-early".into(),
+    };
+    let session = t.relay.relay.session_of(&key).expect("session");
+    session.close(4000, "resync for the test");
+    t.hosts[1].set_stalled(false);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(s2);
+    // The client never saw s2's snapshots: its watermark is still S0.
+    let mut s3 = dial(&t, "alice").await.expect("dial");
+    assert!(s3.try_send_json(&reconnect(3, s0)).await);
+    let answer = loop {
+        match s3.next_within(Duration::from_secs(8)).await {
+            Some(Next::Frame(v)) if v["id"] == 3 => break v,
+            Some(Next::Frame(_)) => {}
+            other => panic!("no answer on s3: {:?}", other.is_some()),
+        }
+    };
+    assert_eq!(
+        answer["result"]["type"], "snapshot",
+        "snapshots the client never received must not count as its baseline: {answer}"
+    );
+}
