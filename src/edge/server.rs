@@ -153,16 +153,29 @@ impl Edge {
     /// token, so an overloaded relay spends nothing on verification; not
     /// an authentication failure, so the failure limiter does not count it.
     fn refuse_for_memory(&self) -> Response<Body> {
+        self.refuse_upgrade(
+            "replay_memory",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "relay under memory pressure: retry later\n",
+            self.relay.cfg.limits.replay_memory_retry_after_secs,
+        )
+    }
+
+    /// Refuses an upgrade for a reason other than authentication: counted by
+    /// `reason`, answered with `status`, `body` and `Retry-After: secs`.
+    fn refuse_upgrade(
+        &self,
+        reason: &str,
+        status: StatusCode,
+        body: &str,
+        secs: u64,
+    ) -> Response<Body> {
         self.relay
             .metrics
             .upgrades_refused
-            .with_label_values(&["replay_memory"])
+            .with_label_values(&[reason])
             .inc();
-        let mut r = text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "relay under memory pressure: retry later\n",
-        );
-        let secs = self.relay.cfg.limits.replay_memory_retry_after_secs;
+        let mut r = text(status, body);
         if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
@@ -193,18 +206,12 @@ impl Edge {
             );
         }
         if !self.ready.load(std::sync::atomic::Ordering::Relaxed) {
-            self.relay
-                .metrics
-                .upgrades_refused
-                .with_label_values(&["draining"])
-                .inc();
-            let mut r = text(
+            return self.refuse_upgrade(
+                "draining",
                 StatusCode::SERVICE_UNAVAILABLE,
                 "relay draining: connect again (another replica)\n",
+                1,
             );
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return r;
         }
         if self.relay.refuses_upgrades() {
             return self.refuse_for_memory();
@@ -237,18 +244,12 @@ impl Edge {
             Err(e) => return self.refuse(peer, &e),
         };
         let Some(admitted) = self.relay.admit_connection(&principal) else {
-            self.relay
-                .metrics
-                .upgrades_refused
-                .with_label_values(&["principal_connections"])
-                .inc();
-            let mut r = text(
+            return self.refuse_upgrade(
+                "principal_connections",
                 StatusCode::TOO_MANY_REQUESTS,
                 "too many connections for this principal\n",
+                5,
             );
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            return r;
         };
         let mut resp = Response::new(Body::default());
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{Grant, HostRef, Subject};
 use crate::relay::Relay;
-use crate::route::store::{Owner, UriState};
+use crate::route::store::{Owner, UriEntry, UriState};
 use crate::upstream::hub::{HostHub, HostStatus};
 
 impl Relay {
@@ -31,23 +31,23 @@ impl Relay {
     /// The creator of a client-chosen URI that `host` owns (store entry,
     /// tombstones included so removals reach the same principals).
     pub fn owner_of(&self, host: &str, uri: &str) -> Option<Owner> {
+        self.entry_on(host, uri).map(|e| e.owner)
+    }
+
+    /// The creator of a live store entry for `uri` on `host` (a create in
+    /// flight or confirmed, not yet in the catalog perhaps).
+    fn live_entry(&self, host: &str, uri: &str) -> Option<Owner> {
+        self.entry_on(host, uri)
+            .filter(|e| !matches!(e.state, UriState::Tombstone { .. }))
+            .map(|e| e.owner)
+    }
+
+    fn entry_on(&self, host: &str, uri: &str) -> Option<UriEntry> {
         self.store
             .lookup(uri)
             .ok()
             .flatten()
             .filter(|e| e.host == host)
-            .map(|e| e.owner)
-    }
-
-    /// Whether a live store entry for `uri` on `host` exists (a create in
-    /// flight or confirmed, not yet in the catalog perhaps).
-    fn live_entry(&self, host: &str, uri: &str) -> Option<Owner> {
-        self.store
-            .lookup(uri)
-            .ok()
-            .flatten()
-            .filter(|e| e.host == host && !matches!(e.state, UriState::Tombstone { .. }))
-            .map(|e| e.owner)
     }
 
     /// Whether `who` (holding `grant` on `hub`) sees session `host_uri` as
