@@ -171,6 +171,12 @@ impl Grant {
         self.permissions.has(p)
     }
 
+    /// Whether the grant shows every session, whoever created it (then no
+    /// ownership lookup is needed).
+    pub fn sees_everything(&self) -> bool {
+        self.visibility == Visibility::All && self.external
+    }
+
     /// Whether `who` sees a session created by `owner` (`None`: created
     /// outside the relay). A principal always sees what it created.
     pub fn sees(&self, who: Subject<'_>, owner: Option<&Owner>) -> bool {

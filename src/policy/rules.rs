@@ -375,7 +375,24 @@ external_sessions = true
         assert!(g.sees(b, Some(&owner("alice", &["g1"]))), "shared group");
         assert!(!g.sees(b, Some(&owner("alice", &["g2"]))), "other group");
         assert!(g.sees(b, None), "external shown by the rule");
+        assert!(!g.sees_everything(), "group visibility needs the owner");
         let _ = alice;
+    }
+
+    #[test]
+    fn the_open_dev_policy_sees_everything() {
+        let p = policy(crate::devkit::OPEN_POLICY);
+        let k = key("anyone");
+        let g = p
+            .grant(
+                Subject {
+                    principal: &k,
+                    groups: &[],
+                },
+                LAPTOP,
+            )
+            .unwrap();
+        assert!(g.sees_everything() && g.dispose_others);
     }
 
     #[test]

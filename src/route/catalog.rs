@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 use crate::relay::Relay;
 use std::sync::Arc;
 
-use crate::policy::Visibility;
 use crate::route::namer::{ToClient, is_store_entry};
 use crate::route::names;
 use crate::route::translate;
@@ -60,10 +59,7 @@ impl Relay {
                     e.at > *at || (e.at == *at && e.client.as_ref() <= uri.as_str())
                 }),
             };
-            // Everyone sees every session where the grant shows all and
-            // external sessions: no per-session lookup.
-            let all = grant.visibility == Visibility::All && grant.external;
-            lists.push((hub, grant, index, start, all));
+            lists.push((hub, grant, index, start));
         }
         // Merge the per-host lists, keeping visible entries, until the page
         // is full and one more visible entry proves a next page.
@@ -73,13 +69,13 @@ impl Relay {
             let next = lists
                 .iter()
                 .enumerate()
-                .filter_map(|(i, (_, _, index, start, _))| index.get(*start).map(|e| (i, e)))
+                .filter_map(|(i, (_, _, index, start))| index.get(*start).map(|e| (i, e)))
                 .min_by(|(_, a), (_, b)| b.at.cmp(&a.at).then_with(|| a.client.cmp(&b.client)));
             let Some((i, entry)) = next else { break };
             let entry = entry.clone();
-            let (hub, grant, _, start, all) = &mut lists[i];
+            let (hub, grant, _, start) = &mut lists[i];
             *start += 1;
-            if !*all && !self.sees_session(who, grant, hub, &entry.host) {
+            if !self.sees_session(who, grant, hub, &entry.host) {
                 continue;
             }
             if page.len() == limit {
