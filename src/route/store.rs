@@ -45,9 +45,9 @@ const URIS: TableDefinition<&str, Row<'_>> = TableDefinition::new("uris_v2");
 /// The layout before owner groups; migrated at open.
 const URIS_V1: TableDefinition<&str, RowV1<'_>> = TableDefinition::new("uris_v1");
 
-/// One stored row; the state is one of [`PENDING`], [`CONFIRMED`], [`TOMBSTONE`]; groups are
-/// joined by newlines (a group name never contains one: it comes from a JSON string array and
-/// is refused at the edge otherwise).
+/// One stored row; the state is one of [`PENDING`], [`CONFIRMED`], [`TOMBSTONE`]; groups are a
+/// JSON array of strings (any group name round-trips; an empty text means none, as migrated
+/// `uris_v1` rows have).
 type Row<'a> = (&'a str, u8, u64, &'a str, &'a str, u64, &'a str);
 
 /// A `uris_v1` row: [`Row`] without the groups.
@@ -269,7 +269,7 @@ impl RedbStore {
             }
             match &next {
                 Some(entry) => {
-                    let groups = entry.owner.groups.join("\n");
+                    let groups = encode_groups(&entry.owner.groups);
                     table
                         .insert(uri, encode(entry, &groups))
                         .map_err(unavailable)?
@@ -426,13 +426,22 @@ fn decode(uri: &str, row: Row<'_>) -> Result<UriEntry, StoreError> {
         owner: Owner {
             issuer: issuer.to_owned(),
             subject: subject.to_owned(),
-            groups: groups
-                .split('\n')
-                .filter(|g| !g.is_empty())
-                .map(str::to_owned)
-                .collect(),
+            groups: decode_groups(groups)?,
         },
         created_at,
+    })
+}
+
+fn encode_groups(groups: &[String]) -> String {
+    serde_json::to_string(groups).unwrap_or_else(|_| "[]".into())
+}
+
+fn decode_groups(text: &str) -> Result<Vec<String>, StoreError> {
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::from_str(text).map_err(|e| {
+        StoreError::Unavailable(format!("URI store holds unreadable owner groups: {e}"))
     })
 }
 
@@ -448,7 +457,7 @@ mod tests {
         Owner {
             issuer: "https://idp".into(),
             subject: "alice".into(),
-            groups: vec!["team-a".into(), "ops".into()],
+            groups: vec!["team-a".into(), "x\nops".into()],
         }
     }
 
@@ -466,7 +475,7 @@ mod tests {
                 owner: owner(),
                 created_at: 7,
             };
-            let groups = entry.owner.groups.join("\n");
+            let groups = encode_groups(&entry.owner.groups);
             assert_eq!(
                 decode(&entry.uri, encode(&entry, &groups)),
                 Ok(entry.clone())
