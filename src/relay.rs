@@ -87,27 +87,6 @@ impl std::fmt::Debug for Relay {
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Methods counted by name in metrics; anything else is `other`.
-const METHOD_LABELS: &[&str] = &[
-    "initialize",
-    "reconnect",
-    "ping",
-    "subscribe",
-    "listSessions",
-    "createSession",
-    "disposeSession",
-    "createChat",
-    "disposeChat",
-    "createTerminal",
-    "disposeTerminal",
-    "fetchTurns",
-    "completions",
-    "moveChat",
-    "resolveSessionConfig",
-    "sessionConfigCompletions",
-    "authenticate",
-];
-
 impl Relay {
     /// Builds the relay from a validated configuration and starts one watch
     /// link per host, whose events `run_fanout` must consume.
@@ -292,13 +271,12 @@ impl Relay {
         self.hubs.values()
     }
 
-    /// The metric label of a method.
+    /// The names of the relay's method table (§8.2), anything else `other`.
     pub fn method_label(&self, method: &str) -> &'static str {
-        METHOD_LABELS
+        crate::policy::table::METHODS
             .iter()
-            .find(|m| **m == method)
-            .copied()
-            .unwrap_or("other")
+            .find(|(m, _)| *m == method)
+            .map_or("other", |(m, _)| m)
     }
 
     /// The part of every upstream id of principal `p`: `r1.` +

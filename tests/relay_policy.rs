@@ -104,13 +104,10 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         "action": {"type": "chat/draftChanged"}}}),
     )
     .await;
-    let pong = ws
-        .request(7, "ping", json!({"channel": "ahp-root://"}))
-        .await;
-    assert_eq!(
-        pong["result"],
-        Value::Null,
-        "no echo for the invisible channel before the ping answer"
+    let before = frames_before_ping(&mut ws, 7).await;
+    assert!(
+        before.is_empty(),
+        "no echo for the invisible channel: {before:?}"
     );
     let to_b: Vec<_> = t.hosts[1]
         .received()
@@ -122,6 +119,11 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
     assert!(
         to_b.is_empty(),
         "nothing but the watch link reached host b: {to_b:?}"
+    );
+    assert_eq!(
+        t.hosts[1].connections(),
+        1,
+        "no per-client link was opened to the hidden host"
     );
     let dispatched_to_a = t.hosts[0]
         .received()

@@ -155,10 +155,10 @@ pub struct SessionCore {
     /// Links replaced by re-baselining, kept until the new links' snapshots
     /// are adopted (§5.5), then dropped.
     pub retiring: Vec<Arc<Link>>,
-    /// Hosts where the client registered itself in a session's
+    /// (host, host session) pairs where the client registered itself in
     /// `activeClients` (`session/activeClientSet` dispatched, not removed):
-    /// their links are never idle.
-    pub registered: HashSet<Arc<str>>,
+    /// links to those hosts are never idle.
+    pub registered: HashSet<(Arc<str>, String)>,
     /// Since when each link has been idle (§5.7 `link_idle`).
     idle_since: HashMap<Arc<str>, std::time::Instant>,
     s0: u64,
@@ -184,6 +184,12 @@ impl SessionCore {
     /// Starts holding relay-made envelopes until [`ClientSession::end_cut`].
     pub fn begin_cut(&mut self) {
         self.cut_pending = true;
+    }
+
+    /// Whether socket `id` is the attached one: an answer prepared across
+    /// an `.await` is written (and its snapshots baselined) only then.
+    pub fn answers_on(&self, id: u64) -> bool {
+        self.socket_id() == Some(id)
     }
 
     /// The id of the attached socket, if any.
@@ -429,7 +435,7 @@ impl ClientSession {
     /// own `reconnect` already resynchronises).
     pub fn close_socket(&self, id: u64, code: u16, reason: &str) {
         let mut core = self.lock();
-        if core.socket_id() == Some(id) {
+        if core.answers_on(id) {
             self.close_locked(&mut core, code, reason);
         }
     }
@@ -541,7 +547,7 @@ impl ClientSession {
             let busy = core.chans.get(&host).is_some_and(|m| !m.is_empty())
                 || core.pending.keys().any(|(l, _)| *l == link)
                 || core.host_requests.values().any(|(h, _)| *h == host)
-                || core.registered.contains(&host);
+                || core.registered.iter().any(|(h, _)| *h == host);
             if busy {
                 core.idle_since.remove(&host);
                 continue;

@@ -99,10 +99,13 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         .with_label_values(&["snapshot"])
         .inc();
     let waits = rebaseline(&session, &requested);
-    let settle = std::time::Duration::from_secs(relay.cfg.limits.upstream_settle_secs);
+    // One deadline for all hosts: hosts that do not answer delay the
+    // answer by the settle timeout once, not once each (§5.8).
+    let settle = tokio::time::Instant::now()
+        + std::time::Duration::from_secs(relay.cfg.limits.upstream_settle_secs);
     let mut adopted = Vec::new();
     for (hub, channels, rx) in waits {
-        let init = tokio::time::timeout(settle, rx)
+        let init = tokio::time::timeout_at(settle, rx)
             .await
             .ok()
             .and_then(Result::ok)
@@ -110,7 +113,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         adopted.push((hub, channels, init));
     }
     let mut core = session.lock();
-    if core.attach_gen() != generation || core.socket_id() != Some(conn.socket) {
+    if core.attach_gen() != generation || !core.answers_on(conn.socket) {
         // Another socket took the session over meanwhile (this one was
         // closed with 4009), or this socket was closed before its answer
         // (4000, 4008): the client never sees these snapshots, so nothing

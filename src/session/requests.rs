@@ -274,15 +274,29 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
             waits.push(wait);
         }
     }
+    let deadline = tokio::time::Instant::now() + relay.cfg.limits.upstream_request();
     let mut taken = Vec::new();
+    let mut missed = Vec::new();
     for (hub, host_uri, client_uri, rx) in waits {
-        if let Ok(Ok(Some(snap))) =
-            tokio::time::timeout(relay.cfg.limits.upstream_request(), rx).await
-        {
-            taken.push((hub, host_uri, client_uri, snap));
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Some(snap))) => taken.push((hub, host_uri, client_uri, snap)),
+            _ => missed.push((hub, host_uri)),
         }
     }
     let mut core = session.lock();
+    // Channels without a snapshot are not held any longer (a late answer
+    // finds no entry and is dropped).
+    for (hub, host_uri) in missed {
+        if let Some(m) = core.chans.get_mut(&hub.id) {
+            m.remove(&host_uri);
+        }
+    }
+    if !core.answers_on(conn.socket) {
+        // A `reconnect` on another socket took the session over while the
+        // snapshots were awaited: that socket gets its own answer, and
+        // nothing is baselined on state this one never received.
+        return Ok(());
+    }
     let from = core.last();
     let mut snapshots = Vec::new();
     if wanted.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
@@ -1002,10 +1016,13 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
     }
     match ty.as_str() {
         "session/activeClientSet" => {
-            session.lock().registered.insert(hub.id.clone());
+            session.lock().registered.insert((hub.id.clone(), host_uri));
         }
         "session/activeClientRemoved" => {
-            session.lock().registered.remove(&hub.id);
+            session
+                .lock()
+                .registered
+                .remove(&(hub.id.clone(), host_uri));
         }
         _ => {}
     }

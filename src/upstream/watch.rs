@@ -99,6 +99,11 @@ pub async fn run(
             }
             Err(Failure::Other(why)) => {
                 tracing::warn!(host = %hub.id, %why, "watch link failed");
+                if hub.status() == HostStatus::Up {
+                    // A link that was up dropped: redial soon, whatever
+                    // earlier failures grew the backoff to.
+                    backoff = Duration::from_millis(250);
+                }
                 HostStatus::Down
             }
         };

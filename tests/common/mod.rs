@@ -503,6 +503,18 @@ pub async fn raw_actions_until(
 /// request `id` (its answer follows every frame queued before it) and
 /// returns the action envelopes that arrive before that answer.
 pub async fn raw_drain_actions(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
+    frames_before_ping(ws, id)
+        .await
+        .into_iter()
+        .filter(|v| v["method"] == "action")
+        .map(|v| serde_json::from_value(v["params"].clone()).expect("envelope parses"))
+        .collect()
+}
+
+/// Every frame that reaches the socket before the answer to a `ping` with
+/// request id `id` (the answer follows every frame queued before it);
+/// asserts the ping's answer is `null`.
+pub async fn frames_before_ping(ws: &mut RawWs, id: u64) -> Vec<Value> {
     ws.send_json(
         &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": "ahp-root://"}}),
     )
@@ -510,12 +522,11 @@ pub async fn raw_drain_actions(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
     let mut out = Vec::new();
     loop {
         let v = ws.recv_json().await.expect("socket open");
-        if v.get("id") == Some(&json!(id)) {
+        if v.get("id") == Some(&json!(id)) && v.get("method").is_none() {
+            assert_eq!(v["result"], Value::Null, "ping answer: {v}");
             return out;
         }
-        if v["method"] == "action" {
-            out.push(serde_json::from_value(v["params"].clone()).expect("envelope parses"));
-        }
+        out.push(v);
     }
 }
 
