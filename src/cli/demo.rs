@@ -126,17 +126,21 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
         hosts.len()
     );
+    // The path of this binary: after `cargo run` it is not on PATH.
+    let bin = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "ahp-relay".into());
     println!("In another terminal: source {} — then:", env_file.display());
-    println!("  ahp-relay client sessions");
-    println!("  ahp-relay client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
+    println!("  {bin} client sessions");
+    println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
     println!(
         "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all)."
     );
     println!(
-        "  AHP_RELAY_TOKEN=$(ahp-relay token --sub bob) ahp-relay client sessions    # bob: only his own"
+        "  AHP_RELAY_TOKEN=$({bin} token --sub bob) {bin} client sessions    # bob: only his own"
     );
     println!(
-        "  AHP_RELAY_TOKEN=$(ahp-relay token --sub carol) ahp-relay client sessions  # carol: buildbox, read-only"
+        "  AHP_RELAY_TOKEN=$({bin} token --sub carol) {bin} client sessions  # carol: buildbox, read-only"
     );
     println!("Press Ctrl-C to stop.");
     super::serve::wait_for_shutdown().await;
