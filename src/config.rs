@@ -163,6 +163,9 @@ pub struct Limits {
     pub links_per_host: usize,
     /// Seconds of silence after which links and watch links ping their host.
     pub link_ping_secs: u64,
+    /// Seconds a link may stay silent after its ping before it is declared
+    /// dead (resumed, or its client resynchronised).
+    pub link_ping_timeout_secs: u64,
     /// A per-client link with no subscription, pending request, host request
     /// or active-client registration closes after this long (§5.7).
     pub link_idle_secs: u64,
@@ -206,6 +209,7 @@ impl Default for Limits {
             links_per_session: 8,
             links_per_host: 2000,
             link_ping_secs: 20,
+            link_ping_timeout_secs: 10,
             link_idle_secs: 300,
             detach_grace_secs: 20,
             retain_secs: 600,
@@ -223,6 +227,11 @@ impl Limits {
     /// [`Limits::link_ping_secs`] as a duration (at least one second).
     pub fn link_ping(&self) -> Duration {
         Duration::from_secs(self.link_ping_secs.max(1))
+    }
+
+    /// [`Limits::link_ping_timeout_secs`] as a duration (at least one second).
+    pub fn link_ping_timeout(&self) -> Duration {
+        Duration::from_secs(self.link_ping_timeout_secs.max(1))
     }
 
     /// [`Limits::upstream_request_secs`] as a duration.

@@ -427,3 +427,33 @@ async fn links_per_host_are_capped() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// §5.8: a per-client link whose host stays silent after a ping (here: a
+/// stalled host) is declared dead after `link_ping_timeout_secs` and
+/// re-dialed, rather than waiting on a half-open connection forever.
+#[tokio::test]
+async fn a_silent_link_is_declared_dead_and_redialed() {
+    let t = TestRelay::start(
+        vec![fast_config("a", 1)],
+        "[limits]\nlink_ping_secs = 1\nlink_ping_timeout_secs = 1\n",
+    )
+    .await;
+    let mut ws = t.raw("pinger").await;
+    ws.initialize("silent").await;
+    let r = ws
+        .request(1, "subscribe", json!({"channel": "ahp-chat:/a~a-1-main"}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let dials = |t: &TestRelay| {
+        t.hosts[0]
+            .handshakes()
+            .iter()
+            .filter(|h| h.user_subject.as_deref() == Some("pinger"))
+            .count()
+    };
+    assert_eq!(dials(&t), 1, "one link");
+    t.hosts[0].set_stalled(true);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    t.hosts[0].set_stalled(false);
+    wait_until("the silent link is re-dialed", || dials(&t) >= 2).await;
+}

@@ -121,6 +121,15 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         // again, never a replay built on state it did not receive.
         return Ok(());
     }
+    // Channels the cut held that this reconnect did not re-baseline (no
+    // longer routable or permitted) are not held any longer.
+    let rebased: HashSet<(&str, &str)> = adopted
+        .iter()
+        .flat_map(|(hub, channels, _)| channels.iter().map(|(_, h)| (&*hub.id, h.as_str())))
+        .collect();
+    for (host, chans) in core.chans.iter_mut() {
+        chans.retain(|host_uri, _| rebased.contains(&(&**host, host_uri.as_str())));
+    }
     let from = core.last();
     let mut snapshots = Vec::new();
     core.orphaned.clear();

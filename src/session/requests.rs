@@ -682,17 +682,19 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
     })?;
     let params = to_host(session, &hub, &grant, v, "params:subscribe", &host_uri)?;
     hold(session, &hub.id, &host_uri, &p.channel);
-    forward(
-        session,
-        &link,
-        id,
-        "subscribe",
-        params,
-        PendingKind::Subscribe {
-            client_channel: p.channel,
-            host_channel: host_uri,
-        },
-    )
+    let kind = PendingKind::Subscribe {
+        client_channel: p.channel,
+        host_channel: host_uri.clone(),
+    };
+    forward(session, &link, id, "subscribe", params, kind)
+        .inspect_err(|_| unhold(session, &hub.id, &host_uri))
+}
+
+/// Stops holding a host channel whose subscribe never reached the host.
+fn unhold(session: &ClientSession, host: &Arc<str>, host_uri: &str) {
+    if let Some(m) = session.lock().chans.get_mut(host) {
+        m.remove(host_uri);
+    }
 }
 
 /// Starts holding a host channel's envelopes until its snapshot is written.
@@ -730,7 +732,8 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
             host_channel: host_uri.clone(),
             reply: tx,
         },
-    )?;
+    )
+    .inspect_err(|_| unhold(session, &hub.id, &host_uri))?;
     Ok((hub, host_uri, channel.to_string(), rx))
 }
 

@@ -124,18 +124,22 @@ async fn run(
         fail(&session, &host, link_id, &mut rx, false);
         return;
     };
-    let ping_after = match session.upgrade() {
+    let (ping_after, ping_timeout) = match session.upgrade() {
         Some(s) => {
             s.lock().watermarks.insert(link_id, server_seq);
             for text in early {
                 let _ = s.on_host_frame(&host, link_id, &text);
             }
-            s.relay.cfg.limits.link_ping()
+            (
+                s.relay.cfg.limits.link_ping(),
+                s.relay.cfg.limits.link_ping_timeout(),
+            )
         }
         None => return,
     };
     loop {
-        if !pump(&session, &host, link_id, &mut rx, &ids, &mut ws, ping_after).await {
+        let timing = (ping_after, ping_timeout);
+        if !pump(&session, &host, link_id, &mut rx, &ids, &mut ws, timing).await {
             return; // the session closed the link
         }
         // The connection dropped: try to continue it (§5.8).
@@ -153,7 +157,10 @@ async fn run(
 }
 
 /// Pumps frames both ways until the connection drops (`true`) or the
-/// session closes the link (`false`).
+/// session closes the link (`false`). After `ping_after` without a frame
+/// from the host it sends an AHP `ping`; a host that then stays silent for
+/// `ping_timeout` is declared dead (`true`), so the link is resumed or its
+/// client resynchronised (§5.8) instead of waiting on a half-open socket.
 async fn pump(
     session: &Weak<ClientSession>,
     host: &Arc<HostHub>,
@@ -161,9 +168,12 @@ async fn pump(
     rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
     ids: &AtomicU64,
     ws: &mut WsStream,
-    ping_after: Duration,
+    (ping_after, ping_timeout): (Duration, Duration),
 ) -> bool {
+    let mut heard = tokio::time::Instant::now();
+    let mut pinged = false;
     loop {
+        let deadline = heard + ping_after + if pinged { ping_timeout } else { Duration::ZERO };
         tokio::select! {
             cmd = rx.recv() => {
                 let Some(cmd) = cmd else {
@@ -180,26 +190,35 @@ async fn pump(
                 }
                 if ws.flush().await.is_err() { return true; }
             }
-            msg = tokio::time::timeout(ping_after, ws.next()) => match msg {
-                Err(_) => {
-                    // An id from the link's own counter: no pending request has it,
-                    // so the answer is ignored.
-                    let ping_id = ids.fetch_add(1, Ordering::Relaxed);
-                    let ping = json!({"jsonrpc": "2.0", "id": ping_id, "method": "ping",
-                        "params": {"channel": ahp_types::ROOT_RESOURCE_URI}});
-                    if ws.send(Message::text(ping.to_string())).await.is_err() { return true; }
+            _ = tokio::time::sleep_until(deadline) => {
+                if pinged {
+                    tracing::info!(host = %host.id, "link silent after a ping: declared dead");
+                    return true;
                 }
-                Ok(Some(Ok(Message::Text(t)))) => {
-                    let Some(s) = session.upgrade() else { return false };
-                    if let LinkReply::ToHost(reply) = s.on_host_frame(host, link_id, t.as_str())
-                        && ws.send(Message::text(reply)).await.is_err()
-                    {
-                        return true;
+                // An id from the link's own counter: no pending request has it,
+                // so the answer is ignored.
+                let ping_id = ids.fetch_add(1, Ordering::Relaxed);
+                let ping = json!({"jsonrpc": "2.0", "id": ping_id, "method": "ping",
+                    "params": {"channel": ahp_types::ROOT_RESOURCE_URI}});
+                if ws.send(Message::text(ping.to_string())).await.is_err() { return true; }
+                pinged = true;
+            }
+            msg = ws.next() => {
+                heard = tokio::time::Instant::now();
+                pinged = false;
+                match msg {
+                    Some(Ok(Message::Text(t))) => {
+                        let Some(s) = session.upgrade() else { return false };
+                        if let LinkReply::ToHost(reply) = s.on_host_frame(host, link_id, t.as_str())
+                            && ws.send(Message::text(reply)).await.is_err()
+                        {
+                            return true;
+                        }
                     }
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return true,
+                    Some(Ok(_)) => {}
                 }
-                Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) => return true,
-                Ok(Some(Ok(_))) => {}
-            },
+            }
         }
     }
 }
