@@ -166,7 +166,7 @@ store = "{store}"
         ttl: Duration,
         jti: Option<&str>,
     ) -> Result<String, DevKitError> {
-        let secret = crate::cli::token::trim_newlines(std::fs::read(&self.dev_key)?);
+        let secret = crate::edge::token::trim_newlines(std::fs::read(&self.dev_key)?);
         let req = MintRequest {
             issuer: DEV_ISSUER.into(),
             audience: DEV_AUDIENCE.into(),

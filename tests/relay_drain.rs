@@ -98,8 +98,13 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
         .collect();
     wait_until_async(|| async { https_status(port, &kit.cert, "/readyz").await == Some(503) })
         .await;
-    let refused = dial_stream(&opts).await;
-    assert!(refused.is_err(), "a new upgrade is refused while draining");
+    match dial_stream(&opts).await {
+        Err(ahp_relay::client::dial::DialError::UpgradeRefused { status }) => {
+            assert_eq!(status, 503, "a new upgrade while draining");
+        }
+        Err(e) => panic!("expected 503 while draining, got {e}"),
+        Ok(_) => panic!("a new upgrade was accepted while draining"),
+    }
     let mut closed_at = Vec::new();
     for w in watchers {
         let (code, at) = w.await.expect("watcher");

@@ -92,7 +92,7 @@ impl Edge {
     }
 
     fn secret(&self) -> Vec<u8> {
-        ahp_relay::cli::token::trim_newlines(std::fs::read(&self.t.kit.dev_key).expect("dev key"))
+        ahp_relay::edge::token::trim_newlines(std::fs::read(&self.t.kit.dev_key).expect("dev key"))
     }
 
     /// An HS256 token signed with the dev secret over `claims`.

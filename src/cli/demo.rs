@@ -11,8 +11,6 @@ use super::simhost::ScriptArgs;
 use crate::devkit::DevKit;
 use crate::simhost::{AgentScript, SimHost, SimHostConfig};
 
-pub use crate::devkit::{DEV_AUDIENCE, DEV_ISSUER};
-
 /// Flags of `demo`.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {

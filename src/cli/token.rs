@@ -27,10 +27,10 @@ pub struct TokenArgs {
     #[arg(long)]
     pub jti: Option<String>,
     /// Issuer (`iss`).
-    #[arg(long, default_value = crate::cli::demo::DEV_ISSUER)]
+    #[arg(long, default_value = crate::devkit::DEV_ISSUER)]
     pub iss: String,
     /// Audience (`aud`).
-    #[arg(long, default_value = crate::cli::demo::DEV_AUDIENCE)]
+    #[arg(long, default_value = crate::devkit::DEV_AUDIENCE)]
     pub aud: String,
 }
 
@@ -44,7 +44,7 @@ pub fn run(args: TokenArgs) -> ExitCode {
         }
     };
     let secret = match std::fs::read(&args.key) {
-        Ok(s) => trim_newlines(s),
+        Ok(s) => crate::edge::token::trim_newlines(s),
         Err(e) => {
             eprintln!("error: cannot read {}: {e}", args.key.display());
             return ExitCode::FAILURE;
@@ -68,12 +68,4 @@ pub fn run(args: TokenArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The key bytes as the relay reads them: trailing newlines removed.
-pub fn trim_newlines(mut s: Vec<u8>) -> Vec<u8> {
-    while matches!(s.last(), Some(b'\n' | b'\r')) {
-        s.pop();
-    }
-    s
 }

@@ -914,10 +914,7 @@ fn key_error(path: &Path, problem: impl Into<String>) -> AuthConfigError {
 }
 
 fn load_hs256(path: &Path) -> Result<LoadedKey, AuthConfigError> {
-    let mut secret = read_file(path)?;
-    while secret.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-        secret.pop();
-    }
+    let secret = super::token::trim_newlines(read_file(path)?);
     if secret.len() < MIN_HS256_SECRET_BYTES {
         return Err(key_error(
             path,

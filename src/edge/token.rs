@@ -138,6 +138,14 @@ pub fn parse_ttl(s: &str) -> Result<Duration, MintError> {
     Ok(Duration::from_secs(secs))
 }
 
+/// The key bytes as the relay reads them: trailing newlines removed.
+pub fn trim_newlines(mut s: Vec<u8>) -> Vec<u8> {
+    while matches!(s.last(), Some(b'\n' | b'\r')) {
+        s.pop();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -308,9 +308,7 @@ impl ClientSession {
                     .chans
                     .get(&host.id)
                     .and_then(|m| m.get(&host_channel))
-                    .map(|c| match c {
-                        Chan::Holding { client, .. } | Chan::Live { client } => client.clone(),
-                    })
+                    .map(|c| c.client().to_string())
                     .unwrap_or_default();
                 let snap = match failure {
                     Some(_) => {
@@ -554,9 +552,7 @@ impl ClientSession {
             .remove(&host.id)
             .into_iter()
             .flat_map(|m| m.into_values())
-            .map(|c| match c {
-                Chan::Holding { client, .. } | Chan::Live { client } => client,
-            })
+            .map(|c| c.client().to_string())
             .collect();
         for c in &lost {
             core.baselined.remove(c);

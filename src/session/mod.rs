@@ -109,6 +109,15 @@ pub enum Chan {
     },
 }
 
+impl Chan {
+    /// The channel's client form.
+    pub fn client(&self) -> &str {
+        match self {
+            Chan::Holding { client, .. } | Chan::Live { client } => client,
+        }
+    }
+}
+
 /// Lock-protected state of a session.
 #[derive(Debug)]
 pub struct SessionCore {

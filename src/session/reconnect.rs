@@ -265,10 +265,7 @@ fn forget_unrequested(core: &mut SessionCore, requested: &[String]) {
     let mut unsubscribe = Vec::new();
     for (host, chans) in core.chans.iter_mut() {
         chans.retain(|host_uri, chan| {
-            let client = match chan {
-                Chan::Holding { client, .. } | Chan::Live { client } => client,
-            };
-            let kept = keep.contains(client.as_str());
+            let kept = keep.contains(chan.client());
             if !kept {
                 unsubscribe.push((host.clone(), host_uri.clone()));
             }

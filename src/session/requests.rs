@@ -481,12 +481,7 @@ impl ClientSession {
             core.subs.remove(c);
         }
         for chans in core.chans.values_mut() {
-            chans.retain(|_, chan| {
-                let client = match chan {
-                    Chan::Holding { client, .. } | Chan::Live { client } => client,
-                };
-                !lost.contains(client)
-            });
+            chans.retain(|_, chan| !lost.iter().any(|c| c == chan.client()));
         }
         for host in gone {
             core.links.remove(&host);

@@ -59,12 +59,14 @@ impl Shared {
             .push(frame);
     }
 
-    /// Records a connection's handshake headers.
+    /// Records a connection's handshake headers (the newest
+    /// `record_limit`, like the frame record).
     pub fn record_handshake(&self, h: Handshake) {
-        self.handshakes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(h);
+        let mut all = self.handshakes.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() >= self.cfg.record_limit.max(1) {
+            all.remove(0);
+        }
+        all.push(h);
     }
 
     fn recorder(&self) -> MutexGuard<'_, Recorder> {
