@@ -490,6 +490,11 @@ impl ClientSession {
     /// connection dropped or never opened: their answers will never come).
     pub fn fail_link_requests(&self, link: u64, err: &RpcError) {
         let mut core = self.lock();
+        self.fail_link_requests_locked(&mut core, link, err);
+    }
+
+    /// [`ClientSession::fail_link_requests`] under a lock already held.
+    pub fn fail_link_requests_locked(&self, core: &mut SessionCore, link: u64, err: &RpcError) {
         let ids: Vec<(u64, u64)> = core
             .pending
             .keys()
@@ -506,9 +511,9 @@ impl ClientSession {
                 }
                 PendingKind::Create { store_key, .. } => {
                     let _ = self.relay.store.release(&store_key);
-                    self.respond_error(&mut core, &p.client_id, err);
+                    self.respond_error(core, &p.client_id, err);
                 }
-                _ => self.respond_error(&mut core, &p.client_id, err),
+                _ => self.respond_error(core, &p.client_id, err),
             }
         }
     }

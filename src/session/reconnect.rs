@@ -184,7 +184,12 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     session.end_cut(&mut core);
     // The new links' snapshots are adopted: the old links may close now.
     for old in std::mem::take(&mut core.retiring) {
-        fail_requests_of(&session, &mut core, &old);
+        // Requests in flight on a replaced link will never be answered.
+        session.fail_link_requests_locked(
+            &mut core,
+            old.id,
+            &RpcError::upstream_lost(&old.host.id),
+        );
     }
     Ok(())
 }
@@ -332,25 +337,6 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
         waits.push((hub, channels, rx));
     }
     waits
-}
-
-/// Requests in flight on a replaced link will never be answered.
-fn fail_requests_of(session: &ClientSession, core: &mut SessionCore, old: &Link) {
-    let keys: Vec<(u64, u64)> = core
-        .pending
-        .keys()
-        .filter(|(l, _)| *l == old.id)
-        .cloned()
-        .collect();
-    for key in keys {
-        if let Some(p) = core.pending.remove(&key) {
-            if let super::PendingKind::Initial { reply, .. } = p.kind {
-                let _ = reply.send(None);
-            } else {
-                session.respond_error(core, &p.client_id, &RpcError::upstream_lost(&old.host.id));
-            }
-        }
-    }
 }
 
 /// The snapshot of `host_uri` in a host's `InitializeResult`.
