@@ -25,10 +25,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ahp_relay::client::dial::{DialOptions, WsStream, dial_stream};
 use ahp_relay::devkit::DevKit;
 use ahp_relay::simhost::clock::now_iso;
 use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
+use ahp_relay::upstream::dial::{DialOptions, WsStream, dial_stream};
 use futures_util::{SinkExt, StreamExt};
 use memchr::memmem;
 use rustls_pki_types::pem::PemObject;
@@ -284,7 +284,7 @@ fn scratch_dir(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "ahp-relay-bench-{tag}-{}-{n}-{}",
         std::process::id(),
-        ahp_relay::relay::unix_now()
+        ahp_relay::identity::unix_now()
     ))
 }
 

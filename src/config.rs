@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::edge::auth::AuthConfig;
-use crate::route::names::valid_host_id;
+use crate::auth::AuthConfig;
+use crate::names::names::valid_host_id;
 
 /// Errors reading or validating the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -109,27 +109,7 @@ fn default_tombstone_ttl() -> u64 {
     30 * 24 * 3600
 }
 
-/// One upstream host.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HostConfig {
-    /// Stable id, `[a-z0-9-]{1,32}`, never `localhost`; appears in URIs.
-    pub id: String,
-    /// Human label, suffixed to agent display names.
-    #[serde(default)]
-    pub label: Option<String>,
-    /// `wss://…` or (with `allow_plaintext`) `ws://…`.
-    pub url: String,
-    /// Allow a `ws://` URL.
-    #[serde(default)]
-    pub allow_plaintext: bool,
-    /// Bearer token file sent to the host as `Authorization: Bearer`.
-    #[serde(default)]
-    pub token_file: Option<PathBuf>,
-    /// PEM CA to verify the host's certificate (default: webpki roots).
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-}
+pub use crate::upstream::hub::HostConfig;
 
 /// Bounds; every field has a default.
 #[derive(Debug, Clone, Deserialize)]

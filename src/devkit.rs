@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::auth::token::{MintError, MintRequest, mint_hs256};
 use crate::config::RelayConfig;
-use crate::edge::token::{MintError, MintRequest, mint_hs256};
 
 /// Issuer of dev tokens.
 pub const DEV_ISSUER: &str = "ahp-relay-dev";
@@ -95,7 +95,7 @@ impl DevKit {
         std::fs::write(&cert, cert_pem)?;
         crate::run::write_private(&key, key_pem.as_bytes())?;
         let mut raw = [0u8; 32];
-        crate::run::random_fill(&mut raw)?;
+        crate::identity::random_fill(&mut raw)?;
         let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
         let dev_key = dir.join("dev-hs256.key");
         crate::run::write_private(&dev_key, format!("{hex}\n").as_bytes())?;
@@ -166,7 +166,7 @@ store = "{store}"
         ttl: Duration,
         jti: Option<&str>,
     ) -> Result<String, DevKitError> {
-        let secret = crate::edge::token::trim_newlines(std::fs::read(&self.dev_key)?);
+        let secret = crate::auth::token::trim_newlines(std::fs::read(&self.dev_key)?);
         let req = MintRequest {
             issuer: DEV_ISSUER.into(),
             audience: DEV_AUDIENCE.into(),
@@ -175,6 +175,6 @@ store = "{store}"
             ttl,
             jti: jti.map(str::to_string),
         };
-        Ok(mint_hs256(&secret, &req, crate::relay::unix_now())?)
+        Ok(mint_hs256(&secret, &req, crate::identity::unix_now())?)
     }
 }

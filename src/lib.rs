@@ -8,12 +8,15 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod devkit;
 pub mod edge;
+pub mod identity;
 pub mod metrics;
+pub mod names;
 pub mod policy;
 pub mod relay;
 pub mod route;

@@ -6,36 +6,28 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use dashmap::DashMap;
-use hmac::{Hmac, KeyInit, Mac};
 use serde_json::json;
-use sha2::Sha256;
 use tokio::sync::mpsc;
 
+use crate::auth::Authenticator;
 use crate::config::RelayConfig;
-use crate::edge::auth::Authenticator;
+use crate::identity::PrincipalKey;
 use crate::metrics::Metrics;
-use crate::route::store::UriStore;
+use crate::names::store::UriStore;
 use crate::rpc::RpcError;
 use crate::session::buffer::ReplayMemory;
 use crate::session::sequence::SequenceOrigins;
-use crate::session::{ClientSession, PrincipalKey, SessionKey};
+use crate::session::{ClientSession, SessionKey};
 use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::watch::WatchEvent;
 use crate::wire::WireLimits;
-
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    jiff::Timestamp::now().as_second().max(0) as u64
-}
 
 /// The relay's shared state.
 pub struct Relay {
     /// Validated configuration.
     pub cfg: Arc<RelayConfig>,
-    pub(crate) mac_key: HmacSha256,
+    pub(crate) keys: crate::identity::Keys,
     /// The durable URI store.
     pub store: Arc<dyn UriStore>,
     pub(crate) hubs: BTreeMap<String, Arc<HostHub>>,
@@ -85,8 +77,6 @@ impl std::fmt::Debug for Relay {
     }
 }
 
-type HmacSha256 = Hmac<Sha256>;
-
 impl Relay {
     /// Builds the relay from a validated configuration and starts one watch
     /// link per host, whose events `run_fanout` must consume.
@@ -97,8 +87,7 @@ impl Relay {
         auth: Authenticator,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<WatchEvent>), String> {
         let metrics = Metrics::new().map_err(|e| e.to_string())?;
-        let mac_key = <HmacSha256 as KeyInit>::new_from_slice(&secret)
-            .map_err(|e| format!("relay secret unusable as HMAC key: {e}"))?;
+        let keys = crate::identity::Keys::new(&secret)?;
         let mut hubs = BTreeMap::new();
         for h in &cfg.hosts {
             let hub = HostHub::new(h.clone()).map_err(|e| format!("host {}: {e}", h.id))?;
@@ -120,7 +109,7 @@ impl Relay {
         let (tx, rx) = mpsc::unbounded_channel();
         let relay = Arc::new(Self {
             cfg: Arc::new(cfg),
-            mac_key,
+            keys,
             store,
             hubs,
             sessions: DashMap::new(),
@@ -215,10 +204,7 @@ impl Relay {
         if burst <= RESYNC_BURST {
             return std::time::Duration::ZERO;
         }
-        let mut h = self.mac_key.clone();
-        h.update(key.as_bytes());
-        h.update(&burst.to_be_bytes());
-        let bytes = h.finalize().into_bytes();
+        let bytes = self.keys.mac_bytes(&[key.as_bytes(), &burst.to_be_bytes()]);
         let r = u64::from_be_bytes(
             bytes
                 .get(..8)
@@ -279,36 +265,14 @@ impl Relay {
             .map_or("other", |(m, _)| m)
     }
 
-    /// The part of every upstream id of principal `p`: `r1.` +
-    /// b64url(HMAC(k, P))[..11] + `.` (a terminal claimed by a client id
-    /// with this prefix belongs to one of `p`'s clients).
+    /// The part of every upstream id of principal `p` (see [`Keys::upstream_prefix`]).
     pub fn upstream_prefix(&self, p: &PrincipalKey) -> String {
-        let who = self.principal_mac(p, None);
-        format!("r1.{}.", who.get(..11).unwrap_or(&who))
+        self.keys.upstream_prefix(p)
     }
 
-    fn principal_mac(&self, p: &PrincipalKey, client_id: Option<&str>) -> String {
-        let mut m = self.mac_key.clone();
-        m.update(&(p.issuer.len() as u32).to_be_bytes());
-        m.update(p.issuer.as_bytes());
-        m.update(p.subject.as_bytes());
-        if let Some(c) = client_id {
-            m.update(&[0]);
-            m.update(c.as_bytes());
-        }
-        B64.encode(m.finalize().into_bytes())
-    }
-
-    /// The upstream client id of session (P, c) (contract §2, B2):
-    /// `r1.` + b64url(HMAC(k, P))[..11] + `.` + b64url(HMAC(k, P‖0x00‖c))[..16],
-    /// where P is the issuer's length (4 bytes, big endian), the issuer and the subject.
+    /// The upstream client id of session (P, c) (see [`Keys::upstream_id`]).
     pub fn upstream_id(&self, p: &PrincipalKey, client_id: &str) -> String {
-        let client = self.principal_mac(p, Some(client_id));
-        format!(
-            "{}{}",
-            self.upstream_prefix(p),
-            client.get(..16).unwrap_or(&client)
-        )
+        self.keys.upstream_id(p, client_id)
     }
 
     /// Registers a session, superseding (4009) one with the same key.
@@ -493,10 +457,7 @@ impl Relay {
     /// Counts a new connection of `principal`, or `None` if it already has
     /// `connections_per_principal` open (§3.6, S19). The count drops when
     /// the returned guard does.
-    pub fn admit_connection(
-        &self,
-        principal: &crate::edge::auth::Principal,
-    ) -> Option<ConnectionGuard> {
+    pub fn admit_connection(&self, principal: &crate::auth::Principal) -> Option<ConnectionGuard> {
         let key = PrincipalKey {
             issuer: principal.issuer.clone(),
             subject: principal.subject.clone(),

@@ -9,12 +9,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::auth::Authenticator;
 use crate::config::RelayConfig;
-use crate::edge::auth::Authenticator;
 use crate::edge::server::Edge;
 use crate::edge::tls::ReloadingCert;
+use crate::names::store::RedbStore;
 use crate::relay::Relay;
-use crate::route::store::RedbStore;
 
 /// Why a relay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -111,18 +111,10 @@ pub fn load_or_create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
         Err(e) => return Err(err(e.to_string())),
     }
     let mut secret = vec![0u8; 32];
-    random_fill(&mut secret).map_err(|e| err(e.to_string()))?;
+    crate::identity::random_fill(&mut secret).map_err(|e| err(e.to_string()))?;
     write_private(path, &secret).map_err(|e| err(e.to_string()))?;
     tracing::info!(path = %path.display(), "created a new relay secret");
     Ok(secret)
-}
-
-/// Fills `buf` from the operating system's secure random source.
-pub fn random_fill(buf: &mut [u8]) -> Result<(), rustls::Error> {
-    rustls::crypto::ring::default_provider()
-        .secure_random
-        .fill(buf)
-        .map_err(|_| rustls::Error::General("no secure random source".into()))
 }
 
 /// Writes `bytes` to a new file readable only by its owner.

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ahp_relay::edge::auth::{
+use ahp_relay::auth::token::{MintRequest, mint_hs256};
+use ahp_relay::auth::{
     AuthConfig, AuthError, Authenticator, IssuerConfig, KeySource, PemAlgorithm, TokenSource,
     extract_token, redact_query,
 };
-use ahp_relay::edge::token::{MintRequest, mint_hs256};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderMap, HeaderValue, StatusCode};

@@ -29,8 +29,8 @@ fn example_config_loads_and_validates() {
 /// rules grant what its comments say.
 #[test]
 fn policy_example_loads_and_means_what_it_says() {
+    use ahp_relay::identity::PrincipalKey;
     use ahp_relay::policy::{HostRef, Permission, Policy, RulePolicy, Subject, Visibility};
-    use ahp_relay::session::PrincipalKey;
     let cfg = load("policy.example.toml");
     let policy = RulePolicy::new(&cfg.policy);
     let key = |sub: &str| PrincipalKey {

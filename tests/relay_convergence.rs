@@ -110,11 +110,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ahp::ReduceOutcome;
-use ahp_relay::client::dial::dial_stream;
 use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::session::PrincipalKey;
+use ahp_relay::identity::PrincipalKey;
 use ahp_relay::simhost::clock::{SplitMix64, now_iso};
 use ahp_relay::simhost::{AgentScript, SimHostConfig};
+use ahp_relay::upstream::dial::dial_stream;
 use ahp_relay::upstream::hub::HostStatus;
 use ahp_types::actions::ActionEnvelope;
 use ahp_types::state::{ChatState, RootState};

@@ -8,8 +8,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ahp_relay::client::dial::{DialOptions, dial_stream};
 use ahp_relay::devkit::DevKit;
+use ahp_relay::upstream::dial::{DialOptions, dial_stream};
 use common::relay::{https_status, scratch_dir};
 use common::*;
 use serde_json::json;
@@ -99,7 +99,7 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
     wait_until_async(|| async { https_status(port, &kit.cert, "/readyz").await == Some(503) })
         .await;
     match dial_stream(&opts).await {
-        Err(ahp_relay::client::dial::DialError::UpgradeRefused { status }) => {
+        Err(ahp_relay::upstream::dial::DialError::UpgradeRefused { status }) => {
             assert_eq!(status, 503, "a new upgrade while draining");
         }
         Err(e) => panic!("expected 503 while draining, got {e}"),

@@ -10,9 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ahp_relay::client::dial::{DialError, DialOptions, dial_stream};
 use ahp_relay::devkit::{DEV_AUDIENCE, DEV_ISSUER};
-use ahp_relay::relay::unix_now;
+use ahp_relay::identity::unix_now;
+use ahp_relay::upstream::dial::{DialError, DialOptions, dial_stream};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use common::relay::{TestRelay, https_get, metric, scratch_dir, trusting};
@@ -92,7 +92,7 @@ impl Edge {
     }
 
     fn secret(&self) -> Vec<u8> {
-        ahp_relay::edge::token::trim_newlines(std::fs::read(&self.t.kit.dev_key).expect("dev key"))
+        ahp_relay::auth::token::trim_newlines(std::fs::read(&self.t.kit.dev_key).expect("dev key"))
     }
 
     /// An HS256 token signed with the dev secret over `claims`.
@@ -724,7 +724,7 @@ async fn stalled_upgrade_request_is_closed_after_handshake_timeout() {
 /// `redact_query` hides `tkn` and `access_token` values and keeps other parameters.
 #[test]
 fn redact_query_hides_token_values() {
-    use ahp_relay::edge::auth::redact_query;
+    use ahp_relay::auth::redact_query;
     let shown = redact_query("tkn=abc&x=1");
     assert!(!shown.contains("abc"), "{shown}");
     assert!(shown.contains("x=1"), "{shown}");

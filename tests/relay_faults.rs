@@ -162,7 +162,7 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
 #[tokio::test]
 async fn dropped_link_resumes_by_upstream_replay_without_resync() {
     use ahp_relay::devkit::DEV_ISSUER;
-    use ahp_relay::session::PrincipalKey;
+    use ahp_relay::identity::PrincipalKey;
     let t = TestRelay::start(vec![slow("a")], "").await;
     let chat = "ahp-chat:/a~a-1-main";
     let mut ws = t.raw("alice").await;

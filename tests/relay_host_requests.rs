@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::session::PrincipalKey;
+use ahp_relay::identity::PrincipalKey;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::json;

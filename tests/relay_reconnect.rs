@@ -23,7 +23,7 @@ use ahp::{
     SubscriptionEvent, TransportError,
 };
 use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::session::PrincipalKey;
+use ahp_relay::identity::PrincipalKey;
 use ahp_relay::simhost::clock::now_iso;
 use ahp_relay::simhost::{AgentScript, SimHost};
 use ahp_types::actions::{ActionEnvelope, StateAction};
@@ -841,7 +841,7 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
         move |_: HostId| {
             let opts = dial.lock().expect("dial options").clone();
             async move {
-                ahp_relay::client::dial::dial(&opts)
+                ahp_relay::upstream::dial::dial(&opts)
                     .await
                     .map(BoxedTransport::new)
                     .map_err(|e| TransportError::Io(e.to_string()))

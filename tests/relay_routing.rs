@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use ahp::{Client, ClientError};
 use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::route::namer::{ToClient, ToHost};
-use ahp_relay::route::store::{Owner, RedbStore, UriStore};
-use ahp_relay::route::translate::{self, FieldKind, Row, TABLE};
-use ahp_relay::session::PrincipalKey;
+use ahp_relay::identity::PrincipalKey;
+use ahp_relay::names::namer::{ToClient, ToHost};
+use ahp_relay::names::store::{Owner, RedbStore, UriStore};
+use ahp_relay::names::translate::{self, FieldKind, Row, TABLE};
 use ahp_relay::simhost::SimHostConfig;
 use ahp_relay::simhost::clock::now_iso;
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};

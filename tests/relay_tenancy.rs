@@ -20,13 +20,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_relay::client::dial::dial_stream;
 use ahp_relay::config::RelayConfig;
 use ahp_relay::devkit::{DEV_ISSUER, DevKit};
+use ahp_relay::identity::PrincipalKey;
 use ahp_relay::policy::{PolicyConfig, RulePolicy};
-use ahp_relay::session::PrincipalKey;
 use ahp_relay::simhost::clock::now_iso;
 use ahp_relay::simhost::{SimHost, SimHostConfig};
+use ahp_relay::upstream::dial::dial_stream;
 use common::relay::{TestRelay, scratch_dir};
 use common::*;
 use serde_json::{Value, json};

@@ -7,7 +7,7 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use ahp_relay::route::store::{Owner, RedbStore, StoreError, UriEntry, UriState, UriStore};
+use ahp_relay::names::store::{Owner, RedbStore, StoreError, UriEntry, UriState, UriStore};
 
 const DAY: u64 = 24 * 60 * 60;
 const TTL: u64 = 30 * DAY;

@@ -79,7 +79,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!(
         "ahp-relay-demo-{}-{}",
         std::process::id(),
-        crate::relay::unix_now()
+        crate::identity::unix_now()
     ));
     let kit = DevKit::create(&dir).map_err(|e| e.to_string())?;
     let pairs: Vec<(String, String)> = hosts

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::edge::token::{MintRequest, mint_hs256, parse_ttl};
+use crate::auth::token::{MintRequest, mint_hs256, parse_ttl};
 
 /// Flags of `token`.
 #[derive(Debug, Clone, Args)]
@@ -44,7 +44,7 @@ pub fn run(args: TokenArgs) -> ExitCode {
         }
     };
     let secret = match std::fs::read(&args.key) {
-        Ok(s) => crate::edge::token::trim_newlines(s),
+        Ok(s) => crate::auth::token::trim_newlines(s),
         Err(e) => {
             eprintln!("error: cannot read {}: {e}", args.key.display());
             return ExitCode::FAILURE;
@@ -58,7 +58,7 @@ pub fn run(args: TokenArgs) -> ExitCode {
         ttl,
         jti: args.jti,
     };
-    match mint_hs256(&secret, &req, crate::relay::unix_now()) {
+    match mint_hs256(&secret, &req, crate::identity::unix_now()) {
         Ok(t) => {
             println!("{t}");
             ExitCode::SUCCESS

@@ -21,8 +21,8 @@ use super::chat::{
     ChatEvent, ChatStart, Step, Target, TurnEnd, TurnFollower, approve_tool_call, chat_event,
     is_echo_of, queue_message, start_turn,
 };
-use super::dial::{DialError, DialOptions, connect_client};
 use super::{format, ids};
+use crate::upstream::dial::{DialError, DialOptions, connect_client};
 
 /// Protocol versions offered in `initialize`.
 const PROTOCOL_VERSIONS: [&str; 1] = ["1.0.0"];

@@ -2,9 +2,7 @@
 //! before any byte reaches a host, health and metrics endpoints, and the
 //! client socket loop.
 
-pub mod auth;
 pub mod limiter;
 pub mod server;
 pub mod tls;
-pub mod token;
 pub mod ws;

@@ -20,9 +20,10 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
-use super::auth::{AuthError, TokenSource, extract_token};
 use super::limiter::FailureLimiter;
-use crate::relay::{Relay, unix_now};
+use crate::auth::{AuthError, TokenSource, extract_token};
+use crate::identity::unix_now;
+use crate::relay::Relay;
 
 type Body = Full<Bytes>;
 

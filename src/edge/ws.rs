@@ -12,8 +12,9 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use super::auth::Principal;
-use crate::relay::{Relay, unix_now};
+use crate::auth::Principal;
+use crate::identity::unix_now;
+use crate::relay::Relay;
 use crate::session::outbox::{OutboxRx, outbox};
 use crate::session::requests::{Conn, on_client_frame};
 

@@ -22,8 +22,8 @@ pub mod table;
 
 use std::sync::Arc;
 
-use crate::route::store::Owner;
-use crate::session::PrincipalKey;
+use crate::identity::PrincipalKey;
+use crate::names::store::Owner;
 
 pub use rules::{PolicyConfig, RulePolicy};
 

@@ -8,8 +8,8 @@
 use serde_json::Value;
 
 use super::{Grant, HostRef, Subject};
+use crate::names::store::{Owner, UriEntry, UriState};
 use crate::relay::Relay;
-use crate::route::store::{Owner, UriEntry, UriState};
 use crate::upstream::hub::{HostHub, HostStatus};
 
 impl Relay {

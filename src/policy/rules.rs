@@ -269,8 +269,8 @@ impl Policy for RulePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::store::Owner;
-    use crate::session::PrincipalKey;
+    use crate::identity::PrincipalKey;
+    use crate::names::store::Owner;
 
     fn policy(toml_text: &str) -> RulePolicy {
         #[derive(Deserialize)]

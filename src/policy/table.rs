@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(field_need("params:createChat"), SessionsRead);
         // every shape named here exists in the rewrite table
         for shape in ["params:moveChat", "@Claim", "@Message", "params:createChat"] {
-            assert!(crate::route::translate::rows(shape).is_some(), "{shape}");
+            assert!(crate::names::translate::rows(shape).is_some(), "{shape}");
         }
     }
 }

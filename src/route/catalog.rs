@@ -3,15 +3,14 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
-use hmac::Mac;
 use serde_json::{Value, json};
 
 use crate::relay::Relay;
 use std::sync::Arc;
 
-use crate::route::namer::{ToClient, is_store_entry};
-use crate::route::names;
-use crate::route::translate;
+use crate::names::namer::{ToClient, is_store_entry};
+use crate::names::names;
+use crate::names::translate;
 use crate::rpc::RpcError;
 use crate::session::ClientSession;
 use crate::upstream::hub::{HostHub, HostStatus, IndexEntry};
@@ -122,13 +121,13 @@ impl Relay {
     }
 
     fn cursor_mac(&self, body: &str, session: &ClientSession) -> String {
-        let mut m = self.mac_key.clone();
-        m.update(b"listSessions\0");
-        m.update(session.upstream_id.as_bytes());
         let socket = session.lock().socket_id().unwrap_or(0);
-        m.update(&socket.to_be_bytes());
-        m.update(body.as_bytes());
-        let tag = B64.encode(m.finalize().into_bytes());
+        let tag = self.keys.mac(&[
+            b"listSessions\0",
+            session.upstream_id.as_bytes(),
+            &socket.to_be_bytes(),
+            body.as_bytes(),
+        ]);
         tag.get(..22).unwrap_or(&tag).to_string()
     }
 

@@ -1,10 +1,7 @@
-//! Names and routing: the client-facing namespace over many hosts, the URI
-//! store, and the rewrite table that translates every name-bearing field.
+//! The router (contract §4.1, §6): which host a client request goes to and
+//! under which permission, the merged root and the merged session list.
+//! Decisions here read the hosts' mirrors, the policy and the names; they
+//! never touch a client session's state (the session applies them).
 
 pub mod catalog;
-pub mod client_uri;
-pub mod namer;
-pub mod names;
 pub mod root;
-pub mod store;
-pub mod translate;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::names::namer::ToClient;
+use crate::names::translate;
 use crate::relay::Relay;
-use crate::route::namer::ToClient;
-use crate::route::translate;
 use crate::session::{ClientSession, SessionCore};
 use crate::upstream::hub::HostStatus;
 use crate::upstream::watch::{RootField, WatchEvent};

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
-use crate::route::namer::ToClient;
-use crate::route::translate::{self, state_shape};
+use crate::names::namer::ToClient;
+use crate::names::translate::{self, state_shape};
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
 use crate::wire::{self, Edit, EditValue, Frame, FrameKind};
@@ -368,7 +368,7 @@ impl ClientSession {
                         let _ = self
                             .relay
                             .store
-                            .tombstone(&key, crate::relay::unix_now(), ttl);
+                            .tombstone(&key, crate::identity::unix_now(), ttl);
                     }
                     let result = self.client_result(host, &pending.method, v.get("result"));
                     self.respond(&mut core, &pending.client_id, &result);
@@ -597,7 +597,7 @@ pub fn rewrite_envelope(
     client_channel: &str,
     n: u64,
     host: &HostHub,
-    store: &dyn crate::route::store::UriStore,
+    store: &dyn crate::names::store::UriStore,
     identity: (&str, &str),
 ) -> Option<String> {
     let p = &frame.params;

@@ -22,18 +22,10 @@ use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
+pub use crate::identity::PrincipalKey;
 use crate::relay::Relay;
 use crate::upstream::link::Link;
 use buffer::ReplayBuffer;
-
-/// Who a session belongs to: the token's issuer and subject.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PrincipalKey {
-    /// `iss`
-    pub issuer: String,
-    /// `sub`
-    pub subject: String,
-}
 
 /// A session's identity: principal plus the client's own `clientId`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

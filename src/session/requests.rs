@@ -21,16 +21,16 @@ use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
 use super::{Chan, ClientSession, Pending, PendingKind, PrincipalKey, SessionKey};
-use crate::edge::auth::Principal;
+use crate::auth::Principal;
+use crate::names::client_uri::validate_client_uri;
+use crate::names::namer::{self, ToHost};
+use crate::names::names;
+use crate::names::store::{Owner, StoreError};
+use crate::names::translate::{self, FieldKind, Namer};
 use crate::policy::audit::{self, Decision};
 use crate::policy::table::{self, Need};
 use crate::policy::{Grant, Permission};
 use crate::relay::Relay;
-use crate::route::client_uri::validate_client_uri;
-use crate::route::namer::{self, ToHost};
-use crate::route::names;
-use crate::route::store::{Owner, StoreError};
-use crate::route::translate::{self, FieldKind, Namer};
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostStatus;
 use crate::upstream::link::{Link, LinkCmd};
@@ -756,7 +756,7 @@ fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Resu
     match session
         .relay
         .store
-        .reserve(uri, host, &owner, crate::relay::unix_now())
+        .reserve(uri, host, &owner, crate::identity::unix_now())
     {
         Ok(()) => Ok(()),
         Err(StoreError::Taken { .. }) if scheme == "ahp-session" => {

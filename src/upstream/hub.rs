@@ -2,15 +2,38 @@
 //! watch link currently knows (health, root state, session catalog).
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use ahp_types::state::RootState;
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::client::dial::DialOptions;
-use crate::config::HostConfig;
+use crate::upstream::dial::DialOptions;
+
+/// One upstream host.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Stable id, `[a-z0-9-]{1,32}`, never `localhost`; appears in URIs.
+    pub id: String,
+    /// Human label, suffixed to agent display names.
+    #[serde(default)]
+    pub label: Option<String>,
+    /// `wss://…` or (with `allow_plaintext`) `ws://…`.
+    pub url: String,
+    /// Allow a `ws://` URL.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+    /// Bearer token file sent to the host as `Authorization: Bearer`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// PEM CA to verify the host's certificate (default: webpki roots).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
 
 /// Health of a host, as its watch link sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,9 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 
 use super::hub::HostHub;
-use crate::client::dial::{WsStream, dial_stream};
 use crate::session::ClientSession;
 use crate::session::envelope::LinkReply;
+use crate::upstream::dial::{WsStream, dial_stream};
 
 /// What a session asks its link to write.
 #[derive(Debug)]

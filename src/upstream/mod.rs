@@ -1,6 +1,7 @@
 //! Upstream: per host, a watch link (root mirror, session catalog, health)
 //! and, per client session, lazily opened links.
 
+pub mod dial;
 pub mod hub;
 pub mod link;
 pub mod watch;

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::hub::{HostHub, HostStatus};
-use crate::client::dial::{WsStream, dial_stream};
+use crate::upstream::dial::{WsStream, dial_stream};
 
 /// The upstream client id of this process's watch links: `r1.watch.` and
 /// 8 random hex digits, so two relays (replicas, or an old and a new one
@@ -27,7 +27,7 @@ use crate::client::dial::{WsStream, dial_stream};
 pub fn watch_client_id() -> &'static str {
     static ID: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let mut raw = [0u8; 4];
-        if crate::run::random_fill(&mut raw).is_err() {
+        if crate::identity::random_fill(&mut raw).is_err() {
             // No random source: the process id still tells instances apart.
             raw = std::process::id().to_be_bytes();
         }

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ahp::{Client, ClientConfig};
-use ahp_relay::client::dial::{DialOptions, connect_client, dial_stream};
 use ahp_relay::devkit::DevKit;
 use ahp_relay::run::RunningRelay;
 use ahp_relay::simhost::{SimHost, SimHostConfig};
+use ahp_relay::upstream::dial::{DialOptions, connect_client, dial_stream};
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -38,7 +38,7 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "ahp-relay-test-{tag}-{}-{n}-{}",
         std::process::id(),
-        ahp_relay::relay::unix_now()
+        ahp_relay::identity::unix_now()
     ))
 }
 

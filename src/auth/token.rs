@@ -1,7 +1,7 @@
 //! Minting HS256 tokens for the dev demo and the `ahp-relay token` subcommand.
 //!
 //! Tokens minted here verify against an issuer configured with an `hs256` key source of
-//! the same secret (see [`super::auth`]). A TTL above the issuer's
+//! the same secret (see [`super`]). A TTL above the issuer's
 //! `max_unrevocable_lifetime_secs` needs a `jti`, or the relay refuses the token.
 
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
 
-use super::auth::MIN_HS256_SECRET_BYTES;
+use super::MIN_HS256_SECRET_BYTES;
 
 /// What to put in a minted token.
 #[derive(Debug, Clone, PartialEq, Eq)]

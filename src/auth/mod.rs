@@ -51,6 +51,8 @@
 //!   `Authorization` header with another scheme (e.g. `Basic`) is ignored. Query strings
 //!   are decoded as `application/x-www-form-urlencoded` (`+` is a space).
 
+pub mod token;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -914,7 +916,7 @@ fn key_error(path: &Path, problem: impl Into<String>) -> AuthConfigError {
 }
 
 fn load_hs256(path: &Path) -> Result<LoadedKey, AuthConfigError> {
-    let secret = super::token::trim_newlines(read_file(path)?);
+    let secret = token::trim_newlines(read_file(path)?);
     if secret.len() < MIN_HS256_SECRET_BYTES {
         return Err(key_error(
             path,

@@ -1,0 +1,10 @@
+//! The client-facing namespace (contract §4.2–4.3): how host URIs are
+//! qualified, which client-chosen URIs the durable store holds, and the one
+//! rewrite table of every name-bearing field. Pure functions and the store:
+//! nothing here routes a request or knows a session.
+
+pub mod client_uri;
+pub mod namer;
+pub mod names;
+pub mod store;
+pub mod translate;
