@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::auth::AuthConfig;
-use crate::names::names::valid_host_id;
+use crate::names::qualify::valid_host_id;
 
 /// Errors reading or validating the configuration.
 #[derive(Debug, thiserror::Error)]

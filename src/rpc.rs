@@ -147,3 +147,121 @@ pub fn error_frame(id: &Value, err: &RpcError) -> String {
 pub fn notification_frame(method: &str, params: &Value) -> String {
     json!({ "jsonrpc": "2.0", "method": method, "params": params }).to_string()
 }
+
+/// A success response for the request whose id is the exact JSON text `id`
+/// (echoed byte for byte), carrying `result` (already serialized JSON).
+pub fn result_frame_raw(id: &str, result: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#)
+}
+
+/// A request frame with a relay-originated (non-negative integer) id.
+pub fn request_frame(id: u64, method: &str, params: &Value) -> String {
+    json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string()
+}
+
+/// An `action` envelope carrying `params` (channel, action, serverSeq, …).
+pub fn action_frame(params: &Value) -> String {
+    notification_frame("action", params)
+}
+
+/// Every close code the relay sends (contract §3.7), each with its one
+/// reason text, so a code never travels with a drifting explanation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Close {
+    /// 1002: the client offered no protocol version the relay speaks.
+    UnsupportedVersion,
+    /// 1002: a WebSocket protocol violation.
+    WsProtocol,
+    /// 1003: binary frames are not part of AHP.
+    BinaryFrame,
+    /// 1007: a text frame that is not UTF-8.
+    InvalidUtf8,
+    /// 1009: a frame over `limits.max_frame_bytes`.
+    FrameTooBig,
+    /// 1012: the relay is shutting down or restarting.
+    Restarting,
+    /// 4000: continuity with a host was lost.
+    ResyncHostLost,
+    /// 4000: a host whose channels a `reconnect` omitted is back.
+    ResyncHostBack,
+    /// 4000: the access policy changed what the client may see.
+    ResyncPolicy,
+    /// 4001: the token expired.
+    TokenExpired,
+    /// 4003: the token was revoked.
+    TokenRevoked,
+    /// 4008: the client reads too slowly.
+    SlowConsumer,
+    /// 4009: another socket of the same client took over.
+    Superseded,
+    /// 4029: the relay is overloaded.
+    Overloaded,
+}
+
+impl Close {
+    /// The WebSocket close code.
+    pub fn code(self) -> u16 {
+        match self {
+            Close::UnsupportedVersion | Close::WsProtocol => 1002,
+            Close::BinaryFrame => 1003,
+            Close::InvalidUtf8 => 1007,
+            Close::FrameTooBig => 1009,
+            Close::Restarting => 1012,
+            Close::ResyncHostLost | Close::ResyncHostBack | Close::ResyncPolicy => 4000,
+            Close::TokenExpired => 4001,
+            Close::TokenRevoked => 4003,
+            Close::SlowConsumer => 4008,
+            Close::Superseded => 4009,
+            Close::Overloaded => 4029,
+        }
+    }
+
+    /// The close reason: what happened and what the client should do.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Close::UnsupportedVersion => "unsupported protocol version",
+            Close::WsProtocol => "protocol error",
+            Close::BinaryFrame => "binary frames are not supported",
+            Close::InvalidUtf8 => "invalid UTF-8",
+            Close::FrameTooBig => "frame too big",
+            Close::Restarting => "relay restarting: reconnect after backoff",
+            Close::ResyncHostLost => "resync: lost continuity with a host; reconnect now",
+            Close::ResyncHostBack => "resync: a host is back; reconnect now",
+            Close::ResyncPolicy => "resync: access policy changed; reconnect now",
+            Close::TokenExpired => "token expired: reconnect with a new token",
+            Close::TokenRevoked => "token revoked: do not retry with it",
+            Close::SlowConsumer => "slow consumer: reconnect after backoff",
+            Close::Superseded => "superseded by another socket of the same client",
+            Close::Overloaded => "relay overloaded: retry after backoff",
+        }
+    }
+}
+
+#[cfg(test)]
+mod close_tests {
+    use super::Close;
+
+    #[test]
+    fn every_reason_fits_a_close_frame_and_codes_are_in_range() {
+        for c in [
+            Close::UnsupportedVersion,
+            Close::WsProtocol,
+            Close::BinaryFrame,
+            Close::InvalidUtf8,
+            Close::FrameTooBig,
+            Close::Restarting,
+            Close::ResyncHostLost,
+            Close::ResyncHostBack,
+            Close::ResyncPolicy,
+            Close::TokenExpired,
+            Close::TokenRevoked,
+            Close::SlowConsumer,
+            Close::Superseded,
+            Close::Overloaded,
+        ] {
+            // RFC 6455: a close reason is at most 123 bytes.
+            assert!(c.reason().len() <= 123, "{c:?}");
+            assert!((1000..5000).contains(&c.code()), "{c:?}");
+        }
+    }
+}

@@ -75,11 +75,11 @@ impl RunningRelay {
             .ready
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let window = Duration::from_secs(self.relay.cfg.limits.drain_window_secs);
-        let attached = self.relay.attached_sessions();
+        let attached = self.relay.registry.attached_sessions();
         tracing::info!(clients = attached.len(), ?window, "draining");
         let step = window / u32::try_from(attached.len().max(1)).unwrap_or(u32::MAX);
         for s in attached {
-            s.close(1012, "relay restarting: reconnect after backoff");
+            s.close(crate::rpc::Close::Restarting);
             self.relay.metrics.drain_closes.inc();
             tokio::time::sleep(step).await;
         }
@@ -94,7 +94,7 @@ impl RunningRelay {
             t.abort();
         }
         self.relay.stop_watch_links();
-        self.relay.stop_sessions();
+        self.relay.registry.stop_sessions();
     }
 }
 
@@ -214,10 +214,10 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         Relay::new(cfg, secret, Arc::new(store), auth).map_err(StartError::Load)?;
     let edge = Edge::new(relay.clone(), tls);
     let tasks = vec![
-        tokio::spawn(relay.clone().run_fanout(events)),
+        tokio::spawn(relay.registry.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),
         tokio::spawn(reload_files(relay.clone())),
-        tokio::spawn(relay.clone().sweep_idle_links()),
+        tokio::spawn(relay.registry.clone().sweep_idle_links()),
     ];
     tracing::info!(%addr, hosts = relay.hubs().count(), "relay listening");
     Ok(RunningRelay {

@@ -2264,7 +2264,7 @@ async fn a_reconnect_closed_before_its_answer_baselines_nothing() {
         client_id: "closed-early".into(),
     };
     let session = t.relay.relay.session_of(&key).expect("session");
-    session.close(4000, "resync for the test");
+    session.close(ahp_relay::rpc::Close::ResyncHostLost);
     t.hosts[1].set_stalled(false);
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(s2);

@@ -244,7 +244,7 @@ impl Edge {
             Ok(p) => p,
             Err(e) => return self.refuse(peer, &e),
         };
-        let Some(admitted) = self.relay.admit_connection(&principal) else {
+        let Some(admitted) = self.relay.registry.admit_connection(&principal) else {
             return self.refuse_upgrade(
                 "principal_connections",
                 StatusCode::TOO_MANY_REQUESTS,

@@ -15,10 +15,11 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use crate::auth::Principal;
 use crate::identity::unix_now;
 use crate::relay::Relay;
+use crate::rpc::Close;
 use crate::session::outbox::{OutboxRx, outbox};
 use crate::session::requests::{Conn, on_client_frame};
 
-type Kill = Option<(u16, String)>;
+type Kill = Option<Close>;
 
 /// How long the close handshake (with queued frames) may take.
 const CLOSE_WITHIN: Duration = Duration::from_secs(3);
@@ -46,9 +47,9 @@ where
         .saturating_sub(unix_now());
     let expiry = tokio::time::sleep(Duration::from_secs(expires_in));
     tokio::pin!(expiry);
-    let socket = relay.next_socket();
+    let socket = relay.registry.next_socket();
     let mut conn = Conn {
-        relay: relay.clone(),
+        registry: relay.registry.clone(),
         principal,
         socket,
         out: out_tx,
@@ -69,7 +70,7 @@ where
             _ = revocation_check.tick(), if closing.is_none() => {
                 let revoked = conn.principal.jti.as_deref().is_some_and(|j| relay.auth.is_revoked(j));
                 if revoked {
-                    conn.kill.send_replace(Some((4003, "token revoked: do not retry with it".into())));
+                    conn.kill.send_replace(Some(Close::TokenRevoked));
                 }
             }
             msg = stream.next() => match msg {
@@ -77,24 +78,24 @@ where
                 Some(Ok(Message::Text(_))) => {}
                 Some(Ok(Message::Binary(_))) if closing.is_none() => {
                     relay.metrics.bad_client_frames.with_label_values(&["binary"]).inc();
-                    conn.kill.send_replace(Some((1003, "binary frames are not supported".into())));
+                    conn.kill.send_replace(Some(Close::BinaryFrame));
                 }
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Ok(_)) => {}
                 Some(Err(_)) if closing.is_some() => break,
                 Some(Err(e)) => {
-                    let (code, reason, label) = match &e {
-                        WsError::Capacity(_) => (1009, "frame too big", "too_large"),
-                        WsError::Utf8(_) => (1007, "invalid UTF-8", "invalid_utf8"),
-                        _ => (1002, "protocol error", "ws_protocol"),
+                    let (close, label) = match &e {
+                        WsError::Capacity(_) => (Close::FrameTooBig, "too_large"),
+                        WsError::Utf8(_) => (Close::InvalidUtf8, "invalid_utf8"),
+                        _ => (Close::WsProtocol, "ws_protocol"),
                     };
                     relay.metrics.bad_client_frames.with_label_values(&[label]).inc();
-                    conn.kill.send_replace(Some((code, reason.into())));
+                    conn.kill.send_replace(Some(close));
                     break;
                 }
             },
             _ = &mut expiry, if closing.is_none() => {
-                conn.kill.send_replace(Some((4001, "token expired: reconnect with a new token".into())));
+                conn.kill.send_replace(Some(Close::TokenExpired));
             }
             changed = killed.changed(), if closing.is_none() => {
                 if changed.is_err() || killed.borrow().is_some() {
@@ -102,14 +103,14 @@ where
                     // The session stops using this socket now, not when the
                     // close handshake ends.
                     if let Some(session) = conn.session.take() {
-                        relay.detach(&session, socket);
+                        relay.registry.detach(&session, socket);
                     }
                 }
             }
         }
     }
     if let Some(session) = conn.session.take() {
-        relay.detach(&session, socket);
+        relay.registry.detach(&session, socket);
     }
     drop(conn);
     let mut writer = writer;
@@ -141,16 +142,16 @@ async fn write_loop<S>(
                     let _ = tokio::time::timeout(CLOSE_WITHIN, sink.close()).await;
                     return;
                 }
-                let close = kill.borrow().clone();
-                if let Some((code, reason)) = close {
+                let close = *kill.borrow();
+                if let Some(close) = close {
                     // Deliver what is queued (not to a slow consumer), then the
                     // close frame — bounded in time: a client that never reads
                     // cannot hold the socket open.
                     let flush = async {
-                        while code != 4008 && let Some(f) = out.try_recv() {
+                        while close != Close::SlowConsumer && let Some(f) = out.try_recv() {
                             sink.feed(Message::Text(f)).await?;
                         }
-                        let frame = CloseFrame { code: code.into(), reason: reason.into() };
+                        let frame = CloseFrame { code: close.code().into(), reason: close.reason().into() };
                         sink.send(Message::Close(Some(frame))).await
                     };
                     let _ = tokio::time::timeout(CLOSE_WITHIN, flush).await;

@@ -5,6 +5,6 @@
 
 pub mod client_uri;
 pub mod namer;
-pub mod names;
+pub mod qualify;
 pub mod store;
 pub mod translate;

@@ -3,7 +3,7 @@
 //! (client → host, fail-closed), used with the rewrite table in
 //! [`super::translate`].
 
-use super::names::{self, ClientName, UriParts};
+use super::qualify::{self as names, ClientName, UriParts};
 use super::store::{UriState, UriStore};
 use super::translate::{FieldKind, Namer};
 

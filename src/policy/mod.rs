@@ -12,7 +12,7 @@
 //! - [`audit`] writes one structured line per decision on a write, per
 //!   terminal subscription, per denied read (§7.5).
 //!
-//! The policy in force is swappable at run time (`Relay::set_policy`), so a
+//! The policy in force is swappable at run time ([`Access::set_policy`]), so a
 //! reload applies to the next request at once (§7.6).
 
 pub mod audit;
@@ -25,6 +25,7 @@ use std::sync::Arc;
 use crate::identity::PrincipalKey;
 use crate::names::store::Owner;
 
+pub use objects::Access;
 pub use rules::{PolicyConfig, RulePolicy};
 
 /// What an operation needs, per host (contract §7.1): the closed list.

@@ -7,12 +7,53 @@
 
 use serde_json::Value;
 
-use super::{Grant, HostRef, Subject};
-use crate::names::store::{Owner, UriEntry, UriState};
-use crate::relay::Relay;
+use std::sync::{Arc, RwLock};
+
+use super::{Grant, HostRef, Policy, Subject};
+use crate::identity::Keys;
+use crate::names::store::{Owner, UriEntry, UriState, UriStore};
 use crate::upstream::hub::{HostHub, HostStatus};
 
-impl Relay {
+/// The visibility decision point: the policy in force, the ownership store
+/// and the keys that recognise a principal's own upstream ids.
+pub struct Access {
+    policy: RwLock<Arc<dyn Policy>>,
+    store: Arc<dyn UriStore>,
+    keys: Keys,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access").finish_non_exhaustive()
+    }
+}
+
+impl Access {
+    /// Access decided by `policy` over the creators recorded in `store`.
+    pub fn new(policy: Arc<dyn Policy>, store: Arc<dyn UriStore>, keys: Keys) -> Self {
+        Self {
+            policy: RwLock::new(policy),
+            store,
+            keys,
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Arc<dyn Policy> {
+        self.policy
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// Replaces the policy; the next decision uses the new one (§7.6).
+    pub fn set_policy(&self, policy: Arc<dyn Policy>) {
+        match self.policy.write() {
+            Ok(mut p) => *p = policy,
+            Err(e) => *e.into_inner() = policy,
+        }
+    }
+
     /// What `who` holds on `hub`; `None` if the host is invisible to it (no
     /// rule, or the host refused the relay's protocol version).
     pub fn grant_on(&self, who: Subject<'_>, hub: &HostHub) -> Option<Grant> {
@@ -126,7 +167,7 @@ impl Relay {
         claim: &Value,
     ) -> bool {
         if let Some(client) = claim.get("clientId").and_then(Value::as_str) {
-            return client.starts_with(&self.upstream_prefix(who.principal));
+            return client.starts_with(&self.keys.upstream_prefix(who.principal));
         }
         claim
             .get("session")

@@ -5,143 +5,141 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use serde_json::{Value, json};
 
-use crate::relay::Relay;
 use std::sync::Arc;
 
+use super::{Caller, Env};
+
 use crate::names::namer::{ToClient, is_store_entry};
-use crate::names::names;
+use crate::names::qualify as names;
 use crate::names::translate;
 use crate::rpc::RpcError;
-use crate::session::ClientSession;
 use crate::upstream::hub::{HostHub, HostStatus, IndexEntry};
 
-impl Relay {
-    /// `listSessions` across hosts (contract §6.3): newest first by parsed
-    /// `modifiedAt`, ties by client URI; sessions of unreachable hosts kept
-    /// and marked; an opaque cursor MAC-protected and bound to the socket.
-    pub fn list_sessions(
-        &self,
-        session: &ClientSession,
-        params: Value,
-    ) -> Result<String, RpcError> {
-        let limit_cap = self.cfg.limits.list_sessions_limit;
-        let limit = match params.get("limit") {
-            None | Some(Value::Null) => limit_cap,
-            Some(v) => match v.as_u64() {
-                Some(l) if l >= 1 => (l as usize).min(limit_cap),
-                _ => return Err(RpcError::invalid_params("limit must be a positive integer")),
-            },
+/// `listSessions` across hosts (contract §6.3): newest first by parsed
+/// `modifiedAt`, ties by client URI; sessions of unreachable hosts kept
+/// and marked; an opaque cursor MAC-protected and bound to the socket.
+pub fn list_sessions(
+    env: &Env,
+    caller: Caller<'_>,
+    socket: u64,
+    params: Value,
+) -> Result<String, RpcError> {
+    let limit_cap = env.cfg.limits.list_sessions_limit;
+    let limit = match params.get("limit") {
+        None | Some(Value::Null) => limit_cap,
+        Some(v) => match v.as_u64() {
+            Some(l) if l >= 1 => (l as usize).min(limit_cap),
+            _ => return Err(RpcError::invalid_params("limit must be a positive integer")),
+        },
+    };
+    let after = match params.get("cursor") {
+        None | Some(Value::Null) => None,
+        Some(c) => Some(
+            c.as_str()
+                .and_then(|c| open_cursor(env, c, caller, socket))
+                .ok_or_else(|| RpcError::invalid_params("unknown cursor"))?,
+        ),
+    };
+    let who = caller.who;
+    let mut lists = Vec::new();
+    for hub in env.hosts.iter() {
+        let Some(grant) = env.access.grant_on(who, hub) else {
+            continue;
         };
-        let after = match params.get("cursor") {
-            None | Some(Value::Null) => None,
-            Some(c) => Some(
-                c.as_str()
-                    .and_then(|c| self.open_cursor(c, session))
-                    .ok_or_else(|| RpcError::invalid_params("unknown cursor"))?,
-            ),
+        let index = hub.sorted_catalog(|uri| {
+            names::qualify(&hub.id, uri, |base| {
+                is_store_entry(env.store.as_ref(), &hub.id, base)
+            })
+        });
+        // Entries strictly after the cursor, in list order.
+        let start = match &after {
+            None => 0,
+            Some((at, uri)) => index.partition_point(|e| {
+                e.at > *at || (e.at == *at && e.client.as_ref() <= uri.as_str())
+            }),
         };
-        let who = session.subject();
-        let mut lists = Vec::new();
-        for hub in self.hubs.values() {
-            let Some(grant) = self.grant_on(who, hub) else {
-                continue;
-            };
-            let index = hub.sorted_catalog(|uri| {
-                names::qualify(&hub.id, uri, |base| {
-                    is_store_entry(self.store.as_ref(), &hub.id, base)
-                })
-            });
-            // Entries strictly after the cursor, in list order.
-            let start = match &after {
-                None => 0,
-                Some((at, uri)) => index.partition_point(|e| {
-                    e.at > *at || (e.at == *at && e.client.as_ref() <= uri.as_str())
-                }),
-            };
-            lists.push((hub, grant, index, start));
-        }
-        // Merge the per-host lists, keeping visible entries, until the page
-        // is full and one more visible entry proves a next page.
-        let mut page: Vec<(&Arc<HostHub>, IndexEntry)> = Vec::new();
-        let mut more = false;
-        loop {
-            let next = lists
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (_, _, index, start))| index.get(*start).map(|e| (i, e)))
-                .min_by(|(_, a), (_, b)| b.at.cmp(&a.at).then_with(|| a.client.cmp(&b.client)));
-            let Some((i, entry)) = next else { break };
-            let entry = entry.clone();
-            let (hub, grant, _, start) = &mut lists[i];
-            *start += 1;
-            if !self.sees_session(who, grant, hub, &entry.host) {
-                continue;
-            }
-            if page.len() == limit {
-                more = true;
-                break;
-            }
-            page.push((hub, entry));
-        }
-        let mut items = Vec::with_capacity(page.len());
-        for (hub, entry) in &page {
-            let namer = ToClient {
-                host: &hub.id,
-                store: self.store.as_ref(),
-                identity: None,
-            };
-            let Some((mut s, status)) = hub.read(|v| {
-                v.catalog
-                    .get(entry.host.as_ref())
-                    .map(|s| (s.clone(), v.status))
-            }) else {
-                continue; // removed since the index was built
-            };
-            if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
-                continue;
-            }
-            if status != HostStatus::Up
-                && let Some(o) = s.as_object_mut()
-            {
-                let meta = o.entry("_meta").or_insert_with(|| json!({}));
-                if let Some(m) = meta.as_object_mut() {
-                    m.insert("ahp-relay/hostState".into(), json!(status.label()));
-                }
-            }
-            items.push(s);
-        }
-        let mut result = json!({"items": items});
-        if more && let (Some((_, last)), Some(o)) = (page.last(), result.as_object_mut()) {
-            o.insert(
-                "nextCursor".into(),
-                json!(self.seal_cursor(last.at, &last.client, session)),
-            );
-        }
-        Ok(result.to_string())
+        lists.push((hub, grant, index, start));
     }
+    // Merge the per-host lists, keeping visible entries, until the page
+    // is full and one more visible entry proves a next page.
+    let mut page: Vec<(&Arc<HostHub>, IndexEntry)> = Vec::new();
+    let mut more = false;
+    loop {
+        let next = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, _, index, start))| index.get(*start).map(|e| (i, e)))
+            .min_by(|(_, a), (_, b)| b.at.cmp(&a.at).then_with(|| a.client.cmp(&b.client)));
+        let Some((i, entry)) = next else { break };
+        let entry = entry.clone();
+        let (hub, grant, _, start) = &mut lists[i];
+        *start += 1;
+        if !env.access.sees_session(who, grant, hub, &entry.host) {
+            continue;
+        }
+        if page.len() == limit {
+            more = true;
+            break;
+        }
+        page.push((hub, entry));
+    }
+    let mut items = Vec::with_capacity(page.len());
+    for (hub, entry) in &page {
+        let namer = ToClient {
+            host: &hub.id,
+            store: env.store.as_ref(),
+            identity: None,
+        };
+        let Some((mut s, status)) = hub.read(|v| {
+            v.catalog
+                .get(entry.host.as_ref())
+                .map(|s| (s.clone(), v.status))
+        }) else {
+            continue; // removed since the index was built
+        };
+        if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
+            continue;
+        }
+        if status != HostStatus::Up
+            && let Some(o) = s.as_object_mut()
+        {
+            let meta = o.entry("_meta").or_insert_with(|| json!({}));
+            if let Some(m) = meta.as_object_mut() {
+                m.insert("ahp-relay/hostState".into(), json!(status.label()));
+            }
+        }
+        items.push(s);
+    }
+    let mut result = json!({"items": items});
+    if more && let (Some((_, last)), Some(o)) = (page.last(), result.as_object_mut()) {
+        o.insert(
+            "nextCursor".into(),
+            json!(seal_cursor(env, last.at, &last.client, caller, socket)),
+        );
+    }
+    Ok(result.to_string())
+}
 
-    fn cursor_mac(&self, body: &str, session: &ClientSession) -> String {
-        let socket = session.lock().socket_id().unwrap_or(0);
-        let tag = self.keys.mac(&[
-            b"listSessions\0",
-            session.upstream_id.as_bytes(),
-            &socket.to_be_bytes(),
-            body.as_bytes(),
-        ]);
-        tag.get(..22).unwrap_or(&tag).to_string()
-    }
+fn cursor_mac(env: &Env, body: &str, caller: Caller<'_>, socket: u64) -> String {
+    let tag = env.keys.mac(&[
+        b"listSessions\0",
+        caller.upstream_id.as_bytes(),
+        &socket.to_be_bytes(),
+        body.as_bytes(),
+    ]);
+    tag.get(..22).unwrap_or(&tag).to_string()
+}
 
-    fn seal_cursor(&self, at: i64, uri: &str, session: &ClientSession) -> String {
-        let body = B64.encode(json!([at, uri]).to_string());
-        format!("{body}.{}", self.cursor_mac(&body, session))
-    }
+fn seal_cursor(env: &Env, at: i64, uri: &str, caller: Caller<'_>, socket: u64) -> String {
+    let body = B64.encode(json!([at, uri]).to_string());
+    format!("{body}.{}", cursor_mac(env, &body, caller, socket))
+}
 
-    fn open_cursor(&self, cursor: &str, session: &ClientSession) -> Option<(i64, String)> {
-        let (body, tag) = cursor.split_once('.')?;
-        if self.cursor_mac(body, session) != tag {
-            return None;
-        }
-        let v: Value = serde_json::from_slice(&B64.decode(body).ok()?).ok()?;
-        Some((v.get(0)?.as_i64()?, v.get(1)?.as_str()?.to_string()))
+fn open_cursor(env: &Env, cursor: &str, caller: Caller<'_>, socket: u64) -> Option<(i64, String)> {
+    let (body, tag) = cursor.split_once('.')?;
+    if cursor_mac(env, body, caller, socket) != tag {
+        return None;
     }
+    let v: Value = serde_json::from_slice(&B64.decode(body).ok()?).ok()?;
+    Some((v.get(0)?.as_i64()?, v.get(1)?.as_str()?.to_string()))
 }

@@ -14,8 +14,9 @@ use serde_json::Value;
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::ToClient;
 use crate::names::translate::{self, state_shape};
-use crate::rpc::RpcError;
+use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
+use crate::upstream::link::LinkReply;
 use crate::wire::{self, Edit, EditValue, Frame, FrameKind};
 
 /// Requests a host may send to its client (AHP `ServerCommandMap`).
@@ -35,22 +36,13 @@ pub const HOST_REQUESTS: &[&str] = &[
 /// How long a client may take to answer a host's request (contract §4.5).
 const CLIENT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// What the link must do after a host frame was handled.
-#[derive(Debug, PartialEq, Eq)]
-pub enum LinkReply {
-    /// Nothing.
-    None,
-    /// Write this frame back to the host (an answer to a host request).
-    ToHost(String),
-}
-
 impl ClientSession {
     /// Handles one frame from `host`'s link.
-    pub fn on_host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply {
-        let frame = match wire::classify(text, &self.relay.upstream_limits) {
+    pub(super) fn host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply {
+        let frame = match wire::classify(text, &self.env.upstream_limits) {
             Ok(f) => f,
             Err(e) => {
-                self.relay.metrics.upstream_bad_frames.inc();
+                self.env.metrics.upstream_bad_frames.inc();
                 tracing::warn!(host = %host.id, error = %e, "host sent an unreadable frame");
                 return LinkReply::None;
             }
@@ -96,7 +88,7 @@ impl ClientSession {
         }
         self.push(&mut core, v.to_string());
         drop(core);
-        let Some(me) = self.relay.session_of(&self.key) else {
+        let Some(me) = self.registry().and_then(|r| r.session_of(&self.key)) else {
             return;
         };
         let me = Arc::downgrade(&me);
@@ -181,7 +173,7 @@ impl ClientSession {
         frame: &Frame<'_>,
         client_channel: &str,
     ) {
-        let relay = &self.relay;
+        let relay = &self.env;
         let rewritten = self.push_envelope(core, |n| {
             rewrite_envelope(
                 text,
@@ -243,7 +235,7 @@ impl ClientSession {
         );
         for (seq, text) in held.into_iter().filter(|(s, _)| *s > from) {
             let _ = seq;
-            if let Ok(frame) = wire::classify(&text, &self.relay.upstream_limits) {
+            if let Ok(frame) = wire::classify(&text, &self.env.upstream_limits) {
                 self.deliver(core, host, &text, &frame, &client);
             }
         }
@@ -336,7 +328,7 @@ impl ClientSession {
                 store_key,
                 await_catalog,
             } => {
-                let store = self.relay.store.clone();
+                let store = self.env.store.clone();
                 match failure {
                     Some(err) => {
                         let _ = store.release(&store_key);
@@ -364,9 +356,9 @@ impl ClientSession {
                 Some(err) => self.respond_error(&mut core, &pending.client_id, &err),
                 None => {
                     if let Some(key) = store_key {
-                        let ttl = self.relay.cfg.relay.tombstone_ttl_secs;
+                        let ttl = self.env.cfg.relay.tombstone_ttl_secs;
                         let _ = self
-                            .relay
+                            .env
                             .store
                             .tombstone(&key, crate::identity::unix_now(), ttl);
                     }
@@ -381,7 +373,7 @@ impl ClientSession {
     /// so a `listSessions` right after includes it (contract §6.3); gives up
     /// waiting after a bound and answers anyway.
     fn respond_after_catalog(&self, host: Arc<HostHub>, host_uri: String, client_id: String) {
-        let Some(me) = self.relay.session_of(&self.key) else {
+        let Some(me) = self.registry().and_then(|r| r.session_of(&self.key)) else {
             return;
         };
         tokio::spawn(async move {
@@ -403,7 +395,7 @@ impl ClientSession {
         let mut result = result.cloned().unwrap_or(Value::Null);
         let namer = ToClient {
             host: &host.id,
-            store: self.relay.store.as_ref(),
+            store: self.env.store.as_ref(),
             identity: Some(self.identity()),
         };
         if translate::translate(&mut result, &format!("result:{method}"), &namer).is_err() {
@@ -432,7 +424,7 @@ impl ClientSession {
         }
         let namer = ToClient {
             host: &host.id,
-            store: self.relay.store.as_ref(),
+            store: self.env.store.as_ref(),
             identity: Some(self.identity()),
         };
         if let Some(shape) = state_shape(client_channel)
@@ -472,7 +464,7 @@ impl ClientSession {
         };
         let namer = ToClient {
             host: &host.id,
-            store: self.relay.store.as_ref(),
+            store: self.env.store.as_ref(),
             identity: Some(self.identity()),
         };
         if let Some(ch) = v.pointer_mut("/params/channel")
@@ -510,7 +502,7 @@ impl ClientSession {
                     let _ = reply.send(None);
                 }
                 PendingKind::Create { store_key, .. } => {
-                    let _ = self.relay.store.release(&store_key);
+                    let _ = self.env.store.release(&store_key);
                     self.respond_error(core, &p.client_id, err);
                 }
                 _ => self.respond_error(core, &p.client_id, err),
@@ -522,7 +514,11 @@ impl ClientSession {
     /// the host channels it follows (root included); `None` when the link
     /// should not be resumed (replaced, or the client is detached — a link
     /// that drops while its client is away stays closed, §5.8).
-    pub fn resume_plan(&self, host: &Arc<HostHub>, link: u64) -> Option<(u64, Vec<String>)> {
+    pub(super) fn link_resume_plan(
+        &self,
+        host: &Arc<HostHub>,
+        link: u64,
+    ) -> Option<(u64, Vec<String>)> {
         let core = self.lock();
         if core.links.get(&host.id).map(|l| l.id) != Some(link) || core.socket_id().is_none() {
             return None;
@@ -540,7 +536,7 @@ impl ClientSession {
     /// A link to `host` failed to open (`was_up` false) or dropped: requests
     /// in flight fail, and a client that followed channels there is told to
     /// resynchronise (4000) because continuity is lost (contract §5.8).
-    pub fn on_link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool) {
+    pub(super) fn link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool) {
         let err = if was_up {
             RpcError::upstream_lost(&host.id)
         } else {
@@ -565,24 +561,23 @@ impl ClientSession {
         let attached = core.socket_id();
         drop(core);
         if let (true, false, Some(socket)) = (was_up, lost.is_empty(), attached) {
-            self.relay
+            self.env
                 .metrics
                 .resyncs
                 .with_label_values(&["host_link_lost"])
                 .inc();
-            let delay = self.relay.resync_delay(&self.upstream_id);
-            let Some(me) = self.relay.session_of(&self.key) else {
+            let Some(registry) = self.registry() else {
+                return;
+            };
+            let delay = registry.resync_delay(&self.upstream_id);
+            let Some(me) = self.registry().and_then(|r| r.session_of(&self.key)) else {
                 return;
             };
             let me = Arc::downgrade(&me);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 if let Some(me) = me.upgrade() {
-                    me.close_socket(
-                        socket,
-                        4000,
-                        "resync: lost continuity with a host; reconnect now",
-                    );
+                    me.close_socket(socket, Close::ResyncHostLost);
                 }
             });
         }

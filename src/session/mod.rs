@@ -9,23 +9,28 @@
 
 pub mod buffer;
 pub mod envelope;
+mod fanout;
+mod links;
 pub mod outbox;
 pub mod reconnect;
+pub mod registry;
 pub mod requests;
 pub mod sequence;
 pub mod tool_calls;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 pub use crate::identity::PrincipalKey;
-use crate::relay::Relay;
+use crate::route::{Caller, Env};
+use crate::rpc::Close;
 use crate::upstream::link::Link;
 use buffer::ReplayBuffer;
+pub use registry::Registry;
 
 /// A session's identity: principal plus the client's own `clientId`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -173,7 +178,7 @@ pub struct Socket {
     /// Frames to the client (bounded by frames and bytes).
     pub out: outbox::Outbox,
     /// Closes the client socket with a code and reason.
-    pub kill: watch::Sender<Option<(u16, String)>>,
+    pub kill: watch::Sender<Option<Close>>,
 }
 
 impl SessionCore {
@@ -235,15 +240,17 @@ impl SessionCore {
 impl Drop for ClientSession {
     fn drop(&mut self) {
         let bytes = self.lock().buffer.usage().1;
-        self.relay.metrics.buffer_bytes.sub(bytes as i64);
+        self.env.metrics.buffer_bytes.sub(bytes as i64);
     }
 }
 
 /// One client session.
 #[derive(Debug)]
 pub struct ClientSession {
-    /// The relay it belongs to.
-    pub relay: Arc<Relay>,
+    /// What routing reads.
+    pub env: Arc<Env>,
+    /// The registry holding it (weak: a registry's sessions hold it back).
+    registry: Weak<Registry>,
     /// Principal and clientId.
     pub key: SessionKey,
     /// The derived upstream client id (contract §2, B2).
@@ -260,15 +267,16 @@ pub struct ClientSession {
 impl ClientSession {
     /// A new session numbering from a fresh S0, attached to `socket`.
     pub fn new(
-        relay: Arc<Relay>,
+        registry: &Arc<Registry>,
         key: SessionKey,
         version: String,
         groups: Vec<String>,
         socket: Socket,
     ) -> Self {
-        let upstream_id = relay.upstream_id(&key.principal, &key.client_id);
-        let limits = &relay.cfg.limits;
-        let s0 = relay.origins.next();
+        let env = registry.env.clone();
+        let upstream_id = env.keys.upstream_id(&key.principal, &key.client_id);
+        let limits = &env.cfg.limits;
+        let s0 = registry.origins.next();
         let core = SessionCore {
             last: s0,
             s0,
@@ -294,7 +302,8 @@ impl ClientSession {
             watermarks: HashMap::new(),
         };
         Self {
-            relay,
+            env,
+            registry: Arc::downgrade(registry),
             key,
             upstream_id,
             version,
@@ -322,6 +331,30 @@ impl ClientSession {
         (&self.upstream_id, &self.key.client_id)
     }
 
+    /// Who routing decisions are for.
+    pub fn caller(&self) -> Caller<'_> {
+        Caller {
+            who: self.subject(),
+            upstream_id: &self.upstream_id,
+            client_id: &self.key.client_id,
+        }
+    }
+
+    /// The registry holding this session, while the relay runs.
+    pub fn registry(&self) -> Option<Arc<Registry>> {
+        self.registry.upgrade()
+    }
+
+    /// The merged root for this session, remembered as what its client has
+    /// seen (root actions then carry only fields that changed).
+    pub fn root_snapshot(&self, core: &mut SessionCore) -> Value {
+        let root = crate::route::root::merged_root(&self.env, self.caller());
+        if let Value::Object(fields) = &root {
+            core.root_seen = fields.clone();
+        }
+        root
+    }
+
     /// Queues a frame for the client. A client whose queue is full is closed
     /// with 4008 (slow consumer) rather than stalling a link or the relay.
     pub fn push(&self, core: &mut SessionCore, frame: impl Into<Utf8Bytes>) {
@@ -331,8 +364,8 @@ impl ClientSession {
         match socket.out.try_send(frame.into()) {
             Ok(()) => {}
             Err(outbox::Refused::Full) => {
-                self.relay.metrics.slow_consumer_closes.inc();
-                self.close_locked(core, 4008, "slow consumer: reconnect after backoff");
+                self.env.metrics.slow_consumer_closes.inc();
+                self.close_locked(core, Close::SlowConsumer);
             }
             Err(outbox::Refused::Closed) => core.socket = None,
         }
@@ -362,7 +395,7 @@ impl ClientSession {
             core.pending.clear();
             core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
         }
-        let metrics = &self.relay.metrics;
+        let metrics = &self.env.metrics;
         metrics.buffer_evictions.inc_by(evicted as u64);
         metrics
             .buffer_bytes
@@ -390,7 +423,7 @@ impl ClientSession {
             ));
             return;
         }
-        self.relay.metrics.relay_rejections.inc();
+        self.env.metrics.relay_rejections.inc();
         let client = self.key.client_id.clone();
         self.push_envelope(core, |n| {
             Some(
@@ -425,25 +458,25 @@ impl ClientSession {
         self.push(core, err.frame(id));
     }
 
-    /// Closes the client socket with `code` (e.g. 4000 resync, 4009 superseded).
-    pub fn close(&self, code: u16, reason: &str) {
+    /// Closes the client socket with `close`.
+    pub fn close(&self, close: Close) {
         let mut core = self.lock();
-        self.close_locked(&mut core, code, reason);
+        self.close_locked(&mut core, close);
     }
 
     /// Closes socket `id` with `code` only if it is still the attached one
     /// (a resync decided for one socket must not hit a newer socket whose
     /// own `reconnect` already resynchronises).
-    pub fn close_socket(&self, id: u64, code: u16, reason: &str) {
+    pub fn close_socket(&self, id: u64, close: Close) {
         let mut core = self.lock();
         if core.answers_on(id) {
-            self.close_locked(&mut core, code, reason);
+            self.close_locked(&mut core, close);
         }
     }
 
-    fn close_locked(&self, core: &mut SessionCore, code: u16, reason: &str) {
+    fn close_locked(&self, core: &mut SessionCore, close: Close) {
         if let Some(socket) = core.socket.take() {
-            socket.kill.send_replace(Some((code, reason.to_string())));
+            socket.kill.send_replace(Some(close));
         }
     }
 
@@ -451,11 +484,7 @@ impl ClientSession {
     /// attached is closed first with 4009 (contract §5.6). Returns the
     /// attach generation lifetime timers compare against.
     pub fn attach_socket(&self, core: &mut SessionCore, socket: Socket) -> u64 {
-        self.close_locked(
-            core,
-            4009,
-            "superseded by another socket of the same client",
-        );
+        self.close_locked(core, Close::Superseded);
         core.detached_at = None;
         core.last_socket = socket.id;
         core.socket = Some(socket);

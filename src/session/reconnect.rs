@@ -17,12 +17,13 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::requests::{Conn, gate, host_for, typed};
+use super::requests::{Conn, typed};
 use super::{Chan, ClientSession, SessionCore};
 use crate::policy::Permission;
+use crate::route::router::{gate, host_for};
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
-use crate::upstream::link::{Baseline, Link, LinkCmd};
+use crate::upstream::link::{Baseline, LinkCmd};
 
 /// Handles `reconnect` on a socket without a session; writes the answer itself.
 pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcError> {
@@ -32,10 +33,11 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         ));
     }
     let (p, _) = typed::<ReconnectParams>(params)?;
-    let relay = conn.relay.clone();
+    let registry = conn.registry.clone();
     let key = conn.session_key(&p.client_id);
-    let Some(session) = relay.session_of(&key) else {
-        relay
+    let Some(session) = registry.session_of(&key) else {
+        registry
+            .env
             .metrics
             .reconnects
             .with_label_values(&["not_found"])
@@ -86,14 +88,16 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         (replayed, generation)
     };
     if replayed {
-        relay
+        registry
+            .env
             .metrics
             .reconnects
             .with_label_values(&["replay"])
             .inc();
         return Ok(());
     }
-    relay
+    registry
+        .env
         .metrics
         .reconnects
         .with_label_values(&["snapshot"])
@@ -102,7 +106,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     // One deadline for all hosts: hosts that do not answer delay the
     // answer by the settle timeout once, not once each (§5.8).
     let settle = tokio::time::Instant::now()
-        + std::time::Duration::from_secs(relay.cfg.limits.upstream_settle_secs);
+        + std::time::Duration::from_secs(registry.env.cfg.limits.upstream_settle_secs);
     let mut adopted = Vec::new();
     for (hub, channels, rx) in waits {
         let init = tokio::time::timeout_at(settle, rx)
@@ -134,7 +138,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     let mut snapshots = Vec::new();
     core.orphaned.clear();
     if requested.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
-        let root = relay.root_snapshot(&session, &mut core);
+        let root = session.root_snapshot(&mut core);
         snapshots.push(
             json!({"resource": ahp_types::ROOT_RESOURCE_URI, "state": root, "fromSeq": from}),
         );
@@ -219,7 +223,8 @@ fn replay(
         if !core.baselined.contains(c) {
             return None;
         }
-        let routable = c == ahp_types::ROOT_RESOURCE_URI || host_for(session, c).is_ok();
+        let routable = c == ahp_types::ROOT_RESOURCE_URI
+            || host_for(&session.env, session.caller(), c).is_ok();
         if !routable {
             missing.push(c.clone());
         }
@@ -252,7 +257,7 @@ fn replay(
             actions.push(env.params.get());
         }
     }
-    let metrics = &session.relay.metrics;
+    let metrics = &session.env.metrics;
     metrics.replayed_envelopes.inc_by(actions.len() as u64);
     metrics.replay_sizes.observe(actions.len() as f64);
     let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
@@ -299,10 +304,19 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
         .iter()
         .filter(|c| *c != ahp_types::ROOT_RESOURCE_URI)
     {
-        let Ok((hub, host_uri)) = host_for(session, c) else {
+        let Ok((hub, host_uri)) = host_for(&session.env, session.caller(), c) else {
             continue;
         };
-        if gate(session, &hub, "subscribe", c, Permission::SessionsRead).is_err() {
+        if gate(
+            &session.env,
+            session.caller(),
+            &hub,
+            "subscribe",
+            c,
+            Permission::SessionsRead,
+        )
+        .is_err()
+        {
             continue;
         }
         by_host
@@ -330,7 +344,7 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
                 },
             );
         }
-        let link = Link::open(session, hub.clone(), baseline);
+        let link = session.open_link_to(&hub, baseline);
         if let Some(old) = core.links.insert(hub.id.clone(), link) {
             core.retiring.push(old);
         }

@@ -22,16 +22,13 @@ use tokio::sync::{oneshot, watch};
 
 use super::{Chan, ClientSession, Pending, PendingKind, PrincipalKey, SessionKey};
 use crate::auth::Principal;
-use crate::names::client_uri::validate_client_uri;
-use crate::names::namer::{self, ToHost};
-use crate::names::names;
+use crate::names::qualify as names;
 use crate::names::store::{Owner, StoreError};
-use crate::names::translate::{self, FieldKind, Namer};
+use crate::policy::Grant;
 use crate::policy::audit::{self, Decision};
-use crate::policy::table::{self, Need};
-use crate::policy::{Grant, Permission};
-use crate::relay::Relay;
-use crate::rpc::RpcError;
+use crate::policy::table;
+use crate::route::{catalog, router};
+use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostStatus;
 use crate::upstream::link::{Link, LinkCmd};
 use crate::wire::{self, FrameKind};
@@ -41,8 +38,8 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["~1.0.0"];
 
 /// One client socket's state as seen by the router.
 pub struct Conn {
-    /// The relay.
-    pub relay: Arc<Relay>,
+    /// The registry of sessions.
+    pub registry: Arc<super::Registry>,
     /// Who authenticated at the upgrade.
     pub principal: Principal,
     /// This socket's id.
@@ -50,7 +47,7 @@ pub struct Conn {
     /// Frames to the client.
     pub out: super::outbox::Outbox,
     /// Closes the client socket.
-    pub kill: watch::Sender<Option<(u16, String)>>,
+    pub kill: watch::Sender<Option<Close>>,
     /// The session, once `initialize` succeeded on this socket.
     pub session: Option<Arc<ClientSession>>,
 }
@@ -78,10 +75,7 @@ impl Conn {
 
     fn send(&self, frame: String) {
         if self.out.try_send(frame.into()).is_err() {
-            self.kill.send_replace(Some((
-                4008,
-                "slow consumer: reconnect after backoff".into(),
-            )));
+            self.kill.send_replace(Some(Close::SlowConsumer));
         }
     }
 
@@ -95,12 +89,11 @@ impl Conn {
 
 /// Handles one text frame from the client.
 pub async fn on_client_frame(conn: &mut Conn, text: &str) {
-    let relay = conn.relay.clone();
-    let frame = match wire::classify(text, &relay.client_limits) {
+    let env = conn.registry.env.clone();
+    let frame = match wire::classify(text, &env.client_limits) {
         Ok(f) => f,
         Err(e) => {
-            relay
-                .metrics
+            env.metrics
                 .bad_client_frames
                 .with_label_values(&[e.label()])
                 .inc();
@@ -113,10 +106,9 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
     };
     match &frame.kind {
         FrameKind::Request { id, method } => {
-            relay
-                .metrics
+            env.metrics
                 .client_requests
-                .with_label_values(&[relay.method_label(method)])
+                .with_label_values(&[router::method_label(method)])
                 .inc();
             let id = id.raw.to_string();
             let Some(_channel) = frame.channel() else {
@@ -134,8 +126,7 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
                 conn.reply(&id, result);
                 if close {
-                    conn.kill
-                        .send_replace(Some((1002, "unsupported protocol version".into())));
+                    conn.kill.send_replace(Some(Close::UnsupportedVersion));
                 }
             }
         }
@@ -146,7 +137,7 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
             match method.as_ref() {
                 "dispatchAction" => dispatch(&session, params_of(text)),
                 "unsubscribe" => unsubscribe(&session, params_of(text)),
-                _ => relay.metrics.client_notifications_dropped.inc(),
+                _ => env.metrics.client_notifications_dropped.inc(),
             }
         }
         FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. } => {
@@ -155,7 +146,7 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                     let answer = serde_json::from_str::<Value>(text).ok();
                     session.answer_host_request(n, answer.as_ref());
                 }
-                _ => relay.metrics.client_notifications_dropped.inc(),
+                _ => env.metrics.client_notifications_dropped.inc(),
             }
         }
     }
@@ -204,7 +195,14 @@ async fn request(
     };
     let outcome = match method {
         "subscribe" => subscribe(&session, id, params),
-        "listSessions" => return Some(conn.relay.list_sessions(&session, params)),
+        "listSessions" => {
+            return Some(catalog::list_sessions(
+                &session.env,
+                session.caller(),
+                conn.socket,
+                params,
+            ));
+        }
         "createSession" => create_session(&session, id, params),
         "createChat" => create_chat(&session, id, params),
         "createTerminal" => create_terminal(&session, id, params),
@@ -255,17 +253,17 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
             "clientId must be 1 to 256 characters",
         ));
     }
-    let relay = conn.relay.clone();
+    let registry = conn.registry.clone();
     let key = conn.session_key(&p.client_id);
     let socket = conn.socket();
     let session = Arc::new(ClientSession::new(
-        relay.clone(),
+        &registry,
         key,
         version.clone(),
         conn.principal.groups.clone(),
         socket,
     ));
-    relay.attach(session.clone())?;
+    registry.attach(session.clone())?;
     conn.session = Some(session.clone());
     let wanted = p.initial_subscriptions.unwrap_or_default();
     let mut waits = Vec::new();
@@ -274,7 +272,8 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
             waits.push(wait);
         }
     }
-    let deadline = tokio::time::Instant::now() + relay.cfg.limits.upstream_request();
+    let env = &session.env;
+    let deadline = tokio::time::Instant::now() + env.cfg.limits.upstream_request();
     let mut taken = Vec::new();
     let mut missed = Vec::new();
     for (hub, host_uri, client_uri, rx) in waits {
@@ -304,7 +303,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         core.baselined
             .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
         snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
-            "state": relay.root_snapshot(&session, &mut core), "fromSeq": from}));
+            "state": session.root_snapshot(&mut core), "fromSeq": from}));
     }
     for (_, _, _, snap) in &taken {
         let mut snap = snap.clone();
@@ -318,11 +317,11 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         "serverSeq": from,
         "serverInfo": {"name": "ahp-relay", "version": env!("CARGO_PKG_VERSION")},
         "snapshots": snapshots,
-        "completionTriggerCharacters": relay.trigger_characters(session.subject()),
+        "completionTriggerCharacters": router::trigger_characters(env, session.subject()),
     });
     let mut result = result;
     if let (Some(prefix), Some(o)) = (
-        relay.terminal_command_prefix(session.subject()),
+        router::terminal_command_prefix(env, session.subject()),
         result.as_object_mut(),
     ) {
         o.insert("terminalCommandPrefix".into(), json!(prefix));
@@ -336,70 +335,6 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     Ok(())
 }
 
-/// The hub and host form of a client channel URI the principal can see, or
-/// the §4.4 answer for one that does not exist (-32001 for sessions, -32008
-/// otherwise) — which is also the answer for one it cannot see, decided
-/// without contacting any host.
-pub(super) fn host_for(
-    session: &ClientSession,
-    uri: &str,
-) -> Result<(Arc<crate::upstream::hub::HostHub>, String), RpcError> {
-    let relay = &session.relay;
-    let (hub, host_uri) = namer::route(relay.store.as_ref(), uri)
-        .and_then(|(h, hu)| relay.hub(&h).map(|hub| (hub.clone(), hu)))
-        .ok_or_else(|| not_found(uri))?;
-    let who = session.subject();
-    let visible = relay
-        .grant_on(who, &hub)
-        .is_some_and(|g| relay.sees_channel(who, &g, &hub, &host_uri));
-    if !visible {
-        relay
-            .metrics
-            .acl_decisions
-            .with_label_values(&[Decision::Invisible.label()])
-            .inc();
-        return Err(not_found(uri));
-    }
-    Ok((hub, host_uri))
-}
-
-/// [`host_for`] for an operation `op` (a method or an action type): a
-/// refusal of anything beyond reading is audited (§7.5, decisions on writes).
-fn target_of(
-    session: &ClientSession,
-    uri: &str,
-    op: &str,
-) -> Result<(Arc<crate::upstream::hub::HostHub>, String), RpcError> {
-    host_for(session, uri).inspect_err(|_| {
-        let read = matches!(
-            table::method_need(op),
-            Some(Need::Permission(Permission::SessionsRead))
-        );
-        if !read {
-            audit::record(audit::Record {
-                who: session.subject(),
-                host: "",
-                channel: uri,
-                operation: op,
-                decision: Decision::Invisible,
-                rule: "-",
-            });
-        }
-    })
-}
-
-pub(super) fn not_found(uri: &str) -> RpcError {
-    RpcError::nonexistent(uri)
-}
-
-/// What the routed `method` needs on its host, from the one table.
-fn method_permission(method: &str) -> Result<Permission, RpcError> {
-    match table::method_need(method) {
-        Some(Need::Permission(p)) => Ok(p),
-        _ => Err(RpcError::method_not_found(method)),
-    }
-}
-
 /// The session's link to `hub`, opened on first use — after the policy
 /// allowed `method` on `channel` there; an invisible host gets `missing`
 /// (the answer for something that does not exist), so no host is contacted
@@ -411,11 +346,11 @@ fn link_for(
     channel: &str,
     missing: impl FnOnce() -> RpcError,
 ) -> Result<(Arc<Link>, Grant), RpcError> {
-    let need = method_permission(method)?;
-    let grant = match gate(session, hub, method, channel, need) {
+    let need = router::method_permission(method)?;
+    let grant = match router::gate(&session.env, session.caller(), hub, method, channel, need) {
         Ok(g) => g,
-        Err(Denied::Invisible) => return Err(missing()),
-        Err(Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
+        Err(router::Denied::Invisible) => return Err(missing()),
+        Err(router::Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
     };
     Ok((open_link(session, hub)?, grant))
 }
@@ -433,20 +368,20 @@ fn open_link(
     if let Some(l) = core.links.get(&hub.id) {
         return Ok(l.clone());
     }
-    if core.links.len() >= session.relay.cfg.limits.links_per_session {
+    if core.links.len() >= session.env.cfg.limits.links_per_session {
         return Err(RpcError::internal(
             "too many hosts in use by this client session",
             Some(json!({"reason": "linkLimit", "retryable": false})),
         ));
     }
-    let per_host = session.relay.cfg.limits.links_per_host;
+    let per_host = session.env.cfg.limits.links_per_host;
     if hub.links.load(std::sync::atomic::Ordering::Relaxed) >= per_host {
         return Err(RpcError::internal(
             "too many clients on this host right now",
             Some(json!({"reason": "hostLinkLimit", "host": &*hub.id, "retryable": true})),
         ));
     }
-    let link = Link::open(session, hub.clone(), Default::default());
+    let link = session.open_link_to(hub, Default::default());
     core.links.insert(hub.id.clone(), link.clone());
     Ok(link)
 }
@@ -466,13 +401,14 @@ impl ClientSession {
             .collect();
         let lost: Vec<String> = subs
             .into_iter()
-            .filter(|c| host_for(self, c).is_err())
+            .filter(|c| router::host_for(&self.env, self.caller(), c).is_err())
             .collect();
         let who = self.subject();
         let gone: Vec<Arc<str>> = self
-            .relay
-            .hubs()
-            .filter(|h| self.relay.grant_on(who, h).is_none())
+            .env
+            .hosts
+            .iter()
+            .filter(|h| self.env.access.grant_on(who, h).is_none())
             .map(|h| h.id.clone())
             .collect();
         let mut core = self.lock();
@@ -489,57 +425,6 @@ impl ClientSession {
         }
         !lost.is_empty()
     }
-}
-
-/// Why the policy refused.
-pub(super) enum Denied {
-    /// The host is invisible to the principal: answer as for nothing there.
-    Invisible,
-    /// Visible but not permitted: -32009 or a rejection echo.
-    NotPermitted,
-}
-
-/// The policy's word on operation `op` (a method or an action type) on
-/// `channel` of `hub`, needing `need` (contract §4.4, §7.3). Decisions on
-/// writes, terminal subscriptions and every refusal are audited (§7.5).
-pub(super) fn gate(
-    session: &ClientSession,
-    hub: &crate::upstream::hub::HostHub,
-    op: &str,
-    channel: &str,
-    need: Permission,
-) -> Result<Grant, Denied> {
-    let relay = &session.relay;
-    let who = session.subject();
-    let grant = relay.grant_on(who, hub);
-    let (decision, result) = match grant {
-        None => (Decision::Invisible, Err(Denied::Invisible)),
-        Some(g) if g.permits(need) => (Decision::Allow, Ok(g)),
-        Some(_) => (Decision::Deny, Err(Denied::NotPermitted)),
-    };
-    relay
-        .metrics
-        .acl_decisions
-        .with_label_values(&[decision.label()])
-        .inc();
-    let audited = need != Permission::SessionsRead
-        || decision != Decision::Allow
-        || channel.starts_with("ahp-terminal:");
-    if audited {
-        let rule = match &result {
-            Ok(g) => g.rule.clone(),
-            Err(_) => "-".into(),
-        };
-        audit::record(audit::Record {
-            who,
-            host: &hub.id,
-            channel,
-            operation: op,
-            decision,
-            rule: &rule,
-        });
-    }
-    result
 }
 
 /// Sends a request on `link` and records what its answer needs.
@@ -568,114 +453,31 @@ fn forward(
     Ok(())
 }
 
-/// A client → host namer that authorizes every channel URI it translates
-/// (contract §4.3): the URI must name an object the principal can see on
-/// the target host (else it is as unknown as a URI that names nothing), and
-/// the grant must hold the permission the field implies.
-struct Authorizing<'a> {
-    to_host: ToHost<'a>,
-    session: &'a ClientSession,
-    hub: &'a crate::upstream::hub::HostHub,
-    grant: &'a Grant,
-    denied: std::cell::Cell<bool>,
-}
-
-impl Namer for Authorizing<'_> {
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
-        self.to_host.translate(kind, value)
-    }
-
-    fn field(
-        &self,
-        shape: &str,
-        _path: &str,
-        kind: FieldKind,
-        value: &str,
-    ) -> Result<String, String> {
-        let host_value = self.to_host.translate(kind, value)?;
-        let channel = ["ahp-session:", "ahp-chat:", "ahp-terminal:"]
-            .iter()
-            .any(|s| host_value.starts_with(s));
-        if kind == FieldKind::Uri && channel {
-            let relay = &self.session.relay;
-            let who = self.session.subject();
-            if !relay.sees_channel(who, self.grant, self.hub, &host_value) {
-                return Err("unknown URI".into());
-            }
-            if !self.grant.permits(table::field_need(shape)) {
-                self.denied.set(true);
-                return Err("permission denied".into());
-            }
-        }
-        Ok(host_value)
-    }
-}
-
-/// Translates `value` (already typed) to host names along `shape`,
-/// authorizing every channel it names; `Err(true)` when a field was
-/// visible but not permitted.
-fn translate_to_host(
-    session: &ClientSession,
-    hub: &crate::upstream::hub::HostHub,
-    grant: &Grant,
-    value: &mut Value,
-    shape: &str,
-) -> Result<(), (bool, String)> {
-    let namer = Authorizing {
-        to_host: ToHost {
-            host: &hub.id,
-            store: session.relay.store.as_ref(),
-            identity: session.identity(),
-        },
-        session,
-        hub,
-        grant,
-        denied: std::cell::Cell::new(false),
-    };
-    translate::translate(value, shape, &namer).map_err(|e| (namer.denied.get(), e.to_string()))
-}
-
-/// Translates request `params` to host names along `shape` (fields
-/// authorized), and sets the channel to its host form.
-fn to_host(
-    session: &ClientSession,
-    hub: &crate::upstream::hub::HostHub,
-    grant: &Grant,
-    mut params: Value,
-    shape: &str,
-    host_channel: &str,
-) -> Result<Value, RpcError> {
-    translate_to_host(session, hub, grant, &mut params, shape).map_err(|(denied, e)| {
-        if denied {
-            RpcError::permission_denied(&e)
-        } else {
-            RpcError::invalid_params(e)
-        }
-    })?;
-    if let Some(o) = params.as_object_mut() {
-        o.insert("channel".into(), json!(host_channel));
-    }
-    Ok(params)
-}
-
 fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<SubscribeParams>(params)?;
     if p.channel == ahp_types::ROOT_RESOURCE_URI {
-        let relay = &session.relay;
         let mut core = session.lock();
         core.subs.insert(p.channel.clone());
         core.baselined.insert(p.channel.clone());
-        let state = relay.root_snapshot(session, &mut core);
+        let state = session.root_snapshot(&mut core);
         let snap =
             json!({"snapshot": {"resource": p.channel, "state": state, "fromSeq": core.last()}});
         session.respond(&mut core, id, &snap.to_string());
         return Ok(());
     }
-    let (hub, host_uri) = host_for(session, &p.channel)?;
+    let (hub, host_uri) = router::host_for(&session.env, session.caller(), &p.channel)?;
     let (link, grant) = link_for(session, &hub, "subscribe", &p.channel, || {
-        not_found(&p.channel)
+        router::not_found(&p.channel)
     })?;
-    let params = to_host(session, &hub, &grant, v, "params:subscribe", &host_uri)?;
+    let params = router::to_host(
+        &session.env,
+        session.caller(),
+        &hub,
+        &grant,
+        v,
+        "params:subscribe",
+        &host_uri,
+    )?;
     hold(session, &hub.id, &host_uri, &p.channel);
     let kind = PendingKind::Subscribe {
         client_channel: p.channel,
@@ -713,8 +515,10 @@ type InitialWait = (
 );
 
 fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<InitialWait, RpcError> {
-    let (hub, host_uri) = host_for(session, channel)?;
-    let (link, _) = link_for(session, &hub, "subscribe", channel, || not_found(channel))?;
+    let (hub, host_uri) = router::host_for(&session.env, session.caller(), channel)?;
+    let (link, _) = link_for(session, &hub, "subscribe", channel, || {
+        router::not_found(channel)
+    })?;
     hold(session, &hub.id, &host_uri, channel);
     let (tx, rx) = oneshot::channel();
     forward(
@@ -732,19 +536,6 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
     Ok((hub, host_uri, channel.to_string(), rx))
 }
 
-/// Checks a client-chosen URI's form (`<scheme>:/<id>`, id in
-/// `[A-Za-z0-9._-]{1,128}`) before anything else looks at the request.
-fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
-    let parsed =
-        validate_client_uri(uri).map_err(|e| RpcError::invalid_params(format!("{uri}: {e}")))?;
-    if parsed.scheme != scheme {
-        return Err(RpcError::invalid_params(format!(
-            "expected a {scheme}: URI"
-        )));
-    }
-    Ok(())
-}
-
 /// Reserves a client-chosen URI (checked by [`check_client_uri`]) in the
 /// store for `host`.
 fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Result<(), RpcError> {
@@ -754,7 +545,7 @@ fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Resu
         groups: session.subject().groups.to_vec(),
     };
     match session
-        .relay
+        .env
         .store
         .reserve(uri, host, &owner, crate::identity::unix_now())
     {
@@ -772,13 +563,13 @@ fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Resu
 
 fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateSessionParams>(params)?;
-    check_client_uri(&p.channel, "ahp-session")?;
-    let relay = &session.relay;
+    router::check_client_uri(&p.channel, "ahp-session")?;
+    let env = &session.env;
     let hub = match p.provider.as_deref() {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| relay.hub(h).cloned())
+            .and_then(|(_, h)| env.hosts.get(h).cloned())
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => relay.only_agent_host(session.subject()).ok_or_else(|| {
+        None => router::only_agent_host(env, session.subject()).ok_or_else(|| {
             RpcError::invalid_params(
                 "several agents are available: give provider (<provider>@<host>)",
             )
@@ -787,7 +578,15 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
     let (link, grant) = link_for(session, &hub, "createSession", &p.channel, || {
         RpcError::provider_not_found(p.provider.as_deref().unwrap_or_default())
     })?;
-    let mut params = to_host(session, &hub, &grant, v, "params:createSession", &p.channel)?;
+    let mut params = router::to_host(
+        &session.env,
+        session.caller(),
+        &hub,
+        &grant,
+        v,
+        "params:createSession",
+        &p.channel,
+    )?;
     if let (Some(token), Some(o)) = (p.progress_token.as_deref(), params.as_object_mut()) {
         o.insert(
             "progressToken".into(),
@@ -800,45 +599,55 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
         await_catalog: Some(p.channel.clone()),
     };
     forward(session, &link, id, "createSession", params, kind).inspect_err(|_| {
-        let _ = relay.store.release(&p.channel);
+        let _ = env.store.release(&p.channel);
     })
 }
 
 fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateChatParams>(params)?;
-    check_client_uri(&p.chat, "ahp-chat")?;
-    let (hub, host_session) = target_of(session, &p.channel, "createChat")?;
+    router::check_client_uri(&p.chat, "ahp-chat")?;
+    let (hub, host_session) =
+        router::target_of(&session.env, session.caller(), &p.channel, "createChat")?;
     let (link, grant) = link_for(session, &hub, "createChat", &p.channel, || {
-        not_found(&p.channel)
+        router::not_found(&p.channel)
     })?;
-    let params = to_host(session, &hub, &grant, v, "params:createChat", &host_session)?;
+    let params = router::to_host(
+        &session.env,
+        session.caller(),
+        &hub,
+        &grant,
+        v,
+        "params:createChat",
+        &host_session,
+    )?;
     reserve(session, &p.chat, "ahp-chat", &hub.id)?;
     let kind = PendingKind::Create {
         store_key: p.chat.clone(),
         await_catalog: None,
     };
     forward(session, &link, id, "createChat", params, kind).inspect_err(|_| {
-        let _ = session.relay.store.release(&p.chat);
+        let _ = session.env.store.release(&p.chat);
     })
 }
 
 fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateTerminalParams>(params)?;
-    check_client_uri(&p.channel, "ahp-terminal")?;
-    let relay = &session.relay;
+    router::check_client_uri(&p.channel, "ahp-terminal")?;
+    let env = &session.env;
     let hub = match &p.claim {
         ahp_types::state::TerminalClaim::Session(c) => {
-            target_of(session, &c.session, "createTerminal")?.0
+            router::target_of(&session.env, session.caller(), &c.session, "createTerminal")?.0
         }
-        ahp_types::state::TerminalClaim::Client(_) => relay.default_host().ok_or_else(|| {
+        ahp_types::state::TerminalClaim::Client(_) => env.hosts.default_host(env.cfg.relay.default_host.as_deref()).ok_or_else(|| {
             RpcError::invalid_params("cannot choose a host for a client-claimed terminal: claim a session, or configure relay.default_host")
         })?,
     };
     let (link, grant) = link_for(session, &hub, "createTerminal", &p.channel, || {
-        not_found(&p.channel)
+        router::not_found(&p.channel)
     })?;
-    let params = to_host(
-        session,
+    let params = router::to_host(
+        &session.env,
+        session.caller(),
         &hub,
         &grant,
         v,
@@ -851,7 +660,7 @@ fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Res
         await_catalog: None,
     };
     forward(session, &link, id, "createTerminal", params, kind).inspect_err(|_| {
-        let _ = relay.store.release(&p.channel);
+        let _ = env.store.release(&p.channel);
     })
 }
 
@@ -869,11 +678,14 @@ fn routed<T: DeserializeOwned + Serialize>(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let (hub, host_uri) = target_of(session, &channel, method)?;
-    let (link, grant) = link_for(session, &hub, method, &channel, || not_found(&channel))?;
+    let (hub, host_uri) = router::target_of(&session.env, session.caller(), &channel, method)?;
+    let (link, grant) = link_for(session, &hub, method, &channel, || {
+        router::not_found(&channel)
+    })?;
     if method == "disposeSession" && !grant.dispose_others {
         let own = session
-            .relay
+            .env
+            .access
             .owner_of(&hub.id, &host_uri)
             .is_some_and(|o| session.subject().is(&o));
         if !own {
@@ -890,8 +702,9 @@ fn routed<T: DeserializeOwned + Serialize>(
             ));
         }
     }
-    let params = to_host(
-        session,
+    let params = router::to_host(
+        &session.env,
+        session.caller(),
         &hub,
         &grant,
         v,
@@ -920,13 +733,12 @@ fn by_provider<T: DeserializeOwned + Serialize>(
     params: Value,
 ) -> Result<(), RpcError> {
     let (_, mut v) = typed::<T>(params)?;
-    let relay = &session.relay;
+    let env = &session.env;
     let hub = match v.get("provider").and_then(Value::as_str) {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| relay.hub(h).cloned())
+            .and_then(|(_, h)| env.hosts.get(h).cloned())
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => relay
-            .only_agent_host(session.subject())
+        None => router::only_agent_host(env, session.subject())
             .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,
     };
     let provider = v
@@ -954,7 +766,7 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
         .unwrap_or_default()
         .to_string();
     let Some(client_seq) = params.get("clientSeq").and_then(Value::as_i64) else {
-        session.relay.metrics.client_notifications_dropped.inc();
+        session.env.metrics.client_notifications_dropped.inc();
         return;
     };
     let action = params.get("action").cloned().unwrap_or(Value::Null);
@@ -970,7 +782,8 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let Ok((hub, host_uri)) = target_of(session, &channel, &ty) else {
+    let Ok((hub, host_uri)) = router::target_of(&session.env, session.caller(), &channel, &ty)
+    else {
         return; // unknown channel: no echo, as a host would do
     };
     let known = serde_json::from_value::<ahp_types::actions::StateAction>(action.clone())
@@ -984,16 +797,23 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
             "{ty} cannot be dispatched by a client through the relay"
         ));
     };
-    let grant = match gate(session, &hub, &ty, &channel, need) {
+    let grant = match router::gate(&session.env, session.caller(), &hub, &ty, &channel, need) {
         Ok(g) => g,
-        Err(Denied::Invisible) => return, // invisible = nonexistent: no echo
-        Err(Denied::NotPermitted) => return reject("permission denied"),
+        Err(router::Denied::Invisible) => return, // invisible = nonexistent: no echo
+        Err(router::Denied::NotPermitted) => return reject("permission denied"),
     };
     let mut host_action = match serde_json::to_value(&known) {
         Ok(v) => v,
         Err(_) => return reject("malformed action"),
     };
-    match translate_to_host(session, &hub, &grant, &mut host_action, &ty) {
+    match router::translate_to_host(
+        &session.env,
+        session.caller(),
+        &hub,
+        &grant,
+        &mut host_action,
+        &ty,
+    ) {
         Ok(()) => {}
         Err((true, e)) => return reject(&format!("permission denied: {e}")),
         Err((false, e)) => return reject(&format!("cannot translate {e}")),
@@ -1039,7 +859,7 @@ fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
     if channel == ahp_types::ROOT_RESOURCE_URI {
         return;
     }
-    let Ok((hub, host_uri)) = host_for(session, &channel) else {
+    let Ok((hub, host_uri)) = router::host_for(&session.env, session.caller(), &channel) else {
         return;
     };
     let link = {

@@ -332,6 +332,53 @@ fn header_safe(s: &str) -> String {
         .collect()
 }
 
+/// Every configured host's hub, by id (fixed for the relay's life).
+#[derive(Debug, Default)]
+pub struct Hosts {
+    hubs: BTreeMap<String, Arc<HostHub>>,
+}
+
+impl Hosts {
+    /// Hubs for `configs`.
+    pub fn new(configs: &[HostConfig]) -> Result<Self, String> {
+        let mut hubs = BTreeMap::new();
+        for h in configs {
+            let hub = HostHub::new(h.clone()).map_err(|e| format!("host {}: {e}", h.id))?;
+            hubs.insert(h.id.clone(), Arc::new(hub));
+        }
+        Ok(Self { hubs })
+    }
+
+    /// The hub of host `id`.
+    pub fn get(&self, id: &str) -> Option<&Arc<HostHub>> {
+        self.hubs.get(id)
+    }
+
+    /// Every hub, by id.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<HostHub>> {
+        self.hubs.values()
+    }
+
+    /// How many hosts are configured.
+    pub fn len(&self) -> usize {
+        self.hubs.len()
+    }
+
+    /// Whether no host is configured.
+    pub fn is_empty(&self) -> bool {
+        self.hubs.is_empty()
+    }
+
+    /// Host `configured` (`relay.default_host`), or the only host.
+    pub fn default_host(&self, configured: Option<&str>) -> Option<Arc<HostHub>> {
+        match configured {
+            Some(id) => self.hubs.get(id).cloned(),
+            None if self.hubs.len() == 1 => self.hubs.values().next().cloned(),
+            None => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

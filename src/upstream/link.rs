@@ -5,9 +5,10 @@
 //! the session's derived upstream client id (never the client's own id, never
 //! the user's token) and the client's negotiated protocol version, then pumps
 //! frames: client → host in the order the session queued them, host → client
-//! through [`ClientSession::on_host_frame`]. When it cannot open or drops,
-//! the session is told ([`ClientSession::on_link_down`]) and dispatches still
-//! queued for it get rejection echoes ("host unavailable").
+//! through its [`LinkOwner`] (the client session, which this module does not
+//! know). When it cannot open or drops, the owner is told
+//! ([`LinkOwner::on_link_down`]) with the dispatches still queued, so they
+//! get rejection echoes ("host unavailable").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -18,10 +19,52 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 
+use super::dial::{WsStream, dial_stream};
 use super::hub::HostHub;
-use crate::session::ClientSession;
-use crate::session::envelope::LinkReply;
-use crate::upstream::dial::{WsStream, dial_stream};
+
+/// What the link must do after a host frame was handled.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LinkReply {
+    /// Nothing.
+    None,
+    /// Write this frame back to the host (an answer to a host request).
+    ToHost(String),
+}
+
+/// Who a link speaks for, fixed when it opens.
+#[derive(Debug, Clone)]
+pub struct LinkSpec {
+    /// The upstream client id (contract §2, B2).
+    pub upstream_id: String,
+    /// The protocol version negotiated with the client.
+    pub version: String,
+    /// The end user's (issuer, subject), for the handshake headers.
+    pub user: (String, String),
+    /// Silence after which the link pings the host.
+    pub ping_after: Duration,
+    /// Silence after a ping after which the host is declared dead.
+    pub ping_timeout: Duration,
+}
+
+/// The narrow interface through which a link reports to its owner (the
+/// client session, which this module does not know). No call is made while
+/// the link holds a lock.
+pub trait LinkOwner: Send + Sync + 'static {
+    /// Link `link` to `host` initialized; `server_seq` is the host's
+    /// `InitializeResult.serverSeq` (the link's first watermark, §5.8).
+    fn on_link_up(&self, host: &Arc<HostHub>, link: u64, server_seq: u64);
+    /// One text frame from the host.
+    fn on_host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply;
+    /// The connection dropped; a resume will be tried. Requests in flight on
+    /// it can no longer be answered.
+    fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64);
+    /// What an upstream `reconnect` needs: the watermark and the host
+    /// channels to resume; `None` when the link should not be resumed.
+    fn resume_plan(&self, host: &Arc<HostHub>, link: u64) -> Option<(u64, Vec<String>)>;
+    /// The link failed to open (`was_up` false) or is gone for good;
+    /// `unsent` holds what was queued and never written.
+    fn on_link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool, unsent: Vec<LinkCmd>);
+}
 
 /// What a session asks its link to write.
 #[derive(Debug)]
@@ -75,10 +118,15 @@ pub struct Baseline {
 }
 
 impl Link {
-    /// Starts a link from `session` to `host`; frames sent before it is up
+    /// Starts a link for `owner` to `host`; frames sent before it is up
     /// are queued in order. With a [`Baseline`], `initialize` subscribes
     /// those channels and hands the snapshots back (re-baselining, §5.5).
-    pub fn open(session: &Arc<ClientSession>, host: Arc<HostHub>, baseline: Baseline) -> Arc<Self> {
+    pub fn open(
+        owner: Weak<dyn LinkOwner>,
+        spec: LinkSpec,
+        host: Arc<HostHub>,
+        baseline: Baseline,
+    ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let next_id = Arc::new(AtomicU64::new(1));
         let link = Arc::new(Self {
@@ -87,16 +135,14 @@ impl Link {
             tx,
             next_id: next_id.clone(),
         });
-        session.relay.metrics.links_opened.inc();
         host.links.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(run(
-            Arc::downgrade(session),
+        let ends = Ends {
+            owner,
+            spec,
             host,
-            link.id,
-            rx,
-            next_id,
-            baseline,
-        ));
+            link_id: link.id,
+        };
+        tokio::spawn(run(ends, rx, next_id, baseline));
         link
     }
 
@@ -112,44 +158,53 @@ impl Link {
     }
 }
 
-async fn run(
-    session: Weak<ClientSession>,
+/// The two ends of a link task: its owner and its host.
+struct Ends {
+    owner: Weak<dyn LinkOwner>,
+    spec: LinkSpec,
     host: Arc<HostHub>,
     link_id: u64,
+}
+
+impl Ends {
+    fn owner(&self) -> Option<Arc<dyn LinkOwner>> {
+        self.owner.upgrade()
+    }
+
+    fn dial_options(&self) -> super::dial::DialOptions {
+        let (issuer, subject) = &self.spec.user;
+        self.host.dial_options(Some((issuer, subject)))
+    }
+}
+
+async fn run(
+    ends: Ends,
     mut rx: mpsc::UnboundedReceiver<LinkCmd>,
     ids: Arc<AtomicU64>,
     baseline: Baseline,
 ) {
-    let Some((mut ws, early, server_seq)) = open(&session, &host, baseline).await else {
-        fail(&session, &host, link_id, &mut rx, false);
+    let Some((mut ws, early, server_seq)) = open(&ends, baseline).await else {
+        fail(&ends, &mut rx, false);
         return;
     };
-    let (ping_after, ping_timeout) = match session.upgrade() {
-        Some(s) => {
-            s.lock().watermarks.insert(link_id, server_seq);
-            for text in early {
-                let _ = s.on_host_frame(&host, link_id, &text);
-            }
-            (
-                s.relay.cfg.limits.link_ping(),
-                s.relay.cfg.limits.link_ping_timeout(),
-            )
-        }
-        None => return,
-    };
+    let Some(owner) = ends.owner() else { return };
+    owner.on_link_up(&ends.host, ends.link_id, server_seq);
+    for text in early {
+        let _ = owner.on_host_frame(&ends.host, ends.link_id, &text);
+    }
+    drop(owner);
     loop {
-        let timing = (ping_after, ping_timeout);
-        if !pump(&session, &host, link_id, &mut rx, &ids, &mut ws, timing).await {
-            return; // the session closed the link
+        if !pump(&ends, &mut rx, &ids, &mut ws).await {
+            return; // the owner closed the link
         }
         // The connection dropped: try to continue it (§5.8).
-        if let Some(s) = session.upgrade() {
-            s.fail_link_requests(link_id, &crate::rpc::RpcError::upstream_lost(&host.id));
+        if let Some(owner) = ends.owner() {
+            owner.on_connection_lost(&ends.host, ends.link_id);
         }
-        match resume(&session, &host, link_id).await {
+        match resume(&ends).await {
             Some(resumed) => ws = resumed,
             None => {
-                fail(&session, &host, link_id, &mut rx, true);
+                fail(&ends, &mut rx, true);
                 return;
             }
         }
@@ -157,19 +212,17 @@ async fn run(
 }
 
 /// Pumps frames both ways until the connection drops (`true`) or the
-/// session closes the link (`false`). After `ping_after` without a frame
+/// owner closes the link (`false`). After `ping_after` without a frame
 /// from the host it sends an AHP `ping`; a host that then stays silent for
 /// `ping_timeout` is declared dead (`true`), so the link is resumed or its
 /// client resynchronised (§5.8) instead of waiting on a half-open socket.
 async fn pump(
-    session: &Weak<ClientSession>,
-    host: &Arc<HostHub>,
-    link_id: u64,
+    ends: &Ends,
     rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
     ids: &AtomicU64,
     ws: &mut WsStream,
-    (ping_after, ping_timeout): (Duration, Duration),
 ) -> bool {
+    let (ping_after, ping_timeout) = (ends.spec.ping_after, ends.spec.ping_timeout);
     let mut heard = tokio::time::Instant::now();
     let mut pinged = false;
     loop {
@@ -180,27 +233,19 @@ async fn pump(
                     let _ = ws.close(None).await;
                     return false;
                 };
-                let frame = match cmd {
-                    LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. } => f,
-                };
-                if ws.feed(Message::text(frame)).await.is_err() { return true; }
-                while let Ok(cmd) = rx.try_recv() {
-                    let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = cmd;
-                    if ws.feed(Message::text(f)).await.is_err() { break; }
-                }
-                if ws.flush().await.is_err() { return true; }
+                if !write_queued(ws, cmd, rx).await { return true; }
             }
             _ = tokio::time::sleep_until(deadline) => {
                 if pinged {
-                    tracing::info!(host = %host.id, "link silent after a ping: declared dead");
+                    tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
                     return true;
                 }
                 // An id from the link's own counter: no pending request has it,
                 // so the answer is ignored.
                 let ping_id = ids.fetch_add(1, Ordering::Relaxed);
-                let ping = json!({"jsonrpc": "2.0", "id": ping_id, "method": "ping",
-                    "params": {"channel": ahp_types::ROOT_RESOURCE_URI}});
-                if ws.send(Message::text(ping.to_string())).await.is_err() { return true; }
+                let ping = crate::rpc::request_frame(ping_id, "ping",
+                    &json!({"channel": ahp_types::ROOT_RESOURCE_URI}));
+                if ws.send(Message::text(ping)).await.is_err() { return true; }
                 pinged = true;
             }
             msg = ws.next() => {
@@ -208,8 +253,8 @@ async fn pump(
                 pinged = false;
                 match msg {
                     Some(Ok(Message::Text(t))) => {
-                        let Some(s) = session.upgrade() else { return false };
-                        if let LinkReply::ToHost(reply) = s.on_host_frame(host, link_id, t.as_str())
+                        let Some(owner) = ends.owner() else { return false };
+                        if let LinkReply::ToHost(reply) = owner.on_host_frame(&ends.host, ends.link_id, t.as_str())
                             && ws.send(Message::text(reply)).await.is_err()
                         {
                             return true;
@@ -223,30 +268,43 @@ async fn pump(
     }
 }
 
+/// Writes `first` and everything else already queued, then flushes once;
+/// `false` if the connection failed.
+async fn write_queued(
+    ws: &mut WsStream,
+    first: LinkCmd,
+    rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
+) -> bool {
+    let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = first;
+    if ws.feed(Message::text(f)).await.is_err() {
+        return false;
+    }
+    while let Ok(cmd) = rx.try_recv() {
+        let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = cmd;
+        if ws.feed(Message::text(f)).await.is_err() {
+            break;
+        }
+    }
+    ws.flush().await.is_ok()
+}
+
 /// Re-dials a dropped link and asks the host to `reconnect` it from the
 /// link's watermark. A `replay` continues seamlessly (its envelopes are
 /// numbered as usual; repeats are dropped by the watermark); a `snapshot`,
 /// an error or no host within the attempts is a loss of continuity (`None`).
-async fn resume(
-    session: &Weak<ClientSession>,
-    host: &Arc<HostHub>,
-    link_id: u64,
-) -> Option<WsStream> {
+async fn resume(ends: &Ends) -> Option<WsStream> {
+    let host = &ends.host;
     for delay in [100u64, 400, 1600] {
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        let (opts, request) = {
-            let s = session.upgrade()?;
-            let (watermark, channels) = s.resume_plan(host, link_id)?;
-            let user = (
-                s.key.principal.issuer.as_str(),
-                s.key.principal.subject.as_str(),
-            );
-            let request = json!({"jsonrpc": "2.0", "id": 0, "method": "reconnect", "params": {
-                "channel": ahp_types::ROOT_RESOURCE_URI, "clientId": s.upstream_id,
-                "lastSeenServerSeq": watermark, "subscriptions": channels}});
-            (host.dial_options(Some(user)), request)
-        };
-        let Ok(mut ws) = dial_stream(&opts).await else {
+        let (watermark, channels) = ends.owner()?.resume_plan(host, ends.link_id)?;
+        let request = crate::rpc::request_frame(
+            0,
+            "reconnect",
+            &json!({
+            "channel": ahp_types::ROOT_RESOURCE_URI, "clientId": ends.spec.upstream_id,
+            "lastSeenServerSeq": watermark, "subscriptions": channels}),
+        );
+        let Ok(mut ws) = dial_stream(&ends.dial_options()).await else {
             continue;
         };
         let (answer, early) = ask(&mut ws, &request).await?;
@@ -259,13 +317,13 @@ async fn resume(
             tracing::info!(host = %host.id, "upstream reconnect lost continuity");
             return None;
         };
-        let s = session.upgrade()?;
+        let owner = ends.owner()?;
         for env in actions {
-            let frame = json!({"jsonrpc": "2.0", "method": "action", "params": env}).to_string();
-            let _ = s.on_host_frame(host, link_id, &frame);
+            let frame = crate::rpc::action_frame(&env);
+            let _ = owner.on_host_frame(host, ends.link_id, &frame);
         }
         for text in early {
-            let _ = s.on_host_frame(host, link_id, &text);
+            let _ = owner.on_host_frame(host, ends.link_id, &text);
         }
         tracing::info!(host = %host.id, "link resumed by upstream replay");
         return Some(ws);
@@ -274,7 +332,7 @@ async fn resume(
 }
 
 /// Sends `request` (id 0) and waits for its answer; frames before it are returned.
-async fn ask(ws: &mut WsStream, request: &Value) -> Option<(Value, Vec<String>)> {
+async fn ask(ws: &mut WsStream, request: &str) -> Option<(Value, Vec<String>)> {
     ws.send(Message::text(request.to_string())).await.ok()?;
     let mut early = Vec::new();
     let answer = tokio::time::timeout(INIT_WITHIN, async {
@@ -297,12 +355,8 @@ async fn ask(ws: &mut WsStream, request: &Value) -> Option<(Value, Vec<String>)>
 
 /// Dials and initializes; `None` if the host cannot be used. Frames that
 /// arrive before the `initialize` answer are returned to be handled after it.
-async fn open(
-    session: &Weak<ClientSession>,
-    host: &Arc<HostHub>,
-    mut baseline: Baseline,
-) -> Option<(WsStream, Vec<String>, u64)> {
-    let answer = opened(session, host, &baseline.channels).await;
+async fn open(ends: &Ends, mut baseline: Baseline) -> Option<(WsStream, Vec<String>, u64)> {
+    let answer = opened(ends, &baseline.channels).await;
     let result = answer
         .as_ref()
         .and_then(|(_, _, v)| v.get("result").cloned());
@@ -318,25 +372,18 @@ async fn open(
     Some((ws, early, server_seq))
 }
 
-async fn opened(
-    session: &Weak<ClientSession>,
-    host: &Arc<HostHub>,
-    channels: &[String],
-) -> Option<(WsStream, Vec<String>, Value)> {
-    let (opts, init) = {
-        let s = session.upgrade()?;
-        let user = (
-            s.key.principal.issuer.as_str(),
-            s.key.principal.subject.as_str(),
-        );
-        let mut subs = vec![ahp_types::ROOT_RESOURCE_URI.to_string()];
-        subs.extend(channels.iter().cloned());
-        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": [s.version],
-            "clientId": s.upstream_id, "initialSubscriptions": subs}});
-        (host.dial_options(Some(user)), init)
-    };
-    let mut ws = match dial_stream(&opts).await {
+async fn opened(ends: &Ends, channels: &[String]) -> Option<(WsStream, Vec<String>, Value)> {
+    let host = &ends.host;
+    let mut subs = vec![ahp_types::ROOT_RESOURCE_URI.to_string()];
+    subs.extend(channels.iter().cloned());
+    let init = crate::rpc::request_frame(
+        0,
+        "initialize",
+        &json!({
+        "channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": [ends.spec.version],
+        "clientId": ends.spec.upstream_id, "initialSubscriptions": subs}),
+    );
+    let mut ws = match dial_stream(&ends.dial_options()).await {
         Ok(ws) => ws,
         Err(e) => {
             tracing::warn!(host = %host.id, error = %e, "link cannot reach host");
@@ -351,36 +398,14 @@ async fn opened(
     Some((ws, early, answer))
 }
 
-/// Reports the link down and answers what is still queued on it.
-fn fail(
-    session: &Weak<ClientSession>,
-    host: &Arc<HostHub>,
-    link_id: u64,
-    rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
-    was_up: bool,
-) {
-    let Some(s) = session.upgrade() else {
-        return;
-    };
-    s.relay.metrics.links_failed.inc();
-    s.on_link_down(host, link_id, was_up);
+/// Reports the link down with what is still queued on it.
+fn fail(ends: &Ends, rx: &mut mpsc::UnboundedReceiver<LinkCmd>, was_up: bool) {
     rx.close();
-    let mut core = s.lock();
+    let mut unsent = Vec::new();
     while let Ok(cmd) = rx.try_recv() {
-        if let LinkCmd::Dispatch {
-            client_channel,
-            action,
-            client_seq,
-            ..
-        } = cmd
-        {
-            s.reject_dispatch(
-                &mut core,
-                &client_channel,
-                &action,
-                client_seq,
-                &format!("host {} unavailable", host.id),
-            );
-        }
+        unsent.push(cmd);
+    }
+    if let Some(owner) = ends.owner() {
+        owner.on_link_down(&ends.host, ends.link_id, was_up, unsent);
     }
 }

@@ -1,0 +1,299 @@
+//! Where a client request goes (contract §4.1, §4.3, §4.4, §7.3): the
+//! host and host form of a channel the caller can see (invisible answers
+//! exactly as nonexistent), the policy's word on an operation, client →
+//! host translation that authorizes every URI it names, and the hosts
+//! chosen for requests that name no channel. Nothing here touches a
+//! session: the session forwards what these functions decide.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{Caller, Env};
+use crate::names::client_uri::validate_client_uri;
+use crate::names::namer::{self, ToHost};
+use crate::names::translate::{self, FieldKind, Namer};
+use crate::policy::audit::{self, Decision};
+use crate::policy::table::{self, Need};
+use crate::policy::{Grant, Permission, Subject};
+use crate::rpc::RpcError;
+use crate::upstream::hub::{HostHub, HostStatus};
+
+/// The names of the relay's method table (§8.2), anything else `other`:
+/// the only labels metrics may carry for a method.
+pub fn method_label(method: &str) -> &'static str {
+    table::METHODS
+        .iter()
+        .find(|(m, _)| *m == method)
+        .map_or("other", |(m, _)| m)
+}
+
+/// The hub and host form of a client channel URI the principal can see, or
+/// the §4.4 answer for one that does not exist (-32001 for sessions, -32008
+/// otherwise) — which is also the answer for one it cannot see, decided
+/// without contacting any host.
+pub fn host_for(
+    env: &Env,
+    caller: Caller<'_>,
+    uri: &str,
+) -> Result<(Arc<HostHub>, String), RpcError> {
+    let (hub, host_uri) = namer::route(env.store.as_ref(), uri)
+        .and_then(|(h, hu)| env.hosts.get(&h).map(|hub| (hub.clone(), hu)))
+        .ok_or_else(|| not_found(uri))?;
+    let who = caller.who;
+    let visible = env
+        .access
+        .grant_on(who, &hub)
+        .is_some_and(|g| env.access.sees_channel(who, &g, &hub, &host_uri));
+    if !visible {
+        env.metrics
+            .acl_decisions
+            .with_label_values(&[Decision::Invisible.label()])
+            .inc();
+        return Err(not_found(uri));
+    }
+    Ok((hub, host_uri))
+}
+
+/// [`host_for`] for an operation `op` (a method or an action type): a
+/// refusal of anything beyond reading is audited (§7.5, decisions on writes).
+pub fn target_of(
+    env: &Env,
+    caller: Caller<'_>,
+    uri: &str,
+    op: &str,
+) -> Result<(Arc<HostHub>, String), RpcError> {
+    host_for(env, caller, uri).inspect_err(|_| {
+        let read = matches!(
+            table::method_need(op),
+            Some(Need::Permission(Permission::SessionsRead))
+        );
+        if !read {
+            audit::record(audit::Record {
+                who: caller.who,
+                host: "",
+                channel: uri,
+                operation: op,
+                decision: Decision::Invisible,
+                rule: "-",
+            });
+        }
+    })
+}
+
+/// The §4.4 answer for a channel that does not exist (or is invisible).
+pub fn not_found(uri: &str) -> RpcError {
+    RpcError::nonexistent(uri)
+}
+
+/// What the routed `method` needs on its host, from the one table.
+pub fn method_permission(method: &str) -> Result<Permission, RpcError> {
+    match table::method_need(method) {
+        Some(Need::Permission(p)) => Ok(p),
+        _ => Err(RpcError::method_not_found(method)),
+    }
+}
+
+/// Why the policy refused.
+pub enum Denied {
+    /// The host is invisible to the principal: answer as for nothing there.
+    Invisible,
+    /// Visible but not permitted: -32009 or a rejection echo.
+    NotPermitted,
+}
+
+/// The policy's word on operation `op` (a method or an action type) on
+/// `channel` of `hub`, needing `need` (contract §4.4, §7.3). Decisions on
+/// writes, terminal subscriptions and every refusal are audited (§7.5).
+pub fn gate(
+    env: &Env,
+    caller: Caller<'_>,
+    hub: &HostHub,
+    op: &str,
+    channel: &str,
+    need: Permission,
+) -> Result<Grant, Denied> {
+    let who = caller.who;
+    let grant = env.access.grant_on(who, hub);
+    let (decision, result) = match grant {
+        None => (Decision::Invisible, Err(Denied::Invisible)),
+        Some(g) if g.permits(need) => (Decision::Allow, Ok(g)),
+        Some(_) => (Decision::Deny, Err(Denied::NotPermitted)),
+    };
+    env.metrics
+        .acl_decisions
+        .with_label_values(&[decision.label()])
+        .inc();
+    let audited = need != Permission::SessionsRead
+        || decision != Decision::Allow
+        || channel.starts_with("ahp-terminal:");
+    if audited {
+        let rule = match &result {
+            Ok(g) => g.rule.clone(),
+            Err(_) => "-".into(),
+        };
+        audit::record(audit::Record {
+            who,
+            host: &hub.id,
+            channel,
+            operation: op,
+            decision,
+            rule: &rule,
+        });
+    }
+    result
+}
+
+/// A client → host namer that authorizes every channel URI it translates
+/// (contract §4.3): the URI must name an object the principal can see on
+/// the target host (else it is as unknown as a URI that names nothing), and
+/// the grant must hold the permission the field implies.
+struct Authorizing<'a> {
+    to_host: ToHost<'a>,
+    env: &'a Env,
+    caller: Caller<'a>,
+    hub: &'a HostHub,
+    grant: &'a Grant,
+    denied: std::cell::Cell<bool>,
+}
+
+impl Namer for Authorizing<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+        self.to_host.translate(kind, value)
+    }
+
+    fn field(
+        &self,
+        shape: &str,
+        _path: &str,
+        kind: FieldKind,
+        value: &str,
+    ) -> Result<String, String> {
+        let host_value = self.to_host.translate(kind, value)?;
+        let channel = ["ahp-session:", "ahp-chat:", "ahp-terminal:"]
+            .iter()
+            .any(|s| host_value.starts_with(s));
+        if kind == FieldKind::Uri && channel {
+            let who = self.caller.who;
+            if !self
+                .env
+                .access
+                .sees_channel(who, self.grant, self.hub, &host_value)
+            {
+                return Err("unknown URI".into());
+            }
+            if !self.grant.permits(table::field_need(shape)) {
+                self.denied.set(true);
+                return Err("permission denied".into());
+            }
+        }
+        Ok(host_value)
+    }
+}
+
+/// Translates `value` (already typed) to host names along `shape`,
+/// authorizing every channel it names; `Err(true)` when a field was
+/// visible but not permitted.
+pub fn translate_to_host(
+    env: &Env,
+    caller: Caller<'_>,
+    hub: &HostHub,
+    grant: &Grant,
+    value: &mut Value,
+    shape: &str,
+) -> Result<(), (bool, String)> {
+    let namer = Authorizing {
+        to_host: ToHost {
+            host: &hub.id,
+            store: env.store.as_ref(),
+            identity: caller.identity(),
+        },
+        env,
+        caller,
+        hub,
+        grant,
+        denied: std::cell::Cell::new(false),
+    };
+    translate::translate(value, shape, &namer).map_err(|e| (namer.denied.get(), e.to_string()))
+}
+
+/// Translates request `params` to host names along `shape` (fields
+/// authorized), and sets the channel to its host form.
+pub fn to_host(
+    env: &Env,
+    caller: Caller<'_>,
+    hub: &HostHub,
+    grant: &Grant,
+    mut params: Value,
+    shape: &str,
+    host_channel: &str,
+) -> Result<Value, RpcError> {
+    translate_to_host(env, caller, hub, grant, &mut params, shape).map_err(|(denied, e)| {
+        if denied {
+            RpcError::permission_denied(&e)
+        } else {
+            RpcError::invalid_params(e)
+        }
+    })?;
+    if let Some(o) = params.as_object_mut() {
+        o.insert("channel".into(), json!(host_channel));
+    }
+    Ok(params)
+}
+
+/// Checks a client-chosen URI's form (`<scheme>:/<id>`, id in
+/// `[A-Za-z0-9._-]{1,128}`) before anything else looks at the request.
+pub fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
+    let parsed =
+        validate_client_uri(uri).map_err(|e| RpcError::invalid_params(format!("{uri}: {e}")))?;
+    if parsed.scheme != scheme {
+        return Err(RpcError::invalid_params(format!(
+            "expected a {scheme}: URI"
+        )));
+    }
+    Ok(())
+}
+
+/// The host whose agent is the only one `who` can see, if exactly one is.
+pub fn only_agent_host(env: &Env, who: Subject<'_>) -> Option<Arc<HostHub>> {
+    let mut with_agents = env.hosts.iter().filter(|h| {
+        env.access.grant_on(who, h).is_some()
+            && h.read(|v| v.root.as_ref().is_some_and(|r| !r.agents.is_empty()))
+    });
+    let first = with_agents.next()?;
+    with_agents.next().is_none().then(|| first.clone())
+}
+
+/// Union of the trigger characters of the up hosts `who` can see (§6.6).
+pub fn trigger_characters(env: &Env, who: Subject<'_>) -> Vec<String> {
+    let mut all: Vec<String> = env
+        .hosts
+        .iter()
+        .filter(|h| env.access.grant_on(who, h).is_some())
+        .flat_map(|h| {
+            h.read(|v| match v.status {
+                HostStatus::Up => v.trigger_characters.clone(),
+                _ => Vec::new(),
+            })
+        })
+        .collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
+/// The terminal command prefix, only if every up host `who` can see
+/// agrees (§6.6).
+pub fn terminal_command_prefix(env: &Env, who: Subject<'_>) -> Option<String> {
+    let mut prefixes = env
+        .hosts
+        .iter()
+        .filter(|h| env.access.grant_on(who, h).is_some())
+        .filter_map(|h| {
+            h.read(|v| (v.status == HostStatus::Up).then(|| v.terminal_command_prefix.clone()))
+        });
+    let first = prefixes.next()??;
+    prefixes
+        .all(|p| p.as_deref() == Some(first.as_str()))
+        .then_some(first)
+}

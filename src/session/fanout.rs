@@ -1,0 +1,158 @@
+//! The fan-out of watch-link events (contract §6.2, §6.4): host root
+//! changes become numbered root actions with the merged value, catalog
+//! events become `root/session*` notifications, each delivered to exactly
+//! the root followers allowed to see it, under the policy in force.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::ClientSession;
+use super::registry::Registry;
+use crate::names::namer::ToClient;
+use crate::names::translate;
+use crate::route::root;
+use crate::rpc::Close;
+use crate::upstream::hub::HostStatus;
+use crate::upstream::watch::{RootField, WatchEvent};
+
+impl Registry {
+    /// Consumes watch-link events forever, turning them into numbered root
+    /// actions and catalog notifications for every session that follows root.
+    pub async fn run_fanout(self: Arc<Self>, mut events: mpsc::UnboundedReceiver<WatchEvent>) {
+        while let Some(ev) = events.recv().await {
+            match ev {
+                WatchEvent::Status { host, status } => {
+                    self.env
+                        .metrics
+                        .host_up
+                        .with_label_values(&[&host])
+                        .set(i64::from(status == HostStatus::Up));
+                    let all = [
+                        RootField::Agents,
+                        RootField::Terminals,
+                        RootField::ActiveSessions,
+                    ];
+                    self.fan_root(&all);
+                    if status == HostStatus::Up {
+                        self.resync_orphans(&host);
+                    }
+                }
+                WatchEvent::Root { fields, .. } => self.fan_root(&fields),
+                WatchEvent::Catalog {
+                    host,
+                    method,
+                    params,
+                } => {
+                    self.fan_catalog(&host, method, params);
+                    self.fan_root(&[RootField::ActiveSessions]);
+                }
+            }
+        }
+    }
+
+    /// Host `host` is back: clients whose last `reconnect` had to omit its
+    /// channels are told to reconnect (4000) and get their snapshots (S16).
+    fn resync_orphans(&self, host: &str) {
+        let orphans: Vec<Arc<ClientSession>> = self
+            .sessions
+            .iter()
+            .filter(|s| s.lock().orphaned.contains(host))
+            .map(|s| s.clone())
+            .collect();
+        for s in orphans {
+            s.lock().orphaned.remove(host);
+            self.env
+                .metrics
+                .resyncs
+                .with_label_values(&["host_returned"])
+                .inc();
+            s.close(Close::ResyncHostBack);
+        }
+    }
+
+    fn followers(&self) -> Vec<Arc<ClientSession>> {
+        self.sessions
+            .iter()
+            .filter(|s| s.follows_root())
+            .map(|s| s.clone())
+            .collect()
+    }
+
+    /// Sends each root follower the fields that changed for it.
+    pub fn fan_root(&self, fields: &[RootField]) {
+        for s in self.followers() {
+            for field in fields {
+                let value = root::root_field(&self.env, *field, s.caller());
+                let key = match field {
+                    RootField::Agents => "agents",
+                    RootField::Terminals => "terminals",
+                    RootField::ActiveSessions => "activeSessions",
+                };
+                let mut core = s.lock();
+                // Checked again under the lock: a snapshot `reconnect` may
+                // have stopped root delivery (its cut) since `followers()`.
+                if !core.subs.contains(ahp_types::ROOT_RESOURCE_URI)
+                    || core.root_seen.get(key) == Some(&value)
+                {
+                    continue;
+                }
+                core.root_seen.insert(key.to_string(), value.clone());
+                let action = match field {
+                    RootField::Agents => json!({"type": "root/agentsChanged", "agents": value}),
+                    RootField::Terminals => {
+                        json!({"type": "root/terminalsChanged", "terminals": value})
+                    }
+                    RootField::ActiveSessions => {
+                        json!({"type": "root/activeSessionsChanged", "activeSessions": value})
+                    }
+                };
+                s.push_envelope(&mut core, |n| {
+                    Some(
+                        json!({"jsonrpc": "2.0", "method": "action", "params": {
+                        "channel": ahp_types::ROOT_RESOURCE_URI, "action": action, "serverSeq": n}})
+                        .to_string(),
+                    )
+                });
+            }
+        }
+    }
+
+    /// Sends a catalog notification to the followers that can see its
+    /// session, under the policy in force now (§6.4).
+    fn fan_catalog(&self, host: &str, method: &str, mut params: Value) {
+        let host_session = params
+            .get("session")
+            .or_else(|| params.pointer("/summary/resource"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let namer = ToClient {
+            host,
+            store: self.env.store.as_ref(),
+            identity: None,
+        };
+        if translate::translate(&mut params, method, &namer).is_err() {
+            return;
+        }
+        let frame = json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string();
+        let Some(hub) = self.env.hosts.get(host) else {
+            return;
+        };
+        for s in self.followers() {
+            let who = s.subject();
+            let visible = self
+                .env
+                .access
+                .grant_on(who, hub)
+                .is_some_and(|g| self.env.access.sees_session(who, &g, hub, &host_session));
+            if visible {
+                let mut core = s.lock();
+                if core.subs.contains(ahp_types::ROOT_RESOURCE_URI) {
+                    s.push(&mut core, frame.clone());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The session's side of its links (contract §5.8): what a link reports
+//! through [`LinkOwner`] — frames, watermarks, drops, what to resume — is
+//! applied here to the session's state, so the upstream layer never
+//! reaches into a session.
+
+use std::sync::{Arc, Weak};
+
+use super::ClientSession;
+use crate::rpc::RpcError;
+use crate::upstream::hub::HostHub;
+use crate::upstream::link::{Baseline, Link, LinkCmd, LinkOwner, LinkReply, LinkSpec};
+
+impl ClientSession {
+    /// Opens a new link to `hub` for this session (counted in metrics).
+    pub fn open_link_to(self: &Arc<Self>, hub: &Arc<HostHub>, baseline: Baseline) -> Arc<Link> {
+        let limits = &self.env.cfg.limits;
+        let spec = LinkSpec {
+            upstream_id: self.upstream_id.clone(),
+            version: self.version.clone(),
+            user: (
+                self.key.principal.issuer.clone(),
+                self.key.principal.subject.clone(),
+            ),
+            ping_after: limits.link_ping(),
+            ping_timeout: limits.link_ping_timeout(),
+        };
+        self.env.metrics.links_opened.inc();
+        let owner: Weak<dyn LinkOwner> = Arc::downgrade(self) as Weak<dyn LinkOwner>;
+        Link::open(owner, spec, hub.clone(), baseline)
+    }
+}
+
+impl LinkOwner for ClientSession {
+    fn on_link_up(&self, _host: &Arc<HostHub>, link: u64, server_seq: u64) {
+        self.lock().watermarks.insert(link, server_seq);
+    }
+
+    fn on_host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply {
+        self.host_frame(host, link, text)
+    }
+
+    fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64) {
+        self.fail_link_requests(link, &RpcError::upstream_lost(&host.id));
+    }
+
+    fn resume_plan(&self, host: &Arc<HostHub>, link: u64) -> Option<(u64, Vec<String>)> {
+        self.link_resume_plan(host, link)
+    }
+
+    fn on_link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool, unsent: Vec<LinkCmd>) {
+        self.env.metrics.links_failed.inc();
+        self.link_down(host, link, was_up);
+        let mut core = self.lock();
+        let reason = format!("host {} unavailable", host.id);
+        for cmd in unsent {
+            if let LinkCmd::Dispatch {
+                client_channel,
+                action,
+                client_seq,
+                ..
+            } = cmd
+            {
+                self.reject_dispatch(&mut core, &client_channel, &action, client_seq, &reason);
+            }
+        }
+    }
+}
