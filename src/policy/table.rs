@@ -1,59 +1,10 @@
-//! The one table of what every client method and every client-dispatchable
-//! action type needs (contract §7.1). A method or action type that is not
-//! here is refused (-32601 / a rejection echo) before anything else.
+//! The one table of what every client-dispatchable action type needs
+//! (contract §7.1), and the permission a URI field implies. An action type
+//! that is not here is refused with a rejection echo. Methods have their
+//! own table, with their permission as a column: `route::methods`.
 
 use super::Permission;
-use Permission::{FilesRead, FilesWrite, SessionsOperate, SessionsRead, TerminalsUse};
-
-/// What the relay requires before it acts on a method or action type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
-    /// Checked against the target host's grant.
-    Permission(Permission),
-    /// Answered by the relay itself for the principal's own session
-    /// (`initialize`, `reconnect`, `ping`, `unsubscribe`); no host grant.
-    Own,
-    /// Aggregated over the hosts the principal may read (`listSessions`,
-    /// root subscribe, `authenticate`): each host filtered by its grant.
-    Aggregated,
-}
-
-/// Every client method the relay knows, and what it needs. Methods not in
-/// this table are refused with -32601.
-pub const METHODS: &[(&str, Need)] = &[
-    ("initialize", Need::Own),
-    ("reconnect", Need::Own),
-    ("ping", Need::Own),
-    ("unsubscribe", Need::Own),
-    ("listSessions", Need::Aggregated),
-    ("authenticate", Need::Aggregated),
-    ("subscribe", Need::Permission(SessionsRead)),
-    ("fetchTurns", Need::Permission(SessionsRead)),
-    ("completions", Need::Permission(SessionsOperate)),
-    ("createSession", Need::Permission(SessionsOperate)),
-    ("disposeSession", Need::Permission(SessionsOperate)),
-    ("createChat", Need::Permission(SessionsOperate)),
-    ("disposeChat", Need::Permission(SessionsOperate)),
-    ("moveChat", Need::Permission(SessionsOperate)),
-    ("resolveSessionConfig", Need::Permission(SessionsOperate)),
-    (
-        "sessionConfigCompletions",
-        Need::Permission(SessionsOperate),
-    ),
-    ("dispatchAction", Need::Permission(SessionsOperate)),
-    ("createTerminal", Need::Permission(TerminalsUse)),
-    ("disposeTerminal", Need::Permission(TerminalsUse)),
-    ("resourceRead", Need::Permission(FilesRead)),
-    ("resourceList", Need::Permission(FilesRead)),
-    ("resourceResolve", Need::Permission(FilesRead)),
-    ("resourceRequest", Need::Permission(FilesRead)),
-    ("createResourceWatch", Need::Permission(FilesRead)),
-    ("resourceWrite", Need::Permission(FilesWrite)),
-    ("resourceCopy", Need::Permission(FilesWrite)),
-    ("resourceMove", Need::Permission(FilesWrite)),
-    ("resourceDelete", Need::Permission(FilesWrite)),
-    ("resourceMkdir", Need::Permission(FilesWrite)),
-];
+use Permission::{SessionsOperate, SessionsRead, TerminalsUse};
 
 /// Every action type a client may dispatch (AHP v1.0.0) and the permission
 /// it needs on the target host. `root/configChanged` is absent on purpose:
@@ -98,11 +49,6 @@ pub const ACTIONS: &[(&str, Permission)] = &[
     ("terminal/cleared", TerminalsUse),
 ];
 
-/// What `method` needs; `None` for a method the relay does not know.
-pub fn method_need(method: &str) -> Option<Need> {
-    METHODS.iter().find(|(m, _)| *m == method).map(|(_, n)| *n)
-}
-
 /// What dispatching action type `ty` needs; `None` for a type a client may
 /// not dispatch through the relay.
 pub fn action_need(ty: &str) -> Option<Permission> {
@@ -127,10 +73,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_method_and_action_has_exactly_one_entry() {
-        for (i, (m, _)) in METHODS.iter().enumerate() {
-            assert!(!METHODS[i + 1..].iter().any(|(o, _)| o == m), "{m} twice");
-        }
+    fn every_action_has_exactly_one_entry() {
         for (i, (t, _)) in ACTIONS.iter().enumerate() {
             assert!(!ACTIONS[i + 1..].iter().any(|(o, _)| o == t), "{t} twice");
         }
@@ -138,13 +81,8 @@ mod tests {
 
     #[test]
     fn unknown_is_refused_and_known_is_mapped() {
-        assert_eq!(method_need("frobnicate"), None);
         assert_eq!(action_need("chat/delta"), None, "server-only action");
         assert_eq!(action_need("root/configChanged"), None);
-        assert_eq!(
-            method_need("createTerminal"),
-            Some(Need::Permission(TerminalsUse))
-        );
         assert_eq!(action_need("terminal/input"), Some(TerminalsUse));
         assert_eq!(action_need("chat/turnStarted"), Some(SessionsOperate));
     }

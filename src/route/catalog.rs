@@ -12,6 +12,7 @@ use super::{Caller, Env};
 use crate::names::namer::{ToClient, is_store_entry};
 use crate::names::qualify as names;
 use crate::names::translate;
+use crate::policy::Grant;
 use crate::rpc::RpcError;
 use crate::upstream::hub::{HostHub, HostStatus, IndexEntry};
 
@@ -40,76 +41,12 @@ pub fn list_sessions(
                 .ok_or_else(|| RpcError::invalid_params("unknown cursor"))?,
         ),
     };
-    let who = caller.who;
-    let mut lists = Vec::new();
-    for hub in env.hosts.iter() {
-        let Some(grant) = env.access.grant_on(who, hub) else {
-            continue;
-        };
-        let index = hub.sorted_catalog(|uri| {
-            names::qualify(&hub.id, uri, |base| {
-                is_store_entry(env.store.as_ref(), &hub.id, base)
-            })
-        });
-        // Entries strictly after the cursor, in list order.
-        let start = match &after {
-            None => 0,
-            Some((at, uri)) => index.partition_point(|e| {
-                e.at > *at || (e.at == *at && e.client.as_ref() <= uri.as_str())
-            }),
-        };
-        lists.push((hub, grant, index, start));
-    }
-    // Merge the per-host lists, keeping visible entries, until the page
-    // is full and one more visible entry proves a next page.
-    let mut page: Vec<(&Arc<HostHub>, IndexEntry)> = Vec::new();
-    let mut more = false;
-    loop {
-        let next = lists
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (_, _, index, start))| index.get(*start).map(|e| (i, e)))
-            .min_by(|(_, a), (_, b)| b.at.cmp(&a.at).then_with(|| a.client.cmp(&b.client)));
-        let Some((i, entry)) = next else { break };
-        let entry = entry.clone();
-        let (hub, grant, _, start) = &mut lists[i];
-        *start += 1;
-        if !env.access.sees_session(who, grant, hub, &entry.host) {
-            continue;
-        }
-        if page.len() == limit {
-            more = true;
-            break;
-        }
-        page.push((hub, entry));
-    }
-    let mut items = Vec::with_capacity(page.len());
-    for (hub, entry) in &page {
-        let namer = ToClient {
-            host: &hub.id,
-            store: env.store.as_ref(),
-            identity: None,
-        };
-        let Some((mut s, status)) = hub.read(|v| {
-            v.catalog
-                .get(entry.host.as_ref())
-                .map(|s| (s.clone(), v.status))
-        }) else {
-            continue; // removed since the index was built
-        };
-        if translate::translate(&mut s, "@SessionSummary", &namer).is_err() {
-            continue;
-        }
-        if status != HostStatus::Up
-            && let Some(o) = s.as_object_mut()
-        {
-            let meta = o.entry("_meta").or_insert_with(|| json!({}));
-            if let Some(m) = meta.as_object_mut() {
-                m.insert("ahp-relay/hostState".into(), json!(status.label()));
-            }
-        }
-        items.push(s);
-    }
+    let mut lists = host_lists(env, caller, after.as_ref());
+    let (page, more) = merge_page(env, caller, &mut lists, limit);
+    let items: Vec<Value> = page
+        .iter()
+        .filter_map(|(hub, entry)| client_summary(env, hub, entry))
+        .collect();
     let mut result = json!({"items": items});
     if more && let (Some((_, last)), Some(o)) = (page.last(), result.as_object_mut()) {
         o.insert(
@@ -118,6 +55,95 @@ pub fn list_sessions(
         );
     }
     Ok(result.to_string())
+}
+
+/// One visible host's sorted catalog and where the page starts in it.
+type HostList<'a> = (&'a Arc<HostHub>, Grant, Arc<Vec<IndexEntry>>, usize);
+
+/// The sorted catalog of every host the caller can see, each positioned
+/// strictly after the cursor.
+fn host_lists<'a>(
+    env: &'a Env,
+    caller: Caller<'_>,
+    after: Option<&(i64, String)>,
+) -> Vec<HostList<'a>> {
+    let mut lists = Vec::new();
+    for hub in env.hosts.iter() {
+        let Some(grant) = env.access.grant_on(caller.who, hub) else {
+            continue;
+        };
+        let index = hub.sorted_catalog(|uri| {
+            names::qualify(&hub.id, uri, |base| {
+                is_store_entry(env.store.as_ref(), &hub.id, base)
+            })
+        });
+        let start = match after {
+            None => 0,
+            Some((at, uri)) => index.partition_point(|e| {
+                e.at > *at || (e.at == *at && e.client.as_ref() <= uri.as_str())
+            }),
+        };
+        lists.push((hub, grant, index, start));
+    }
+    lists
+}
+
+/// Merges the per-host lists (k-way, newest first), keeping visible
+/// entries, until the page is full and one more visible entry proves a
+/// next page (`true`).
+fn merge_page<'a>(
+    env: &Env,
+    caller: Caller<'_>,
+    lists: &mut [HostList<'a>],
+    limit: usize,
+) -> (Vec<(&'a Arc<HostHub>, IndexEntry)>, bool) {
+    let mut page = Vec::new();
+    loop {
+        let next = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, _, index, start))| index.get(*start).map(|e| (i, e)))
+            .min_by(|(_, a), (_, b)| b.at.cmp(&a.at).then_with(|| a.client.cmp(&b.client)));
+        let Some((i, entry)) = next else {
+            return (page, false);
+        };
+        let entry = entry.clone();
+        let (hub, grant, _, start) = &mut lists[i];
+        *start += 1;
+        if !env.access.sees_session(caller.who, grant, hub, &entry.host) {
+            continue;
+        }
+        if page.len() == limit {
+            return (page, true);
+        }
+        page.push((*hub, entry));
+    }
+}
+
+/// The client form of a listed session, marked when its host is not up
+/// (§6.5); `None` if it was removed since the index was built or cannot be
+/// translated.
+fn client_summary(env: &Env, hub: &HostHub, entry: &IndexEntry) -> Option<Value> {
+    let namer = ToClient {
+        host: &hub.id,
+        store: env.store.as_ref(),
+        identity: None,
+    };
+    let (mut s, status) = hub.read(|v| {
+        v.catalog
+            .get(entry.host.as_ref())
+            .map(|s| (s.clone(), v.status))
+    })?;
+    translate::translate(&mut s, "@SessionSummary", &namer).ok()?;
+    if status != HostStatus::Up
+        && let Some(o) = s.as_object_mut()
+    {
+        let meta = o.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert("ahp-relay/hostState".into(), json!(status.label()));
+        }
+    }
+    Some(s)
 }
 
 fn cursor_mac(env: &Env, body: &str, caller: Caller<'_>, socket: u64) -> String {

@@ -9,24 +9,16 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::methods::{self, Need};
 use super::{Caller, Env};
 use crate::names::client_uri::validate_client_uri;
 use crate::names::namer::{self, ToHost};
 use crate::names::translate::{self, FieldKind, Namer};
 use crate::policy::audit::{self, Decision};
-use crate::policy::table::{self, Need};
+use crate::policy::table;
 use crate::policy::{Grant, Permission, Subject};
 use crate::rpc::RpcError;
 use crate::upstream::hub::{HostHub, HostStatus};
-
-/// The names of the relay's method table (§8.2), anything else `other`:
-/// the only labels metrics may carry for a method.
-pub fn method_label(method: &str) -> &'static str {
-    table::METHODS
-        .iter()
-        .find(|(m, _)| *m == method)
-        .map_or("other", |(m, _)| m)
-}
 
 /// The hub and host form of a client channel URI the principal can see, or
 /// the §4.4 answer for one that does not exist (-32001 for sessions, -32008
@@ -65,7 +57,7 @@ pub fn target_of(
 ) -> Result<(Arc<HostHub>, String), RpcError> {
     host_for(env, caller, uri).inspect_err(|_| {
         let read = matches!(
-            table::method_need(op),
+            methods::need(op),
             Some(Need::Permission(Permission::SessionsRead))
         );
         if !read {
@@ -88,7 +80,7 @@ pub fn not_found(uri: &str) -> RpcError {
 
 /// What the routed `method` needs on its host, from the one table.
 pub fn method_permission(method: &str) -> Result<Permission, RpcError> {
-    match table::method_need(method) {
+    match methods::need(method) {
         Some(Need::Permission(p)) => Ok(p),
         _ => Err(RpcError::method_not_found(method)),
     }

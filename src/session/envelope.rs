@@ -7,9 +7,10 @@
 //! types that carry names (per the rewrite table) have their action object
 //! parsed and rewritten.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use serde_json::Value;
+use tokio::sync::oneshot;
 
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::ToClient;
@@ -249,124 +250,136 @@ impl ClientSession {
         let Ok(v) = serde_json::from_str::<Value>(text) else {
             return;
         };
-        let failure = v.get("error").map(host_error);
+        let answer = Answer {
+            host,
+            id: pending.client_id,
+            method: &pending.method,
+            failure: v.get("error").map(host_error),
+            body: &v,
+        };
         match pending.kind {
-            PendingKind::Plain => match failure {
-                Some(err) => self.respond_error(&mut core, &pending.client_id, &err),
-                None => {
-                    let result = self.client_result(host, &pending.method, v.get("result"));
-                    self.respond(&mut core, &pending.client_id, &result);
-                }
-            },
+            PendingKind::Plain => self.answer_plain(&mut core, answer),
             PendingKind::Subscribe {
                 client_channel,
                 host_channel,
-            } => match failure {
-                Some(err) => {
-                    if let Some(m) = core.chans.get_mut(&host.id) {
-                        m.remove(&host_channel);
-                    }
-                    self.respond_error(&mut core, &pending.client_id, &err);
-                }
-                None => {
-                    let (snapshot, from) = self.client_snapshot(
-                        host,
-                        v.pointer("/result/snapshot"),
-                        &client_channel,
-                        core.last(),
-                    );
-                    if let Some(Chan::Holding { from: f, .. }) = core
-                        .chans
-                        .get_mut(&host.id)
-                        .and_then(|m| m.get_mut(&host_channel))
-                    {
-                        *f = from;
-                    }
-                    let result = match snapshot {
-                        Some(s) => serde_json::json!({ "snapshot": s }).to_string(),
-                        None => "{}".to_string(),
-                    };
-                    self.respond(&mut core, &pending.client_id, &result);
-                    core.baselined.insert(client_channel.clone());
-                    core.subs.insert(client_channel);
-                    self.release(&mut core, host, &host_channel);
-                }
-            },
+            } => self.answer_subscribe(&mut core, answer, client_channel, &host_channel),
             PendingKind::Initial {
                 host_channel,
                 reply,
-            } => {
-                let client = core
-                    .chans
-                    .get(&host.id)
-                    .and_then(|m| m.get(&host_channel))
-                    .map(|c| c.client().to_string())
-                    .unwrap_or_default();
-                let snap = match failure {
-                    Some(_) => {
-                        if let Some(m) = core.chans.get_mut(&host.id) {
-                            m.remove(&host_channel);
-                        }
-                        None
-                    }
-                    None => {
-                        let (snapshot, from) =
-                            self.client_snapshot(host, v.pointer("/result/snapshot"), &client, 0);
-                        if let Some(Chan::Holding { from: f, .. }) = core
-                            .chans
-                            .get_mut(&host.id)
-                            .and_then(|m| m.get_mut(&host_channel))
-                        {
-                            *f = from;
-                        }
-                        snapshot
-                    }
-                };
-                let _ = reply.send(snap);
-            }
+            } => self.answer_initial(&mut core, answer, &host_channel, reply),
             PendingKind::Create {
                 store_key,
                 await_catalog,
-            } => {
-                let store = self.env.store.clone();
-                match failure {
-                    Some(err) => {
-                        let _ = store.release(&store_key);
-                        self.respond_error(&mut core, &pending.client_id, &err);
-                    }
-                    None => {
-                        if let Err(e) = store.confirm(&store_key) {
-                            tracing::error!(error = %e, uri = %store_key, "cannot confirm a created URI");
-                        }
-                        match await_catalog {
-                            None => self.respond(&mut core, &pending.client_id, "null"),
-                            Some(host_uri) => {
-                                drop(core);
-                                self.respond_after_catalog(
-                                    host.clone(),
-                                    host_uri,
-                                    pending.client_id,
-                                );
-                            }
-                        }
-                    }
-                }
+            } => self.answer_create(core, answer, &store_key, await_catalog),
+            PendingKind::Dispose { store_key } => {
+                self.answer_dispose(&mut core, answer, store_key.as_deref())
             }
-            PendingKind::Dispose { store_key } => match failure {
-                Some(err) => self.respond_error(&mut core, &pending.client_id, &err),
-                None => {
-                    if let Some(key) = store_key {
-                        let ttl = self.env.cfg.relay.tombstone_ttl_secs;
-                        let _ = self
-                            .env
-                            .store
-                            .tombstone(&key, crate::identity::unix_now(), ttl);
-                    }
-                    let result = self.client_result(host, &pending.method, v.get("result"));
-                    self.respond(&mut core, &pending.client_id, &result);
-                }
-            },
         }
+    }
+
+    fn answer_plain(&self, core: &mut SessionCore, a: Answer<'_>) {
+        match a.failure {
+            Some(err) => self.respond_error(core, &a.id, &err),
+            None => {
+                let result = self.client_result(a.host, a.method, a.body.get("result"));
+                self.respond(core, &a.id, &result);
+            }
+        }
+    }
+
+    /// A subscribe's snapshot is written, then the envelopes held since it
+    /// was forwarded are released after it (§5.2).
+    fn answer_subscribe(
+        &self,
+        core: &mut SessionCore,
+        a: Answer<'_>,
+        client_channel: String,
+        host_channel: &str,
+    ) {
+        if let Some(err) = a.failure {
+            if let Some(m) = core.chans.get_mut(&a.host.id) {
+                m.remove(host_channel);
+            }
+            return self.respond_error(core, &a.id, &err);
+        }
+        let snapshot = a.body.pointer("/result/snapshot");
+        let (snapshot, from) = self.client_snapshot(a.host, snapshot, &client_channel, core.last());
+        set_held_from(core, &a.host.id, host_channel, from);
+        let result = match snapshot {
+            Some(s) => serde_json::json!({ "snapshot": s }).to_string(),
+            None => "{}".to_string(),
+        };
+        self.respond(core, &a.id, &result);
+        core.baselined.insert(client_channel.clone());
+        core.subs.insert(client_channel);
+        self.release(core, a.host, host_channel);
+    }
+
+    /// An `initialSubscriptions` snapshot goes to the waiting `initialize`,
+    /// which releases the held envelopes after its answer.
+    fn answer_initial(
+        &self,
+        core: &mut SessionCore,
+        a: Answer<'_>,
+        host_channel: &str,
+        reply: oneshot::Sender<Option<Value>>,
+    ) {
+        let client = core
+            .chans
+            .get(&a.host.id)
+            .and_then(|m| m.get(host_channel))
+            .map(|c| c.client().to_string())
+            .unwrap_or_default();
+        let snap = if a.failure.is_some() {
+            if let Some(m) = core.chans.get_mut(&a.host.id) {
+                m.remove(host_channel);
+            }
+            None
+        } else {
+            let snapshot = a.body.pointer("/result/snapshot");
+            let (snapshot, from) = self.client_snapshot(a.host, snapshot, &client, 0);
+            set_held_from(core, &a.host.id, host_channel, from);
+            snapshot
+        };
+        let _ = reply.send(snap);
+    }
+
+    /// A create confirms its store entry (or releases it on failure); a
+    /// session create is answered once the catalog lists it (§6.3).
+    fn answer_create(
+        &self,
+        mut core: MutexGuard<'_, SessionCore>,
+        a: Answer<'_>,
+        store_key: &str,
+        await_catalog: Option<String>,
+    ) {
+        let store = &self.env.store;
+        if let Some(err) = a.failure {
+            let _ = store.release(store_key);
+            return self.respond_error(&mut core, &a.id, &err);
+        }
+        if let Err(e) = store.confirm(store_key) {
+            tracing::error!(error = %e, uri = %store_key, "cannot confirm a created URI");
+        }
+        match await_catalog {
+            None => self.respond(&mut core, &a.id, "null"),
+            Some(host_uri) => {
+                drop(core);
+                self.respond_after_catalog(a.host.clone(), host_uri, a.id);
+            }
+        }
+    }
+
+    /// A dispose of a client-chosen URI leaves a tombstone (§4.2).
+    fn answer_dispose(&self, core: &mut SessionCore, a: Answer<'_>, store_key: Option<&str>) {
+        if a.failure.is_none()
+            && let Some(key) = store_key
+        {
+            let ttl = self.env.cfg.relay.tombstone_ttl_secs;
+            let now = crate::identity::unix_now();
+            let _ = self.env.store.tombstone(key, now, ttl);
+        }
+        self.answer_plain(core, a);
     }
 
     /// Answers a `createSession` once the watch catalog lists the session,
@@ -656,4 +669,27 @@ fn host_error(e: &Value) -> RpcError {
         .then(|| e.get("data").cloned())
         .flatten();
     RpcError::with_code(code, message, data)
+}
+
+/// A host's answer to a forwarded request, as the session handles it.
+struct Answer<'a> {
+    host: &'a Arc<HostHub>,
+    /// The client's request id (exact JSON text).
+    id: String,
+    method: &'a str,
+    /// The translated error, if the host failed the request.
+    failure: Option<RpcError>,
+    /// The whole answer frame.
+    body: &'a Value,
+}
+
+/// Records the snapshot's host `fromSeq` on a held channel (§5.2).
+fn set_held_from(core: &mut SessionCore, host: &str, host_channel: &str, from: Option<u64>) {
+    if let Some(Chan::Holding { from: f, .. }) = core
+        .chans
+        .get_mut(host)
+        .and_then(|m| m.get_mut(host_channel))
+    {
+        *f = from;
+    }
 }

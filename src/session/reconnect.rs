@@ -17,9 +17,10 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::requests::{Conn, typed};
+use super::requests::Conn;
 use super::{Chan, ClientSession, SessionCore};
 use crate::policy::Permission;
+use crate::route::methods::typed;
 use crate::route::router::{gate, host_for};
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
@@ -34,88 +35,33 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     }
     let (p, _) = typed::<ReconnectParams>(params)?;
     let registry = conn.registry.clone();
+    let outcome = |label: &str| {
+        let m = &registry.env.metrics;
+        m.reconnects.with_label_values(&[label]).inc();
+    };
     let key = conn.session_key(&p.client_id);
     let Some(session) = registry.session_of(&key) else {
-        registry
-            .env
-            .metrics
-            .reconnects
-            .with_label_values(&["not_found"])
-            .inc();
+        outcome("not_found");
         return Err(RpcError::not_found(
             "no session for this clientId: initialize again",
         ));
     };
-    let mut requested: Vec<String> = Vec::new();
-    for c in p.subscriptions {
-        if !requested.contains(&c) {
-            requested.push(c);
-        }
-    }
-    let socket = conn.socket();
+    let requested = dedup(p.subscriptions);
     conn.session = Some(session.clone());
-    let (replayed, generation) = {
-        let mut core = session.lock();
-        let generation = session.attach_socket(&mut core, socket);
-        forget_unrequested(&mut core, &requested);
-        let replayed = match replay(&session, &core, p.last_seen_server_seq, &requested) {
-            Some(result) => {
-                session.respond(&mut core, id, &result);
-                session.end_cut(&mut core);
-                true
-            }
-            None => {
-                core.begin_cut();
-                // Nothing live may reach the new socket before the answer (the
-                // cut): root actions are held back (root left out of `subs`)
-                // and every host channel is held until its fresh snapshot.
-                core.subs.remove(ahp_types::ROOT_RESOURCE_URI);
-                core.baselined.clear();
-                for chans in core.chans.values_mut() {
-                    for chan in chans.values_mut() {
-                        if let Chan::Live { client } = chan {
-                            *chan = Chan::Holding {
-                                client: std::mem::take(client),
-                                held: Vec::new(),
-                                from: None,
-                            };
-                        }
-                    }
-                }
-                false
-            }
-        };
-        (replayed, generation)
-    };
-    if replayed {
-        registry
-            .env
-            .metrics
-            .reconnects
-            .with_label_values(&["replay"])
-            .inc();
+    let Some(generation) = replay_or_cut(
+        &session,
+        conn.socket(),
+        id,
+        p.last_seen_server_seq,
+        &requested,
+    ) else {
+        outcome("replay");
         return Ok(());
-    }
-    registry
-        .env
-        .metrics
-        .reconnects
-        .with_label_values(&["snapshot"])
-        .inc();
+    };
+    outcome("snapshot");
     let waits = rebaseline(&session, &requested);
-    // One deadline for all hosts: hosts that do not answer delay the
-    // answer by the settle timeout once, not once each (§5.8).
-    let settle = tokio::time::Instant::now()
-        + std::time::Duration::from_secs(registry.env.cfg.limits.upstream_settle_secs);
-    let mut adopted = Vec::new();
-    for (hub, channels, rx) in waits {
-        let init = tokio::time::timeout_at(settle, rx)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten();
-        adopted.push((hub, channels, init));
-    }
+    let settle = std::time::Duration::from_secs(registry.env.cfg.limits.upstream_settle_secs);
+    let adopted = settle_all(waits, settle).await;
     let mut core = session.lock();
     if core.attach_gen() != generation || !core.answers_on(conn.socket) {
         // Another socket took the session over meanwhile (this one was
@@ -125,8 +71,95 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         // again, never a replay built on state it did not receive.
         return Ok(());
     }
-    // Channels the cut held that this reconnect did not re-baseline (no
-    // longer routable or permitted) are not held any longer.
+    answer_snapshots(&session, &mut core, id, &requested, adopted);
+    Ok(())
+}
+
+/// The requested channels in order, each once (a set, so a frame full of
+/// subscriptions costs linear time).
+fn dedup(subscriptions: Vec<String>) -> Vec<String> {
+    let mut seen = HashSet::with_capacity(subscriptions.len());
+    subscriptions
+        .into_iter()
+        .filter(|c| seen.insert(c.clone()))
+        .collect()
+}
+
+/// Attaches `socket` and answers with `replay` when the buffer proves
+/// nothing is missing (`None`); otherwise begins the snapshot cut and
+/// returns the attach generation the answer must still hold.
+fn replay_or_cut(
+    session: &Arc<ClientSession>,
+    socket: super::Socket,
+    id: &str,
+    last_seen: i64,
+    requested: &[String],
+) -> Option<u64> {
+    let mut core = session.lock();
+    let generation = session.attach_socket(&mut core, socket);
+    forget_unrequested(&mut core, requested);
+    if let Some(result) = replay(session, &core, last_seen, requested) {
+        session.respond(&mut core, id, &result);
+        session.end_cut(&mut core);
+        return None;
+    }
+    hold_for_cut(&mut core);
+    Some(generation)
+}
+
+/// Begins a snapshot cut: nothing live may reach the new socket before the
+/// answer — root actions are held back (root left out of `subs`) and every
+/// host channel is held until its fresh snapshot.
+fn hold_for_cut(core: &mut SessionCore) {
+    core.begin_cut();
+    core.subs.remove(ahp_types::ROOT_RESOURCE_URI);
+    core.baselined.clear();
+    for chans in core.chans.values_mut() {
+        for chan in chans.values_mut() {
+            if let Chan::Live { client } = chan {
+                *chan = Chan::Holding {
+                    client: std::mem::take(client),
+                    held: Vec::new(),
+                    from: None,
+                };
+            }
+        }
+    }
+}
+
+/// What one host's re-baselining link answered: the hub, its channels
+/// (client, host form) and the `InitializeResult` (`None` if it did not
+/// answer in time).
+type Adopted = (Arc<HostHub>, Vec<(String, String)>, Option<Value>);
+
+/// Waits for every host's re-baselining answer under one deadline: hosts
+/// that do not answer delay the answer by the settle timeout once, not
+/// once each (§5.8).
+async fn settle_all(waits: Vec<Wait>, settle: std::time::Duration) -> Vec<Adopted> {
+    let deadline = tokio::time::Instant::now() + settle;
+    let mut adopted = Vec::new();
+    for (hub, channels, rx) in waits {
+        let init = tokio::time::timeout_at(deadline, rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        adopted.push((hub, channels, init));
+    }
+    adopted
+}
+
+/// Writes the `snapshot` answer (the cut) under the session lock: root from
+/// the relay, host channels from the adopted links; channels the cut held
+/// that were not re-baselined are released, held envelopes are numbered
+/// after the answer, and the replaced links retire.
+fn answer_snapshots(
+    session: &ClientSession,
+    core: &mut SessionCore,
+    id: &str,
+    requested: &[String],
+    adopted: Vec<Adopted>,
+) {
     let rebased: HashSet<(&str, &str)> = adopted
         .iter()
         .flat_map(|(hub, channels, _)| channels.iter().map(|(_, h)| (&*hub.id, h.as_str())))
@@ -138,7 +171,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     let mut snapshots = Vec::new();
     core.orphaned.clear();
     if requested.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
-        let root = session.root_snapshot(&mut core);
+        let root = session.root_snapshot(core);
         snapshots.push(
             json!({"resource": ahp_types::ROOT_RESOURCE_URI, "state": root, "fromSeq": from}),
         );
@@ -146,60 +179,62 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         core.baselined
             .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
     }
+    let release = adopt(session, core, adopted, from, &mut snapshots);
+    let result = json!({"type": "snapshot", "snapshots": snapshots});
+    session.respond(core, id, &result.to_string());
+    for (hub, host_uri) in release {
+        session.release(core, &hub, &host_uri);
+    }
+    session.end_cut(core);
+    // The new links' snapshots are adopted: the old links may close now.
+    for old in std::mem::take(&mut core.retiring) {
+        // Requests in flight on a replaced link will never be answered.
+        session.fail_link_requests_locked(core, old.id, &RpcError::upstream_lost(&old.host.id));
+    }
+}
+
+/// Adopts each re-baselined channel's snapshot (client form, `fromSeq` =
+/// `from`) into `snapshots`; returns the host channels to release after
+/// the answer. A channel without a snapshot (gone, or its host silent) is
+/// omitted; if its host was unreachable the client is resynchronised when
+/// the host returns (S16).
+fn adopt(
+    session: &ClientSession,
+    core: &mut SessionCore,
+    adopted: Vec<Adopted>,
+    from: u64,
+    snapshots: &mut Vec<Value>,
+) -> Vec<(Arc<HostHub>, String)> {
     let mut release = Vec::new();
     for (hub, channels, init) in adopted {
         for (client, host_uri) in channels {
             let snap = init.as_ref().and_then(|r| snapshot_of(r, &host_uri));
             let (client_snap, host_from) = session.client_snapshot(&hub, snap, &client, from);
-            match client_snap {
-                Some(s) => {
-                    if let Some(Chan::Holding { from: f, .. }) = core
-                        .chans
-                        .get_mut(&hub.id)
-                        .and_then(|m| m.get_mut(&host_uri))
-                    {
-                        *f = host_from;
-                    }
-                    snapshots.push(s);
-                    core.subs.insert(client.clone());
-                    core.baselined.insert(client);
-                    release.push((hub.clone(), host_uri));
+            let Some(s) = client_snap else {
+                if let Some(m) = core.chans.get_mut(&hub.id) {
+                    m.remove(&host_uri);
                 }
-                None => {
-                    // Gone, or its host did not answer in time: omitted. If the
-                    // host was unreachable, the client is resynchronised when
-                    // the host comes back (S16), so its next `reconnect` gets
-                    // this channel's snapshot.
-                    if let Some(m) = core.chans.get_mut(&hub.id) {
-                        m.remove(&host_uri);
-                    }
-                    if init.is_none() {
-                        core.orphaned.insert(hub.id.to_string());
-                    }
+                if init.is_none() {
+                    core.orphaned.insert(hub.id.to_string());
                 }
+                continue;
+            };
+            if let Some(Chan::Holding { from: f, .. }) = core
+                .chans
+                .get_mut(&hub.id)
+                .and_then(|m| m.get_mut(&host_uri))
+            {
+                *f = host_from;
             }
+            snapshots.push(s);
+            core.subs.insert(client.clone());
+            core.baselined.insert(client);
+            release.push((hub.clone(), host_uri));
         }
     }
-    let result = json!({"type": "snapshot", "snapshots": snapshots});
-    session.respond(&mut core, id, &result.to_string());
-    for (hub, host_uri) in release {
-        session.release(&mut core, &hub, &host_uri);
-    }
-    session.end_cut(&mut core);
-    // The new links' snapshots are adopted: the old links may close now.
-    for old in std::mem::take(&mut core.retiring) {
-        // Requests in flight on a replaced link will never be answered.
-        session.fail_link_requests_locked(
-            &mut core,
-            old.id,
-            &RpcError::upstream_lost(&old.host.id),
-        );
-    }
-    Ok(())
+    release
 }
 
-/// The `replay` answer, if the relay can prove it complete: the watermark
-/// lies in [S0, last], nothing after it was evicted, and every requested
 /// channel got a snapshot in this session and kept continuity since.
 fn replay(
     session: &ClientSession,

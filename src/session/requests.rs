@@ -9,14 +9,9 @@
 use std::sync::Arc;
 
 use ahp_types::commands::{
-    CompletionsParams, CreateChatParams, CreateSessionParams, CreateTerminalParams,
-    DisposeChatParams, DisposeSessionParams, DisposeTerminalParams, FetchTurnsParams,
-    InitializeParams, MoveChatParams, ResolveSessionConfigParams, SessionConfigCompletionsParams,
-    SubscribeParams,
+    CreateChatParams, CreateSessionParams, CreateTerminalParams, InitializeParams, SubscribeParams,
 };
 use ahp_types::errors::ahp_error_codes;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
@@ -27,9 +22,10 @@ use crate::names::store::{Owner, StoreError};
 use crate::policy::Grant;
 use crate::policy::audit::{self, Decision};
 use crate::policy::table;
+use crate::route::methods::{self, Created, Handling, typed};
 use crate::route::{catalog, router};
 use crate::rpc::{Close, RpcError};
-use crate::upstream::hub::HostStatus;
+use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::link::{Link, LinkCmd};
 use crate::wire::{self, FrameKind};
 
@@ -108,7 +104,7 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
         FrameKind::Request { id, method } => {
             env.metrics
                 .client_requests
-                .with_label_values(&[router::method_label(method)])
+                .with_label_values(&[methods::label(method)])
                 .inc();
             let id = id.raw.to_string();
             let Some(_channel) = frame.channel() else {
@@ -159,32 +155,27 @@ fn params_of(text: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// Parses `params` into the typed params of the method and back: fields the
-/// type does not know are dropped (`_meta` is a known field).
-pub(super) fn typed<T: DeserializeOwned + Serialize>(
-    params: Value,
-) -> Result<(T, Value), RpcError> {
-    let t: T = serde_json::from_value(params)
-        .map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")))?;
-    let v = serde_json::to_value(&t).map_err(|e| RpcError::internal(e.to_string(), None))?;
-    Ok((t, v))
-}
-
 /// Answers or forwards one request; `None` when the answer comes later.
+/// The method table decides how: nothing here lists methods.
 async fn request(
     conn: &mut Conn,
     id: &str,
     method: &str,
     params: Value,
 ) -> Option<Result<String, RpcError>> {
-    match method {
-        "ping" => return Some(Ok("null".into())),
-        "initialize" => return initialize(conn, id, params).await.err().map(Err),
-        "reconnect" => {
-            return super::reconnect::reconnect(conn, id, params)
-                .await
-                .err()
-                .map(Err);
+    let Some(row) = methods::method(method) else {
+        return Some(Err(RpcError::method_not_found(method)));
+    };
+    let params = match (row.params)(params) {
+        Ok(p) => p,
+        Err(e) => return Some(Err(e)),
+    };
+    match row.handling {
+        Handling::Ping => return Some(Ok("null".into())),
+        Handling::Initialize => return initialize(conn, id, params).await.err().map(Err),
+        Handling::Reconnect => {
+            let answer = super::reconnect::reconnect(conn, id, params).await;
+            return answer.err().map(Err);
         }
         _ => {}
     }
@@ -193,40 +184,24 @@ async fn request(
             "{method} before initialize: send initialize first"
         ))));
     };
-    let outcome = match method {
-        "subscribe" => subscribe(&session, id, params),
-        "listSessions" => {
-            return Some(catalog::list_sessions(
-                &session.env,
-                session.caller(),
-                conn.socket,
-                params,
-            ));
+    let outcome = match row.handling {
+        Handling::ListSessions => {
+            let caller = session.caller();
+            let list = catalog::list_sessions(&session.env, caller, conn.socket, params);
+            return Some(list);
         }
-        "createSession" => create_session(&session, id, params),
-        "createChat" => create_chat(&session, id, params),
-        "createTerminal" => create_terminal(&session, id, params),
-        "disposeSession" => routed::<DisposeSessionParams>(&session, id, method, params, true),
-        "disposeChat" => routed::<DisposeChatParams>(&session, id, method, params, true),
-        "disposeTerminal" => routed::<DisposeTerminalParams>(&session, id, method, params, true),
-        "fetchTurns" => routed::<FetchTurnsParams>(&session, id, method, params, false),
-        "completions" => routed::<CompletionsParams>(&session, id, method, params, false),
-        "moveChat" => routed::<MoveChatParams>(&session, id, method, params, false),
-        "resolveSessionConfig" => {
-            by_provider::<ResolveSessionConfigParams>(&session, id, method, params)
-        }
-        "sessionConfigCompletions" => {
-            by_provider::<SessionConfigCompletionsParams>(&session, id, method, params)
-        }
-        "authenticate" => Err(RpcError::invalid_params(
+        Handling::Subscribe => subscribe(&session, id, params),
+        Handling::Create(Created::Session) => create_session(&session, id, params),
+        Handling::Create(Created::Chat) => create_chat(&session, id, params),
+        Handling::Create(Created::Terminal) => create_terminal(&session, id, params),
+        Handling::Routed { dispose } => routed(&session, id, method, params, dispose),
+        Handling::ByProvider => by_provider(&session, id, method, params),
+        Handling::Authenticate => Err(RpcError::invalid_params(
             "no host on this connection advertises that protected resource",
         )),
-        other => Err(RpcError::method_not_found(other)),
+        _ => Err(RpcError::method_not_found(method)),
     };
-    match outcome {
-        Ok(()) => None,
-        Err(e) => Some(Err(e)),
-    }
+    outcome.err().map(Err)
 }
 
 /// The highest offered `1.0.x`, or the error the client gets.
@@ -255,41 +230,18 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     }
     let registry = conn.registry.clone();
     let key = conn.session_key(&p.client_id);
-    let socket = conn.socket();
     let session = Arc::new(ClientSession::new(
         &registry,
         key,
         version.clone(),
         conn.principal.groups.clone(),
-        socket,
+        conn.socket(),
     ));
     registry.attach(session.clone())?;
     conn.session = Some(session.clone());
     let wanted = p.initial_subscriptions.unwrap_or_default();
-    let mut waits = Vec::new();
-    for channel in wanted.iter().filter(|c| *c != ahp_types::ROOT_RESOURCE_URI) {
-        if let Ok(wait) = subscribe_initial(&session, channel) {
-            waits.push(wait);
-        }
-    }
-    let env = &session.env;
-    let deadline = tokio::time::Instant::now() + env.cfg.limits.upstream_request();
-    let mut taken = Vec::new();
-    let mut missed = Vec::new();
-    for (hub, host_uri, client_uri, rx) in waits {
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Some(snap))) => taken.push((hub, host_uri, client_uri, snap)),
-            _ => missed.push((hub, host_uri)),
-        }
-    }
+    let taken = initial_snapshots(&session, &wanted).await;
     let mut core = session.lock();
-    // Channels without a snapshot are not held any longer (a late answer
-    // finds no entry and is dropped).
-    for (hub, host_uri) in missed {
-        if let Some(m) = core.chans.get_mut(&hub.id) {
-            m.remove(&host_uri);
-        }
-    }
     if !core.answers_on(conn.socket) {
         // A `reconnect` on another socket took the session over while the
         // snapshots were awaited: that socket gets its own answer, and
@@ -312,20 +264,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         }
         snapshots.push(snap);
     }
-    let result = json!({
-        "protocolVersion": version,
-        "serverSeq": from,
-        "serverInfo": {"name": "ahp-relay", "version": env!("CARGO_PKG_VERSION")},
-        "snapshots": snapshots,
-        "completionTriggerCharacters": router::trigger_characters(env, session.subject()),
-    });
-    let mut result = result;
-    if let (Some(prefix), Some(o)) = (
-        router::terminal_command_prefix(env, session.subject()),
-        result.as_object_mut(),
-    ) {
-        o.insert("terminalCommandPrefix".into(), json!(prefix));
-    }
+    let result = initialize_result(&session, &version, from, snapshots);
     session.respond(&mut core, id, &result.to_string());
     for (hub, host_uri, client_uri, _) in taken {
         core.baselined.insert(client_uri.clone());
@@ -333,6 +272,55 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         session.release(&mut core, &hub, &host_uri);
     }
     Ok(())
+}
+
+/// Subscribes `initialSubscriptions` (root aside) and waits for their
+/// snapshots under one deadline; channels without a snapshot are not held
+/// any longer (a late answer finds no entry and is dropped).
+async fn initial_snapshots(
+    session: &Arc<ClientSession>,
+    wanted: &[String],
+) -> Vec<(Arc<HostHub>, String, String, Value)> {
+    let mut waits = Vec::new();
+    for channel in wanted.iter().filter(|c| *c != ahp_types::ROOT_RESOURCE_URI) {
+        if let Ok(wait) = subscribe_initial(session, channel) {
+            waits.push(wait);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + session.env.cfg.limits.upstream_request();
+    let mut taken = Vec::new();
+    for (hub, host_uri, client_uri, rx) in waits {
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Some(snap))) => taken.push((hub, host_uri, client_uri, snap)),
+            _ => unhold(session, &hub.id, &host_uri),
+        }
+    }
+    taken
+}
+
+/// The relay's own `InitializeResult` (§6.6).
+fn initialize_result(
+    session: &ClientSession,
+    version: &str,
+    from: u64,
+    snapshots: Vec<Value>,
+) -> Value {
+    let env = &session.env;
+    let who = session.subject();
+    let mut result = json!({
+        "protocolVersion": version,
+        "serverSeq": from,
+        "serverInfo": {"name": "ahp-relay", "version": env!("CARGO_PKG_VERSION")},
+        "snapshots": snapshots,
+        "completionTriggerCharacters": router::trigger_characters(env, who),
+    });
+    if let (Some(prefix), Some(o)) = (
+        router::terminal_command_prefix(env, who),
+        result.as_object_mut(),
+    ) {
+        o.insert("terminalCommandPrefix".into(), json!(prefix));
+    }
+    result
 }
 
 /// The session's link to `hub`, opened on first use — after the policy
@@ -665,14 +653,14 @@ fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Res
 }
 
 /// A request routed by its channel, params translated along `params:<method>`.
-fn routed<T: DeserializeOwned + Serialize>(
+fn routed(
     session: &Arc<ClientSession>,
     id: &str,
     method: &str,
     params: Value,
     dispose: bool,
 ) -> Result<(), RpcError> {
-    let (_, v) = typed::<T>(params)?;
+    let v = params;
     let channel = v
         .get("channel")
         .and_then(Value::as_str)
@@ -726,13 +714,13 @@ fn routed<T: DeserializeOwned + Serialize>(
 }
 
 /// A root-channel request routed by its `provider` (or the only agent).
-fn by_provider<T: DeserializeOwned + Serialize>(
+fn by_provider(
     session: &Arc<ClientSession>,
     id: &str,
     method: &str,
     params: Value,
 ) -> Result<(), RpcError> {
-    let (_, mut v) = typed::<T>(params)?;
+    let mut v = params;
     let env = &session.env;
     let hub = match v.get("provider").and_then(Value::as_str) {
         Some(provider) => names::read_provider(provider)

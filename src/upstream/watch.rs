@@ -211,27 +211,61 @@ async fn session(
         .map_err(|e| e.to_string())?;
     let mut rpc = Rpc { ws, next_id: 0 };
     let mut held = Vec::new();
-    let init = rpc
-        .request(
-            "initialize",
-            json!({"channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": ["1.0.0"],
-                   "clientId": watch_client_id(), "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]}),
-            &mut held,
-        )
-        .await
-        .map_err(|e| {
-            if e.contains(&format!("\"code\":{}", ahp_types::errors::ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION)) {
-                Failure::Incompatible(e)
-            } else {
-                Failure::Other(e)
+    let init = initialize(&mut rpc, &mut held).await?;
+    let catalog = fetch_catalog(&mut rpc, &mut held).await?;
+    mirror(hub, events, &init, catalog)?;
+    for v in held {
+        on_frame(hub, events, &mut rpc, v).await?;
+    }
+    loop {
+        let v = match tokio::time::timeout(ping_after, rpc.recv()).await {
+            Ok(v) => v?,
+            Err(_) => {
+                let mut later = Vec::new();
+                let ping = json!({"channel": ahp_types::ROOT_RESOURCE_URI});
+                rpc.request("ping", ping, &mut later).await?;
+                for v in later {
+                    on_frame(hub, events, &mut rpc, v).await?;
+                }
+                continue;
             }
-        })?;
+        };
+        on_frame(hub, events, &mut rpc, v).await?;
+    }
+}
+
+/// The watch link's `initialize` (root subscribed); a version refusal makes
+/// the host incompatible rather than down.
+async fn initialize(rpc: &mut Rpc, held: &mut Vec<Value>) -> Result<Value, Failure> {
+    let params = json!({"channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": ["1.0.0"],
+        "clientId": watch_client_id(), "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]});
+    rpc.request("initialize", params, held).await.map_err(|e| {
+        let refused = format!(
+            "\"code\":{}",
+            ahp_types::errors::ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION
+        );
+        if e.contains(&refused) {
+            Failure::Incompatible(e)
+        } else {
+            Failure::Other(e)
+        }
+    })
+}
+
+/// Replaces the hub's mirror with the host's root and catalog, marks it up,
+/// and sends the differences as events (§6.2: after a watch link
+/// reconnects, clients get what changed meanwhile).
+fn mirror(
+    hub: &HostHub,
+    events: &mpsc::UnboundedSender<WatchEvent>,
+    init: &Value,
+    catalog: BTreeMap<String, Value>,
+) -> Result<(), Failure> {
     let root: RootState = init
         .pointer("/snapshots/0/state")
         .cloned()
         .and_then(|s| serde_json::from_value(s).ok())
         .ok_or("initialize returned no root snapshot")?;
-    let catalog = fetch_catalog(&mut rpc, &mut held).await?;
     let triggers: Vec<String> = init
         .get("completionTriggerCharacters")
         .and_then(|t| serde_json::from_value(t.clone()).ok())
@@ -255,14 +289,14 @@ async fn session(
         host: host.clone(),
         status: HostStatus::Up,
     });
-    let all = vec![
+    let fields = vec![
         RootField::Agents,
         RootField::Terminals,
         RootField::ActiveSessions,
     ];
     let _ = events.send(WatchEvent::Root {
         host: host.clone(),
-        fields: all,
+        fields,
     });
     for (method, params) in diff {
         let _ = events.send(WatchEvent::Catalog {
@@ -271,28 +305,7 @@ async fn session(
             params,
         });
     }
-    for v in held {
-        on_frame(hub, events, &mut rpc, v).await?;
-    }
-    loop {
-        let v = match tokio::time::timeout(ping_after, rpc.recv()).await {
-            Ok(v) => v?,
-            Err(_) => {
-                let mut later = Vec::new();
-                rpc.request(
-                    "ping",
-                    json!({"channel": ahp_types::ROOT_RESOURCE_URI}),
-                    &mut later,
-                )
-                .await?;
-                for v in later {
-                    on_frame(hub, events, &mut rpc, v).await?;
-                }
-                continue;
-            }
-        };
-        on_frame(hub, events, &mut rpc, v).await?;
-    }
+    Ok(())
 }
 
 /// Reads the whole catalog with `listSessions` paging.
@@ -372,97 +385,90 @@ async fn on_frame(
     rpc: &mut Rpc,
     v: Value,
 ) -> Result<(), String> {
-    let host = hub.id.clone();
     let method = v.get("method").and_then(Value::as_str).unwrap_or_default();
     if let Some(id) = v.get("id").filter(|_| !method.is_empty()) {
-        let refuse = json!({"jsonrpc": "2.0", "id": id,
-            "error": {"code": -32601, "message": "the relay's watch link serves no requests"}});
+        let refuse = crate::rpc::error_frame(
+            id,
+            &crate::rpc::RpcError::with_code(
+                -32601,
+                "the relay's watch link serves no requests",
+                None,
+            ),
+        );
         return rpc
             .ws
-            .send(Message::text(refuse.to_string()))
+            .send(Message::text(refuse))
             .await
             .map_err(|e| e.to_string());
     }
     let params = v.get("params").cloned().unwrap_or(Value::Null);
-    match method {
-        "action" => {
-            if params.get("channel").and_then(Value::as_str) != Some(ahp_types::ROOT_RESOURCE_URI)
-                || params.get("rejectionReason").is_some()
-            {
-                return Ok(());
-            }
-            let Some(action) = params
-                .get("action")
-                .cloned()
-                .and_then(|a| serde_json::from_value(a).ok())
-            else {
-                return Ok(());
-            };
-            let field = match &action {
-                ahp_types::actions::StateAction::RootAgentsChanged(_) => RootField::Agents,
-                ahp_types::actions::StateAction::RootTerminalsChanged(_) => RootField::Terminals,
-                ahp_types::actions::StateAction::RootActiveSessionsChanged(_) => {
-                    RootField::ActiveSessions
-                }
-                _ => return Ok(()),
-            };
-            hub.update(|view| {
-                if let Some(root) = view.root.as_mut() {
-                    ahp::apply_action_to_root(root, &action);
-                }
-            });
-            let _ = events.send(WatchEvent::Root {
-                host,
-                fields: vec![field],
-            });
+    let event = match method {
+        "action" => on_root_action(hub, &params),
+        "root/sessionAdded" | "root/sessionRemoved" | "root/sessionSummaryChanged" => {
+            on_catalog_event(hub, method, params)
         }
-        "root/sessionAdded" => {
-            let summary = params.get("summary").cloned().unwrap_or(Value::Null);
-            if let Some(uri) = summary
-                .get("resource")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-            {
-                hub.update(|view| view.insert_session(uri, summary));
-                let _ = events.send(WatchEvent::Catalog {
-                    host,
-                    method: "root/sessionAdded",
-                    params,
-                });
-            }
-        }
-        "root/sessionRemoved" => {
-            if let Some(uri) = params
-                .get("session")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-            {
-                hub.update(|view| view.remove_session(&uri));
-                let _ = events.send(WatchEvent::Catalog {
-                    host,
-                    method: "root/sessionRemoved",
-                    params,
-                });
-            }
-        }
-        "root/sessionSummaryChanged" => {
-            let uri = params
-                .get("session")
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            let changes = params.get("changes").and_then(Value::as_object).cloned();
-            if let (Some(uri), Some(changes)) = (uri, changes) {
-                hub.update(|view| view.patch_session(&uri, changes));
-                let _ = events.send(WatchEvent::Catalog {
-                    host,
-                    method: "root/sessionSummaryChanged",
-                    params,
-                });
-            }
-        }
-        _ => {}
+        _ => None,
+    };
+    if let Some(event) = event {
+        let _ = events.send(event);
     }
     Ok(())
+}
+
+/// A host root action (never one carrying `rejectionReason`) applied to the
+/// mirror with the `ahp` reducer; the event names the field that changed.
+fn on_root_action(hub: &HostHub, params: &Value) -> Option<WatchEvent> {
+    if params.get("channel").and_then(Value::as_str) != Some(ahp_types::ROOT_RESOURCE_URI)
+        || params.get("rejectionReason").is_some()
+    {
+        return None;
+    }
+    let action: ahp_types::actions::StateAction =
+        serde_json::from_value(params.get("action")?.clone()).ok()?;
+    let field = match &action {
+        ahp_types::actions::StateAction::RootAgentsChanged(_) => RootField::Agents,
+        ahp_types::actions::StateAction::RootTerminalsChanged(_) => RootField::Terminals,
+        ahp_types::actions::StateAction::RootActiveSessionsChanged(_) => RootField::ActiveSessions,
+        _ => return None,
+    };
+    hub.update(|view| {
+        if let Some(root) = view.root.as_mut() {
+            ahp::apply_action_to_root(root, &action);
+        }
+    });
+    Some(WatchEvent::Root {
+        host: hub.id.clone(),
+        fields: vec![field],
+    })
+}
+
+/// A `root/session*` notification applied to the catalog mirror; the event
+/// carries it on to the fan-out.
+fn on_catalog_event(hub: &HostHub, method: &str, params: Value) -> Option<WatchEvent> {
+    let method = match method {
+        "root/sessionAdded" => {
+            let summary = params.get("summary").cloned().unwrap_or(Value::Null);
+            let uri = summary.get("resource").and_then(Value::as_str)?.to_string();
+            hub.update(|view| view.insert_session(uri, summary));
+            "root/sessionAdded"
+        }
+        "root/sessionRemoved" => {
+            let uri = params.get("session").and_then(Value::as_str)?.to_string();
+            hub.update(|view| view.remove_session(&uri));
+            "root/sessionRemoved"
+        }
+        _ => {
+            let uri = params.get("session").and_then(Value::as_str)?.to_string();
+            let changes = params.get("changes").and_then(Value::as_object)?.clone();
+            hub.update(|view| view.patch_session(&uri, changes));
+            "root/sessionSummaryChanged"
+        }
+    };
+    Some(WatchEvent::Catalog {
+        host: hub.id.clone(),
+        method,
+        params,
+    })
 }
 
 #[cfg(test)]
