@@ -289,3 +289,74 @@ pub fn terminal_command_prefix(env: &Env, who: Subject<'_>) -> Option<String> {
         .all(|p| p.as_deref() == Some(first.as_str()))
         .then_some(first)
 }
+
+/// Where an authorized `dispatchAction` goes, in host names.
+#[derive(Debug)]
+pub struct DispatchTarget {
+    /// The host.
+    pub hub: Arc<HostHub>,
+    /// The channel's host form.
+    pub host_channel: String,
+    /// The action translated to host names.
+    pub action: Value,
+    /// The action's type.
+    pub action_type: String,
+}
+
+/// Why a dispatch is not forwarded.
+#[derive(Debug)]
+pub enum DispatchRefusal {
+    /// The channel does not exist for the caller: no echo, as a host does.
+    Silent,
+    /// A rejection echo with this reason (§5.3).
+    Reject(String),
+}
+
+/// Decides a client `dispatchAction` (contract §4.3, §4.4, §7.1): the
+/// channel must be visible, the action a known client-dispatchable type
+/// the caller's grant permits, and every name in it translatable and
+/// authorized on the target host.
+pub fn authorize_dispatch(
+    env: &Env,
+    caller: Caller<'_>,
+    channel: &str,
+    action: &Value,
+) -> Result<DispatchTarget, DispatchRefusal> {
+    use DispatchRefusal::{Reject, Silent};
+    if channel == ahp_types::ROOT_RESOURCE_URI {
+        return Err(Reject(
+            "the relay's root channel has no configuration to change".into(),
+        ));
+    }
+    let ty = action
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let (hub, host_channel) = target_of(env, caller, channel, ty).map_err(|_| Silent)?;
+    let known = serde_json::from_value::<ahp_types::actions::StateAction>(action.clone())
+        .ok()
+        .filter(|a| !matches!(a, ahp_types::actions::StateAction::Unknown(_)))
+        .ok_or_else(|| Reject(format!("unknown or malformed action type: {ty}")))?;
+    let need = table::action_need(ty).ok_or_else(|| {
+        Reject(format!(
+            "{ty} cannot be dispatched by a client through the relay"
+        ))
+    })?;
+    let grant = match gate(env, caller, &hub, ty, channel, need) {
+        Ok(g) => g,
+        Err(Denied::Invisible) => return Err(Silent),
+        Err(Denied::NotPermitted) => return Err(Reject("permission denied".into())),
+    };
+    let mut host_action =
+        serde_json::to_value(&known).map_err(|_| Reject("malformed action".into()))?;
+    translate_to_host(env, caller, &hub, &grant, &mut host_action, ty).map_err(|e| match e {
+        (true, e) => Reject(format!("permission denied: {e}")),
+        (false, e) => Reject(format!("cannot translate {e}")),
+    })?;
+    Ok(DispatchTarget {
+        hub,
+        host_channel,
+        action: host_action,
+        action_type: ty.to_string(),
+    })
+}

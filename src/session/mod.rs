@@ -121,26 +121,26 @@ pub struct SessionCore {
     last: u64,
     buffer: ReplayBuffer,
     /// Channels (client form) the client is subscribed to.
-    pub subs: HashSet<String>,
+    pub(super) subs: HashSet<String>,
     /// Per host: host channel → state.
-    pub chans: HashMap<Arc<str>, HashMap<String, Chan>>,
+    pub(super) chans: HashMap<Arc<str>, HashMap<String, Chan>>,
     /// Requests in flight: (link id, link request id) → pending.
-    pub pending: HashMap<(u64, u64), Pending>,
+    pub(super) pending: HashMap<(u64, u64), Pending>,
     /// Open links by host.
-    pub links: HashMap<Arc<str>, Arc<Link>>,
+    pub(super) links: HashMap<Arc<str>, Arc<Link>>,
     /// Host → client requests waiting for the client's answer, by the id the
     /// relay gave them: (host, the host's id as exact JSON text).
-    pub host_requests: HashMap<u64, (Arc<str>, String)>,
+    pub(super) host_requests: HashMap<u64, (Arc<str>, String)>,
     next_host_request: u64,
     /// Per link id: the host `serverSeq` of the last envelope accepted on
     /// it, replaced by the host's numbers at every baseline (§5.8).
-    pub watermarks: HashMap<u64, u64>,
+    pub(super) watermarks: HashMap<u64, u64>,
     /// The root state (client form) the client was last given, so root
     /// actions are sent only when a field really changed.
-    pub root_seen: serde_json::Map<String, Value>,
+    pub(super) root_seen: serde_json::Map<String, Value>,
     /// Channels (client form) that received a snapshot in this session and
     /// kept upstream continuity since: the channels `reconnect` may replay.
-    pub baselined: HashSet<String>,
+    pub(super) baselined: HashSet<String>,
     /// The attached socket; `None` while detached.
     socket: Option<Socket>,
     /// Incremented by every attach; lifetime timers check it.
@@ -157,14 +157,14 @@ pub struct SessionCore {
     deferred: Vec<(String, Value, i64, String)>,
     /// Hosts whose channels a `reconnect` had to omit because the host was
     /// unreachable: when such a host is back, the client is resynchronised.
-    pub orphaned: HashSet<String>,
+    pub(super) orphaned: HashSet<String>,
     /// Links replaced by re-baselining, kept until the new links' snapshots
     /// are adopted (§5.5), then dropped.
-    pub retiring: Vec<Arc<Link>>,
+    pub(super) retiring: Vec<Arc<Link>>,
     /// (host, host session) pairs where the client registered itself in
     /// `activeClients` (`session/activeClientSet` dispatched, not removed):
     /// links to those hosts are never idle.
-    pub registered: HashSet<(Arc<str>, String)>,
+    pub(super) registered: HashSet<(Arc<str>, String)>,
     /// Since when each link has been idle (§5.7 `link_idle`).
     idle_since: HashMap<Arc<str>, std::time::Instant>,
     s0: u64,

@@ -21,7 +21,6 @@ use crate::names::qualify as names;
 use crate::names::store::{Owner, StoreError};
 use crate::policy::Grant;
 use crate::policy::audit::{self, Decision};
-use crate::policy::table;
 use crate::route::methods::{self, Created, Handling, typed};
 use crate::route::{catalog, router};
 use crate::rpc::{Close, RpcError};
@@ -762,73 +761,32 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
         let mut core = session.lock();
         session.reject_dispatch(&mut core, &channel, &action, client_seq, reason);
     };
-    if channel == ahp_types::ROOT_RESOURCE_URI {
-        return reject("the relay's root channel has no configuration to change");
-    }
-    let ty = action
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let Ok((hub, host_uri)) = router::target_of(&session.env, session.caller(), &channel, &ty)
-    else {
-        return; // unknown channel: no echo, as a host would do
+    let target = match router::authorize_dispatch(&session.env, session.caller(), &channel, &action)
+    {
+        Ok(t) => t,
+        Err(router::DispatchRefusal::Silent) => return,
+        Err(router::DispatchRefusal::Reject(reason)) => return reject(&reason),
     };
-    let known = serde_json::from_value::<ahp_types::actions::StateAction>(action.clone())
-        .ok()
-        .filter(|a| !matches!(a, ahp_types::actions::StateAction::Unknown(_)));
-    let Some(known) = known else {
-        return reject(&format!("unknown or malformed action type: {ty}"));
+    let Ok(link) = open_link(session, &target.hub) else {
+        return reject(&format!("host {} unavailable", target.hub.id));
     };
-    let Some(need) = table::action_need(&ty) else {
-        return reject(&format!(
-            "{ty} cannot be dispatched by a client through the relay"
-        ));
-    };
-    let grant = match router::gate(&session.env, session.caller(), &hub, &ty, &channel, need) {
-        Ok(g) => g,
-        Err(router::Denied::Invisible) => return, // invisible = nonexistent: no echo
-        Err(router::Denied::NotPermitted) => return reject("permission denied"),
-    };
-    let mut host_action = match serde_json::to_value(&known) {
-        Ok(v) => v,
-        Err(_) => return reject("malformed action"),
-    };
-    match router::translate_to_host(
-        &session.env,
-        session.caller(),
-        &hub,
-        &grant,
-        &mut host_action,
-        &ty,
-    ) {
-        Ok(()) => {}
-        Err((true, e)) => return reject(&format!("permission denied: {e}")),
-        Err((false, e)) => return reject(&format!("cannot translate {e}")),
-    }
-    let Ok(link) = open_link(session, &hub) else {
-        return reject(&format!("host {} unavailable", hub.id));
-    };
-    let frame = json!({"jsonrpc": "2.0", "method": "dispatchAction",
-        "params": {"channel": host_uri, "clientSeq": client_seq, "action": host_action}})
-    .to_string();
+    let frame = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
+        "channel": target.host_channel, "clientSeq": client_seq, "action": target.action}});
     if !link.send(LinkCmd::Dispatch {
-        frame,
+        frame: frame.to_string(),
         client_channel: channel.clone(),
         action: action.clone(),
         client_seq,
     }) {
-        return reject(&format!("host {} unavailable", hub.id));
+        return reject(&format!("host {} unavailable", target.hub.id));
     }
-    match ty.as_str() {
+    let registration = (target.hub.id.clone(), target.host_channel);
+    match target.action_type.as_str() {
         "session/activeClientSet" => {
-            session.lock().registered.insert((hub.id.clone(), host_uri));
+            session.lock().registered.insert(registration);
         }
         "session/activeClientRemoved" => {
-            session
-                .lock()
-                .registered
-                .remove(&(hub.id.clone(), host_uri));
+            session.lock().registered.remove(&registration);
         }
         _ => {}
     }
