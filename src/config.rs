@@ -86,6 +86,23 @@ pub struct ListenConfig {
     /// error.
     #[serde(default)]
     pub plaintext: bool,
+    /// Plain-HTTP admin listener for `/healthz`, `/readyz` and `/metrics`
+    /// (default `127.0.0.1:9090`); the client listener answers only the
+    /// WebSocket upgrade.
+    #[serde(default = "crate::edge::admin::default_addr")]
+    pub admin_addr: SocketAddr,
+    /// Peers (CIDRs or addresses) whose `X-Forwarded-For` names the client
+    /// address (contract §3.4); default none.
+    #[serde(default)]
+    pub trusted_proxies: Vec<crate::edge::proxy::Cidr>,
+    /// Failed authentications from one client address within
+    /// `auth_failure_window_secs` after which further failures get 429
+    /// (default 10; 0 counts as 1).
+    #[serde(default = "crate::edge::limiter::default_max_failures")]
+    pub auth_failure_limit: u32,
+    /// Length of the auth-failure window in seconds (default 60).
+    #[serde(default = "crate::edge::limiter::default_window_secs")]
+    pub auth_failure_window_secs: u64,
 }
 
 /// Relay-owned state.

@@ -122,6 +122,7 @@ impl DevKit {
         let mut toml = format!(
             r#"[listen]
 addr = "{listen}"
+admin_addr = "127.0.0.1:0"
 tls_cert = "{cert}"
 tls_key = "{key}"
 

@@ -72,115 +72,225 @@ pub struct Metrics {
     pub upgrades_refused: IntCounterVec,
 }
 
-impl Metrics {
-    /// Registers every metric in a fresh registry.
-    pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
-        let counter = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
-            let c = IntCounter::new(format!("ahp_relay_{name}"), help)?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let counter_vec =
-            |name: &str, help: &str, label: &str| -> Result<IntCounterVec, prometheus::Error> {
-                let c = IntCounterVec::new(Opts::new(format!("ahp_relay_{name}"), help), &[label])?;
-                registry.register(Box::new(c.clone()))?;
-                Ok(c)
-            };
-        let connections_open =
-            IntGauge::new("ahp_relay_connections_open", "client connections open")?;
-        registry.register(Box::new(connections_open.clone()))?;
-        let buffer_bytes = IntGauge::new("ahp_relay_buffer_bytes", "bytes held in replay buffers")?;
-        registry.register(Box::new(buffer_bytes.clone()))?;
-        let host_up = IntGaugeVec::new(
-            Opts::new("ahp_relay_host_up", "1 when the host's watch link is up"),
-            &["host"],
-        )?;
-        registry.register(Box::new(host_up.clone()))?;
-        let snapshot_fallback_ratio = Gauge::new(
-            "ahp_relay_reconnect_snapshot_fallback_ratio",
-            "reconnect answers that were snapshot rather than replay, since start",
-        )?;
-        registry.register(Box::new(snapshot_fallback_ratio.clone()))?;
-        let replay_sizes = Histogram::with_opts(
-            HistogramOpts::new("ahp_relay_replay_envelopes", "envelopes per replay answer")
-                .buckets(vec![0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]),
-        )?;
-        registry.register(Box::new(replay_sizes.clone()))?;
+/// Registers metrics named `ahp_relay_<name>` in one registry.
+struct Registrar {
+    registry: Registry,
+}
+
+impl Registrar {
+    fn register<M>(&self, metric: M) -> Result<M, prometheus::Error>
+    where
+        M: prometheus::core::Collector + Clone + 'static,
+    {
+        self.registry.register(Box::new(metric.clone()))?;
+        Ok(metric)
+    }
+
+    fn counter(&self, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
+        self.register(IntCounter::new(format!("ahp_relay_{name}"), help)?)
+    }
+
+    fn counter_vec(
+        &self,
+        name: &str,
+        help: &str,
+        label: &str,
+    ) -> Result<IntCounterVec, prometheus::Error> {
+        let opts = Opts::new(format!("ahp_relay_{name}"), help);
+        self.register(IntCounterVec::new(opts, &[label])?)
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
+        self.register(IntGauge::new(format!("ahp_relay_{name}"), help)?)
+    }
+}
+
+/// The edge's metrics: connections and refusals.
+struct EdgeMetrics {
+    connections: IntCounter,
+    connections_open: IntGauge,
+    auth_failures: IntCounterVec,
+    upgrades_refused: IntCounterVec,
+    bad_client_frames: IntCounterVec,
+}
+
+impl EdgeMetrics {
+    fn new(r: &Registrar) -> Result<Self, prometheus::Error> {
         Ok(Self {
-            connections: counter("connections_total", "client connections accepted")?,
-            connections_open,
-            auth_failures: counter_vec("auth_failures_total", "upgrades refused", "reason")?,
-            client_requests: counter_vec("client_requests_total", "client requests", "method")?,
-            acl_decisions: counter_vec(
-                "acl_decisions_total",
-                "Access-control decisions by outcome (allow, deny, invisible)",
-                "decision",
-            )?,
-            bad_client_frames: counter_vec(
-                "bad_client_frames_total",
-                "client frames refused",
-                "reason",
-            )?,
-            client_notifications_dropped: counter(
-                "client_notifications_dropped_total",
-                "client notifications dropped",
-            )?,
-            envelopes_relayed: counter(
-                "envelopes_relayed_total",
-                "envelopes delivered to clients",
-            )?,
-            relay_rejections: counter(
-                "relay_rejections_total",
-                "rejection echoes made by the relay",
-            )?,
-            untranslatable_envelopes: counter(
-                "untranslatable_envelopes_total",
-                "host envelopes dropped",
-            )?,
-            upstream_bad_frames: counter("upstream_bad_frames_total", "unreadable host frames")?,
-            links_opened: counter("links_opened_total", "per-client links opened")?,
-            links_failed: counter("links_failed_total", "per-client links failed or dropped")?,
-            drain_closes: counter(
-                "drain_closes_total",
-                "Clients closed with 1012 while the relay drained",
-            )?,
-            links_idle_closed: counter(
-                "links_idle_closed_total",
-                "Per-client links closed after link_idle_secs unused",
-            )?,
-            host_up,
-            resyncs: counter_vec("resyncs_total", "clients closed with 4000", "cause")?,
-            buffer_bytes,
-            buffer_evictions: counter(
-                "buffer_evictions_total",
-                "envelopes evicted from replay buffers",
-            )?,
-            replayed_envelopes: counter(
-                "replayed_envelopes_total",
-                "envelopes sent in replay answers",
-            )?,
-            slow_consumer_closes: counter(
-                "slow_consumer_closes_total",
-                "clients closed with 4008",
-            )?,
-            reconnects: counter_vec("reconnects_total", "reconnect outcomes", "outcome")?,
-            snapshot_fallback_ratio,
-            replay_sizes,
-            pressure_dropped_buffers: counter(
-                "replay_memory_dropped_buffers_total",
-                "replay buffers of detached sessions dropped under memory pressure",
-            )?,
-            pressure_freed_bytes: counter(
-                "replay_memory_freed_bytes_total",
-                "bytes freed by dropping replay buffers under memory pressure",
-            )?,
-            upgrades_refused: counter_vec(
+            connections: r.counter("connections_total", "client connections accepted")?,
+            connections_open: r.gauge("connections_open", "client connections open")?,
+            auth_failures: r.counter_vec("auth_failures_total", "upgrades refused", "reason")?,
+            upgrades_refused: r.counter_vec(
                 "upgrades_refused_total",
                 "upgrades refused for load",
                 "reason",
             )?,
-            registry,
+            bad_client_frames: r.counter_vec(
+                "bad_client_frames_total",
+                "client frames refused",
+                "reason",
+            )?,
+        })
+    }
+}
+
+/// Replay buffers, reconnect outcomes and memory pressure.
+struct ReplayMetrics {
+    buffer_bytes: IntGauge,
+    buffer_evictions: IntCounter,
+    replayed_envelopes: IntCounter,
+    reconnects: IntCounterVec,
+    snapshot_fallback_ratio: Gauge,
+    replay_sizes: Histogram,
+    pressure_dropped_buffers: IntCounter,
+    pressure_freed_bytes: IntCounter,
+}
+
+impl ReplayMetrics {
+    fn new(r: &Registrar) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            buffer_bytes: r.gauge("buffer_bytes", "bytes held in replay buffers")?,
+            buffer_evictions: r.counter(
+                "buffer_evictions_total",
+                "envelopes evicted from replay buffers",
+            )?,
+            replayed_envelopes: r.counter(
+                "replayed_envelopes_total",
+                "envelopes sent in replay answers",
+            )?,
+            reconnects: r.counter_vec("reconnects_total", "reconnect outcomes", "outcome")?,
+            snapshot_fallback_ratio: r.register(Gauge::new(
+                "ahp_relay_reconnect_snapshot_fallback_ratio",
+                "reconnect answers that were snapshot rather than replay, since start",
+            )?)?,
+            replay_sizes: r.register(Histogram::with_opts(
+                HistogramOpts::new("ahp_relay_replay_envelopes", "envelopes per replay answer")
+                    .buckets(vec![0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0]),
+            )?)?,
+            pressure_dropped_buffers: r.counter(
+                "replay_memory_dropped_buffers_total",
+                "replay buffers of detached sessions dropped under memory pressure",
+            )?,
+            pressure_freed_bytes: r.counter(
+                "replay_memory_freed_bytes_total",
+                "bytes freed by dropping replay buffers under memory pressure",
+            )?,
+        })
+    }
+}
+
+/// Hosts and the per-client links to them.
+struct LinkMetrics {
+    host_up: IntGaugeVec,
+    links_opened: IntCounter,
+    links_failed: IntCounter,
+    links_idle_closed: IntCounter,
+    upstream_bad_frames: IntCounter,
+    untranslatable_envelopes: IntCounter,
+}
+
+impl LinkMetrics {
+    fn new(r: &Registrar) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            host_up: r.register(IntGaugeVec::new(
+                Opts::new("ahp_relay_host_up", "1 when the host's watch link is up"),
+                &["host"],
+            )?)?,
+            links_opened: r.counter("links_opened_total", "per-client links opened")?,
+            links_failed: r.counter("links_failed_total", "per-client links failed or dropped")?,
+            links_idle_closed: r.counter(
+                "links_idle_closed_total",
+                "Per-client links closed after link_idle_secs unused",
+            )?,
+            upstream_bad_frames: r
+                .counter("upstream_bad_frames_total", "unreadable host frames")?,
+            untranslatable_envelopes: r
+                .counter("untranslatable_envelopes_total", "host envelopes dropped")?,
+        })
+    }
+}
+
+/// Client requests, delivery and closes decided by the session.
+struct SessionMetrics {
+    client_requests: IntCounterVec,
+    acl_decisions: IntCounterVec,
+    client_notifications_dropped: IntCounter,
+    envelopes_relayed: IntCounter,
+    relay_rejections: IntCounter,
+    drain_closes: IntCounter,
+    resyncs: IntCounterVec,
+    slow_consumer_closes: IntCounter,
+}
+
+impl SessionMetrics {
+    fn new(r: &Registrar) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            client_requests: r.counter_vec("client_requests_total", "client requests", "method")?,
+            acl_decisions: r.counter_vec(
+                "acl_decisions_total",
+                "Access-control decisions by outcome (allow, deny, invisible)",
+                "decision",
+            )?,
+            client_notifications_dropped: r.counter(
+                "client_notifications_dropped_total",
+                "client notifications dropped",
+            )?,
+            envelopes_relayed: r
+                .counter("envelopes_relayed_total", "envelopes delivered to clients")?,
+            relay_rejections: r.counter(
+                "relay_rejections_total",
+                "rejection echoes made by the relay",
+            )?,
+            drain_closes: r.counter(
+                "drain_closes_total",
+                "Clients closed with 1012 while the relay drained",
+            )?,
+            resyncs: r.counter_vec("resyncs_total", "clients closed with 4000", "cause")?,
+            slow_consumer_closes: r
+                .counter("slow_consumer_closes_total", "clients closed with 4008")?,
+        })
+    }
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let r = Registrar {
+            registry: Registry::new(),
+        };
+        let edge = EdgeMetrics::new(&r)?;
+        let session = SessionMetrics::new(&r)?;
+        let links = LinkMetrics::new(&r)?;
+        let replay = ReplayMetrics::new(&r)?;
+        Ok(Self {
+            connections: edge.connections,
+            connections_open: edge.connections_open,
+            auth_failures: edge.auth_failures,
+            upgrades_refused: edge.upgrades_refused,
+            bad_client_frames: edge.bad_client_frames,
+            client_requests: session.client_requests,
+            acl_decisions: session.acl_decisions,
+            client_notifications_dropped: session.client_notifications_dropped,
+            envelopes_relayed: session.envelopes_relayed,
+            relay_rejections: session.relay_rejections,
+            drain_closes: session.drain_closes,
+            resyncs: session.resyncs,
+            slow_consumer_closes: session.slow_consumer_closes,
+            host_up: links.host_up,
+            links_opened: links.links_opened,
+            links_failed: links.links_failed,
+            links_idle_closed: links.links_idle_closed,
+            upstream_bad_frames: links.upstream_bad_frames,
+            untranslatable_envelopes: links.untranslatable_envelopes,
+            buffer_bytes: replay.buffer_bytes,
+            buffer_evictions: replay.buffer_evictions,
+            replayed_envelopes: replay.replayed_envelopes,
+            reconnects: replay.reconnects,
+            snapshot_fallback_ratio: replay.snapshot_fallback_ratio,
+            replay_sizes: replay.replay_sizes,
+            pressure_dropped_buffers: replay.pressure_dropped_buffers,
+            pressure_freed_bytes: replay.pressure_freed_bytes,
+            registry: r.registry,
         })
     }
 

@@ -52,6 +52,7 @@ pub struct RunningRelay {
     pub relay: Arc<Relay>,
     /// Its edge (readiness switch).
     pub edge: Arc<Edge>,
+    admin_addr: SocketAddr,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -66,7 +67,13 @@ impl RunningRelay {
         format!("{scheme}://{}/", self.addr)
     }
 
-    /// Drains the relay (contract §8.3): `/readyz` turns 503 and new
+    /// The address the admin listener (`/healthz`, `/readyz`, `/metrics`)
+    /// is bound to.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Drains the relay (contract §8.3): `/readyz` (admin listener) turns 503 and new
     /// upgrades get 503 at once; attached clients are closed with 1012,
     /// spread evenly over `drain_window_secs` so they do not all reconnect
     /// at the same moment; then every link and watch link closes.
@@ -203,19 +210,15 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         }
         _ => None,
     };
-    let addr = cfg.listen.addr;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { addr, source })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| StartError::Bind { addr, source })?;
+    let (listener, addr) = bind(cfg.listen.addr).await?;
+    let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;
     let (relay, events) =
         Relay::new(cfg, secret, Arc::new(store), auth).map_err(StartError::Load)?;
     let edge = Edge::new(relay.clone(), tls);
     let tasks = vec![
         tokio::spawn(relay.registry.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),
+        tokio::spawn(edge.clone().serve_admin(admin)),
         tokio::spawn(reload_files(relay.clone())),
         tokio::spawn(relay.registry.clone().sweep_idle_links()),
     ];
@@ -224,6 +227,18 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         addr,
         relay,
         edge,
+        admin_addr,
         tasks,
     })
+}
+
+/// A listener on `addr`, and the address it is bound to.
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })?;
+    Ok((listener, bound))
 }

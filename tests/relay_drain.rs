@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ahp_relay::devkit::DevKit;
 use ahp_relay::upstream::dial::{DialOptions, dial_stream};
-use common::relay::{https_status, scratch_dir};
+use common::relay::{http_at, scratch_dir};
 use common::*;
 use serde_json::json;
 
@@ -27,6 +27,7 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
         "[limits]\ndrain_window_secs = 2\n",
     )
     .expect("config");
+    let admin = pin_admin_port(&kit);
     let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
         .args(["serve", "--config"])
         .arg(kit.dir.join("relay.toml"))
@@ -50,12 +51,6 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
             break u.replace("127.0.0.1", "localhost");
         }
     };
-    let port: u16 = url
-        .trim_end_matches('/')
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
     let token = kit
         .token("alice", &[], Duration::from_secs(600), None)
         .expect("token");
@@ -67,7 +62,7 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
         connect_timeout: WAIT,
         extra_headers: Vec::new(),
     };
-    wait_until_async_ready(port, &kit.cert).await;
+    wait_until_async(|| async { admin_status(admin).await == Some(200) }).await;
     let mut clients = Vec::new();
     for i in 0..3 {
         let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("dial"));
@@ -96,8 +91,7 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
             })
         })
         .collect();
-    wait_until_async(|| async { https_status(port, &kit.cert, "/readyz").await == Some(503) })
-        .await;
+    wait_until_async(|| async { admin_status(admin).await == Some(503) }).await;
     match dial_stream(&opts).await {
         Err(ahp_relay::upstream::dial::DialError::UpgradeRefused { status }) => {
             assert_eq!(status, 503, "a new upgrade while draining");
@@ -132,9 +126,26 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
     .await;
 }
 
-/// Polls `/readyz` until the relay answers 200.
-async fn wait_until_async_ready(port: u16, ca: &std::path::Path) {
-    wait_until_async(|| async { https_status(port, ca, "/readyz").await == Some(200) }).await;
+/// Points the config's admin listener at a free loopback port (found by
+/// binding port 0 and releasing it), so the test can reach `/readyz`.
+fn pin_admin_port(kit: &DevKit) -> std::net::SocketAddr {
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let path = kit.dir.join("relay.toml");
+    let text = std::fs::read_to_string(&path).expect("config").replace(
+        "admin_addr = \"127.0.0.1:0\"",
+        &format!("admin_addr = \"{free}\""),
+    );
+    std::fs::write(&path, text).expect("config written");
+    free
+}
+
+/// The status of `/readyz` on the admin listener, or `None` if nothing
+/// answered in time.
+async fn admin_status(admin: std::net::SocketAddr) -> Option<u16> {
+    let answer = tokio::time::timeout(WAIT, http_at(admin, "/readyz")).await;
+    answer.ok().flatten().map(|(status, _)| status)
 }
 
 /// Polls an async condition every 50 ms, up to [`WAIT`].

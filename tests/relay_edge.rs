@@ -15,7 +15,7 @@ use ahp_relay::identity::unix_now;
 use ahp_relay::upstream::dial::{DialError, DialOptions, dial_stream};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use common::relay::{TestRelay, https_get, metric, scratch_dir, trusting};
+use common::relay::{TestRelay, admin_get, https_get, metric, scratch_dir, trusting};
 use common::{RawWs, WAIT, fast_config};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use rustls_pki_types::ServerName;
@@ -236,7 +236,7 @@ async fn assert_works(ws: &mut RawWs, client_id: &str) {
 
 /// `/metrics` counts exactly `n` refusals labelled `reason` (the refusal was for that reason).
 async fn assert_reason(e: &Edge, reason: &str, n: u64) {
-    let (status, page) = https_get(&e.t, "/metrics").await;
+    let (status, page) = admin_get(&e.t, "/metrics").await;
     assert_eq!(status, 200);
     let name = format!("ahp_relay_auth_failures_total{{reason=\"{reason}\"}}");
     assert_eq!(metric(&page, &name), Some(n as f64), "{name} in:\n{page}");
@@ -472,7 +472,8 @@ async fn query_token_ignored_when_disallowed() {
 
 // ─── 3. Failure rate limit (§3.4) ───────────────────────────────────────────
 
-/// After 10 failed upgrades, even a valid token gets 429 with `Retry-After`.
+/// After 10 failed upgrades, the next failure gets 429 with `Retry-After`;
+/// a valid token from the same address is never refused (§3.4).
 #[tokio::test]
 async fn ten_failures_then_429_with_retry_after() {
     let e = Edge::start().await;
@@ -480,16 +481,21 @@ async fn ten_failures_then_429_with_retry_after() {
         let u = upgrade(&e.t, "", &[]).await;
         assert_eq!(u.status, 401, "failure {i} is still a 401");
     }
-    let u = upgrade_bearer(&e.t, &e.valid()).await;
-    assert_eq!(u.status, 429, "11th attempt with a valid token");
+    let valid = upgrade_bearer(&e.t, &e.valid()).await;
+    assert_works(
+        &mut valid.socket("a valid token after 10 failures"),
+        "c-429",
+    )
+    .await;
+    let u = upgrade(&e.t, "", &[]).await;
+    assert_eq!(u.status, 429, "11th failed attempt");
     let retry: u64 = u
         .header(&RETRY_AFTER)
         .expect("Retry-After header")
         .parse()
         .expect("Retry-After in seconds");
     assert!((1..=60).contains(&retry), "Retry-After {retry}");
-    e.assert_no_host_traffic("429");
-    let (status, _) = https_get(&e.t, "/healthz").await;
+    let (status, _) = admin_get(&e.t, "/healthz").await;
     assert_eq!(status, 200, "health endpoints are not rate limited");
 }
 
@@ -561,12 +567,14 @@ async fn revoking_a_connected_token_closes_4003() {
 
 // ─── 5. Health and metrics (§8.2) ───────────────────────────────────────────
 
-/// `/healthz` and `/readyz` answer 200 over TLS; a non-upgrade GET to `/` gets 426.
+/// `/healthz` and `/readyz` answer 200 on the admin listener and 404 on the
+/// client listener; a non-upgrade GET to `/` gets 426.
 #[tokio::test]
 async fn health_endpoints_and_426_over_tls() {
     let e = Edge::start().await;
-    assert_eq!(https_get(&e.t, "/healthz").await.0, 200);
-    assert_eq!(https_get(&e.t, "/readyz").await.0, 200);
+    assert_eq!(admin_get(&e.t, "/healthz").await.0, 200);
+    assert_eq!(admin_get(&e.t, "/readyz").await.0, 200);
+    assert_eq!(https_get(&e.t, "/healthz").await.0, 404);
     assert_eq!(https_get(&e.t, "/").await.0, 426);
     e.assert_no_host_traffic("health");
 }
@@ -580,7 +588,7 @@ async fn metrics_count_connections_and_expired_refusals() {
     assert_eq!(upgrade_bearer(&e.t, &expired).await.status, 401);
     let mut ws = e.t.raw("alice").await;
     assert_works(&mut ws, "c-metrics").await;
-    let (status, page) = https_get(&e.t, "/metrics").await;
+    let (status, page) = admin_get(&e.t, "/metrics").await;
     assert_eq!(status, 200);
     assert_eq!(
         metric(&page, "ahp_relay_connections_total"),
@@ -770,7 +778,7 @@ async fn connections_per_principal_are_capped() {
     let bob = upgrade_bearer(&e.t, &e.t.token("bob")).await;
     assert_eq!(bob.status, 101, "bob is unaffected");
     assert_works(&mut bob.socket("bob"), "c-bob").await;
-    let (_, metrics) = https_get(&e.t, "/metrics").await;
+    let (_, metrics) = admin_get(&e.t, "/metrics").await;
     assert!(
         metrics.contains(r#"ahp_relay_upgrades_refused_total{reason="principal_connections"} 1"#),
         "{metrics}"
@@ -798,12 +806,12 @@ async fn a_client_close_releases_the_connection_promptly() {
     let mut ws = e.t.raw("closer").await;
     ws.initialize("bye").await;
     let open = |page: &str| metric(page, "ahp_relay_connections_open");
-    let (_, page) = https_get(&e.t, "/metrics").await;
+    let (_, page) = admin_get(&e.t, "/metrics").await;
     assert_eq!(open(&page), Some(1.0), "one socket open");
     let closed = std::time::Instant::now();
     ws.close_cleanly().await;
     loop {
-        let (_, page) = https_get(&e.t, "/metrics").await;
+        let (_, page) = admin_get(&e.t, "/metrics").await;
         assert!(
             closed.elapsed() < std::time::Duration::from_secs(2),
             "connection still counted open 2 s after a clean close"

@@ -17,7 +17,7 @@ use ahp_relay::session::{ClientSession, PrincipalKey, SessionKey};
 use ahp_relay::simhost::AgentScript;
 use ahp_relay::simhost::clock::now_iso;
 use ahp_types::actions::ActionEnvelope;
-use common::relay::{TestRelay, https_get, metric, scratch_dir, trusting};
+use common::relay::{TestRelay, admin_get, metric, scratch_dir, trusting};
 use common::*;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -343,7 +343,7 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
     assert_eq!(seqs(&envelopes(&r["actions"])), seqs(&c.seen));
     assert_eq!(dropped_buffers(&t), 1, "no further drop");
 
-    let (status, page) = https_get(&t, "/metrics").await;
+    let (status, page) = admin_get(&t, "/metrics").await;
     assert_eq!(status, 200);
     let expect = [
         ("ahp_relay_replay_memory_dropped_buffers_total", 1.0),
@@ -420,7 +420,7 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     // The attached clients keep working (and keep buffering).
     a.turn(&t, BUDGET).await;
     assert!(buffered(&t, "alice", "full-a") > a_bytes, "A still buffers");
-    let (status, _) = https_get(&t, "/healthz").await;
+    let (status, _) = admin_get(&t, "/healthz").await;
     assert_eq!(status, 200, "health is not an upgrade");
 
     // B leaves: its detached buffer goes, A alone is under the budget but
@@ -455,7 +455,7 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     );
     assert_eq!(snapshot_resources(&r), [chat1.as_str()]);
 
-    let (_, page) = https_get(&t, "/metrics").await;
+    let (_, page) = admin_get(&t, "/metrics").await;
     for (series, value) in [
         (
             "ahp_relay_upgrades_refused_total{reason=\"replay_memory\"}",

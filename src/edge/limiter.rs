@@ -3,7 +3,8 @@
 //! A fixed window per address: the first failure opens a window of `window`; once
 //! `max_failures` failures fall in it, [`FailureLimiter::check`] answers `false` until the
 //! window ends, and [`FailureLimiter::retry_after`] says how long that is. Successful
-//! authentications do not reset the count.
+//! authentications do not reset the count. The edge asks only after a failure, so a valid
+//! token is never refused by this limiter.
 //!
 //! Addresses are grouped the way one client holds them: an IPv4-mapped IPv6 address counts
 //! as its IPv4 address, and an IPv6 address counts as its /64 (one host usually owns a
@@ -26,6 +27,16 @@ pub const DEFAULT_MAX_FAILURES: u32 = 10;
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// Default cap on tracked address groups.
 pub const DEFAULT_MAX_TRACKED: usize = 100_000;
+
+/// [`DEFAULT_MAX_FAILURES`], the default of `listen.auth_failure_limit`.
+pub fn default_max_failures() -> u32 {
+    DEFAULT_MAX_FAILURES
+}
+
+/// [`DEFAULT_WINDOW`] in seconds, the default of `listen.auth_failure_window_secs`.
+pub fn default_window_secs() -> u64 {
+    DEFAULT_WINDOW.as_secs()
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Window {

@@ -1,8 +1,15 @@
 //! The edge: TLS, HTTP/1.1, the WebSocket upgrade with authentication
-//! before any byte reaches a host, health and metrics endpoints, and the
-//! client socket loop.
+//! before any byte reaches a host, the admin listener (health, readiness,
+//! metrics), and the client socket loop. Cross-cutting concerns are tower
+//! layers (`layers`); everything the edge uses of the relay goes through
+//! `port`.
 
+pub mod admin;
+pub mod layers;
 pub mod limiter;
+pub mod port;
+pub mod proxy;
 pub mod server;
 pub mod tls;
+pub mod upgrade;
 pub mod ws;

@@ -1,41 +1,47 @@
-//! The listener: TLS (or explicit plaintext), HTTP/1.1 with upgrades,
-//! `/healthz`, `/readyz`, `/metrics`, and the authenticated WebSocket
-//! upgrade (contract §3). A token is checked before the upgrade completes,
-//! so nothing reaches a host for a refused client.
+//! The listeners: the client listener (TLS, or explicit plaintext; HTTP/1.1
+//! with upgrades; only the authenticated WebSocket upgrade, contract §3)
+//! and the admin listener (plain HTTP: health, readiness, metrics, §8.2).
+//!
+//! Each accepted connection gets a TLS handshake bounded by the handshake
+//! timeout, then hyper serving the listener's tower stack (`layers`), with
+//! the request head also bounded by that timeout so half-open connections
+//! cannot pile up.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::Full;
+use http::Request;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tower::{Service, ServiceBuilder};
+use tracing::Instrument as _;
 
-use super::limiter::FailureLimiter;
-use crate::auth::{AuthError, TokenSource, extract_token};
-use crate::identity::unix_now;
+use super::admin::{AdminRoutes, StoreProbe};
+use super::layers::{
+    Admission, AroundLayer, CountOutcomes, Deadline, FailureLimit, Peer, ResolveClient, Resp,
+    Trace, WebSocketOnly,
+};
+use super::limiter::{DEFAULT_MAX_TRACKED, FailureLimiter};
+use super::port::RelayPort;
+use super::proxy::TrustedProxies;
+use super::upgrade::UpgradeService;
 use crate::relay::Relay;
-
-type Body = Full<Bytes>;
 
 /// The edge's shared parts.
 pub struct Edge {
-    /// The relay behind the edge.
-    pub relay: Arc<Relay>,
-    /// TLS, unless the listener is explicitly plaintext.
-    pub tls: Option<TlsAcceptor>,
-    limiter: FailureLimiter,
-    /// False once draining began.
-    pub ready: std::sync::atomic::AtomicBool,
+    port: RelayPort,
+    tls: Option<TlsAcceptor>,
+    limiter: Arc<FailureLimiter>,
+    trusted: Arc<TrustedProxies>,
+    /// False once draining began: `/readyz` answers 503 and upgrades are
+    /// refused with 503.
+    pub ready: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Edge {
@@ -47,260 +53,161 @@ impl std::fmt::Debug for Edge {
 }
 
 impl Edge {
-    /// An edge for `relay`, with TLS when `tls` is given.
+    /// An edge for `relay`, with TLS on the client listener when `tls` is
+    /// given; failure limit and trusted proxies from `[listen]`.
     pub fn new(relay: Arc<Relay>, tls: Option<TlsAcceptor>) -> Arc<Self> {
+        let port = RelayPort::new(relay);
+        let listen = port.listen();
+        let limiter = FailureLimiter::new(
+            listen.auth_failure_limit,
+            Duration::from_secs(listen.auth_failure_window_secs),
+            DEFAULT_MAX_TRACKED,
+        );
+        let trusted = TrustedProxies::new(&listen.trusted_proxies);
         Arc::new(Self {
-            relay,
+            port,
             tls,
-            limiter: FailureLimiter::default(),
-            ready: std::sync::atomic::AtomicBool::new(true),
+            limiter: Arc::new(limiter),
+            trusted: Arc::new(trusted),
+            ready: Arc::new(AtomicBool::new(true)),
         })
     }
 
-    /// Accepts connections on `listener` until the task is dropped.
+    fn handshake_timeout(&self) -> Duration {
+        Duration::from_secs(self.port.limits().handshake_timeout_secs)
+    }
+
+    /// The client listener's stack, outermost first: a span per request,
+    /// the client address, metrics of the outcome, the answer deadline,
+    /// WebSocket-only routing, admission (drain, memory), the auth-failure
+    /// limit, and the upgrade itself.
+    fn client_stack(&self) -> impl HttpService {
+        ServiceBuilder::new()
+            .layer(AroundLayer(Trace { listener: "client" }))
+            .layer(AroundLayer(ResolveClient {
+                trusted: self.trusted.clone(),
+            }))
+            .layer(AroundLayer(CountOutcomes {
+                port: self.port.clone(),
+            }))
+            .layer(AroundLayer(Deadline {
+                after: self.handshake_timeout(),
+            }))
+            .layer(AroundLayer(WebSocketOnly))
+            .layer(AroundLayer(Admission {
+                port: self.port.clone(),
+                ready: self.ready.clone(),
+            }))
+            .layer(AroundLayer(FailureLimit {
+                limiter: self.limiter.clone(),
+            }))
+            .service(UpgradeService {
+                port: self.port.clone(),
+            })
+    }
+
+    /// Accepts client connections on `listener` until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let edge = self.clone();
-            tokio::spawn(async move {
-                let timeout = Duration::from_secs(edge.relay.cfg.limits.handshake_timeout_secs);
-                match edge.tls.clone() {
-                    Some(acceptor) => match tokio::time::timeout(timeout, acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(tls)) => edge.http(TokioIo::new(tls), peer).await,
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    },
-                    None => edge.http(TokioIo::new(stream), peer).await,
-                }
-            });
-        }
+        let stack = self.client_stack();
+        accept_loop(listener, self.tls.clone(), self.handshake_timeout(), stack).await;
     }
 
-    async fn http<I>(self: Arc<Self>, io: I, peer: SocketAddr)
-    where
-        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
-        let edge = self.clone();
-        let service = service_fn(move |req| {
-            let edge = edge.clone();
-            async move { Ok::<_, Infallible>(edge.route(req, peer)) }
-        });
-        // The request head must arrive within the handshake timeout (on TLS
-        // and plaintext listeners alike), so half-open connections cannot
-        // pile up.
-        let head_timeout = Duration::from_secs(self.relay.cfg.limits.handshake_timeout_secs);
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(head_timeout)
-            .serve_connection(io, service)
-            .with_upgrades();
-        if let Err(e) = conn.await {
-            tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
-        }
-    }
-
-    fn route(self: &Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        match req.uri().path() {
-            "/healthz" => text(StatusCode::OK, "ok\n"),
-            "/readyz" => {
-                let store_ok = self.relay.store.health().is_ok();
-                if store_ok && self.ready.load(std::sync::atomic::Ordering::Relaxed) {
-                    text(StatusCode::OK, "ready\n")
-                } else {
-                    text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-                }
-            }
-            "/metrics" => {
-                let mut r = text(StatusCode::OK, &self.relay.metrics.render());
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/plain; version=0.0.4"),
-                );
-                r
-            }
-            _ => self.upgrade(req, peer),
-        }
-    }
-
-    fn refuse(&self, peer: SocketAddr, err: &AuthError) -> Response<Body> {
-        self.limiter.record_failure(peer.ip(), Instant::now());
-        self.relay
-            .metrics
-            .auth_failures
-            .with_label_values(&[err.reason()])
-            .inc();
-        let mut r = text(err.status(), &format!("{err}\n"));
-        if let Some(challenge) = err.www_authenticate() {
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(challenge),
-            );
-        }
-        r
-    }
-
-    /// 503 with `Retry-After` while attached sessions alone hold more
-    /// replay memory than the budget (contract §5.4). Checked before the
-    /// token, so an overloaded relay spends nothing on verification; not
-    /// an authentication failure, so the failure limiter does not count it.
-    fn refuse_for_memory(&self) -> Response<Body> {
-        self.refuse_upgrade(
-            "replay_memory",
-            StatusCode::SERVICE_UNAVAILABLE,
-            "relay under memory pressure: retry later\n",
-            self.relay.cfg.limits.replay_memory_retry_after_secs,
-        )
-    }
-
-    /// Refuses an upgrade for a reason other than authentication: counted by
-    /// `reason`, answered with `status`, `body` and `Retry-After: secs`.
-    fn refuse_upgrade(
-        &self,
-        reason: &str,
-        status: StatusCode,
-        body: &str,
-        secs: u64,
-    ) -> Response<Body> {
-        self.relay
-            .metrics
-            .upgrades_refused
-            .with_label_values(&[reason])
-            .inc();
-        let mut r = text(status, body);
-        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-            r.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        r
-    }
-
-    fn upgrade(self: &Arc<Self>, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        let headers = req.headers();
-        let is_ws = headers
-            .get(header::UPGRADE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-        let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).cloned() else {
-            return text(
-                StatusCode::UPGRADE_REQUIRED,
-                "this endpoint speaks AHP over WebSocket\n",
-            );
+    /// Accepts admin connections (plain HTTP) on `listener` until the task
+    /// is dropped, refreshing the store's health meanwhile.
+    pub async fn serve_admin(self: Arc<Self>, listener: TcpListener) {
+        let store = StoreProbe::new(&self.port);
+        let routes = AdminRoutes {
+            port: self.port.clone(),
+            ready: self.ready.clone(),
+            store: store.clone(),
         };
-        if !is_ws
-            || headers
-                .get(header::SEC_WEBSOCKET_VERSION)
-                .and_then(|v| v.to_str().ok())
-                != Some("13")
-        {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "a WebSocket upgrade (version 13) is required\n",
-            );
+        let stack = ServiceBuilder::new()
+            .layer(AroundLayer(Trace { listener: "admin" }))
+            .service(routes);
+        tokio::select! {
+            () = store.watch(self.port.clone()) => {}
+            () = accept_loop(listener, None, self.handshake_timeout(), stack) => {}
         }
-        if !self.ready.load(std::sync::atomic::Ordering::Relaxed) {
-            return self.refuse_upgrade(
-                "draining",
-                StatusCode::SERVICE_UNAVAILABLE,
-                "relay draining: connect again (another replica)\n",
-                1,
-            );
-        }
-        if self.relay.refuses_upgrades() {
-            return self.refuse_for_memory();
-        }
-        let now = Instant::now();
-        if !self.limiter.check(peer.ip(), now) {
-            self.relay
-                .metrics
-                .auth_failures
-                .with_label_values(&["rate_limited"])
-                .inc();
-            let mut r = text(StatusCode::TOO_MANY_REQUESTS, "too many failed attempts\n");
-            let secs = self
-                .limiter
-                .retry_after(peer.ip(), now)
-                .map_or(60, |d| d.as_secs().max(1));
-            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return r;
-        }
-        let allow_query = self.relay.auth.config().allow_query_token;
-        let (token, source) = match extract_token(headers, req.uri().query(), allow_query) {
-            Ok(Some(t)) => t,
-            Ok(None) => return self.refuse(peer, &AuthError::MissingToken),
-            Err(e) => return self.refuse(peer, &e),
-        };
-        let principal = match self.relay.auth.verify(&token, unix_now()) {
-            Ok(p) => p,
-            Err(e) => return self.refuse(peer, &e),
-        };
-        let Some(admitted) = self.relay.registry.admit_connection(&principal) else {
-            return self.refuse_upgrade(
-                "principal_connections",
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many connections for this principal\n",
-                5,
-            );
-        };
-        let mut resp = Response::new(Body::default());
-        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        let h = resp.headers_mut();
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-        if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) {
-            h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
-        }
-        if source == TokenSource::Subprotocol {
-            h.insert(
-                header::SEC_WEBSOCKET_PROTOCOL,
-                HeaderValue::from_static("bearer"),
-            );
-        }
-        let relay = self.relay.clone();
-        let limits = &relay.cfg.limits;
-        let config = WebSocketConfig::default()
-            // Clients send small frames; a 4 KiB read chunk (the buffer grows
-            // for a big frame) keeps an idle client at ~24 KiB instead of ~36.
-            .read_buffer_size(4 * 1024)
-            // Every frame is written as it is fed; the writer flushes once
-            // per batch (`ws::write_loop`). A 64 KiB write buffer measured no
-            // CPU gain in `cargo bench --bench relay`.
-            .write_buffer_size(0)
-            .max_write_buffer_size(limits.max_frame_bytes.saturating_mul(2).max(1 << 20))
-            .max_message_size(Some(limits.max_frame_bytes))
-            .max_frame_size(Some(limits.max_frame_bytes));
-        let upgrade = hyper::upgrade::on(&mut req);
-        tokio::spawn(async move {
-            match upgrade.await {
-                Ok(upgraded) => {
-                    let ws = WebSocketStream::from_raw_socket(
-                        TokioIo::new(upgraded),
-                        Role::Server,
-                        Some(config),
-                    )
-                    .await;
-                    super::ws::serve_client(relay, principal, ws).await;
-                    drop(admitted);
-                }
-                Err(e) => tracing::debug!(%peer, error = %e, "upgrade failed"),
-            }
-        });
-        resp
     }
 }
 
-fn text(status: StatusCode, body: &str) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
-    *r.status_mut() = status;
-    r
+/// A listener's request stack.
+pub trait HttpService:
+    Service<Request<Incoming>, Response = Resp, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: Service<Request<Incoming>, Response = Resp, Error = Infallible, Future: Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
+/// Serves `stack` on every connection `listener` accepts.
+async fn accept_loop<S: HttpService>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    handshake: Duration,
+    stack: S,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = connection(stream, peer, tls.clone(), handshake, stack.clone());
+        tokio::spawn(conn.instrument(tracing::debug_span!("edge.conn", %peer)));
+    }
+}
+
+/// One connection: the TLS handshake (within `handshake`), then HTTP.
+async fn connection<S: HttpService>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    handshake: Duration,
+    stack: S,
+) {
+    let Some(acceptor) = tls else {
+        return http(TokioIo::new(stream), peer, handshake, stack).await;
+    };
+    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => http(TokioIo::new(tls), peer, handshake, stack).await,
+        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!("TLS handshake timed out"),
+    }
+}
+
+/// HTTP/1.1 with upgrades on `io`; each request carries its [`Peer`]. The
+/// request head must arrive within `head_timeout` (on TLS and plaintext
+/// listeners alike).
+async fn http<I, S>(io: I, peer: SocketAddr, head_timeout: Duration, stack: S)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: HttpService,
+{
+    let stack = ServiceBuilder::new()
+        .map_request(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(Peer(peer));
+            req
+        })
+        .service(stack);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout)
+        .serve_connection(io, TowerToHyperService::new(stack))
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "HTTP connection ended with an error");
+    }
 }

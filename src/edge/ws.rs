@@ -2,9 +2,9 @@
 //! the router, and a writer that drains the session's bounded queue and
 //! sends the close frame (with the contract's §3.7 codes) when told to.
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::SplitStream;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
@@ -12,9 +12,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
+use super::port::{ConnectionGuard, RelayPort, unix_now};
 use crate::auth::Principal;
-use crate::identity::unix_now;
-use crate::relay::Relay;
 use crate::rpc::Close;
 use crate::session::outbox::{OutboxRx, outbox};
 use crate::session::requests::{Conn, on_client_frame};
@@ -28,71 +27,77 @@ const CLOSE_WITHIN: Duration = Duration::from_secs(3);
 /// list itself is reloaded by `run::start`).
 const REVOCATION_CHECK: Duration = Duration::from_secs(2);
 
-/// Serves one authenticated client socket until it closes.
-pub async fn serve_client<S>(relay: Arc<Relay>, principal: Principal, ws: WebSocketStream<S>)
-where
+/// Serves one authenticated client socket until it closes; `admitted`
+/// holds the principal's connection slot until then.
+pub async fn serve_client<S>(
+    port: RelayPort,
+    principal: Principal,
+    ws: WebSocketStream<S>,
+    admitted: ConnectionGuard,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    relay.metrics.connections.inc();
-    relay.metrics.connections_open.inc();
-    let (sink, mut stream) = ws.split();
-    let limits = &relay.cfg.limits;
+    port.metrics().connections_open.inc();
+    let (sink, stream) = ws.split();
+    let limits = port.limits();
     let (out_tx, out_rx) = outbox(limits.client_queue_frames, limits.client_queue_bytes);
     let (kill_tx, kill_rx) = watch::channel::<Kill>(None);
-    let writer = tokio::spawn(write_loop(sink, out_rx, kill_rx.clone()));
-    let leeway = relay.auth.config().leeway_secs;
+    let mut writer = tokio::spawn(write_loop(sink, out_rx, kill_rx.clone()));
+    let leeway = port.auth().config().leeway_secs;
     let expires_in = principal
         .expires_at
         .saturating_add(leeway)
         .saturating_sub(unix_now());
+    let mut conn = port.open_conn(principal, out_tx, kill_tx);
+    read_loop(&port, &mut conn, stream, kill_rx, expires_in).await;
+    if let Some(session) = conn.session.take() {
+        port.detach(&session, conn.socket);
+    }
+    drop(conn);
+    if tokio::time::timeout(CLOSE_WITHIN * 2, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+    port.metrics().connections_open.dec();
+    drop(admitted);
+}
+
+/// Reads client frames into the session until the socket ends, or until
+/// the client answers a close this side started (or [`CLOSE_WITHIN`]
+/// passes). Once the socket is told to close, the reader keeps reading
+/// (and discarding): dropping a connection with unread data makes the
+/// kernel reset it, which would discard the frames still queued and the
+/// close code.
+async fn read_loop<S>(
+    port: &RelayPort,
+    conn: &mut Conn,
+    mut stream: SplitStream<WebSocketStream<S>>,
+    mut killed: watch::Receiver<Kill>,
+    expires_in: u64,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let expiry = tokio::time::sleep(Duration::from_secs(expires_in));
     tokio::pin!(expiry);
-    let socket = relay.registry.next_socket();
-    let mut conn = Conn {
-        registry: relay.registry.clone(),
-        principal,
-        socket,
-        out: out_tx,
-        kill: kill_tx,
-        session: None,
-    };
-    let mut killed = kill_rx;
     let mut revocation_check = tokio::time::interval(REVOCATION_CHECK);
-    // Once the socket is told to close, the reader keeps reading (and
-    // discarding) until the client answers the close frame or a deadline
-    // passes: dropping a connection with unread data makes the kernel reset
-    // it, which would discard the frames still queued and the close code.
     let mut closing: Option<tokio::time::Instant> = None;
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(closing.unwrap_or(far)), if closing.is_some() => break,
             _ = revocation_check.tick(), if closing.is_none() => {
-                let revoked = conn.principal.jti.as_deref().is_some_and(|j| relay.auth.is_revoked(j));
+                let revoked = conn.principal.jti.as_deref().is_some_and(|j| port.auth().is_revoked(j));
                 if revoked {
                     conn.kill.send_replace(Some(Close::TokenRevoked));
                 }
             }
             msg = stream.next() => match msg {
-                Some(Ok(Message::Text(t))) if closing.is_none() => on_client_frame(&mut conn, t.as_str()).await,
-                Some(Ok(Message::Text(_))) => {}
-                Some(Ok(Message::Binary(_))) if closing.is_none() => {
-                    relay.metrics.bad_client_frames.with_label_values(&["binary"]).inc();
-                    conn.kill.send_replace(Some(Close::BinaryFrame));
-                }
+                Some(Ok(Message::Text(t))) if closing.is_none() => on_client_frame(conn, t.as_str()).await,
                 Some(Ok(Message::Close(_))) | None => break,
-                Some(Ok(_)) => {}
                 Some(Err(_)) if closing.is_some() => break,
-                Some(Err(e)) => {
-                    let (close, label) = match &e {
-                        WsError::Capacity(_) => (Close::FrameTooBig, "too_large"),
-                        WsError::Utf8(_) => (Close::InvalidUtf8, "invalid_utf8"),
-                        _ => (Close::WsProtocol, "ws_protocol"),
-                    };
-                    relay.metrics.bad_client_frames.with_label_values(&[label]).inc();
-                    conn.kill.send_replace(Some(close));
-                    break;
-                }
+                other => if refuse_frame(port, conn, other, closing.is_some()) { break },
             },
             _ = &mut expiry, if closing.is_none() => {
                 conn.kill.send_replace(Some(Close::TokenExpired));
@@ -103,24 +108,38 @@ where
                     // The session stops using this socket now, not when the
                     // close handshake ends.
                     if let Some(session) = conn.session.take() {
-                        relay.registry.detach(&session, socket);
+                        port.detach(&session, conn.socket);
                     }
                 }
             }
         }
     }
-    if let Some(session) = conn.session.take() {
-        relay.registry.detach(&session, socket);
-    }
-    drop(conn);
-    let mut writer = writer;
-    if tokio::time::timeout(CLOSE_WITHIN * 2, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
-    relay.metrics.connections_open.dec();
+}
+
+/// Handles a read that is not a text frame for the session: a binary frame
+/// closes with 1003, a read error with 1009/1007/1002 (counted by reason),
+/// anything else is ignored. `true` when the read loop must end.
+fn refuse_frame(
+    port: &RelayPort,
+    conn: &Conn,
+    msg: Option<Result<Message, WsError>>,
+    closing: bool,
+) -> bool {
+    let (close, label, end) = match msg {
+        Some(Ok(Message::Binary(_))) if !closing => (Close::BinaryFrame, "binary", false),
+        Some(Err(e)) => match e {
+            WsError::Capacity(_) => (Close::FrameTooBig, "too_large", true),
+            WsError::Utf8(_) => (Close::InvalidUtf8, "invalid_utf8", true),
+            _ => (Close::WsProtocol, "ws_protocol", true),
+        },
+        _ => return false,
+    };
+    port.metrics()
+        .bad_client_frames
+        .with_label_values(&[label])
+        .inc();
+    conn.kill.send_replace(Some(close));
+    end
 }
 
 async fn write_loop<S>(

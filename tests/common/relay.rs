@@ -203,13 +203,35 @@ async fn https_at(port: u16, ca: &std::path::Path, path: &str) -> Option<(u16, S
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(ca)));
     let name = ServerName::try_from("localhost").ok()?;
-    let mut tls = connector.connect(name, tcp).await.ok()?;
+    let tls = connector.connect(name, tcp).await.ok()?;
+    get_on(tls, path).await
+}
+
+/// `GET path` on the relay's admin listener (plain HTTP); the status and body.
+pub async fn admin_get(t: &TestRelay, path: &str) -> (u16, String) {
+    tokio::time::timeout(WAIT, http_at(t.relay.admin_addr(), path))
+        .await
+        .expect("admin answer in time")
+        .expect("admin answer")
+}
+
+/// `GET path` over plain HTTP at `addr`: status and body, or `None` if the
+/// connection or answer failed.
+pub async fn http_at(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    get_on(TcpStream::connect(addr).await.ok()?, path).await
+}
+
+/// Sends `GET path` on `io` and reads the answer until the server closes.
+async fn get_on<S>(mut io: S, path: &str) -> Option<(u16, String)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    tls.write_all(req.as_bytes()).await.ok()?;
+    io.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
-        match tls.read(&mut chunk).await {
+        match io.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }

@@ -1,0 +1,102 @@
+//! Everything the edge uses of the rest of the relay, in one place.
+//!
+//! The edge (listeners, layers, the upgrade and the socket loop) reaches the
+//! relay only through [`RelayPort`], so replacing the relay behind it means
+//! changing this file alone. The socket loop's calls into the session
+//! (`on_client_frame`) go through the [`Conn`] made here.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::auth::{Authenticator, Principal};
+use crate::config::{Limits, ListenConfig};
+use crate::metrics::Metrics;
+use crate::relay::Relay;
+use crate::rpc::Close;
+
+/// Seconds since the Unix epoch (the clock tokens are checked against).
+pub use crate::identity::unix_now;
+use crate::session::ClientSession;
+use crate::session::outbox::Outbox;
+/// Keeps a principal's connection slot for as long as its socket lives.
+pub use crate::session::registry::ConnectionGuard;
+use crate::session::requests::Conn;
+
+/// The edge's handle on the relay (cheap to clone).
+#[derive(Clone)]
+pub struct RelayPort {
+    relay: Arc<Relay>,
+}
+
+impl std::fmt::Debug for RelayPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayPort").finish_non_exhaustive()
+    }
+}
+
+impl RelayPort {
+    /// The edge's handle on `relay`.
+    pub fn new(relay: Arc<Relay>) -> Self {
+        Self { relay }
+    }
+
+    /// The configured bounds.
+    pub fn limits(&self) -> &Limits {
+        &self.relay.cfg.limits
+    }
+
+    /// The listener settings.
+    pub fn listen(&self) -> &ListenConfig {
+        &self.relay.cfg.listen
+    }
+
+    /// The relay's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.relay.metrics
+    }
+
+    /// Token verification and revocation.
+    pub fn auth(&self) -> &Authenticator {
+        &self.relay.auth
+    }
+
+    /// Whether the URI store can take writes (see `UriStore::health`; the
+    /// admin listener calls this off the request path).
+    pub fn store_healthy(&self) -> bool {
+        self.relay.store.health().is_ok()
+    }
+
+    /// Whether new upgrades are refused for replay memory (contract §5.4).
+    pub fn refuses_upgrades(&self) -> bool {
+        self.relay.refuses_upgrades()
+    }
+
+    /// Counts a connection of `principal`, or `None` at its cap (§3.6).
+    pub fn admit_connection(&self, principal: &Principal) -> Option<ConnectionGuard> {
+        self.relay.registry.admit_connection(principal)
+    }
+
+    /// The session-side state of a new client socket: a fresh socket id,
+    /// its outbox and close switch.
+    pub fn open_conn(
+        &self,
+        principal: Principal,
+        out: Outbox,
+        kill: watch::Sender<Option<Close>>,
+    ) -> Conn {
+        Conn {
+            registry: self.relay.registry.clone(),
+            principal,
+            socket: self.relay.registry.next_socket(),
+            out,
+            kill,
+            session: None,
+        }
+    }
+
+    /// Detaches `session` from `socket` (the socket closes or is closing).
+    pub fn detach(&self, session: &Arc<ClientSession>, socket: u64) {
+        self.relay.registry.detach(session, socket);
+    }
+}
