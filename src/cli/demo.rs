@@ -26,12 +26,21 @@ pub struct DemoArgs {
     /// Agent script flags, passed to every host.
     #[command(flatten)]
     pub script: ScriptArgs,
+    /// Every host names and behaves like VS Code's agent host
+    /// (`ahp-relay simhost --vscode-compat`).
+    #[arg(long)]
+    pub vscode_compat: bool,
 }
 
 /// The simulated hosts of the demo: names, providers and session prefixes.
 /// `gpu1` and `laptop` share a prefix, so their session, chat and terminal
 /// URIs collide as cloned hosts' do; the relay keeps them apart.
-fn host_configs(n: usize, sessions: usize, script: &AgentScript) -> Vec<SimHostConfig> {
+fn host_configs(
+    n: usize,
+    sessions: usize,
+    script: &AgentScript,
+    vscode_compat: bool,
+) -> Vec<SimHostConfig> {
     let names = ["buildbox", "gpu1", "laptop"];
     let providers = ["copilot", "claude", "copilot"];
     (0..n.clamp(1, 26))
@@ -49,6 +58,7 @@ fn host_configs(n: usize, sessions: usize, script: &AgentScript) -> Vec<SimHostC
                 sessions,
                 terminals: 1,
                 script: script.clone(),
+                vscode_compat,
                 ..SimHostConfig::named(&name)
             }
         })
@@ -69,7 +79,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
 async fn demo(args: DemoArgs) -> Result<(), String> {
     let script = AgentScript::from(&args.script);
     let mut hosts = Vec::new();
-    for cfg in host_configs(args.hosts, args.sessions, &script) {
+    for cfg in host_configs(args.hosts, args.sessions, &script, args.vscode_compat) {
         hosts.push(
             SimHost::start_local(cfg)
                 .await
@@ -130,7 +140,9 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .unwrap_or_else(|_| "ahp-relay".into());
     println!("In another terminal: source {} — then:", env_file.display());
     println!("  {bin} client sessions");
-    println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
+    if !args.vscode_compat {
+        println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
+    }
     println!(
         "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all)."
     );

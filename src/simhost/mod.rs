@@ -20,6 +20,7 @@
 //! Decisions where the spec is silent are documented in `src/simhost/README.md`.
 
 pub mod agent;
+pub mod auth;
 pub mod client_tools;
 pub mod clock;
 pub mod commands;
@@ -27,9 +28,13 @@ pub mod config;
 pub mod conn;
 pub mod core;
 pub mod dispatch;
+pub mod files;
+pub mod naming;
 pub mod record;
+pub mod resources;
 pub mod server;
 pub mod state;
+pub mod stream;
 pub mod typed;
 pub mod validate;
 
