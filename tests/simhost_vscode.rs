@@ -73,16 +73,16 @@ async fn sessions_and_default_chats_have_vs_code_shapes() {
     assert_eq!(items.len(), 2);
     for s in &items {
         let uri = s["resource"].as_str().expect("resource");
-        let id = uri.strip_prefix("sim:/").expect("session scheme is the provider");
+        let id = uri
+            .strip_prefix("sim:/")
+            .expect("session scheme is the provider");
         assert!(is_uuid(id), "{uri}");
         assert_eq!(s["defaultChat"], chat_uri(uri, "default"), "{s}");
         assert_eq!(s["chats"][0]["resource"], chat_uri(uri, "default"));
     }
     let session = items[0]["resource"].as_str().expect("resource");
     let chat = chat_uri(session, "default");
-    let sub = ws
-        .request(2, "subscribe", json!({"channel": chat}))
-        .await;
+    let sub = ws.request(2, "subscribe", json!({"channel": chat})).await;
     assert_eq!(sub["result"]["snapshot"]["resource"], chat, "{sub}");
     let turn = json!({"type": "chat/turnStarted", "turnId": "vs-t1", "startedAt": now_iso(),
         "message": {"text": "hello", "origin": {"kind": "user"}}});
@@ -116,7 +116,11 @@ async fn clients_create_sessions_and_chats_in_vs_code_shapes() {
     assert!(host.channel_state(&side).is_some());
     let foreign = chat_uri("sim:/someone-else", "x");
     let refused = ws
-        .request(3, "createChat", json!({"channel": session, "chat": foreign}))
+        .request(
+            3,
+            "createChat",
+            json!({"channel": session, "chat": foreign}),
+        )
         .await;
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
     let refused = ws
