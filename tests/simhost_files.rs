@@ -59,10 +59,10 @@ async fn sessions_have_working_directories_in_the_sandbox() {
     );
 }
 
-/// Write, read, resolve, mkdir, copy, move and delete behave as the spec
-/// says, with its error codes.
+/// Write, read and resolve behave as the spec says: `createOnly`,
+/// `append`, `ifMatch` with its error codes.
 #[tokio::test]
-async fn resource_commands_round_trip_with_spec_errors() {
+async fn write_read_resolve_round_trip_with_spec_errors() {
     let (host, mut ws) = files_host("frt").await;
     let base = host.sandbox().join("workspace-1");
     let a = file_uri(&base.join("a.txt"));
@@ -98,6 +98,16 @@ async fn resource_commands_round_trip_with_spec_errors() {
         std::fs::read_to_string(base.join("a.txt")).expect("file"),
         "hello!"
     );
+}
+
+/// `resourceMkdir` is `mkdir -p`; copy, move and delete honour
+/// `failIfExists` and `recursive`; a deleted path reads as NotFound.
+#[tokio::test]
+async fn mkdir_copy_move_delete_follow_the_spec() {
+    let (host, mut ws) = files_host("fcmd").await;
+    let base = host.sandbox().join("workspace-1");
+    std::fs::write(base.join("a.txt"), "hello!").expect("seed file");
+    let a = file_uri(&base.join("a.txt"));
     let deep = file_uri(&base.join("d/e/f"));
     ok(&call(&mut ws, 7, "resourceMkdir", json!({"uri": deep})).await);
     assert!(base.join("d/e/f").is_dir());

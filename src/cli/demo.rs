@@ -134,13 +134,27 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
         hosts.len()
     );
+    print_hints(&env_file, args.vscode_compat);
+    println!("Press Ctrl-C to stop.");
+    super::serve::wait_for_shutdown().await;
+    running.stop();
+    for h in hosts {
+        h.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The commands to try next, printed once the demo runs. A VS Code-mode
+/// host's chat URIs are long and derived, so no `client send` line then.
+fn print_hints(env_file: &std::path::Path, vscode_compat: bool) {
     // The path of this binary: after `cargo run` it is not on PATH.
     let bin = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "ahp-relay".into());
     println!("In another terminal: source {} — then:", env_file.display());
     println!("  {bin} client sessions");
-    if !args.vscode_compat {
+    if !vscode_compat {
         println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
     }
     println!(
@@ -152,12 +166,4 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     println!(
         "  AHP_RELAY_TOKEN=$({bin} token --sub carol) {bin} client sessions  # carol: buildbox, read-only"
     );
-    println!("Press Ctrl-C to stop.");
-    super::serve::wait_for_shutdown().await;
-    running.stop();
-    for h in hosts {
-        h.shutdown().await;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
 }

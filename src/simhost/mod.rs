@@ -4,7 +4,8 @@
 //! `ahp-relay demo` and the load source of the benchmarks — a real host in
 //! our code, not a mock returning canned bytes:
 //!
-//! - channels `ahp-root://`, `ahp-session:/…`, `ahp-chat:/…`, `ahp-terminal:/…`
+//! - channels `ahp-root://`, `ahp-session:/…`, `ahp-chat:/…`, `ahp-terminal:/…`,
+//!   `ahp-resource-watch:/…`
 //!   with state kept by the official `ahp` reducers ([`state`]);
 //! - one host-wide, strictly increasing `serverSeq`, a replay log of the last
 //!   N envelopes (rejected ones included) and the replay-or-snapshot rules of
@@ -14,6 +15,11 @@
 //!   messages ([`agent`]);
 //! - client-contributed tools: calls owned by an active client, failed when
 //!   the contributor goes away for longer than a grace ([`client_tools`]);
+//! - VS Code's naming and root config under `vscode_compat` ([`naming`]);
+//! - `file:` resources in a sandbox folder, resource watches and content
+//!   references ([`files`], [`resources`]);
+//! - protected resources and `authenticate` ([`auth`]);
+//! - a streaming load mode for benchmarks ([`stream`]);
 //! - fault switches, restart and a record of every received frame for tests
 //!   ([`server::SimHost`]).
 //!
