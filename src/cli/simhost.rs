@@ -133,6 +133,7 @@ pub async fn run(args: SimHostArgs) -> ExitCode {
         host.url(),
         host.url()
     );
+    eprintln!("file: resources live in {}", host.sandbox().display());
     let _ = tokio::signal::ctrl_c().await;
     host.shutdown().await;
     ExitCode::SUCCESS
