@@ -26,12 +26,21 @@ pub struct DemoArgs {
     /// Agent script flags, passed to every host.
     #[command(flatten)]
     pub script: ScriptArgs,
+    /// Every host names and behaves like VS Code's agent host
+    /// (`ahp-relay simhost --vscode-compat`).
+    #[arg(long)]
+    pub vscode_compat: bool,
 }
 
 /// The simulated hosts of the demo: names, providers and session prefixes.
 /// `gpu1` and `laptop` share a prefix, so their session, chat and terminal
 /// URIs collide as cloned hosts' do; the relay keeps them apart.
-fn host_configs(n: usize, sessions: usize, script: &AgentScript) -> Vec<SimHostConfig> {
+fn host_configs(
+    n: usize,
+    sessions: usize,
+    script: &AgentScript,
+    vscode_compat: bool,
+) -> Vec<SimHostConfig> {
     let names = ["buildbox", "gpu1", "laptop"];
     let providers = ["copilot", "claude", "copilot"];
     (0..n.clamp(1, 26))
@@ -49,6 +58,7 @@ fn host_configs(n: usize, sessions: usize, script: &AgentScript) -> Vec<SimHostC
                 sessions,
                 terminals: 1,
                 script: script.clone(),
+                vscode_compat,
                 ..SimHostConfig::named(&name)
             }
         })
@@ -69,7 +79,7 @@ pub async fn run(args: DemoArgs) -> ExitCode {
 async fn demo(args: DemoArgs) -> Result<(), String> {
     let script = AgentScript::from(&args.script);
     let mut hosts = Vec::new();
-    for cfg in host_configs(args.hosts, args.sessions, &script) {
+    for cfg in host_configs(args.hosts, args.sessions, &script, args.vscode_compat) {
         hosts.push(
             SimHost::start_local(cfg)
                 .await
@@ -124,13 +134,29 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
         hosts.len()
     );
+    print_hints(&env_file, args.vscode_compat);
+    println!("Press Ctrl-C to stop.");
+    super::serve::wait_for_shutdown().await;
+    running.stop();
+    for h in hosts {
+        h.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The commands to try next, printed once the demo runs. A VS Code-mode
+/// host's chat URIs are long and derived, so no `client send` line then.
+fn print_hints(env_file: &std::path::Path, vscode_compat: bool) {
     // The path of this binary: after `cargo run` it is not on PATH.
     let bin = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "ahp-relay".into());
     println!("In another terminal: source {} — then:", env_file.display());
     println!("  {bin} client sessions");
-    println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
+    if !vscode_compat {
+        println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
+    }
     println!(
         "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all)."
     );
@@ -140,12 +166,4 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     println!(
         "  AHP_RELAY_TOKEN=$({bin} token --sub carol) {bin} client sessions  # carol: buildbox, read-only"
     );
-    println!("Press Ctrl-C to stop.");
-    super::serve::wait_for_shutdown().await;
-    running.stop();
-    for h in hosts {
-        h.shutdown().await;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
 }

@@ -35,10 +35,29 @@ pub struct SimHostArgs {
     /// Envelopes kept for reconnect replay.
     #[arg(long, default_value_t = 1000)]
     pub replay_log: usize,
-    /// Behave like VS Code's host where hosts differ (broadcast root/session*,
-    /// root/progress and auth/required; overlapping connections per clientId).
+    /// Behave like VS Code's host where hosts differ: sessions
+    /// `<provider>:/<uuid>`, chats `ahp-chat://<chatId>/<b64url(session)>`, a
+    /// root config clients change with root/configChanged; broadcast
+    /// root/session*, root/progress and auth/required; overlapping
+    /// connections per clientId.
     #[arg(long)]
     pub vscode_compat: bool,
+    /// Seed of the VS Code-mode session uuids (default: derived from the
+    /// session prefix). Two hosts with the same seed mint the same ids.
+    #[arg(long)]
+    pub id_seed: Option<u64>,
+    /// Folder the host's file: resources live in (default: a fresh temporary
+    /// folder, removed on exit). Paths outside it are refused.
+    #[arg(long)]
+    pub sandbox: Option<std::path::PathBuf>,
+    /// A protected resource the agent declares (repeatable): turns need an
+    /// `authenticate` for it on the connection first.
+    #[arg(long = "protected-resource")]
+    pub protected_resources: Vec<String>,
+    /// Streaming load mode (a turn whose message holds `[stream:<n>]`):
+    /// actions per second, 0 = as fast as the sockets take them.
+    #[arg(long, default_value_t = 0)]
+    pub stream_rate: u32,
 }
 
 /// The scripted agent's flags, shared with `ahp-relay demo`.
@@ -88,6 +107,10 @@ impl SimHostArgs {
             script: AgentScript::from(&self.script),
             replay_log: self.replay_log,
             vscode_compat: self.vscode_compat,
+            id_seed: self.id_seed,
+            sandbox: self.sandbox.clone(),
+            protected_resources: self.protected_resources.clone(),
+            stream_rate: self.stream_rate,
             ..SimHostConfig::default()
         }
     }
@@ -110,6 +133,7 @@ pub async fn run(args: SimHostArgs) -> ExitCode {
         host.url(),
         host.url()
     );
+    eprintln!("file: resources live in {}", host.sandbox().display());
     let _ = tokio::signal::ctrl_c().await;
     host.shutdown().await;
     ExitCode::SUCCESS

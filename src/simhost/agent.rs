@@ -21,6 +21,7 @@ use super::clock::{self, SplitMix64};
 use super::config::AgentScript;
 use super::core::HostCore;
 use super::server::Shared;
+use super::stream;
 use super::typed::typed_action;
 
 const FILLER: &str = "The simulated agent streams this text in small pieces so that clients, relays and benchmarks see a realistic chat/delta load. ";
@@ -146,22 +147,21 @@ impl TurnCtx {
         if !self.step(|core, chat| emit_json(core, chat, part)) {
             return;
         }
-        for (i, len) in plan.deltas.iter().enumerate() {
-            match interval {
-                Some(d) => tokio::time::sleep(d).await,
-                None => tokio::task::yield_now().await,
-            }
-            let delta = json!({"type": "chat/delta", "turnId": self.turn_id,
-                "partId": part_id, "content": delta_text(i, *len)});
-            if !self.step(|core, chat| emit_json(core, chat, delta)) {
-                return;
-            }
-        }
-        if plan.tool && !self.tool_call().await {
+        let text = self.message_text().unwrap_or_default();
+        let streamed = match stream::requested(&text) {
+            Some(total) => self.load_stream(&part_id, total).await,
+            None => self.deltas(&plan, interval, &part_id).await,
+        };
+        if !streamed || (plan.tool && !self.tool_call().await) {
             return;
         }
-        if let Some(tool) = self.requested_client_tool()
-            && !self.client_tool_call(&tool).await
+        if let Some(bytes) = super::files::requested_output(&text)
+            && !self.output_tool_call(bytes).await
+        {
+            return;
+        }
+        if let Some(tool) = client_tools::requested_tool(&text)
+            && !self.client_tool_call(tool).await
         {
             return;
         }
@@ -223,11 +223,80 @@ impl TurnCtx {
         }
     }
 
-    /// The client tool the turn's message asks for (`[client-tool:<name>]`).
-    fn requested_client_tool(&self) -> Option<String> {
+    /// Runs tool `sim_shell` without confirmation and completes it with
+    /// `bytes` of output: inline text up to `inline_output_max`, else a
+    /// content reference (`ahp-content:/…`) readable with `resourceRead`.
+    /// False if the turn ended.
+    async fn output_tool_call(&self, bytes: usize) -> bool {
+        let id = format!("{}-output", self.turn_id);
+        let output = delta_text(0, bytes);
+        let inline_max = self.shared.cfg.inline_output_max;
+        let keep = self.shared.cfg.content_refs_kept;
+        self.step(|core, chat| {
+            let turn = active_id(core, chat);
+            let content = if bytes > inline_max {
+                let uri = core.files.put_content(keep, output);
+                json!({"type": "resource", "uri": uri, "sizeHint": bytes, "contentType": "text/plain"})
+            } else {
+                json!({"type": "text", "text": output})
+            };
+            for action in [
+                json!({"type": "chat/toolCallStart", "turnId": turn, "toolCallId": id,
+                    "toolName": "sim_shell", "displayName": "Run command"}),
+                json!({"type": "chat/toolCallReady", "turnId": turn, "toolCallId": id,
+                    "invocationMessage": "Print the build log", "confirmed": "not-needed"}),
+                json!({"type": "chat/toolCallComplete", "turnId": turn, "toolCallId": id,
+                    "result": {"success": true, "pastTenseMessage": "Printed the build log",
+                               "content": [content]}}),
+            ] {
+                emit_json(core, chat, action);
+            }
+        })
+    }
+
+    /// The text of the turn's message (markers such as `[client-tool:<name>]`
+    /// and `[stream:<n>]` are read from it).
+    fn message_text(&self) -> Option<String> {
         let core = self.shared.lock();
         let turn = self.live_chat(&core)?.active_turn.as_ref()?;
-        client_tools::requested_tool(&turn.message.text).map(str::to_string)
+        Some(turn.message.text.clone())
+    }
+
+    /// Streams the plan's deltas at the script's pace; false if the turn ended.
+    async fn deltas(
+        &self,
+        plan: &TurnPlan,
+        interval: Option<std::time::Duration>,
+        part_id: &str,
+    ) -> bool {
+        for (i, len) in plan.deltas.iter().enumerate() {
+            match interval {
+                Some(d) => tokio::time::sleep(d).await,
+                None => tokio::task::yield_now().await,
+            }
+            let delta = json!({"type": "chat/delta", "turnId": self.turn_id,
+                "partId": part_id, "content": delta_text(i, *len)});
+            if !self.step(|core, chat| emit_json(core, chat, delta)) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The streaming load mode ([`stream`]); false if the turn ended.
+    async fn load_stream(&self, part_id: &str, total: u64) -> bool {
+        let cfg = &self.shared.cfg;
+        let tpl = stream::Template::new(&self.chat, &self.turn_id, part_id, cfg.stream_frame_bytes);
+        let pace = stream::Pace {
+            total,
+            rate: cfg.stream_rate,
+            batch: cfg.stream_batch,
+            in_flight: cfg.stream_in_flight,
+        };
+        stream::run(&self.shared, &self.chat, &tpl, pace, |core| {
+            self.live_chat(core).is_some()
+        })
+        .await
     }
 
     /// Calls client tool `tool`: `chat/toolCallStart` with the offering

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use super::agent;
 use super::core::{ConnId, HostCore, ReplayDecision};
+use super::naming;
 use super::server::Shared;
 use super::state::{ChannelKind, chat_summary, parse_turns_cursor, turns_cursor};
 use super::typed::{typed, typed_action};
@@ -53,6 +54,9 @@ pub fn handle_request(
             "{method} before initialize: send initialize or reconnect first"
         )));
     }
+    if let Some(answer) = super::resources::handle(core, conn, method, params) {
+        return answer;
+    }
     match method {
         "ping" => Ok("null".into()),
         "initialize" => initialize(core, conn, params),
@@ -70,9 +74,7 @@ pub fn handle_request(
             true => Ok(r#"{"items":[]}"#.into()),
             false => Err(RpcError::not_found("chat not found")),
         },
-        "authenticate" => Err(RpcError::invalid_params(
-            "this host advertises no protected resources",
-        )),
+        "authenticate" => super::auth::authenticate(shared, core, conn, params),
         other => Err(RpcError::method_not_found(other)),
     }
 }
@@ -98,13 +100,7 @@ fn not_found_for(uri: &str) -> RpcError {
 
 /// `<scheme>:/<id>` with a non-empty id of safe characters.
 fn well_formed(uri: &str, scheme: &str) -> bool {
-    uri.strip_prefix(scheme).is_some_and(|id| {
-        !id.is_empty()
-            && id.len() <= 128
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    })
+    uri.strip_prefix(scheme).is_some_and(naming::safe_id)
 }
 
 /// Gives `client_id` to `conn`; without VS Code mode an older connection of
@@ -238,9 +234,9 @@ fn subscribe(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<String
 
 fn create_session(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<String, RpcError> {
     let p: CreateSessionParams = parse(params)?;
-    if !well_formed(&p.channel, "ahp-session:/") {
+    if !naming::creatable_session(&core.cfg, &p.channel) {
         return Err(RpcError::invalid_params(
-            "channel must be ahp-session:/<id> with id in [A-Za-z0-9._-]{1,128}",
+            "channel must be ahp-session:/<id> (or <provider>:/<id> in VS Code mode) with id in [A-Za-z0-9._-]{1,128}",
         ));
     }
     if core.state.sessions.contains_key(&p.channel) {
@@ -354,9 +350,9 @@ fn create_chat(
     if !core.state.sessions.contains_key(&p.channel) {
         return Err(RpcError::session_not_found(&p.channel));
     }
-    if !well_formed(&p.chat, "ahp-chat:/") {
+    if !naming::creatable_chat(&core.cfg, &p.channel, &p.chat) {
         return Err(RpcError::invalid_params(
-            "chat must be ahp-chat:/<id> with id in [A-Za-z0-9._-]{1,128}",
+            "chat must be ahp-chat:/<id> (or ahp-chat://<chatId>/<b64url(session)> in VS Code mode) with id in [A-Za-z0-9._-]{1,128}",
         ));
     }
     if core.state.chats.contains_key(&p.chat) {

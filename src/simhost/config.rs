@@ -61,10 +61,43 @@ pub struct SimHostConfig {
     pub script: AgentScript,
     /// Envelopes kept for `reconnect` replay (rejected ones included).
     pub replay_log: usize,
-    /// Behave like VS Code's host where hosts differ: `root/session*`,
-    /// `root/progress` and `auth/required` go to every connection, and
-    /// several connections may share one `clientId` at the same time.
+    /// Behave like VS Code's host where hosts differ: sessions are named
+    /// `<provider>:/<uuid>` and chats `ahp-chat://<chatId>/<b64url(session)>`
+    /// (see [`super::naming`]); the root carries a `config` that clients change
+    /// with `root/configChanged`; `root/session*`, `root/progress` and
+    /// `auth/required` go to every connection; and several connections may
+    /// share one `clientId` at the same time.
     pub vscode_compat: bool,
+    /// Seed of the VS Code-mode session uuids. `None` derives it from
+    /// `session_prefix`; two hosts with the same seed mint colliding ids.
+    pub id_seed: Option<u64>,
+    /// The folder the host's `file:` resources live in (working directories,
+    /// `resource*` commands). `None`: a fresh temporary folder per host,
+    /// removed when the host is dropped. Paths outside it are refused.
+    pub sandbox: Option<std::path::PathBuf>,
+    /// Largest file `resourceRead` returns and `resourceWrite` produces, in bytes.
+    pub max_resource_bytes: u64,
+    /// Resource watches open at once (`createResourceWatch` beyond → -32603).
+    pub max_watches: usize,
+    /// Tool output longer than this many bytes is returned as a content
+    /// reference (`ahp-content:/…`, read with `resourceRead`) instead of inline.
+    pub inline_output_max: usize,
+    /// Content references kept readable (oldest forgotten first).
+    pub content_refs_kept: usize,
+    /// Protected resources (RFC 9728 `resource` ids, e.g.
+    /// `https://api.example.com`) the agent declares: a turn is refused on a
+    /// connection that has not `authenticate`d for every one of them.
+    pub protected_resources: Vec<String>,
+    /// Streaming load mode (a turn whose message holds `[stream:<n>]`): actions
+    /// per second, 0 = as fast as the sockets take them.
+    pub stream_rate: u32,
+    /// Streaming load mode: frames rendered per batch (one lock, one queue push).
+    pub stream_batch: usize,
+    /// Streaming load mode: batches queued but not yet written by every
+    /// subscriber; the stream waits when this many are in flight.
+    pub stream_in_flight: usize,
+    /// Streaming load mode: approximate size of each `chat/delta` frame in bytes.
+    pub stream_frame_bytes: usize,
     /// Inbound frames kept in the record that tests query (oldest dropped).
     pub record_limit: usize,
     /// Largest WebSocket message accepted, in bytes.
@@ -93,6 +126,17 @@ impl Default for SimHostConfig {
             script: AgentScript::default(),
             replay_log: 1000,
             vscode_compat: false,
+            id_seed: None,
+            sandbox: None,
+            max_resource_bytes: 16 * 1024 * 1024,
+            max_watches: 64,
+            inline_output_max: 4096,
+            content_refs_kept: 256,
+            protected_resources: Vec::new(),
+            stream_rate: 0,
+            stream_batch: 256,
+            stream_in_flight: 8,
+            stream_frame_bytes: 320,
             record_limit: 100_000,
             max_frame_bytes: 4 * 1024 * 1024,
             legacy_0_9: false,

@@ -17,8 +17,48 @@ use super::record::FrameRecord;
 use super::server::Shared;
 use crate::rpc::{self, RpcError};
 
+type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
+type Sink = futures_util::stream::SplitSink<Ws, Message>;
+
 /// Serves one accepted TCP connection until either side closes it.
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
+    let Some(ws) = handshake(&shared, stream, id).await else {
+        return;
+    };
+    let (mut sink, mut source) = ws.split();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    shared.lock().attach(id, tx);
+    let mut stalled = shared.stalled.subscribe();
+    loop {
+        if *stalled.borrow_and_update() {
+            if stalled.wait_for(|s| !*s).await.is_err() {
+                break;
+            }
+            continue;
+        }
+        tokio::select! {
+            inbound = source.next() => {
+                if !on_inbound(&shared, id, &mut sink, inbound).await {
+                    break;
+                }
+            }
+            outbound = rx.recv() => {
+                if !write_outbound(&mut sink, &mut rx, outbound).await {
+                    break;
+                }
+            },
+            _ = stalled.changed() => {}
+        }
+    }
+    let mut core = shared.lock();
+    if let Some(client) = core.detach(id) {
+        super::client_tools::client_gone(&shared, &mut core, &client);
+    }
+}
+
+/// Completes the WebSocket handshake with the host's frame limits and
+/// records the handshake headers tests audit; `None` if it failed.
+async fn handshake(shared: &Arc<Shared>, stream: TcpStream, id: ConnId) -> Option<Ws> {
     let mut config = WebSocketConfig::default();
     config.max_message_size = Some(shared.cfg.max_frame_bytes);
     config.max_frame_size = Some(shared.cfg.max_frame_bytes);
@@ -41,65 +81,78 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
             });
             Ok(resp)
         };
-    let ws =
-        match tokio_tungstenite::accept_hdr_async_with_config(stream, record, Some(config)).await {
-            Ok(ws) => ws,
-            Err(e) => {
-                tracing::debug!(error = %e, "simhost handshake failed");
-                return;
-            }
-        };
-    let (mut sink, mut source) = ws.split();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    shared.lock().attach(id, tx);
-    let mut stalled = shared.stalled.subscribe();
-    loop {
-        if *stalled.borrow_and_update() {
-            if stalled.wait_for(|s| !*s).await.is_err() {
-                break;
-            }
-            continue;
+    match tokio_tungstenite::accept_hdr_async_with_config(stream, record, Some(config)).await {
+        Ok(ws) => Some(ws),
+        Err(e) => {
+            tracing::debug!(error = %e, "simhost handshake failed");
+            None
         }
-        tokio::select! {
-            inbound = source.next() => match inbound {
-                Some(Ok(Message::Text(text))) => on_text(&shared, id, text.as_str()),
-                Some(Ok(Message::Binary(_))) => {
-                    shared.lock().close(id, 1003, "binary frames are not supported");
+    }
+}
+
+/// Handles one read from the socket; false when the connection is over.
+async fn on_inbound(
+    shared: &Arc<Shared>,
+    id: ConnId,
+    sink: &mut Sink,
+    inbound: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+) -> bool {
+    match inbound {
+        Some(Ok(Message::Text(text))) => on_text(shared, id, text.as_str()),
+        Some(Ok(Message::Binary(_))) => {
+            shared
+                .lock()
+                .close(id, 1003, "binary frames are not supported");
+        }
+        Some(Ok(Message::Close(_))) | None => return false,
+        Some(Ok(_)) => {}
+        Some(Err(e)) => {
+            let code = match e {
+                tokio_tungstenite::tungstenite::Error::Capacity(_) => 1009,
+                _ => 1002,
+            };
+            let _ = sink.send(close_msg(code, &e.to_string())).await;
+            return false;
+        }
+    }
+    true
+}
+
+/// Writes `first` and everything else already queued, then flushes once:
+/// a burst of envelopes leaves in as few socket writes as the write buffer
+/// allows. False when the connection is over.
+async fn write_outbound(
+    sink: &mut Sink,
+    rx: &mut mpsc::UnboundedReceiver<Outbound>,
+    first: Option<Outbound>,
+) -> bool {
+    let mut next = first;
+    if next.is_none() {
+        return false;
+    }
+    while let Some(out) = next.take() {
+        match out {
+            Outbound::Frame(f) => {
+                if sink.feed(Message::Text(f)).await.is_err() {
+                    return false;
                 }
-                Some(Ok(Message::Close(_))) | None => break,
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    let code = if matches!(e, tokio_tungstenite::tungstenite::Error::Capacity(_)) { 1009 } else { 1002 };
-                    let _ = sink.send(close_msg(code, &e.to_string())).await;
-                    break;
-                }
-            },
-            outbound = rx.recv() => {
-                let mut next = outbound;
-                let mut open = true;
-                while let Some(out) = next.take() {
-                    match out {
-                        Outbound::Frame(f) => {
-                            if sink.feed(Message::Text(f)).await.is_err() { open = false; break; }
-                        }
-                        Outbound::Close(code, reason) => {
-                            let _ = sink.send(close_msg(code, &reason)).await;
-                            open = false;
-                            break;
-                        }
-                        Outbound::Drop => { open = false; break; }
+            }
+            Outbound::Batch(batch) => {
+                for f in batch.frames.iter() {
+                    if sink.feed(Message::Text(f.clone())).await.is_err() {
+                        return false;
                     }
-                    next = rx.try_recv().ok();
                 }
-                if !open || sink.flush().await.is_err() { break; }
-            },
-            _ = stalled.changed() => {}
+            }
+            Outbound::Close(code, reason) => {
+                let _ = sink.send(close_msg(code, &reason)).await;
+                return false;
+            }
+            Outbound::Drop => return false,
         }
+        next = rx.try_recv().ok();
     }
-    let mut core = shared.lock();
-    if let Some(client) = core.detach(id) {
-        super::client_tools::client_gone(&shared, &mut core, &client);
-    }
+    sink.flush().await.is_ok()
 }
 
 fn close_msg(code: u16, reason: &str) -> Message {

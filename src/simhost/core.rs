@@ -33,6 +33,20 @@ pub enum Outbound {
     Close(u16, String),
     /// Drop the TCP connection without a close frame (fault injection).
     Drop,
+    /// Pre-rendered frames of the streaming load mode, written back to back
+    /// (see [`super::stream`]).
+    Batch(Arc<FrameBatch>),
+}
+
+/// Frames queued to one or more connections as one unit. Whatever it holds
+/// (the stream's in-flight permit) is released when the last connection has
+/// written it, which is how a stream is paced by its slowest subscriber.
+#[derive(Debug)]
+pub struct FrameBatch {
+    /// The frames, in `serverSeq` order.
+    pub frames: Vec<Utf8Bytes>,
+    /// Released when every connection has written the batch.
+    pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// A connection as the host sees it.
@@ -42,6 +56,9 @@ pub struct ConnEntry {
     pub client_id: Option<String>,
     /// Channels this connection receives envelopes for.
     pub subs: HashSet<String>,
+    /// Live `authenticate` tokens: protected resource → token generation
+    /// (the token itself is not kept; see `auth`).
+    pub tokens: HashMap<String, String>,
     tx: mpsc::UnboundedSender<Outbound>,
 }
 
@@ -109,13 +126,16 @@ pub struct HostCore {
     pub left: HashMap<(String, String), u64>,
     /// Token of the next grace timer.
     pub next_grace: u64,
+    /// The sandbox folder, content references and resource watches.
+    pub files: super::files::Files,
     next_id: u64,
 }
 
 impl HostCore {
-    /// A core with the seeded initial state.
-    pub fn new(cfg: Arc<SimHostConfig>) -> Self {
-        let state = HostState::seeded(&cfg);
+    /// A core with the seeded initial state, its files in `files`.
+    pub fn new(cfg: Arc<SimHostConfig>, files: super::files::Files) -> Self {
+        let mut state = HostState::seeded(&cfg);
+        files.seed_working_dirs(&mut state);
         let rng = SplitMix64::new(cfg.script.seed.unwrap_or(0));
         Self {
             cfg,
@@ -133,6 +153,7 @@ impl HostCore {
             gone: HashMap::new(),
             left: HashMap::new(),
             next_grace: 1,
+            files,
             next_id: 0,
         }
     }
@@ -150,6 +171,7 @@ impl HostCore {
             ConnEntry {
                 client_id: None,
                 subs: HashSet::new(),
+                tokens: HashMap::new(),
                 tx,
             },
         );
@@ -158,7 +180,9 @@ impl HostCore {
     /// Forgets a closed connection. Returns its `clientId` when no other
     /// connection holds it any more (the client has gone away).
     pub fn detach(&mut self, id: ConnId) -> Option<String> {
-        let client = self.conns.remove(&id)?.client_id?;
+        let entry = self.conns.remove(&id)?;
+        super::files::release_unwatched(self);
+        let client = entry.client_id?;
         self.conns_of(&client).is_empty().then_some(client)
     }
 
@@ -226,6 +250,9 @@ impl HostCore {
             return;
         };
         entry.subs.insert(channel.to_string());
+        if let Some(w) = self.files.watches.get_mut(channel) {
+            w.subscribed = true;
+        }
         if let Some(client) = entry.client_id.clone() {
             self.clients
                 .entry(client)
@@ -294,7 +321,7 @@ impl HostCore {
         });
         while self.log.len() > self.cfg.replay_log {
             if let Some(old) = self.log.pop_front() {
-                self.evicted_up_to = old.seq;
+                self.evicted_up_to = self.evicted_up_to.max(old.seq);
             }
         }
         for c in self.conns.values() {
@@ -307,6 +334,34 @@ impl HostCore {
             self.propagate_chat_change(channel, before);
         }
         seq
+    }
+
+    /// Numbers `n` pre-rendered envelopes of `channel` (the streaming load
+    /// mode, [`super::stream`]) and queues them as one batch to every
+    /// subscriber. They are neither applied nor logged; the replay window
+    /// is moved past them so no replay can silently skip them.
+    pub fn emit_prerendered(
+        &mut self,
+        channel: &str,
+        n: u64,
+        mut render: impl FnMut(u64) -> Utf8Bytes,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let mut frames = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+        for _ in 0..n {
+            self.seq += 1;
+            frames.push(render(self.seq));
+        }
+        self.evicted_up_to = self.seq;
+        let batch = Arc::new(FrameBatch {
+            frames,
+            permit: Some(permit),
+        });
+        for c in self.conns.values() {
+            if c.subs.contains(channel) {
+                let _ = c.tx.send(Outbound::Batch(batch.clone()));
+            }
+        }
     }
 
     fn chat_summary_of(&self, channel: &str) -> Option<ChatSummary> {
@@ -460,6 +515,9 @@ impl HostCore {
             self.state.cancel_active_turns();
         } else {
             self.state = HostState::seeded(&self.cfg);
+            self.files.seed_working_dirs(&mut self.state);
         }
+        self.files.watches.clear();
+        self.state.watches.clear();
     }
 }

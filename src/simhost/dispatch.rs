@@ -45,7 +45,13 @@ pub fn dispatch_action(
         .ok_or("dispatchAction without action.type")?;
     let action: StateAction =
         serde_json::from_value(raw.clone()).unwrap_or_else(|_| StateAction::Unknown(raw.clone()));
-    let verdict = validate(&core.state, channel, ty, &action, &client);
+    let mut verdict = validate(&core.state, channel, ty, &action, &client);
+    if verdict == Verdict::Accept
+        && matches!(action, StateAction::ChatTurnStarted(_))
+        && let Some(resource) = super::auth::missing_token(core, conn)
+    {
+        verdict = Verdict::Reject(format!("authentication required for {resource}"));
+    }
     let origin = ActionOrigin {
         client_id: client,
         client_seq,
@@ -112,6 +118,9 @@ pub fn unsubscribe(
     let client = core.client_of(conn);
     if let Some(entry) = core.conn_mut(conn) {
         entry.subs.remove(channel);
+    }
+    if ChannelKind::of(channel) == ChannelKind::ResourceWatch {
+        super::files::release_unwatched(core);
     }
     let (Some(client), ChannelKind::Session) = (client, ChannelKind::of(channel)) else {
         return Ok(());

@@ -89,8 +89,9 @@ impl SimHost {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let cfg = Arc::new(cfg);
+        let files = super::files::Files::open(&cfg)?;
         let shared = Arc::new(Shared {
-            core: Mutex::new(HostCore::new(cfg.clone())),
+            core: Mutex::new(HostCore::new(cfg.clone(), files)),
             recorder: Mutex::new(Recorder::new(cfg.record_limit)),
             stalled: watch::channel(false).0,
             next_conn: AtomicU64::new(1),
@@ -239,6 +240,11 @@ impl SimHost {
         let core = self.shared.lock();
         let snap = core.state.snapshot(uri, core.seq, None)?;
         serde_json::to_value(&snap.state).ok()
+    }
+
+    /// The canonical path of the host's sandbox folder.
+    pub fn sandbox(&self) -> std::path::PathBuf {
+        self.shared.lock().files.root.clone()
     }
 
     /// URIs of the host's sessions.

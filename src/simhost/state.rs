@@ -3,17 +3,21 @@
 
 use std::collections::BTreeMap;
 
-use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session};
+use ahp::reducers::{
+    apply_action_to_chat, apply_action_to_resource_watch, apply_action_to_root,
+    apply_action_to_session,
+};
 use ahp::{ReduceOutcome, apply_action_to_terminal};
 use ahp_types::actions::StateAction;
 use ahp_types::state::{
-    ChatState, ChatSummary, RootState, SessionChatSummary, SessionState, SessionStatus,
-    SessionSummary, Snapshot, SnapshotState, TerminalInfo, TerminalState,
+    ChatState, ChatSummary, ResourceWatchState, RootState, SessionChatSummary, SessionState,
+    SessionStatus, SessionSummary, Snapshot, SnapshotState, TerminalInfo, TerminalState,
 };
 use serde_json::json;
 
 use super::clock;
 use super::config::SimHostConfig;
+use super::naming;
 use super::typed::{typed, typed_action};
 
 /// What kind of channel a URI names, decided by its scheme.
@@ -27,23 +31,43 @@ pub enum ChannelKind {
     Chat,
     /// `ahp-terminal:/…`
     Terminal,
+    /// `ahp-resource-watch:/…`
+    ResourceWatch,
     /// Any other scheme: this host has no such channel.
     Other,
 }
 
+/// Schemes that never name a session, even in VS Code mode (where a
+/// session's scheme is its provider id).
+const NOT_SESSION_SCHEMES: &[&str] = &["file", "http", "https", "data", "virtual"];
+
 impl ChannelKind {
-    /// Classifies `uri` by its scheme.
+    /// Classifies `uri` by its scheme. `ahp-chat:` covers both the spec's
+    /// `ahp-chat:/<id>` and VS Code's `ahp-chat://<chatId>/<b64>`; any
+    /// `<scheme>:/…` that is neither an `ahp-` scheme nor a content scheme
+    /// is a VS Code-style `<provider>:/<id>` session.
     pub fn of(uri: &str) -> Self {
         if uri == ahp_types::ROOT_RESOURCE_URI {
-            Self::Root
-        } else if uri.starts_with("ahp-session:/") {
-            Self::Session
-        } else if uri.starts_with("ahp-chat:/") {
-            Self::Chat
-        } else if uri.starts_with("ahp-terminal:/") {
-            Self::Terminal
-        } else {
-            Self::Other
+            return Self::Root;
+        }
+        let Some((scheme, rest)) = uri.split_once(':') else {
+            return Self::Other;
+        };
+        match scheme {
+            "ahp-session" if rest.starts_with('/') => Self::Session,
+            "ahp-chat" if rest.starts_with('/') => Self::Chat,
+            "ahp-terminal" if rest.starts_with('/') => Self::Terminal,
+            "ahp-resource-watch" if rest.starts_with('/') => Self::ResourceWatch,
+            s if !s.starts_with("ahp-")
+                && !NOT_SESSION_SCHEMES.contains(&s)
+                && !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+.-".contains(&b))
+                && rest.starts_with('/') =>
+            {
+                Self::Session
+            }
+            _ => Self::Other,
         }
     }
 }
@@ -78,24 +102,37 @@ pub struct HostState {
     pub chats: BTreeMap<String, ChatEntry>,
     /// Terminals by URI.
     pub terminals: BTreeMap<String, TerminalState>,
+    /// Resource watches by channel URI (see `files`).
+    pub watches: BTreeMap<String, ResourceWatchState>,
 }
 
 impl HostState {
     /// The state a freshly started host has: one agent and `cfg.sessions`
     /// seeded sessions with one idle chat each, oldest first.
     pub fn seeded(cfg: &SimHostConfig) -> Self {
-        let agent = json!({
+        let mut agent = json!({
             "provider": cfg.provider,
             "displayName": format!("Sim agent ({})", cfg.name),
             "description": format!("Scripted agent of simulated host {}", cfg.name),
             "models": [{"id": "sim-1", "provider": cfg.provider, "name": "Sim 1"}],
             "capabilities": {"multipleChats": {}}
         });
+        if !cfg.protected_resources.is_empty() {
+            agent["protectedResources"] = cfg
+                .protected_resources
+                .iter()
+                .map(|r| protected_resource(r))
+                .collect();
+        }
         let root = RootState {
             agents: typed(agent).into_iter().collect(),
             active_sessions: Some(0),
             terminals: Some(Vec::new()),
-            config: None,
+            config: if cfg.vscode_compat {
+                typed(root_config())
+            } else {
+                None
+            },
             meta: None,
         };
         let mut state = Self {
@@ -103,15 +140,15 @@ impl HostState {
             sessions: BTreeMap::new(),
             chats: BTreeMap::new(),
             terminals: BTreeMap::new(),
+            watches: BTreeMap::new(),
         };
         let now = jiff::Timestamp::now();
         for n in 1..=cfg.sessions {
             let age = jiff::SignedDuration::from_secs(60 * (cfg.sessions - n + 1) as i64);
             let at = clock::iso(now.checked_sub(age).unwrap_or(now));
-            let id = format!("{}-{n}", cfg.session_prefix);
             state.insert_session(
                 cfg,
-                &format!("ahp-session:/{id}"),
+                &naming::seeded_session_uri(cfg, n),
                 &format!("Session {n} on {}", cfg.name),
                 &at,
                 true,
@@ -150,7 +187,7 @@ impl HostState {
         at: &str,
         ready: bool,
     ) -> String {
-        let chat_uri = self.free_default_chat_uri(uri);
+        let chat_uri = self.free_default_chat_uri(cfg, uri);
         let chat = json!({
             "resource": chat_uri, "title": "Main", "status": SessionStatus::Idle.bits(),
             "modifiedAt": at, "turns": []
@@ -182,10 +219,10 @@ impl HostState {
         chat_uri
     }
 
-    /// `ahp-chat:/<session id>-main`, or with `-2`, `-3`… appended when a
-    /// client already took that chat URI.
-    fn free_default_chat_uri(&self, session_uri: &str) -> String {
-        let base = default_chat_uri(session_uri);
+    /// The session's default chat URI ([`naming::default_chat_uri`]), or
+    /// with `-2`, `-3`… appended when a client already took that chat URI.
+    fn free_default_chat_uri(&self, cfg: &SimHostConfig, session_uri: &str) -> String {
+        let base = naming::default_chat_uri(cfg, session_uri);
         std::iter::once(base.clone())
             .chain((2..).map(|n| format!("{base}-{n}")))
             .find(|c| !self.chats.contains_key(c))
@@ -199,6 +236,7 @@ impl HostState {
             ChannelKind::Session => self.sessions.contains_key(uri),
             ChannelKind::Chat => self.chats.contains_key(uri),
             ChannelKind::Terminal => self.terminals.contains_key(uri),
+            ChannelKind::ResourceWatch => self.watches.contains_key(uri),
             ChannelKind::Other => false,
         }
     }
@@ -218,6 +256,10 @@ impl HostState {
             },
             ChannelKind::Terminal => match self.terminals.get_mut(channel) {
                 Some(t) => apply_action_to_terminal(t, action),
+                None => ReduceOutcome::OutOfScope,
+            },
+            ChannelKind::ResourceWatch => match self.watches.get_mut(channel) {
+                Some(w) => apply_action_to_resource_watch(w, action),
                 None => ReduceOutcome::OutOfScope,
             },
             ChannelKind::Other => ReduceOutcome::OutOfScope,
@@ -245,6 +287,9 @@ impl HostState {
             }
             ChannelKind::Terminal => {
                 SnapshotState::Terminal(Box::new(self.terminals.get(uri)?.clone()))
+            }
+            ChannelKind::ResourceWatch => {
+                SnapshotState::ResourceWatch(Box::new(self.watches.get(uri)?.clone()))
             }
             ChannelKind::Other => return None,
         };
@@ -349,10 +394,24 @@ impl HostState {
     }
 }
 
-/// The URI of the chat a session is created with.
-pub fn default_chat_uri(session_uri: &str) -> String {
-    let id = session_uri.trim_start_matches("ahp-session:/");
-    format!("ahp-chat:/{id}-main")
+/// RFC 9728 metadata of a protected resource the agent declares.
+fn protected_resource(resource: &str) -> serde_json::Value {
+    json!({
+        "resource": resource, "resource_name": format!("Sim resource {resource}"),
+        "authorization_servers": ["https://login.simhost.invalid"],
+        "scopes_supported": ["sim"], "required": true
+    })
+}
+
+/// The root `config` of a VS Code-mode host: what `root/configChanged` edits.
+fn root_config() -> serde_json::Value {
+    json!({
+        "schema": {"type": "object", "properties": {
+            "autoApprove": {"type": "boolean", "title": "Auto-approve tool calls", "default": false},
+            "mode": {"type": "string", "title": "Agent mode", "default": "agent"}
+        }},
+        "values": {"autoApprove": false, "mode": "agent"}
+    })
 }
 
 /// The opaque `turnsNextCursor` meaning "the `hidden` oldest turns are not loaded".

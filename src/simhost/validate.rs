@@ -95,13 +95,13 @@ pub fn validate(
         ChannelKind::Session => ty.starts_with("session/"),
         ChannelKind::Chat => ty.starts_with("chat/"),
         ChannelKind::Terminal => ty.starts_with("terminal/"),
-        ChannelKind::Other => false,
+        ChannelKind::ResourceWatch | ChannelKind::Other => false,
     };
     if !scheme_ok {
         return Verdict::Reject(format!("{ty} does not apply to {channel}"));
     }
     let reason = match kind {
-        ChannelKind::Root => root_rule(state),
+        ChannelKind::Root => root_rule(state, action),
         ChannelKind::Session => session_rule(action, client),
         ChannelKind::Chat => match state.chats.get(channel) {
             Some(chat) => chat_rule(state, &chat.state, &chat.session, action, client),
@@ -111,17 +111,25 @@ pub fn validate(
             Some(t) => terminal_rule(&t.claim, action, client),
             None => return Verdict::Ignore,
         },
-        ChannelKind::Other => return Verdict::Ignore,
+        ChannelKind::ResourceWatch | ChannelKind::Other => return Verdict::Ignore,
     };
     reason.map_or(Verdict::Accept, Verdict::Reject)
 }
 
-fn root_rule(state: &HostState) -> Option<String> {
-    state
-        .root
-        .config
-        .is_none()
-        .then(|| "this host has no root configuration".to_string())
+/// `root/configChanged` needs a root `config` (VS Code mode) and may only
+/// set properties its schema declares.
+fn root_rule(state: &HostState, action: &StateAction) -> Option<String> {
+    let Some(config) = &state.root.config else {
+        return Some("this host has no root configuration".to_string());
+    };
+    match action {
+        StateAction::RootConfigChanged(a) => a
+            .config
+            .keys()
+            .find(|k| !config.schema.properties.contains_key(*k))
+            .map(|k| format!("unknown root config property: {k}")),
+        _ => None,
+    }
 }
 
 fn session_rule(action: &StateAction, client: &str) -> Option<String> {

@@ -1,0 +1,179 @@
+//! The streaming load mode: a turn whose message holds `[stream:<n>]`
+//! streams `n` `chat/delta` actions as fast as the subscribed sockets take
+//! them (or `SimHostConfig::stream_rate` per second), for benchmarks.
+//!
+//! What it guarantees:
+//! - every frame is a real `action` envelope of the chat, numbered in the
+//!   host-wide `serverSeq` under the host lock, so it is ordered with every
+//!   other envelope on every connection;
+//! - frames are rendered from a template (no serde per frame) in batches of
+//!   `stream_batch`, one lock and one queue push per batch per subscriber;
+//!   a connection writes a batch back to back and flushes once;
+//! - at most `stream_in_flight` batches are queued but not yet written by
+//!   every subscriber: the stream is paced by its slowest subscriber's
+//!   socket, and host memory stays bounded;
+//! - each delta's text starts with `@<send time, µs since the UNIX epoch,
+//!   16 digits>;` so a client measures per-action latency end to end.
+//!
+//! What it gives up, on purpose: the deltas are neither applied to the
+//! host's chat state (a million appends would be the benchmark) nor kept in
+//! the replay log; the log's window is moved past them instead, so a
+//! `reconnect` whose watermark lies before the stream's end gets a snapshot,
+//! never a replay with a silent gap.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Semaphore;
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+use super::core::HostCore;
+
+/// What a message writes to start the streaming load mode: `[stream:<n>]`.
+pub const MARKER: &str = "[stream:";
+
+/// The number of deltas a message text asks to stream, if it carries [`MARKER`].
+pub fn requested(text: &str) -> Option<u64> {
+    let start = text.find(MARKER)? + MARKER.len();
+    let rest = text.get(start..)?;
+    rest.get(..rest.find(']')?)?.parse().ok()
+}
+
+/// A pre-rendered `chat/delta` envelope with two holes: the send stamp and
+/// the `serverSeq`.
+#[derive(Debug, Clone)]
+pub struct Template {
+    head: String,
+    tail: String,
+}
+
+const STAMP_DIGITS: usize = 16;
+const FILLER: &str = "streamed-load-";
+
+impl Template {
+    /// The template of deltas on `part_id` of turn `turn_id` in `chat`,
+    /// padded so a frame is about `frame_bytes` long.
+    pub fn new(chat: &str, turn_id: &str, part_id: &str, frame_bytes: usize) -> Self {
+        let q = |s: &str| serde_json::Value::from(s).to_string();
+        let head = format!(
+            r#"{{"jsonrpc":"2.0","method":"action","params":{{"channel":{},"action":{{"type":"chat/delta","turnId":{},"partId":{},"content":"@"#,
+            q(chat),
+            q(turn_id),
+            q(part_id)
+        );
+        let fixed = head.len() + STAMP_DIGITS + r#";"},"serverSeq":"#.len() + 8 + 2;
+        let pad: String = FILLER
+            .chars()
+            .cycle()
+            .take(frame_bytes.saturating_sub(fixed))
+            .collect();
+        Self {
+            head,
+            tail: format!(r#";{pad}"}},"serverSeq":"#),
+        }
+    }
+
+    /// The frame numbered `seq`, stamped `micros` (µs since the UNIX epoch).
+    pub fn render(&self, seq: u64, micros: u64) -> Utf8Bytes {
+        use std::fmt::Write as _;
+        let mut s = String::with_capacity(self.head.len() + self.tail.len() + 40);
+        s.push_str(&self.head);
+        let _ = write!(s, "{micros:016}");
+        s.push_str(&self.tail);
+        let _ = write!(s, "{seq}}}}}");
+        s.into()
+    }
+}
+
+/// Microseconds since the UNIX epoch (0 if the clock is before it).
+pub fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Reads the send stamp back out of a streamed delta's text.
+pub fn stamp_of(content: &str) -> Option<u64> {
+    content.strip_prefix('@')?.get(..STAMP_DIGITS)?.parse().ok()
+}
+
+/// How a stream is run: its size, pace and bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Deltas to stream.
+    pub total: u64,
+    /// Deltas per second; 0 = as fast as the sockets take them.
+    pub rate: u32,
+    /// Frames per batch.
+    pub batch: usize,
+    /// Batches in flight.
+    pub in_flight: usize,
+}
+
+/// Streams `pace.total` deltas rendered by `tpl` on `chat`. `live` runs
+/// under the host lock before each batch; when it says the turn is over
+/// (cancelled, host restarted) the stream stops and `false` is returned.
+pub async fn run(
+    shared: &Arc<super::server::Shared>,
+    chat: &str,
+    tpl: &Template,
+    pace: Pace,
+    live: impl Fn(&HostCore) -> bool,
+) -> bool {
+    let permits = Arc::new(Semaphore::new(pace.in_flight.max(1)));
+    let batch = pace.batch.max(1) as u64;
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < pace.total {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return false;
+        };
+        let mut n = batch.min(pace.total - sent);
+        if pace.rate > 0 {
+            let rate = f64::from(pace.rate);
+            let due = (start.elapsed().as_secs_f64() * rate) as u64;
+            if due <= sent {
+                let next = start + Duration::from_secs_f64((sent + 1) as f64 / rate);
+                tokio::time::sleep_until(next.into()).await;
+                continue;
+            }
+            n = n.min(due - sent);
+        }
+        let mut core = shared.lock();
+        if !live(&core) {
+            return false;
+        }
+        core.emit_prerendered(chat, n, |seq| tpl.render(seq, now_micros()), permit);
+        sent += n;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendered_frames_parse_as_envelopes_of_the_asked_size() {
+        let tpl = Template::new("ahp-chat:/s-1-main", "turn-1", "turn-1-text", 320);
+        let frame = tpl.render(1_234_567, 1_733_000_000_000_000);
+        assert!((300..=340).contains(&frame.len()), "{}", frame.len());
+        let v: serde_json::Value = serde_json::from_str(frame.as_str()).expect("json");
+        assert_eq!(v["params"]["serverSeq"], 1_234_567);
+        let env: ahp_types::actions::ActionEnvelope =
+            serde_json::from_value(v["params"].clone()).expect("envelope");
+        let ahp_types::actions::StateAction::ChatDelta(d) = env.action else {
+            panic!("not a delta");
+        };
+        assert_eq!(stamp_of(&d.content), Some(1_733_000_000_000_000));
+        assert_eq!(d.part_id, "turn-1-text");
+    }
+
+    #[test]
+    fn marker_parses() {
+        assert_eq!(requested("go [stream:1000] now"), Some(1000));
+        assert_eq!(requested("go [stream:x]"), None);
+        assert_eq!(requested("go"), None);
+    }
+}
