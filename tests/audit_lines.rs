@@ -4,26 +4,10 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-
 use ahp_relay::policy::audit::{MAX_VALUE_BYTES, TRUNCATED};
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
-
-/// The audit lines this test binary writes.
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// A dispatch to a channel holding a newline, quotes and a forged field,
 /// longer than a value may be, writes one line that parses as one object
@@ -32,10 +16,11 @@ impl std::io::Write for Sink {
 #[tokio::test]
 async fn a_hostile_channel_gives_one_escaped_truncated_json_line() {
     use tracing_subscriber::layer::SubscriberExt as _;
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::registry()
-        .with(ahp_relay::policy::audit::layer(move || writer.clone()));
+    let dir = common::relay::scratch_dir("audit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("audit.log");
+    let file = std::fs::File::create(&path).unwrap();
+    let subscriber = tracing_subscriber::registry().with(ahp_relay::policy::audit::layer(file));
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
     let mut ws = t.raw("mallory").await;
@@ -53,7 +38,7 @@ async fn a_hostile_channel_gives_one_escaped_truncated_json_line() {
         .request(9, "ping", json!({"channel": "ahp-root://"}))
         .await;
     assert_eq!(pong["result"], Value::Null, "{pong}");
-    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1, "exactly one audit line: {text}");
     let line: Value = serde_json::from_str(lines[0]).expect("the line is one JSON object");
@@ -76,4 +61,5 @@ async fn a_hostile_channel_gives_one_escaped_truncated_json_line() {
         lines[0]
     );
     assert!(!text.contains("hello"), "message text in the audit");
+    let _ = std::fs::remove_dir_all(&dir);
 }
