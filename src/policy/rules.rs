@@ -31,8 +31,10 @@ pub struct PolicyConfig {
 pub struct RuleConfig {
     /// Name for audit lines and errors; default `rule-<n>` (1-based).
     pub name: Option<String>,
-    /// Only tokens of this issuer match; any configured issuer if absent.
-    pub issuer: Option<String>,
+    /// Only tokens of this issuer match, and the rule's `groups` are this
+    /// issuer's groups. Required when more than one issuer is configured;
+    /// with a single issuer, absent means that issuer.
+    pub issuer: Option<Spanned<String>>,
     /// Subjects (`sub`) that match; `"*"` matches every subject.
     #[serde(default)]
     pub subjects: Vec<String>,
@@ -153,6 +155,43 @@ impl PolicyConfig {
     }
 }
 
+impl PolicyConfig {
+    /// Checks every rule against the configured issuers (their `iss`
+    /// values): a named issuer must be one of them, and with more than one
+    /// a rule must name its issuer — a group or subject claim means nothing
+    /// without the issuer that asserted it, and two identity providers may
+    /// both call a group `platform`.
+    pub fn validate_issuers(&self, issuers: &[&str]) -> Result<(), RuleError> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            let r = rule.get_ref();
+            match &r.issuer {
+                Some(iss) if !issuers.contains(&iss.get_ref().as_str()) => {
+                    return Err(RuleError {
+                        span: iss.span(),
+                        message: format!(
+                            "policy rule {}: issuer {:?} is not a configured [[auth.issuers]] issuer",
+                            rule_name(i, r),
+                            iss.get_ref()
+                        ),
+                    });
+                }
+                None if issuers.len() > 1 => {
+                    return Err(RuleError {
+                        span: rule.span(),
+                        message: format!(
+                            "policy rule {}: more than one issuer is configured, so the rule \
+                             must name one with `issuer = …` (one of {issuers:?})",
+                            rule_name(i, r)
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 fn rule_name(i: usize, r: &RuleConfig) -> String {
     r.name.clone().unwrap_or_else(|| format!("rule-{}", i + 1))
 }
@@ -172,6 +211,9 @@ struct Rule {
 }
 
 impl Rule {
+    /// A rule without an issuer passed [`PolicyConfig::validate_issuers`]
+    /// only with a single issuer configured, whose tokens are the only ones
+    /// the edge accepts: it matches that issuer's principals.
     fn matches(&self, who: Subject<'_>, host: HostRef<'_>) -> bool {
         let issuer = self
             .issuer
@@ -218,7 +260,7 @@ impl RulePolicy {
                 };
                 Rule {
                     name: rule_name(i, r).into(),
-                    issuer: r.issuer.clone(),
+                    issuer: r.issuer.as_ref().map(|i| i.get_ref().clone()),
                     subjects: r.subjects.clone(),
                     groups: r.groups.clone(),
                     hosts: r.hosts.get_ref().clone(),
@@ -380,19 +422,87 @@ external_sessions = true
     }
 
     #[test]
-    fn the_open_dev_policy_sees_everything() {
+    fn the_open_dev_policy_sees_everything_of_the_dev_issuer_only() {
         let p = policy(crate::devkit::OPEN_POLICY);
-        let k = key("anyone");
-        let g = p
-            .grant(
-                Subject {
-                    principal: &k,
-                    groups: &[],
-                },
-                LAPTOP,
-            )
-            .unwrap();
+        let dev = PrincipalKey {
+            issuer: crate::devkit::DEV_ISSUER.into(),
+            subject: "anyone".into(),
+        };
+        let who = |principal| Subject {
+            principal,
+            groups: &[],
+        };
+        let g = p.grant(who(&dev), LAPTOP).unwrap();
         assert!(g.sees_everything() && g.dispose_others);
+        assert!(p.grant(who(&key("anyone")), LAPTOP).is_none());
+    }
+
+    #[test]
+    fn rules_name_their_issuer_when_several_are_configured() {
+        #[derive(Debug, Deserialize)]
+        struct Doc {
+            policy: PolicyConfig,
+        }
+        let text = "[[policy.rules]]\nissuer = \"a\"\ngroups = [\"platform\"]\nhosts = [\"*\"]\n\
+                    role = \"admin\"\n\n[[policy.rules]]\ngroups = [\"platform\"]\nhosts = [\"*\"]\n\
+                    role = \"viewer\"\n";
+        let doc: Doc = toml::from_str(text).unwrap();
+        assert_eq!(doc.policy.validate_issuers(&["a"]), Ok(()), "one issuer");
+        let e = doc.policy.validate_issuers(&["a", "b"]).unwrap_err();
+        assert!(
+            e.message.contains("rule-2") && e.message.contains("issuer"),
+            "{e:?}"
+        );
+        let line = text[..e.span.start].matches('\n').count() + 1;
+        assert!((7..=10).contains(&line), "the second rule, not line {line}");
+        let e = doc.policy.validate_issuers(&["b"]).unwrap_err();
+        assert_eq!(&text[e.span.clone()], "\"a\"", "{e:?}");
+    }
+
+    #[test]
+    fn a_group_of_one_issuer_is_not_the_same_group_of_another() {
+        let p = policy(
+            r#"
+[[policy.rules]]
+issuer = "idp"
+groups = ["platform"]
+hosts = ["*"]
+role = "admin"
+visibility = "group"
+external_sessions = false
+[[policy.rules]]
+issuer = "other"
+subjects = ["*"]
+hosts = ["*"]
+role = "viewer"
+visibility = "group"
+"#,
+        );
+        let platform = vec!["platform".to_string()];
+        let (a, b) = (
+            key("ann"),
+            PrincipalKey {
+                issuer: "other".into(),
+                subject: "ben".into(),
+            },
+        );
+        let ann = Subject {
+            principal: &a,
+            groups: &platform,
+        };
+        let ben = Subject {
+            principal: &b,
+            groups: &platform,
+        };
+        let g = p.grant(ben, HOST).unwrap();
+        assert!(!g.dispose_others && !g.permits(Permission::SessionsOperate));
+        assert!(p.grant(ann, HOST).unwrap().dispose_others);
+        let anns = Owner {
+            issuer: "idp".into(),
+            subject: "ann".into(),
+            groups: platform.clone(),
+        };
+        assert!(!g.sees(ben, Some(&anns)), "another issuer's platform group");
     }
 
     #[test]
