@@ -26,6 +26,9 @@ pub struct DemoArgs {
     /// Agent script flags, passed to every host.
     #[command(flatten)]
     pub script: ScriptArgs,
+    /// Log lines as human-readable `text` or one JSON object per line.
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: super::LogFormat,
 }
 
 /// The simulated hosts of the demo: names, providers and session prefixes.
@@ -57,10 +60,11 @@ fn host_configs(n: usize, sessions: usize, script: &AgentScript) -> Vec<SimHostC
 
 /// Runs the demo until Ctrl-C.
 pub async fn run(args: DemoArgs) -> ExitCode {
+    let format = args.log_format;
     match demo(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            super::fail(format, &e);
             ExitCode::FAILURE
         }
     }
