@@ -145,10 +145,12 @@ pub fn line(r: &Record<'_>) -> String {
     // Serializing string fields into a String cannot fail; should it ever,
     // the line still says that a decision happened, without its values.
     serde_json::to_string(&line).unwrap_or_else(|_| {
-        format!(
-            "{{\"target\":\"{TARGET}\",\"decision\":\"{}\",\"error\":\"unserializable\"}}",
-            r.decision.label()
-        )
+        serde_json::json!({
+            "target": TARGET,
+            "decision": r.decision.label(),
+            "error": "unserializable",
+        })
+        .to_string()
     })
 }
 
