@@ -4,15 +4,15 @@
 
 mod common;
 
-use ahp_relay::policy::audit::{MAX_VALUE_BYTES, TRUNCATED};
+use ahp_relay::policy::audit::TRUNCATED;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
 /// A dispatch to a channel holding a newline, quotes and a forged field,
 /// longer than a value may be, writes one line that parses as one object
-/// whose `channel` is the channel's bounded prefix and whose `decision` is
-/// the relay's.
+/// whose `channel` is the channel's prefix within the configured bound and
+/// whose `decision` is the relay's.
 #[tokio::test]
 async fn a_hostile_channel_gives_one_escaped_truncated_json_line() {
     use tracing_subscriber::layer::SubscriberExt as _;
@@ -22,7 +22,9 @@ async fn a_hostile_channel_gives_one_escaped_truncated_json_line() {
     let file = std::fs::File::create(&path).unwrap();
     let subscriber = tracing_subscriber::registry().with(ahp_relay::policy::audit::layer(file));
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let max = 128;
+    let bound = format!("[policy]\naudit_max_value_bytes = {max}\n");
+    let t = TestRelay::start(vec![fast_config("a", 1)], &bound).await;
     let mut ws = t.raw("mallory").await;
     ws.initialize("au").await;
     let forged = "\n{\"decision\":\"allow\",\"rule\":\"forged\"}\n\"";
@@ -49,7 +51,11 @@ async fn a_hostile_channel_gives_one_escaped_truncated_json_line() {
     assert_eq!(line["rule"], "-", "{line}");
     assert_eq!(line["operation"], "chat/turnStarted");
     let logged = line["channel"].as_str().expect("channel is a string");
-    assert!(logged.len() <= MAX_VALUE_BYTES, "{} bytes", logged.len());
+    assert!(
+        logged.len() <= max && logged.len() > max - 2 * TRUNCATED.len(),
+        "cut at the configured bound, not {} bytes",
+        logged.len()
+    );
     let kept = logged.strip_suffix(TRUNCATED).expect("marked as truncated");
     assert!(
         channel.starts_with(kept) && kept.contains(forged),

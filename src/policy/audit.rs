@@ -6,8 +6,9 @@
 //! text, tool inputs or outputs, `authenticate` params, tokens or query
 //! strings: [`Record`] has no field that could hold them.
 //!
-//! Every value is bounded ([`MAX_VALUE_BYTES`], cut on a char boundary and
-//! marked with [`TRUNCATED`]) and escaped by `serde_json`, never by string
+//! Every value is bounded ([`max_value_bytes`], `[policy]
+//! audit_max_value_bytes`, default [`DEFAULT_MAX_VALUE_BYTES`]; cut on a char
+//! boundary and marked with [`TRUNCATED`]) and escaped by `serde_json`, never by string
 //! formatting, so a channel or action type holding a newline or quotes
 //! cannot start a second line or forge a field. [`layer`] writes the lines
 //! bare (one object per line, nothing around it); any other subscriber sees
@@ -15,6 +16,7 @@
 
 use std::borrow::Cow;
 use std::io::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::Serialize;
 use tracing::field::{Field, Visit};
@@ -27,13 +29,32 @@ use super::Subject;
 /// The `tracing` target of audit lines.
 pub const TARGET: &str = "ahp_relay::audit";
 
-/// The most bytes of one value in an audit line, marker included. Values
-/// come from clients (channels, action types), so an unbounded one would let
-/// a client grow the audit log at will.
-pub const MAX_VALUE_BYTES: usize = 256;
+/// The default of the most bytes of one value in an audit line, marker
+/// included. Values come from clients (channels, action types), so an
+/// unbounded one would let a client grow the audit log at will.
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 256;
 
-/// Appended to a value cut at [`MAX_VALUE_BYTES`].
+/// The range `[policy] audit_max_value_bytes` may take: room for the marker
+/// and a useful prefix, and no more than a frame-sized line.
+pub const VALUE_BYTES_RANGE: std::ops::RangeInclusive<usize> = 32..=65536;
+
+/// Appended to a value cut at [`max_value_bytes`].
 pub const TRUNCATED: &str = "…[truncated]";
+
+/// The bound in force. Process-wide like the audit target itself; the
+/// policy loaded last sets it.
+static MAX_VALUE_BYTES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_VALUE_BYTES);
+
+/// The most bytes of one value in the audit lines written from now on.
+pub fn max_value_bytes() -> usize {
+    MAX_VALUE_BYTES.load(Ordering::Relaxed)
+}
+
+/// Sets [`max_value_bytes`], clamped to [`VALUE_BYTES_RANGE`].
+pub fn set_max_value_bytes(max: usize) {
+    let max = max.clamp(*VALUE_BYTES_RANGE.start(), *VALUE_BYTES_RANGE.end());
+    MAX_VALUE_BYTES.store(max, Ordering::Relaxed);
+}
 
 /// How a decision went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,8 +119,8 @@ pub fn clip(value: &str, max: usize) -> Cow<'_, str> {
 struct Value<'a>(Cow<'a, str>);
 
 impl<'a> Value<'a> {
-    fn new(value: &'a str) -> Self {
-        Self(clip(value, MAX_VALUE_BYTES))
+    fn new(value: &'a str, max: usize) -> Self {
+        Self(clip(value, max))
     }
 }
 
@@ -124,8 +145,10 @@ struct Line<'a> {
     rule: Value<'a>,
 }
 
-/// The audit line of `r`: one JSON object, no newline in it.
-pub fn line(r: &Record<'_>) -> String {
+/// The audit line of `r` with values of at most `max` bytes: one JSON
+/// object, no newline in it.
+pub fn line(r: &Record<'_>, max: usize) -> String {
+    let value = |v| Value::new(v, max);
     let line = Line {
         timestamp: jiff::Timestamp::now()
             .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
@@ -133,14 +156,14 @@ pub fn line(r: &Record<'_>) -> String {
         level: "INFO",
         target: TARGET,
         principal: Principal {
-            issuer: Value::new(&r.who.principal.issuer),
-            subject: Value::new(&r.who.principal.subject),
+            issuer: value(&r.who.principal.issuer),
+            subject: value(&r.who.principal.subject),
         },
-        host: Value::new(r.host),
-        channel: Value::new(r.channel),
-        operation: Value::new(r.operation),
+        host: value(r.host),
+        channel: value(r.channel),
+        operation: value(r.operation),
         decision: r.decision.label(),
-        rule: Value::new(r.rule),
+        rule: value(r.rule),
     };
     // Serializing string fields into a String cannot fail; should it ever,
     // the line still says that a decision happened, without its values.
@@ -160,7 +183,7 @@ pub fn record(r: Record<'_>) {
     if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
         return;
     }
-    let line = line(&r);
+    let line = line(&r, max_value_bytes());
     tracing::info!(target: TARGET, "{line}");
 }
 
@@ -293,5 +316,37 @@ mod tests {
             "the forged field stays inside a value"
         );
         assert_eq!(v["rule"], "-");
+    }
+
+    #[test]
+    fn line_bounds_every_value() {
+        let key = PrincipalKey {
+            issuer: "i".repeat(100),
+            subject: "s".into(),
+        };
+        let long = "x".repeat(100);
+        let r = Record {
+            who: Subject {
+                principal: &key,
+                groups: &[],
+            },
+            host: &long,
+            channel: &long,
+            operation: &long,
+            decision: Decision::Allow,
+            rule: &long,
+        };
+        let v: serde_json::Value = serde_json::from_str(&line(&r, 40)).unwrap();
+        for value in [
+            &v["principal"]["issuer"],
+            &v["host"],
+            &v["channel"],
+            &v["operation"],
+            &v["rule"],
+        ] {
+            let value = value.as_str().unwrap();
+            assert!(value.len() <= 40 && value.ends_with(TRUNCATED), "{value}");
+        }
+        assert_eq!(v["principal"]["subject"], "s");
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Grant, HostRef, PermSet, Permission, Policy, Role, Subject, Visibility};
+use super::{Grant, HostRef, PermSet, Permission, Policy, Role, Subject, Visibility, audit};
 
 /// `[policy]`: the rules, in order (the first matching rule names audit lines).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -23,6 +23,9 @@ pub struct PolicyConfig {
     /// The rules; none means nobody sees anything.
     #[serde(default)]
     pub rules: Vec<Spanned<RuleConfig>>,
+    /// The most bytes of one value in an audit line (default
+    /// [`audit::DEFAULT_MAX_VALUE_BYTES`], within [`audit::VALUE_BYTES_RANGE`]).
+    pub audit_max_value_bytes: Option<Spanned<usize>>,
 }
 
 /// One `[[policy.rules]]` entry.
@@ -118,6 +121,18 @@ impl PolicyConfig {
     /// Checks every rule against the configured hosts (`(id, label)`
     /// pairs): hosts must exist, a rule must match someone.
     pub fn validate(&self, hosts: &[(&str, Option<&str>)]) -> Result<(), RuleError> {
+        if let Some(max) = &self.audit_max_value_bytes
+            && !audit::VALUE_BYTES_RANGE.contains(max.get_ref())
+        {
+            return Err(RuleError {
+                span: max.span(),
+                message: format!(
+                    "policy.audit_max_value_bytes must be {} to {}",
+                    audit::VALUE_BYTES_RANGE.start(),
+                    audit::VALUE_BYTES_RANGE.end()
+                ),
+            });
+        }
         for (i, rule) in self.rules.iter().enumerate() {
             let span = rule.span();
             let r = rule.get_ref();
@@ -156,6 +171,13 @@ impl PolicyConfig {
 }
 
 impl PolicyConfig {
+    /// The configured bound of audit values, or its default.
+    pub fn audit_max_value_bytes(&self) -> usize {
+        self.audit_max_value_bytes
+            .as_ref()
+            .map_or(audit::DEFAULT_MAX_VALUE_BYTES, |m| *m.get_ref())
+    }
+
     /// Checks every rule against the configured issuers (their `iss`
     /// values): a named issuer must be one of them, and with more than one
     /// a rule must name its issuer — a group or subject claim means nothing
@@ -239,8 +261,11 @@ pub struct RulePolicy {
 }
 
 impl RulePolicy {
-    /// Compiles a validated `[policy]` section.
+    /// Compiles a validated `[policy]` section, and applies its audit value
+    /// bound to the (process-wide) audit trail — at start and on every
+    /// reload, since both build the policy here.
     pub fn new(cfg: &PolicyConfig) -> Self {
+        audit::set_max_value_bytes(cfg.audit_max_value_bytes());
         let rules = cfg
             .rules
             .iter()
@@ -506,7 +531,7 @@ visibility = "group"
     }
 
     #[test]
-    fn unknown_hosts_and_empty_principals_are_errors_with_spans() {
+    fn unknown_hosts_empty_principals_and_bad_bounds_are_errors_with_spans() {
         #[derive(Debug, Deserialize)]
         struct Doc {
             policy: PolicyConfig,
@@ -519,6 +544,12 @@ visibility = "group"
         let text = "[[policy.rules]]\nhosts = [\"*\"]\nrole = \"viewer\"\n";
         let doc: Doc = toml::from_str(text).unwrap();
         assert!(doc.policy.validate(&[]).is_err());
+        let text = "[policy]\naudit_max_value_bytes = 8\n";
+        let doc: Doc = toml::from_str(text).unwrap();
+        let e = doc.policy.validate(&[]).unwrap_err();
+        assert_eq!(&text[e.span.clone()], "8", "{e:?}");
+        let doc: Doc = toml::from_str("[policy]\naudit_max_value_bytes = 64\n").unwrap();
+        assert_eq!(doc.policy.audit_max_value_bytes(), 64);
         let bad: Result<Doc, _> =
             toml::from_str("[[policy.rules]]\nhosts = [\"*\"]\nrole = \"root\"\n");
         assert!(bad.unwrap_err().to_string().contains("line 3"));
