@@ -6,7 +6,8 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use ahp_relay::client::dial::{DialOptions, dial_stream};
@@ -15,12 +16,10 @@ use common::relay::scratch_dir;
 use common::*;
 use serde_json::{Value, json};
 
-#[tokio::test]
-async fn json_logs_are_one_object_per_line_without_tokens() {
-    let host = start_host(fast_config("a", 1)).await;
-    let kit = DevKit::create(&scratch_dir("json-logs")).expect("kit");
-    kit.config("127.0.0.1:0", &[("a".to_string(), host.url())], "", "")
-        .expect("config");
+/// `ahp-relay serve --log-format json` on `kit`'s config at debug level:
+/// the process, its stderr lines, those read so far, and its URL (from the
+/// announcement, which must itself be a JSON event).
+fn serve_json(kit: &DevKit) -> (Child, Receiver<String>, Vec<String>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
         .args(["serve", "--log-format", "json", "--config"])
         .arg(kit.dir.join("relay.toml"))
@@ -37,7 +36,7 @@ async fn json_logs_are_one_object_per_line_without_tokens() {
         }
     });
     let mut lines = Vec::new();
-    let url = loop {
+    loop {
         let line = rx
             .recv_timeout(WAIT)
             .expect("the relay says where it listens");
@@ -49,9 +48,18 @@ async fn json_logs_are_one_object_per_line_without_tokens() {
         });
         lines.push(line);
         if let Some(url) = announced {
-            break url;
+            return (child, rx, lines, url);
         }
-    };
+    }
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line_without_tokens() {
+    let host = start_host(fast_config("a", 1)).await;
+    let kit = DevKit::create(&scratch_dir("json-logs")).expect("kit");
+    kit.config("127.0.0.1:0", &[("a".to_string(), host.url())], "", "")
+        .expect("config");
+    let (mut child, rx, mut lines, url) = serve_json(&kit);
     let token = kit
         .token("alice", &[], Duration::from_secs(600), None)
         .expect("token");

@@ -19,19 +19,10 @@ use serde_json::json;
 
 const OTHER_ISSUER: &str = "https://idp-b.example/";
 
-/// Issuer A (the dev issuer) makes `platform` admins; issuer B's principals
-/// are viewers of their groups' sessions. A token of issuer B carrying the
-/// group `platform` may read but not dispose someone else's session, and
-/// does not see a session created by A's `platform` member; the same group
-/// from issuer A disposes.
-#[tokio::test]
-async fn a_group_claim_of_another_issuer_is_not_that_group() {
-    let dir = scratch_dir("issuer-b");
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = [7u8; 32];
-    let key_file = dir.join("b-hs256.key");
-    std::fs::write(&key_file, secret).unwrap();
-    let extra = format!(
+/// A second HS256 issuer with `key_file`, `platform` admins of the dev
+/// issuer and the second issuer's principals viewing their groups' sessions.
+fn two_issuers(key_file: &Path) -> String {
+    format!(
         r#"
 [[auth.issuers]]
 issuer = "{OTHER_ISSUER}"
@@ -56,14 +47,35 @@ visibility = "group"
 external_sessions = true
 "#,
         key_file.display()
-    );
-    let t = TestRelay::start(vec![fast_config("a", 2)], &extra).await;
+    )
+}
+
+/// A raw socket through the relay with `token`, initialized as `client_id`.
+async fn connect(t: &TestRelay, token: String, client_id: &str) -> RawWs {
+    let stream = dial_stream(&t.dial_options(Some(token))).await.unwrap();
+    let mut ws = RawWs::from_stream(stream);
+    ws.initialize(client_id).await;
+    ws
+}
+
+/// Issuer A (the dev issuer) makes `platform` admins; issuer B's principals
+/// are viewers of their groups' sessions. A token of issuer B carrying the
+/// group `platform` may read but not dispose someone else's session, and
+/// does not see a session created by A's `platform` member; the same group
+/// from issuer A disposes.
+#[tokio::test]
+async fn a_group_claim_of_another_issuer_is_not_that_group() {
+    let dir = scratch_dir("issuer-b");
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = [7u8; 32];
+    let key_file = dir.join("b-hs256.key");
+    std::fs::write(&key_file, secret).unwrap();
+    let t = TestRelay::start(vec![fast_config("a", 2)], &two_issuers(&key_file)).await;
     let a_token = t
         .kit
         .token("ann", &["platform"], Duration::from_secs(3600), None)
         .unwrap();
-    let mut a = RawWs::from_stream(dial_stream(&t.dial_options(Some(a_token))).await.unwrap());
-    a.initialize("ann-1").await;
+    let mut a = connect(&t, a_token, "ann-1").await;
     let made = "ahp-session:/made-by-ann";
     let r = a
         .request(
@@ -88,8 +100,7 @@ external_sessions = true
         ahp_relay::relay::unix_now(),
     )
     .unwrap();
-    let mut b = RawWs::from_stream(dial_stream(&t.dial_options(Some(b_token))).await.unwrap());
-    b.initialize("ben-1").await;
+    let mut b = connect(&t, b_token, "ben-1").await;
     let read = b
         .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
         .await;
