@@ -37,9 +37,11 @@ fn serve_json(kit: &DevKit) -> (Child, Receiver<String>, Vec<String>, String) {
     });
     let mut lines = Vec::new();
     loop {
-        let line = rx
-            .recv_timeout(WAIT)
-            .expect("the relay says where it listens");
+        let Ok(line) = rx.recv_timeout(WAIT) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the relay did not say where it listens: {lines:#?}");
+        };
         let announced = serde_json::from_str::<Value>(&line).ok().and_then(|v| {
             v["fields"]["message"]
                 .as_str()?
