@@ -16,19 +16,31 @@ use common::relay::scratch_dir;
 use common::*;
 use serde_json::{Value, json};
 
+/// A relay process, killed and reaped when dropped (also when a test fails).
+struct Relay(Child);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `ahp-relay serve --log-format json` on `kit`'s config at debug level:
 /// the process, its stderr lines, those read so far, and its URL (from the
 /// announcement, which must itself be a JSON event).
-fn serve_json(kit: &DevKit) -> (Child, Receiver<String>, Vec<String>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
-        .args(["serve", "--log-format", "json", "--config"])
-        .arg(kit.dir.join("relay.toml"))
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .env("RUST_LOG", "debug")
-        .spawn()
-        .expect("relay binary starts");
-    let stderr = child.stderr.take().expect("stderr");
+fn serve_json(kit: &DevKit) -> (Relay, Receiver<String>, Vec<String>, String) {
+    let mut relay = Relay(
+        Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+            .args(["serve", "--log-format", "json", "--config"])
+            .arg(kit.dir.join("relay.toml"))
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .env("RUST_LOG", "debug")
+            .spawn()
+            .expect("relay binary starts"),
+    );
+    let stderr = relay.0.stderr.take().expect("stderr");
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -37,11 +49,9 @@ fn serve_json(kit: &DevKit) -> (Child, Receiver<String>, Vec<String>, String) {
     });
     let mut lines = Vec::new();
     loop {
-        let Ok(line) = rx.recv_timeout(WAIT) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the relay did not say where it listens: {lines:#?}");
-        };
+        let line = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("the relay did not say where it listens: {lines:#?}"));
         let announced = serde_json::from_str::<Value>(&line).ok().and_then(|v| {
             v["fields"]["message"]
                 .as_str()?
@@ -50,7 +60,7 @@ fn serve_json(kit: &DevKit) -> (Child, Receiver<String>, Vec<String>, String) {
         });
         lines.push(line);
         if let Some(url) = announced {
-            return (child, rx, lines, url);
+            return (relay, rx, lines, url);
         }
     }
 }
@@ -61,7 +71,7 @@ async fn json_logs_are_one_object_per_line_without_tokens() {
     let kit = DevKit::create(&scratch_dir("json-logs")).expect("kit");
     kit.config("127.0.0.1:0", &[("a".to_string(), host.url())], "", "")
         .expect("config");
-    let (mut child, rx, mut lines, url) = serve_json(&kit);
+    let (relay, rx, mut lines, url) = serve_json(&kit);
     let token = kit
         .token("alice", &[], Duration::from_secs(600), None)
         .expect("token");
@@ -86,8 +96,7 @@ async fn json_logs_are_one_object_per_line_without_tokens() {
         .request(2, "ping", json!({"channel": "ahp-root://"}))
         .await;
     assert_eq!(pong["result"], Value::Null, "{pong}");
-    child.kill().expect("relay stopped");
-    let _ = child.wait();
+    drop(relay);
     lines.extend(rx.iter());
     let objects: Vec<Value> = lines
         .iter()
