@@ -284,14 +284,21 @@ impl RelayConfig {
         Ok(cfg)
     }
 
-    /// Checks the policy rules against the configured hosts.
+    /// Checks the policy rules against the configured hosts and issuers.
     pub fn validate_policy(&self) -> Result<(), crate::policy::rules::RuleError> {
         let hosts: Vec<(&str, Option<&str>)> = self
             .hosts
             .iter()
             .map(|h| (h.id.as_str(), h.label.as_deref()))
             .collect();
-        self.policy.validate(&hosts)
+        self.policy.validate(&hosts)?;
+        let issuers: Vec<&str> = self
+            .auth
+            .issuers
+            .iter()
+            .map(|i| i.issuer.as_str())
+            .collect();
+        self.policy.validate_issuers(&issuers)
     }
 
     /// Checks what serde cannot: host ids, URL schemes, TLS presence.

@@ -20,6 +20,7 @@ pub const DEV_AUDIENCE: &str = "ahp-relay";
 pub const OPEN_POLICY: &str = r#"
 [[policy.rules]]
 name = "dev-everyone"
+issuer = "ahp-relay-dev"
 subjects = ["*"]
 hosts = ["*"]
 role = "admin"

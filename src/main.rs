@@ -8,7 +8,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    cli::init_tracing();
+    cli::init_tracing(cli.log_format());
     match cli.command {
         Command::Demo(args) => cli::demo::run(args).await,
         Command::Serve(args) => cli::serve::run(args).await,

@@ -23,6 +23,10 @@ fn load(name: &str) -> RelayConfig {
 fn example_config_loads_and_validates() {
     let cfg = load("relay.example.toml");
     assert!(!cfg.policy.rules.is_empty(), "the example has a policy");
+    assert!(
+        cfg.policy.audit_max_value_bytes.is_some(),
+        "the example shows [policy] audit_max_value_bytes"
+    );
 }
 
 /// `config/policy.example.toml` (the worked policy examples) loads, and its

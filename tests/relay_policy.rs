@@ -313,20 +313,21 @@ visibility = "all"
     let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
     let mine: Vec<&str> = text
         .lines()
-        .filter(|l| l.contains("subject=auditee"))
+        .filter(|l| l.contains("\"subject\":\"auditee\""))
         .collect();
     let has = |channel: &str, decision: &str| {
         mine.iter().any(|l| {
-            l.contains(&format!("channel={channel}"))
-                && l.contains("operation=chat/turnStarted")
-                && l.contains(&format!("decision=\"{decision}\""))
+            l.contains(&format!("\"channel\":\"{channel}\""))
+                && l.contains("\"operation\":\"chat/turnStarted\"")
+                && l.contains(&format!("\"decision\":\"{decision}\""))
         })
     };
     assert!(has("ahp-chat:/a~a-1-main", "allow"), "{mine:#?}");
     assert!(has("ahp-chat:/b~b-1-main", "deny"), "{mine:#?}");
     assert!(has("ahp-chat:/a~nothing-here", "invisible"), "{mine:#?}");
     assert!(
-        mine.iter().any(|l| l.contains("rule=auditee-operates-a")),
+        mine.iter()
+            .any(|l| l.contains("\"rule\":\"auditee-operates-a\"")),
         "the granting rule is named: {mine:#?}"
     );
     assert!(!text.contains(secret), "message text in the audit");

@@ -30,6 +30,9 @@ pub struct DemoArgs {
     /// (`ahp-relay simhost --vscode-compat`).
     #[arg(long)]
     pub vscode_compat: bool,
+    /// Log lines as human-readable `text` or one JSON object per line.
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: super::LogFormat,
 }
 
 /// The simulated hosts of the demo: names, providers and session prefixes.
@@ -67,10 +70,11 @@ fn host_configs(
 
 /// Runs the demo until Ctrl-C.
 pub async fn run(args: DemoArgs) -> ExitCode {
+    let format = args.log_format;
     match demo(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            super::fail(format, &e);
             ExitCode::FAILURE
         }
     }

@@ -33,14 +33,73 @@ pub enum Command {
     Client(crate::client::cli::ClientArgs),
 }
 
-/// Sets up logging to stderr; `RUST_LOG` overrides the default level.
-pub fn init_tracing() {
+/// How `serve` and `demo` write log lines (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `fields`
+    /// (the event's `tracing` fields, `message` among them).
+    Json,
+}
+
+impl Cli {
+    /// The log format the subcommand asks for; text for subcommands
+    /// without `--log-format`.
+    pub fn log_format(&self) -> LogFormat {
+        match &self.command {
+            Command::Serve(a) => a.log_format,
+            Command::Demo(a) => a.log_format,
+            _ => LogFormat::Text,
+        }
+    }
+}
+
+/// Sets up logging to stderr in `format`; `RUST_LOG` overrides the default
+/// level of everything but audit lines. Audit lines (`ahp_relay::audit`)
+/// bypass `RUST_LOG` and are written by [`crate::policy::audit::layer`] as
+/// bare JSON objects, one per line, in either format.
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::filter::FilterExt as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        .and(tracing_subscriber::filter::filter_fn(|m| {
+            m.target() != crate::policy::audit::TARGET
+        }));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
         // Colour only on a terminal: container and file logs stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => logs.json().with_filter(filter).boxed(),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(crate::policy::audit::layer(std::io::stderr))
         .try_init();
+}
+
+/// Tells the operator something outside of `tracing` events (the listening
+/// address, draining): a plain line in text format — scripts read it — and
+/// an event in JSON format, so every line stays one JSON object.
+pub fn announce(format: LogFormat, message: &str) {
+    match format {
+        LogFormat::Text => eprintln!("{message}"),
+        LogFormat::Json => tracing::info!("{message}"),
+    }
+}
+
+/// Reports a fatal error like [`announce`]: `error: …` in text format, an
+/// ERROR event in JSON format.
+pub fn fail(format: LogFormat, message: &str) {
+    match format {
+        LogFormat::Text => eprintln!("error: {message}"),
+        LogFormat::Json => tracing::error!("{message}"),
+    }
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+use super::{LogFormat, announce, fail};
 use crate::config::RelayConfig;
 
 /// Flags of `serve`.
@@ -13,6 +14,9 @@ pub struct ServeArgs {
     /// The TOML configuration (see config/relay.example.toml).
     #[arg(long)]
     pub config: PathBuf,
+    /// Log lines as human-readable `text` or one JSON object per line.
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: LogFormat,
 }
 
 /// Flags of `check-config`.
@@ -50,23 +54,24 @@ pub fn check(args: CheckArgs) -> ExitCode {
 
 /// Runs the relay until Ctrl-C or SIGTERM.
 pub async fn run(args: ServeArgs) -> ExitCode {
+    let format = args.log_format;
     let cfg = match RelayConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            fail(format, &e.to_string());
             return ExitCode::FAILURE;
         }
     };
     let running = match crate::run::start(cfg).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            fail(format, &e.to_string());
             return ExitCode::FAILURE;
         }
     };
-    eprintln!("ahp-relay listening on {}", running.url());
+    announce(format, &format!("ahp-relay listening on {}", running.url()));
     wait_for_shutdown().await;
-    eprintln!("ahp-relay draining");
+    announce(format, "ahp-relay draining");
     running.drain().await;
     ExitCode::SUCCESS
 }

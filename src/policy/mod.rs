@@ -186,7 +186,11 @@ impl Grant {
             Some(o) if who.is(o) => true,
             Some(o) => match self.visibility {
                 Visibility::All => true,
-                Visibility::Group => o.groups.iter().any(|g| who.groups.contains(g)),
+                // Groups are (issuer, group) pairs: another issuer's `platform` is another group.
+                Visibility::Group => {
+                    o.issuer == who.principal.issuer
+                        && o.groups.iter().any(|g| who.groups.contains(g))
+                }
                 Visibility::Own => false,
             },
         }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Grant, HostRef, PermSet, Permission, Policy, Role, Subject, Visibility};
+use super::{Grant, HostRef, PermSet, Permission, Policy, Role, Subject, Visibility, audit};
 
 /// `[policy]`: the rules, in order (the first matching rule names audit lines).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -23,6 +23,9 @@ pub struct PolicyConfig {
     /// The rules; none means nobody sees anything.
     #[serde(default)]
     pub rules: Vec<Spanned<RuleConfig>>,
+    /// The most bytes of one value in an audit line (default
+    /// [`audit::DEFAULT_MAX_VALUE_BYTES`], within [`audit::VALUE_BYTES_RANGE`]).
+    pub audit_max_value_bytes: Option<Spanned<usize>>,
 }
 
 /// One `[[policy.rules]]` entry.
@@ -31,8 +34,10 @@ pub struct PolicyConfig {
 pub struct RuleConfig {
     /// Name for audit lines and errors; default `rule-<n>` (1-based).
     pub name: Option<String>,
-    /// Only tokens of this issuer match; any configured issuer if absent.
-    pub issuer: Option<String>,
+    /// Only tokens of this issuer match, and the rule's `groups` are this
+    /// issuer's groups. Required when more than one issuer is configured;
+    /// with a single issuer, absent means that issuer.
+    pub issuer: Option<Spanned<String>>,
     /// Subjects (`sub`) that match; `"*"` matches every subject.
     #[serde(default)]
     pub subjects: Vec<String>,
@@ -116,6 +121,18 @@ impl PolicyConfig {
     /// Checks every rule against the configured hosts (`(id, label)`
     /// pairs): hosts must exist, a rule must match someone.
     pub fn validate(&self, hosts: &[(&str, Option<&str>)]) -> Result<(), RuleError> {
+        if let Some(max) = &self.audit_max_value_bytes
+            && !audit::VALUE_BYTES_RANGE.contains(max.get_ref())
+        {
+            return Err(RuleError {
+                span: max.span(),
+                message: format!(
+                    "policy.audit_max_value_bytes must be {} to {}",
+                    audit::VALUE_BYTES_RANGE.start(),
+                    audit::VALUE_BYTES_RANGE.end()
+                ),
+            });
+        }
         for (i, rule) in self.rules.iter().enumerate() {
             let span = rule.span();
             let r = rule.get_ref();
@@ -153,6 +170,50 @@ impl PolicyConfig {
     }
 }
 
+impl PolicyConfig {
+    /// The configured bound of audit values, or its default.
+    pub fn audit_max_value_bytes(&self) -> usize {
+        self.audit_max_value_bytes
+            .as_ref()
+            .map_or(audit::DEFAULT_MAX_VALUE_BYTES, |m| *m.get_ref())
+    }
+
+    /// Checks every rule against the configured issuers (their `iss`
+    /// values): a named issuer must be one of them, and with more than one
+    /// a rule must name its issuer — a group or subject claim means nothing
+    /// without the issuer that asserted it, and two identity providers may
+    /// both call a group `platform`.
+    pub fn validate_issuers(&self, issuers: &[&str]) -> Result<(), RuleError> {
+        for (i, rule) in self.rules.iter().enumerate() {
+            let r = rule.get_ref();
+            match &r.issuer {
+                Some(iss) if !issuers.contains(&iss.get_ref().as_str()) => {
+                    return Err(RuleError {
+                        span: iss.span(),
+                        message: format!(
+                            "policy rule {}: issuer {:?} is not a configured [[auth.issuers]] issuer",
+                            rule_name(i, r),
+                            iss.get_ref()
+                        ),
+                    });
+                }
+                None if issuers.len() > 1 => {
+                    return Err(RuleError {
+                        span: rule.span(),
+                        message: format!(
+                            "policy rule {}: more than one issuer is configured, so the rule \
+                             must name one with `issuer = …` (one of {issuers:?})",
+                            rule_name(i, r)
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 fn rule_name(i: usize, r: &RuleConfig) -> String {
     r.name.clone().unwrap_or_else(|| format!("rule-{}", i + 1))
 }
@@ -172,6 +233,9 @@ struct Rule {
 }
 
 impl Rule {
+    /// A rule without an issuer passed [`PolicyConfig::validate_issuers`]
+    /// only with a single issuer configured, whose tokens are the only ones
+    /// the edge accepts: it matches that issuer's principals.
     fn matches(&self, who: Subject<'_>, host: HostRef<'_>) -> bool {
         let issuer = self
             .issuer
@@ -197,8 +261,11 @@ pub struct RulePolicy {
 }
 
 impl RulePolicy {
-    /// Compiles a validated `[policy]` section.
+    /// Compiles a validated `[policy]` section, and applies its audit value
+    /// bound to the (process-wide) audit trail — at start and on every
+    /// reload, since both build the policy here.
     pub fn new(cfg: &PolicyConfig) -> Self {
+        audit::set_max_value_bytes(cfg.audit_max_value_bytes());
         let rules = cfg
             .rules
             .iter()
@@ -218,7 +285,7 @@ impl RulePolicy {
                 };
                 Rule {
                     name: rule_name(i, r).into(),
-                    issuer: r.issuer.clone(),
+                    issuer: r.issuer.as_ref().map(|i| i.get_ref().clone()),
                     subjects: r.subjects.clone(),
                     groups: r.groups.clone(),
                     hosts: r.hosts.get_ref().clone(),
@@ -380,23 +447,91 @@ external_sessions = true
     }
 
     #[test]
-    fn the_open_dev_policy_sees_everything() {
+    fn the_open_dev_policy_sees_everything_of_the_dev_issuer_only() {
         let p = policy(crate::devkit::OPEN_POLICY);
-        let k = key("anyone");
-        let g = p
-            .grant(
-                Subject {
-                    principal: &k,
-                    groups: &[],
-                },
-                LAPTOP,
-            )
-            .unwrap();
+        let dev = PrincipalKey {
+            issuer: crate::devkit::DEV_ISSUER.into(),
+            subject: "anyone".into(),
+        };
+        let who = |principal| Subject {
+            principal,
+            groups: &[],
+        };
+        let g = p.grant(who(&dev), LAPTOP).unwrap();
         assert!(g.sees_everything() && g.dispose_others);
+        assert!(p.grant(who(&key("anyone")), LAPTOP).is_none());
     }
 
     #[test]
-    fn unknown_hosts_and_empty_principals_are_errors_with_spans() {
+    fn rules_name_their_issuer_when_several_are_configured() {
+        #[derive(Debug, Deserialize)]
+        struct Doc {
+            policy: PolicyConfig,
+        }
+        let text = "[[policy.rules]]\nissuer = \"a\"\ngroups = [\"platform\"]\nhosts = [\"*\"]\n\
+                    role = \"admin\"\n\n[[policy.rules]]\ngroups = [\"platform\"]\nhosts = [\"*\"]\n\
+                    role = \"viewer\"\n";
+        let doc: Doc = toml::from_str(text).unwrap();
+        assert_eq!(doc.policy.validate_issuers(&["a"]), Ok(()), "one issuer");
+        let e = doc.policy.validate_issuers(&["a", "b"]).unwrap_err();
+        assert!(
+            e.message.contains("rule-2") && e.message.contains("issuer"),
+            "{e:?}"
+        );
+        let line = text[..e.span.start].matches('\n').count() + 1;
+        assert!((7..=10).contains(&line), "the second rule, not line {line}");
+        let e = doc.policy.validate_issuers(&["b"]).unwrap_err();
+        assert_eq!(&text[e.span.clone()], "\"a\"", "{e:?}");
+    }
+
+    #[test]
+    fn a_group_of_one_issuer_is_not_the_same_group_of_another() {
+        let p = policy(
+            r#"
+[[policy.rules]]
+issuer = "idp"
+groups = ["platform"]
+hosts = ["*"]
+role = "admin"
+visibility = "group"
+external_sessions = false
+[[policy.rules]]
+issuer = "other"
+subjects = ["*"]
+hosts = ["*"]
+role = "viewer"
+visibility = "group"
+"#,
+        );
+        let platform = vec!["platform".to_string()];
+        let (a, b) = (
+            key("ann"),
+            PrincipalKey {
+                issuer: "other".into(),
+                subject: "ben".into(),
+            },
+        );
+        let ann = Subject {
+            principal: &a,
+            groups: &platform,
+        };
+        let ben = Subject {
+            principal: &b,
+            groups: &platform,
+        };
+        let g = p.grant(ben, HOST).unwrap();
+        assert!(!g.dispose_others && !g.permits(Permission::SessionsOperate));
+        assert!(p.grant(ann, HOST).unwrap().dispose_others);
+        let anns = Owner {
+            issuer: "idp".into(),
+            subject: "ann".into(),
+            groups: platform.clone(),
+        };
+        assert!(!g.sees(ben, Some(&anns)), "another issuer's platform group");
+    }
+
+    #[test]
+    fn unknown_hosts_empty_principals_and_bad_bounds_are_errors_with_spans() {
         #[derive(Debug, Deserialize)]
         struct Doc {
             policy: PolicyConfig,
@@ -409,6 +544,12 @@ external_sessions = true
         let text = "[[policy.rules]]\nhosts = [\"*\"]\nrole = \"viewer\"\n";
         let doc: Doc = toml::from_str(text).unwrap();
         assert!(doc.policy.validate(&[]).is_err());
+        let text = "[policy]\naudit_max_value_bytes = 8\n";
+        let doc: Doc = toml::from_str(text).unwrap();
+        let e = doc.policy.validate(&[]).unwrap_err();
+        assert_eq!(&text[e.span.clone()], "8", "{e:?}");
+        let doc: Doc = toml::from_str("[policy]\naudit_max_value_bytes = 64\n").unwrap();
+        assert_eq!(doc.policy.audit_max_value_bytes(), 64);
         let bad: Result<Doc, _> =
             toml::from_str("[[policy.rules]]\nhosts = [\"*\"]\nrole = \"root\"\n");
         assert!(bad.unwrap_err().to_string().contains("line 3"));
