@@ -89,19 +89,19 @@ pub struct ListenConfig {
     /// Plain-HTTP admin listener for `/healthz`, `/readyz` and `/metrics`
     /// (default `127.0.0.1:9090`); the client listener answers only the
     /// WebSocket upgrade.
-    #[serde(default = "crate::edge::admin::default_addr")]
+    #[serde(default = "default_admin_addr")]
     pub admin_addr: SocketAddr,
     /// Peers (CIDRs or addresses) whose `X-Forwarded-For` names the client
     /// address (contract §3.4); default none.
     #[serde(default)]
-    pub trusted_proxies: Vec<crate::edge::proxy::Cidr>,
+    pub trusted_proxies: Vec<crate::net::Cidr>,
     /// Failed authentications from one client address within
     /// `auth_failure_window_secs` after which further failures get 429
     /// (default 10; 0 counts as 1).
-    #[serde(default = "crate::edge::limiter::default_max_failures")]
+    #[serde(default = "default_auth_failure_limit")]
     pub auth_failure_limit: u32,
     /// Length of the auth-failure window in seconds (default 60).
-    #[serde(default = "crate::edge::limiter::default_window_secs")]
+    #[serde(default = "default_auth_failure_window_secs")]
     pub auth_failure_window_secs: u64,
 }
 
@@ -127,6 +127,21 @@ fn default_tombstone_ttl() -> u64 {
 }
 
 pub use crate::upstream::hub::HostConfig;
+
+/// The admin listener's default address: loopback, port 9090.
+pub fn default_admin_addr() -> SocketAddr {
+    SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 9090))
+}
+
+/// Failed upgrades per client address per window before 429 (§3.4).
+pub fn default_auth_failure_limit() -> u32 {
+    10
+}
+
+/// The auth-failure window, in seconds.
+pub fn default_auth_failure_window_secs() -> u64 {
+    60
+}
 
 /// Bounds; every field has a default.
 #[derive(Debug, Clone, Deserialize)]

@@ -17,6 +17,7 @@ pub mod edge;
 pub mod identity;
 pub mod metrics;
 pub mod names;
+pub mod net;
 pub mod policy;
 pub mod relay;
 pub mod route;

@@ -8,7 +8,6 @@
 //! the store's health, which [`StoreProbe`] refreshes in the background.
 
 use std::convert::Infallible;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -18,11 +17,6 @@ use hyper::body::Incoming;
 
 use super::layers::{Resp, text};
 use super::port::RelayPort;
-
-/// The default admin address, `127.0.0.1:9090`.
-pub fn default_addr() -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, 9090))
-}
 
 /// How often [`StoreProbe`] checks the store.
 pub const STORE_PROBE_EVERY: Duration = Duration::from_secs(2);

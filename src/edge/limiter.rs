@@ -21,22 +21,12 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// Default number of failures allowed per window.
+/// Default number of failures allowed per window (`listen.auth_failure_limit`).
 pub const DEFAULT_MAX_FAILURES: u32 = 10;
-/// Default window length.
+/// Default window length (`listen.auth_failure_window_secs`).
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// Default cap on tracked address groups.
 pub const DEFAULT_MAX_TRACKED: usize = 100_000;
-
-/// [`DEFAULT_MAX_FAILURES`], the default of `listen.auth_failure_limit`.
-pub fn default_max_failures() -> u32 {
-    DEFAULT_MAX_FAILURES
-}
-
-/// [`DEFAULT_WINDOW`] in seconds, the default of `listen.auth_failure_window_secs`.
-pub fn default_window_secs() -> u64 {
-    DEFAULT_WINDOW.as_secs()
-}
 
 #[derive(Debug, Clone, Copy)]
 struct Window {
