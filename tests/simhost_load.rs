@@ -145,6 +145,7 @@ fn direct_stream_rate() {
         .unwrap_or(3_000_000);
     let host_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        .thread_name("simhost")
         .enable_all()
         .build()
         .expect("host runtime");
@@ -201,6 +202,34 @@ fn direct_stream_rate() {
         pct(0.5),
         pct(0.99)
     );
+    if let Some(cpu) = thread_cpu_secs("simhost") {
+        println!(
+            "host threads: {cpu:.3} s CPU = {:.0} ns per action (the rate one free core allows: {:.0}/s)",
+            cpu * 1e9 / count as f64,
+            count as f64 / cpu
+        );
+    }
     assert_eq!(count, n);
     drop(host);
+}
+
+/// CPU seconds (user + system) used so far by this process's threads
+/// named `name` (Linux `/proc`; `None` elsewhere).
+fn thread_cpu_secs(name: &str) -> Option<f64> {
+    let ticks_per_sec = 100.0;
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        let after = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        total += utime + stime;
+    }
+    Some(total as f64 / ticks_per_sec)
 }

@@ -337,21 +337,19 @@ impl HostCore {
     }
 
     /// Numbers `n` pre-rendered envelopes of `channel` (the streaming load
-    /// mode, [`super::stream`]) and queues them as one batch to every
+    /// mode, [`super::stream`]) — `render(first)` renders those numbered
+    /// `first ..= first + n - 1` — and queues them as one batch to every
     /// subscriber. They are neither applied nor logged; the replay window
     /// is moved past them so no replay can silently skip them.
     pub fn emit_prerendered(
         &mut self,
         channel: &str,
+        render: impl FnOnce(u64) -> Vec<Utf8Bytes>,
         n: u64,
-        mut render: impl FnMut(u64) -> Utf8Bytes,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
-        let mut frames = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
-        for _ in 0..n {
-            self.seq += 1;
-            frames.push(render(self.seq));
-        }
+        let frames = render(self.seq + 1);
+        self.seq += n;
         self.evicted_up_to = self.seq;
         let batch = Arc::new(FrameBatch {
             frames,

@@ -75,14 +75,71 @@ impl Template {
 
     /// The frame numbered `seq`, stamped `micros` (µs since the UNIX epoch).
     pub fn render(&self, seq: u64, micros: u64) -> Utf8Bytes {
-        use std::fmt::Write as _;
-        let mut s = String::with_capacity(self.head.len() + self.tail.len() + 40);
-        s.push_str(&self.head);
-        let _ = write!(s, "{micros:016}");
-        s.push_str(&self.tail);
-        let _ = write!(s, "{seq}}}}}");
-        s.into()
+        self.render_batch(seq, 1, || micros)
+            .pop()
+            .unwrap_or_else(|| Utf8Bytes::from_static(""))
     }
+
+    /// Frames `first_seq .. first_seq + n`, each stamped by `stamp()` as it
+    /// is rendered. All of them share one buffer (one allocation per batch,
+    /// digits written without `fmt`): the host's cost per action is what the
+    /// streaming mode exists to keep small.
+    pub fn render_batch(
+        &self,
+        first_seq: u64,
+        n: u64,
+        mut stamp: impl FnMut() -> u64,
+    ) -> Vec<Utf8Bytes> {
+        let per = self.head.len() + self.tail.len() + STAMP_DIGITS + 22;
+        let count = usize::try_from(n).unwrap_or(0);
+        let mut buf = Vec::with_capacity(per * count);
+        let mut ends = Vec::with_capacity(count);
+        for seq in (0..n).map(|i| first_seq + i) {
+            buf.extend_from_slice(self.head.as_bytes());
+            push_padded(&mut buf, stamp(), STAMP_DIGITS);
+            buf.extend_from_slice(self.tail.as_bytes());
+            push_u64(&mut buf, seq);
+            buf.extend_from_slice(b"}}");
+            ends.push(buf.len());
+        }
+        let all = bytes::Bytes::from(buf);
+        let mut start = 0;
+        ends.into_iter()
+            .filter_map(|end| {
+                let frame = Utf8Bytes::try_from(all.slice(start..end)).ok();
+                start = end;
+                frame
+            })
+            .collect()
+    }
+}
+
+/// The decimal digits of `v`, right-aligned in a buffer, and where they start.
+fn digits(v: u64) -> ([u8; 20], usize) {
+    let mut out = [b'0'; 20];
+    let mut i = out.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        out[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return (out, i);
+        }
+    }
+}
+
+/// Appends `v` in decimal.
+fn push_u64(buf: &mut Vec<u8>, v: u64) {
+    let (d, start) = digits(v);
+    buf.extend_from_slice(&d[start..]);
+}
+
+/// Appends `v` in decimal, zero-padded to `width` digits (at most 20).
+fn push_padded(buf: &mut Vec<u8>, v: u64, width: usize) {
+    let (d, start) = digits(v);
+    let from = start.min(d.len().saturating_sub(width));
+    buf.extend_from_slice(&d[from..]);
 }
 
 /// Microseconds since the UNIX epoch (0 if the clock is before it).
@@ -144,7 +201,12 @@ pub async fn run(
         if !live(&core) {
             return false;
         }
-        core.emit_prerendered(chat, n, |seq| tpl.render(seq, now_micros()), permit);
+        core.emit_prerendered(
+            chat,
+            |first| tpl.render_batch(first, n, now_micros),
+            n,
+            permit,
+        );
         sent += n;
     }
     true
@@ -168,6 +230,20 @@ mod tests {
         };
         assert_eq!(stamp_of(&d.content), Some(1_733_000_000_000_000));
         assert_eq!(d.part_id, "turn-1-text");
+    }
+
+    #[test]
+    fn batches_render_like_single_frames() {
+        let tpl = Template::new("ahp-chat:/c", "t", "p", 200);
+        let batch = tpl.render_batch(7, 3, || 42);
+        assert_eq!(batch.len(), 3);
+        for (i, f) in batch.iter().enumerate() {
+            assert_eq!(f, &tpl.render(7 + i as u64, 42));
+        }
+        let mut b = Vec::new();
+        push_u64(&mut b, 0);
+        push_padded(&mut b, 123, 5);
+        assert_eq!(b, b"000123");
     }
 
     #[test]
