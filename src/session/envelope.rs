@@ -274,6 +274,9 @@ impl ClientSession {
             PendingKind::Dispose { store_key } => {
                 self.answer_dispose(&mut core, answer, store_key.as_deref())
             }
+            PendingKind::Authenticate { group } => {
+                self.answer_authenticate(&mut core, group, answer.failure)
+            }
         }
     }
 
@@ -475,6 +478,11 @@ impl ClientSession {
         let Ok(mut v) = serde_json::from_str::<Value>(text) else {
             return;
         };
+        if v.pointer("/params/reason").and_then(Value::as_str) == Some("expired")
+            && let Some(resource) = v.pointer("/params/resource/resource").and_then(Value::as_str)
+        {
+            self.forget_token(resource);
+        }
         let namer = ToClient {
             host: &host.id,
             store: self.env.store.as_ref(),
@@ -517,6 +525,9 @@ impl ClientSession {
                 PendingKind::Create { store_key, .. } => {
                     let _ = self.env.store.release(&store_key);
                     self.respond_error(core, &p.client_id, err);
+                }
+                PendingKind::Authenticate { group } => {
+                    self.answer_authenticate(core, group, Some(err.clone()));
                 }
                 _ => self.respond_error(core, &p.client_id, err),
             }

@@ -28,6 +28,19 @@ impl ClientSession {
         let owner: Weak<dyn LinkOwner> = Arc::downgrade(self) as Weak<dyn LinkOwner>;
         Link::open(owner, spec, hub.clone(), baseline)
     }
+
+    /// [`Self::open_link_to`] under the session lock, with the session's
+    /// tokens for the host's protected resources queued first (§4.6).
+    pub(super) fn open_link_locked(
+        self: &Arc<Self>,
+        core: &mut super::SessionCore,
+        hub: &Arc<HostHub>,
+        baseline: Baseline,
+    ) -> Arc<Link> {
+        let link = self.open_link_to(hub, baseline);
+        self.replay_tokens(core, hub, &link);
+        link
+    }
 }
 
 impl LinkOwner for ClientSession {

@@ -7,6 +7,7 @@
 //! goes through [`ClientSession::push`] under the session lock, so numbering
 //! and delivery order are one and the same.
 
+mod authenticate;
 pub mod buffer;
 pub mod envelope;
 mod fanout;
@@ -78,6 +79,12 @@ pub enum PendingKind {
         store_key: String,
         /// For sessions: wait until the watch catalog lists this host URI.
         await_catalog: Option<String>,
+    },
+    /// One leg of an `authenticate` (§4.6): `group` names the client request
+    /// waiting for every leg; `None` for a token replayed on a new link.
+    Authenticate {
+        /// The waiting client request, if any.
+        group: Option<u64>,
     },
     /// A dispose: tombstone the store entry if the URI was client-chosen.
     Dispose {
@@ -165,6 +172,8 @@ pub struct SessionCore {
     /// `activeClients` (`session/activeClientSet` dispatched, not removed):
     /// links to those hosts are never idle.
     pub(super) registered: HashSet<(Arc<str>, String)>,
+    /// Tokens the client pushed with `authenticate` (§4.6), memory only.
+    pub(super) tokens: authenticate::Tokens,
     /// Since when each link has been idle (§5.7 `link_idle`).
     idle_since: HashMap<Arc<str>, std::time::Instant>,
     s0: u64,
@@ -290,6 +299,7 @@ impl ClientSession {
             retiring: Vec::new(),
             registered: HashSet::new(),
             idle_since: HashMap::new(),
+            tokens: authenticate::Tokens::default(),
             orphaned: HashSet::new(),
             buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
             subs: HashSet::new(),

@@ -379,7 +379,7 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
                 },
             );
         }
-        let link = session.open_link_to(&hub, baseline);
+        let link = session.open_link_locked(&mut core, &hub, baseline);
         if let Some(old) = core.links.insert(hub.id.clone(), link) {
             core.retiring.push(old);
         }

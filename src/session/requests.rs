@@ -195,9 +195,7 @@ async fn request(
         Handling::Create(Created::Terminal) => create_terminal(&session, id, params),
         Handling::Routed { dispose } => routed(&session, id, method, params, dispose),
         Handling::ByProvider => by_provider(&session, id, method, params),
-        Handling::Authenticate => Err(RpcError::invalid_params(
-            "no host on this connection advertises that protected resource",
-        )),
+        Handling::Authenticate => session.authenticate(id, &params),
         _ => Err(RpcError::method_not_found(method)),
     };
     outcome.err().map(Err)
@@ -368,7 +366,7 @@ fn open_link(
             Some(json!({"reason": "hostLinkLimit", "host": &*hub.id, "retryable": true})),
         ));
     }
-    let link = session.open_link_to(hub, Default::default());
+    let link = session.open_link_locked(&mut core, hub, Default::default());
     core.links.insert(hub.id.clone(), link.clone());
     Ok(link)
 }
