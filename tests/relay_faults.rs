@@ -7,25 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use ahp_relay::simhost::AgentScript;
-use ahp_relay::simhost::clock::now_iso;
 use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
 fn slow(name: &str) -> ahp_relay::simhost::SimHostConfig {
-    ahp_relay::simhost::SimHostConfig {
-        sessions: 1,
-        script: AgentScript {
-            reply_deltas: 60,
-            delta_bytes: 8,
-            delta_rate: 40,
-            tool_confirmation: false,
-            seed: None,
-        },
-        ..ahp_relay::simhost::SimHostConfig::named(name)
-    }
+    host(name, 1, script(60, 8, 40))
 }
 
 /// Reads frames until `until` holds for one; returns the action envelopes seen.
@@ -47,9 +35,7 @@ async fn envelopes_until(
 }
 
 fn start_turn(chat: &str, seq: i64, turn: &str) -> Value {
-    json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": chat, "clientSeq": seq,
-        "action": {"type": "chat/turnStarted", "turnId": turn, "startedAt": now_iso(),
-                   "message": {"text": "go", "origin": {"kind": "user"}}}}})
+    dispatch_frame(chat, seq, turn_started(turn, "go"))
 }
 
 /// The host's chat state with its own name replaced by the client's.
@@ -161,8 +147,6 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
 /// resync, and its state converges with the host's.
 #[tokio::test]
 async fn dropped_link_resumes_by_upstream_replay_without_resync() {
-    use ahp_relay::devkit::DEV_ISSUER;
-    use ahp_relay::session::PrincipalKey;
     let t = TestRelay::start(vec![slow("a")], "").await;
     let chat = "ahp-chat:/a~a-1-main";
     let mut ws = t.raw("alice").await;
@@ -172,13 +156,7 @@ async fn dropped_link_resumes_by_upstream_replay_without_resync() {
     ws.send_json(&start_turn(chat, 1, "t1")).await;
     let mut seen =
         envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
-    let upstream = t.relay.relay.upstream_id(
-        &PrincipalKey {
-            issuer: DEV_ISSUER.into(),
-            subject: "alice".into(),
-        },
-        "blip",
-    );
+    let upstream = t.upstream_id("alice", "blip");
     assert_eq!(
         t.hosts[0].drop_client(&upstream),
         1,
@@ -331,8 +309,7 @@ async fn reconnect(
     ws.request(
         id,
         "reconnect",
-        json!({"channel": "ahp-root://", "clientId": client_id,
-               "lastSeenServerSeq": watermark, "subscriptions": channels}),
+        reconnect_params(client_id, watermark, channels),
     )
     .await
 }
@@ -357,9 +334,11 @@ async fn idle_links_close_and_busy_links_stay() {
     }
     assert_eq!(watch_only(&t.hosts[0]), base_a + 1, "a link to a");
     assert_eq!(watch_only(&t.hosts[1]), base_b + 1, "a link to b");
-    ws.send_json(&json!({"jsonrpc": "2.0", "method": "unsubscribe",
-        "params": {"channel": "ahp-session:/a~a-1"}}))
-        .await;
+    ws.send_json(&notification_frame(
+        "unsubscribe",
+        json!({"channel": "ahp-session:/a~a-1"}),
+    ))
+    .await;
     wait_until("a's unused link closes", || {
         t.hosts[0].connections() == base_a
     })
@@ -370,10 +349,12 @@ async fn idle_links_close_and_busy_links_stay() {
         base_b + 1,
         "b's link carries a subscription: it stays"
     );
-    let up = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-session:/a~a-1", "clientSeq": 1,
-        "action": {"type": "session/activeClientSet", "activeClient": {"clientId": "idle", "tools": []}}}});
-    ws.send_json(&up).await;
+    ws.dispatch(
+        "ahp-session:/a~a-1",
+        1,
+        json!({"type": "session/activeClientSet", "activeClient": {"clientId": "idle", "tools": []}}),
+    )
+    .await;
     wait_until("a new link to a", || t.hosts[0].connections() == base_a + 1).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(
@@ -410,8 +391,10 @@ async fn links_per_host_are_capped() {
     assert_eq!(r["error"]["data"]["reason"], "hostLinkLimit", "{r}");
     assert_eq!(r["error"]["data"]["retryable"], true, "{r}");
     alice
-        .send_json(&json!({"jsonrpc": "2.0", "method": "unsubscribe",
-            "params": {"channel": "ahp-session:/a~a-1"}}))
+        .send_json(&notification_frame(
+            "unsubscribe",
+            json!({"channel": "ahp-session:/a~a-1"}),
+        ))
         .await;
     let mut id = 2;
     loop {

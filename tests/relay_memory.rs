@@ -9,62 +9,23 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::session::{ClientSession, PrincipalKey, SessionKey};
-use ahp_relay::simhost::AgentScript;
-use ahp_relay::simhost::clock::now_iso;
 use ahp_types::actions::ActionEnvelope;
-use common::relay::{TestRelay, https_get, metric, scratch_dir, trusting};
+use common::relay::{TestRelay, https_get, metric, scratch_dir};
 use common::*;
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::header::{AUTHORIZATION, RETRY_AFTER};
-use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderValue};
-use tokio_tungstenite::{Connector, connect_async_tls_with_config};
-
-const ROOT: &str = "ahp-root://";
+use tokio_tungstenite::tungstenite::http::header::RETRY_AFTER;
 
 // ─── helpers ────────────────────────────────────────────────────────────────
 
-/// A fast agent: 10 deltas of 16 bytes per turn, no pacing (~3 KB of
-/// envelopes per turn).
-fn script() -> AgentScript {
-    AgentScript {
-        reply_deltas: 10,
-        delta_bytes: 16,
-        delta_rate: 0,
-        tool_confirmation: false,
-        seed: None,
-    }
-}
-
-fn key(sub: &str, client_id: &str) -> SessionKey {
-    SessionKey {
-        principal: PrincipalKey {
-            issuer: DEV_ISSUER.into(),
-            subject: sub.into(),
-        },
-        client_id: client_id.into(),
-    }
-}
-
-fn session(t: &TestRelay, sub: &str, client_id: &str) -> Arc<ClientSession> {
-    t.relay
-        .relay
-        .session_of(&key(sub, client_id))
-        .unwrap_or_else(|| panic!("session {sub}/{client_id} exists"))
-}
-
 /// Bytes in the replay buffer of session (`sub`, `client_id`).
 fn buffered(t: &TestRelay, sub: &str, client_id: &str) -> usize {
-    session(t, sub, client_id).lock().buffer_usage().1
+    t.session(sub, client_id).lock().buffer_usage().1
 }
 
 async fn wait_detached(t: &TestRelay, sub: &str, client_id: &str) {
-    let s = session(t, sub, client_id);
+    let s = t.session(sub, client_id);
     wait_until(&format!("{client_id} detached"), || {
         s.lock().socket_id().is_none()
     })
@@ -75,18 +36,11 @@ fn dropped_buffers(t: &TestRelay) -> u64 {
     t.relay.relay.metrics.pressure_dropped_buffers.get()
 }
 
-fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
-    e.channel == channel && action_type(e) == ty
-}
-
 /// Runs one turn on `chat` through raw socket `ws` and returns every
 /// envelope it produced, in order, once the relay has written them all (a
 /// `ping` answer follows every frame queued before it).
 async fn run_turn(ws: &mut RawWs, chat: &str, n: u64) -> Vec<ActionEnvelope> {
-    let action = json!({"type": "chat/turnStarted", "turnId": format!("turn-{n}"),
-        "startedAt": now_iso(), "message": {"text": "go", "origin": {"kind": "user"}}});
-    ws.send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
-        "params": {"channel": chat, "clientSeq": n, "action": action}}))
+    ws.dispatch(chat, n as i64, turn_started(&format!("turn-{n}"), "go"))
         .await;
     let mut out = raw_actions_until(ws, |e| is(e, chat, "chat/turnComplete")).await;
     out.extend(raw_drain_actions(ws, 1_000_000 + n).await);
@@ -188,61 +142,23 @@ impl Left {
     /// answer's `result`.
     async fn reconnect(&self, t: &TestRelay, watermark: u64) -> (RawWs, Value) {
         let mut ws = t.raw(&self.sub).await;
-        let params = json!({"channel": ROOT, "clientId": self.id,
-            "lastSeenServerSeq": watermark, "subscriptions": [self.chat]});
-        ws.send_json(&json!({"jsonrpc": "2.0", "id": 1, "method": "reconnect", "params": params}))
-            .await;
-        let first = ws.recv_json().await.expect("socket open until the answer");
-        assert_eq!(
-            first["id"],
-            json!(1),
-            "the answer is the first frame: {first}"
-        );
+        let params = reconnect_params(&self.id, watermark, &[&self.chat]);
+        let first = raw_reconnect(&mut ws, 1, params).await;
         (ws, first["result"].clone())
-    }
-}
-
-/// One WebSocket upgrade over TLS with a valid bearer token for `sub`:
-/// the socket if it was switched, else the status, headers and body.
-async fn upgrade(t: &TestRelay, sub: &str) -> Result<RawWs, (u16, HeaderMap, String)> {
-    let mut req = t.url().into_client_request().expect("request");
-    req.headers_mut().insert(
-        AUTHORIZATION,
-        HeaderValue::from_str(&format!("Bearer {}", t.token(sub))).expect("header"),
-    );
-    let connector = Connector::Rustls(Arc::new(trusting(&t.kit.cert)));
-    let attempt = connect_async_tls_with_config(req, None, true, Some(connector));
-    match tokio::time::timeout(WAIT, attempt)
-        .await
-        .expect("upgrade answered in time")
-    {
-        Ok((ws, resp)) => {
-            assert_eq!(resp.status().as_u16(), 101);
-            Ok(RawWs::from_stream(ws))
-        }
-        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err((
-            resp.status().as_u16(),
-            resp.headers().clone(),
-            String::from_utf8_lossy(&resp.body().clone().unwrap_or_default()).into_owned(),
-        )),
-        Err(e) => panic!("upgrade failed below HTTP: {e}"),
     }
 }
 
 /// Asserts an upgrade is refused with 503 and `Retry-After: <secs>`.
 async fn assert_503(t: &TestRelay, sub: &str, secs: u64, what: &str) {
-    match upgrade(t, sub).await {
-        Ok(_) => panic!("{what}: the upgrade was accepted"),
-        Err((status, headers, body)) => {
-            assert_eq!(status, 503, "{what}: {body}");
-            let retry = headers
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_else(|| panic!("{what}: no Retry-After"));
-            assert_eq!(retry, secs.to_string(), "{what}: Retry-After");
-            assert!(body.contains("memory"), "{what}: body {body:?}");
-        }
-    }
+    let u = t.upgrade_bearer(&t.token(sub)).await;
+    assert!(u.ws.is_none(), "{what}: the upgrade was accepted");
+    let body = String::from_utf8_lossy(&u.body);
+    assert_eq!(u.status, 503, "{what}: {body}");
+    let retry = u
+        .header(&RETRY_AFTER)
+        .unwrap_or_else(|| panic!("{what}: no Retry-After"));
+    assert_eq!(retry, secs.to_string(), "{what}: Retry-After");
+    assert!(body.contains("memory"), "{what}: body {body:?}");
 }
 
 // ─── dropping detached buffers ──────────────────────────────────────────────
@@ -252,7 +168,7 @@ async fn assert_503(t: &TestRelay, sub: &str, secs: u64, what: &str) {
 async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
     const BUDGET: usize = 80_000;
     let t = TestRelay::start(
-        vec![host("a", 3, script())],
+        vec![host("a", 3, script(10, 16, 0))],
         &format!("[limits]\nreplay_memory_bytes = {BUDGET}\n"),
     )
     .await;
@@ -382,7 +298,7 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     const BUDGET: usize = 40_000;
     const RETRY: u64 = 7;
     let t = TestRelay::start(
-        vec![host("a", 2, script())],
+        vec![host("a", 2, script(10, 16, 0))],
         &format!(
             "[limits]\nreplay_memory_bytes = {BUDGET}\nreplay_memory_resume_percent = 50\n\
              replay_memory_retry_after_secs = {RETRY}\n"
@@ -396,8 +312,11 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     let mut a = Follower::start(&t, "alice", "full-a", &chat1).await;
     a.fill(&t, BUDGET * 60 / 100, BUDGET).await;
     assert!(memory.used() <= BUDGET, "A alone fits");
-    let ok = upgrade(&t, "carol").await;
-    assert!(ok.is_ok(), "control: upgrades accepted under the budget");
+    let ok = t.upgrade_bearer(&t.token("carol")).await;
+    assert_eq!(
+        ok.status, 101,
+        "control: upgrades accepted under the budget"
+    );
     drop(ok);
 
     let mut b = Follower::start(&t, "bob", "full-b", &chat2).await;
@@ -441,9 +360,10 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     wait_until("A's buffer dropped", || dropped_buffers(&t) == 2).await;
     assert!(memory.used() <= memory.low_watermark());
     assert!(!relay.refuses_upgrades());
-    let mut ws = upgrade(&t, "carol")
+    let mut ws = t
+        .upgrade_bearer(&t.token("carol"))
         .await
-        .unwrap_or_else(|(s, _, b)| panic!("upgrade after memory freed: {s} {b}"));
+        .socket("upgrade after memory freed");
     let init = ws.initialize("full-c").await;
     assert!(init["result"]["serverSeq"].as_u64().is_some(), "{init}");
 

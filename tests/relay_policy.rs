@@ -88,20 +88,20 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         create["error"]["code"], -32009,
         "visible but not permitted: {create}"
     );
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-chat:/a~a-1-main", "clientSeq": 1,
-        "action": {"type": "chat/draftChanged"}}}),
+    ws.dispatch(
+        "ahp-chat:/a~a-1-main",
+        1,
+        json!({"type": "chat/draftChanged"}),
     )
     .await;
     let echo = ws.recv_json().await.expect("a rejection echo");
     assert_eq!(echo["method"], "action");
     assert_eq!(echo["params"]["rejectionReason"], "permission denied");
     assert_eq!(echo["params"]["origin"]["clientId"], "c");
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-chat:/b~b-1-main", "clientSeq": 2,
-        "action": {"type": "chat/draftChanged"}}}),
+    ws.dispatch(
+        "ahp-chat:/b~b-1-main",
+        2,
+        json!({"type": "chat/draftChanged"}),
     )
     .await;
     let before = frames_before_ping(&mut ws, 7).await;
@@ -297,12 +297,8 @@ visibility = "all"
     let mut ws = t.raw("auditee").await;
     ws.initialize("au").await;
     let secret = "top secret prompt text";
-    let turn = |chat: &str, seq: i64| {
-        json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-            "channel": chat, "clientSeq": seq, "action": {"type": "chat/turnStarted",
-            "turnId": format!("t{seq}"), "startedAt": ahp_relay::simhost::clock::now_iso(),
-            "message": {"text": secret, "origin": {"kind": "user"}}}}})
-    };
+    let turn =
+        |chat: &str, seq: i64| dispatch_frame(chat, seq, turn_started(&format!("t{seq}"), secret));
     ws.send_json(&turn("ahp-chat:/a~a-1-main", 1)).await;
     ws.send_json(&turn("ahp-chat:/b~b-1-main", 2)).await;
     ws.send_json(&turn("ahp-chat:/a~nothing-here", 3)).await;

@@ -15,16 +15,12 @@ use ahp_relay::devkit::DEV_ISSUER;
 use ahp_relay::route::namer::{ToClient, ToHost};
 use ahp_relay::route::store::{Owner, RedbStore, UriStore};
 use ahp_relay::route::translate::{self, FieldKind, Row, TABLE};
-use ahp_relay::session::PrincipalKey;
 use ahp_relay::simhost::SimHostConfig;
-use ahp_relay::simhost::clock::now_iso;
-use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
+use ahp_types::actions::{ActionEnvelope, ActionOrigin};
 use common::relay::TestRelay;
 use common::*;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-
-const ROOT: &str = "ahp-root://";
 
 // ─── helpers ────────────────────────────────────────────────────────────────
 
@@ -57,22 +53,6 @@ async fn fails(c: &Client, method: &str, params: Value) -> RpcErr {
     }
 }
 
-fn action(v: Value) -> StateAction {
-    let a: StateAction = serde_json::from_value(v.clone()).expect("action literal parses");
-    assert!(
-        !matches!(a, StateAction::Unknown(_)),
-        "not a known action: {v}"
-    );
-    a
-}
-
-fn turn_started(turn_id: &str) -> StateAction {
-    action(
-        json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": "hello", "origin": {"kind": "user"}}}),
-    )
-}
-
 /// Dispatches a turn on `chat` and returns the envelopes up to its `chat/turnComplete`.
 async fn run_turn(
     c: &Client,
@@ -80,19 +60,13 @@ async fn run_turn(
     chat: &str,
     turn_id: &str,
 ) -> Vec<ActionEnvelope> {
-    c.dispatch(chat.into(), turn_started(turn_id))
+    c.dispatch(chat.into(), action(turn_started(turn_id, "hello")))
         .await
         .expect("dispatch");
     actions_until(events, |e| {
         e.channel == chat && action_type(e) == "chat/turnComplete"
     })
     .await
-}
-
-/// `initialize` params offering 1.0.0.
-fn init_params(client_id: &str, subs: &[&str]) -> Value {
-    json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": client_id,
-        "initialSubscriptions": subs})
 }
 
 /// The resources of a `listSessions` result, in order.
@@ -175,13 +149,6 @@ async fn raw_call(ws: &mut RawWs, raw_id: &str, method: &str, params: Value) -> 
         .expect("a response frame")
 }
 
-fn principal(sub: &str) -> PrincipalKey {
-    PrincipalKey {
-        issuer: DEV_ISSUER.into(),
-        subject: sub.into(),
-    }
-}
-
 /// (provider, displayName, first model's provider) of every agent, sorted.
 fn agents(root_state: &Value) -> Vec<(String, String, String)> {
     let mut out: Vec<(String, String, String)> = root_state["agents"]
@@ -230,7 +197,7 @@ async fn s1_root_and_session_list_merge_both_hosts() {
     ]);
 
     let c1 = t.client("alice").await;
-    let init = call(&c1, "initialize", init_params("s1-one", &[ROOT]))
+    let init = call(&c1, "initialize", initialize_subscribing("s1-one", &[ROOT]))
         .await
         .expect("initialize with the root");
     assert_eq!(init["snapshots"][0]["resource"], ROOT, "{init}");
@@ -363,7 +330,7 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
         assert_eq!(h.session_uris(), ["ahp-session:/shared-1"]);
     }
     let c = t.client("alice").await;
-    let init = call(&c, "initialize", init_params("s11", &[ROOT]))
+    let init = call(&c, "initialize", initialize_subscribing("s11", &[ROOT]))
         .await
         .expect("initialize");
     let mut terminals: Vec<(String, String, String)> = init["snapshots"][0]["state"]["terminals"]
@@ -649,23 +616,23 @@ async fn error_table_and_an_unavailable_host() {
     .into_iter()
     .enumerate()
     {
-        ws.send_json(
-            &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-            "channel": channel, "clientSeq": n + 1,
-            "action": {"type": "session/titleChanged", "title": "x"}}}),
+        ws.dispatch(
+            channel,
+            n as i64 + 1,
+            json!({"type": "session/titleChanged", "title": "x"}),
         )
         .await;
     }
     // A request routed through host a's link after the dispatches, then a
     // ping: anything echoed would be written before their responses.
-    ws.send_json(&json!({"jsonrpc": "2.0", "id": 5, "method": "subscribe",
-        "params": {"channel": "ahp-session:/a~a-1"}}))
-        .await;
-    let mut frames = frames_until_response(&mut ws).await;
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": {"channel": ROOT}}),
-    )
+    ws.send_json(&request_frame(
+        5,
+        "subscribe",
+        json!({"channel": "ahp-session:/a~a-1"}),
+    ))
     .await;
+    let mut frames = frames_until_response(&mut ws).await;
+    ws.send_json(&ping_frame(6)).await;
     frames.extend(frames_until_response(&mut ws).await);
     let echoes: Vec<&String> = frames
         .iter()
@@ -993,22 +960,14 @@ async fn session_lifecycle_not_found_reinit_and_supersede() {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
     let mut first = t.raw("alice").await;
     let r = first
-        .request(
-            1,
-            "reconnect",
-            json!({"channel": ROOT, "clientId": "ghost", "lastSeenServerSeq": 0, "subscriptions": []}),
-        )
+        .request(1, "reconnect", reconnect_params("ghost", 0, &[]))
         .await;
     assert_eq!(r["error"]["code"], -32008, "{r}");
     let init = first.initialize("c7").await;
     assert!(init["result"]["serverSeq"].is_u64(), "{init}");
     for (id, cid) in [(2, "c7"), (3, "c7-other")] {
         let r = first
-            .request(
-                id,
-                "initialize",
-                json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": cid}),
-            )
+            .request(id, "initialize", initialize_params(cid))
             .await;
         assert_eq!(r["error"]["code"], -32600, "{r}");
     }
@@ -1089,11 +1048,7 @@ async fn bad_input_gets_its_code_and_spares_other_clients() {
     // An action type the relay does not know: a relay rejection echo with
     // the action exactly as dispatched (§4.1, §5.3); the host never sees it.
     let odd = json!({"type": "chat/frobnicated", "extra": {"k": [1, 2]}});
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-chat:/a~a-1-main", "clientSeq": 41, "action": odd}}),
-    )
-    .await;
+    ws.dispatch("ahp-chat:/a~a-1-main", 41, odd.clone()).await;
     let echo = ws.recv_json().await.expect("a rejection echo");
     assert_eq!(echo["method"], "action", "{echo}");
     assert_eq!(echo["params"]["channel"], "ahp-chat:/a~a-1-main", "{echo}");

@@ -6,7 +6,7 @@
 //!
 //! States are compared as whole JSON trees: the client's reduced state, a
 //! fresh subscriber's snapshot, and the host's own state with its names
-//! translated to client names by [`client_names`] (an independent
+//! translated to client names by `common::names` (an independent
 //! implementation of §4.2–4.3: host URIs qualified `<host>~<id>` unless
 //! client-chosen, providers `<p>@<host>`).
 
@@ -15,16 +15,11 @@ mod common;
 use std::time::Duration;
 
 use ahp::{Client, ClientEvent, ClientEventStream, SubscriptionEvent};
-use ahp_relay::simhost::AgentScript;
-use ahp_relay::simhost::clock::now_iso;
-use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
-const ROOT: &str = "ahp-root://";
-/// 2^53 − 1, the largest number every AHP client represents exactly.
-const MAX_SAFE: u64 = (1 << 53) - 1;
 /// `SessionStatus::Idle` and `SessionStatus::InProgress` bits.
 const IDLE: u32 = 1;
 const IN_PROGRESS: u32 = 8;
@@ -34,36 +29,6 @@ const TRICKY_TEXT: &str =
     "see \"serverSeq\":1,\"channel\":\"ahp-chat:/s2-x-main\" \\ {\"origin\":{}} ✓ é";
 
 // ─── helpers ────────────────────────────────────────────────────────────────
-
-fn script(reply_deltas: u32, delta_bytes: usize, delta_rate: u32) -> AgentScript {
-    AgentScript {
-        reply_deltas,
-        delta_bytes,
-        delta_rate,
-        tool_confirmation: false,
-        seed: None,
-    }
-}
-
-fn action(v: Value) -> StateAction {
-    let a: StateAction = serde_json::from_value(v.clone()).expect("action literal parses");
-    assert!(
-        !matches!(a, StateAction::Unknown(_)),
-        "not a known action: {v}"
-    );
-    a
-}
-
-fn turn_started(turn_id: &str, text: &str) -> StateAction {
-    action(
-        json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": text, "origin": {"kind": "user"}}}),
-    )
-}
-
-fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
-    e.channel == channel && action_type(e) == ty
-}
 
 fn is_complete_of(e: &ActionEnvelope, channel: &str, turn_id: &str) -> bool {
     is(e, channel, "chat/turnComplete")
@@ -83,60 +48,6 @@ fn on(envs: &[ActionEnvelope], channel: &str) -> Vec<ActionEnvelope> {
 
 fn now_us() -> u64 {
     jiff::Timestamp::now().as_microsecond() as u64
-}
-
-/// A host URI in client names: host-assigned ids are qualified with
-/// `<host>~`, client-chosen ones (`verbatim`, by `<scheme>:/<id>`) kept.
-fn client_uri(host: &str, s: &str, verbatim: &[&str]) -> String {
-    for scheme in ["ahp-session:/", "ahp-chat:/", "ahp-terminal:/"] {
-        let Some(rest) = s.strip_prefix(scheme) else {
-            continue;
-        };
-        if rest.is_empty() || rest.starts_with('/') {
-            return s.to_string();
-        }
-        let head = rest.split('/').next().unwrap_or(rest);
-        if verbatim.contains(&format!("{scheme}{head}").as_str()) {
-            return s.to_string();
-        }
-        return format!("{scheme}{host}~{rest}");
-    }
-    s.to_string()
-}
-
-/// A host state (JSON) with every name translated to client names.
-fn client_names(host: &str, v: &Value, verbatim: &[&str]) -> Value {
-    match v {
-        Value::String(s) => Value::String(client_uri(host, s, verbatim)),
-        Value::Array(a) => {
-            Value::Array(a.iter().map(|x| client_names(host, x, verbatim)).collect())
-        }
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, x)| match (k.as_str(), x) {
-                    ("provider", Value::String(p)) => (k.clone(), json!(format!("{p}@{host}"))),
-                    _ => (k.clone(), client_names(host, x, verbatim)),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-/// The host's state of `host_uri`, in client names.
-fn host_state(t: &TestRelay, i: usize, host_uri: &str, verbatim: &[&str]) -> Value {
-    let h = &t.hosts[i];
-    let state = h
-        .channel_state(host_uri)
-        .unwrap_or_else(|| panic!("host has {host_uri}"));
-    client_names(&h.config().name, &state, verbatim)
-}
-
-/// Envelopes still on their way: a ping barrier, then a quiet window (frames
-/// a host sends right after the last awaited one may still be on a link).
-async fn settle(client: &Client, events: &mut ClientEventStream) -> Vec<ActionEnvelope> {
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    drain_actions(client, events).await
 }
 
 /// Every event (not only actions) until `done` holds for what was collected.
@@ -168,25 +79,6 @@ async fn create_session(client: &Client, uri: &str, provider: &str) {
         )
         .await
         .unwrap_or_else(|e| panic!("createSession {uri}: {e:?}"));
-}
-
-/// Raw frames received before the answer to a `ping` with `id`.
-async fn frames_before_ping(raw: &mut RawWs, id: u64) -> Vec<Value> {
-    raw.send_json(
-        &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": ROOT}}),
-    )
-    .await;
-    let mut before = Vec::new();
-    loop {
-        let v = raw
-            .recv_json()
-            .await
-            .expect("socket open until the ping answer");
-        if v.get("id") == Some(&json!(id)) && v.get("method").is_none() {
-            return before;
-        }
-        before.push(v);
-    }
 }
 
 /// Raw frames up to and including the first one `stop` accepts.
@@ -259,7 +151,7 @@ async fn s2_created_session_streams_one_sequence_and_converges() {
         "chat fromSeq = last number issued before the response"
     );
     let handle = client
-        .dispatch(chat.clone(), turn_started("s2-turn", TRICKY_TEXT))
+        .dispatch(chat.clone(), action(turn_started("s2-turn", TRICKY_TEXT)))
         .await
         .expect("dispatch");
     all.extend(actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await);
@@ -287,8 +179,7 @@ async fn s2_created_session_streams_one_sequence_and_converges() {
     let init: Value = fresh
         .request(
             "initialize",
-            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "s2-fresh",
-                "initialSubscriptions": [session, chat]}),
+            initialize_subscribing("s2-fresh", &[session, &chat]),
         )
         .await
         .expect("initialize with initialSubscriptions");
@@ -311,12 +202,12 @@ async fn s2_created_session_streams_one_sequence_and_converges() {
     assert_eq!(reduced_session, fresh_state(session));
     assert_eq!(
         reduced_chat,
-        host_state(&t, 1, "ahp-chat:/s2-x-main", &[session]),
+        host_state(&t.hosts[1], "ahp-chat:/s2-x-main", &[session]),
         "reduced chat = host's chat (names translated)"
     );
     assert_eq!(
         reduced_session,
-        host_state(&t, 1, session, &[session]),
+        host_state(&t.hosts[1], session, &[session]),
         "reduced session = host's session (names translated)"
     );
     assert_eq!(reduced_chat["turns"][0]["id"], "s2-turn");
@@ -339,8 +230,11 @@ async fn s3_turn_race_one_wins_both_converge() {
         subscribe_raw(&bob, &chat).await,
     ];
     let (ha, hb) = tokio::join!(
-        alice.dispatch(chat.clone(), turn_started("turn-alice", "from alice")),
-        bob.dispatch(chat.clone(), turn_started("turn-bob", "from bob")),
+        alice.dispatch(
+            chat.clone(),
+            action(turn_started("turn-alice", "from alice"))
+        ),
+        bob.dispatch(chat.clone(), action(turn_started("turn-bob", "from bob"))),
     );
     let seqs = [
         ha.expect("alice dispatch").client_seq,
@@ -410,7 +304,7 @@ async fn s3_turn_race_one_wins_both_converge() {
         );
     }
 
-    let expected = host_state(&t, 0, &host_chat, &[]);
+    let expected = host_state(&t.hosts[0], &host_chat, &[]);
     let reduced: Vec<Value> = (0..2)
         .map(|i| reduce_chat(&snaps[i]["state"], &chat, &seen[i]))
         .collect();
@@ -438,7 +332,7 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
         let mut lev = late.events();
         let start = t.hosts[0].server_seq();
         streamer
-            .dispatch(chat.clone(), turn_started(&turn, "stream please"))
+            .dispatch(chat.clone(), action(turn_started(&turn, "stream please")))
             .await
             .expect("dispatch");
         // Subscribe at a different point of the stream each round.
@@ -464,7 +358,7 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
         envs.extend(settle(&late, &mut lev).await);
         assert_contiguous(&envs, from);
         let reduced = reduce_chat(&snap["state"], &chat, &envs);
-        let expected = host_state(&t, 0, &host_chat, &[]);
+        let expected = host_state(&t.hosts[0], &host_chat, &[]);
         let text = |c: &Value| {
             c["turns"]
                 .as_array()
@@ -516,8 +410,8 @@ async fn two_hosts_interleave_into_one_sequence() {
     assert_eq!(snapshot_from_seq(&snap_a), s0);
     assert_eq!(snapshot_from_seq(&snap_b), s0);
     let (da, db) = tokio::join!(
-        client.dispatch(chat_a.clone(), turn_started("two-a", "go a")),
-        client.dispatch(chat_b.clone(), turn_started("two-b", "go b")),
+        client.dispatch(chat_a.clone(), action(turn_started("two-a", "go a"))),
+        client.dispatch(chat_b.clone(), action(turn_started("two-b", "go b"))),
     );
     da.expect("dispatch a");
     db.expect("dispatch b");
@@ -541,12 +435,12 @@ async fn two_hosts_interleave_into_one_sequence() {
     );
     assert_eq!(
         reduce_chat(&snap_a["state"], &chat_a, &all),
-        host_state(&t, 0, &host_a, &[]),
+        host_state(&t.hosts[0], &host_a, &[]),
         "host a's chat intact"
     );
     assert_eq!(
         reduce_chat(&snap_b["state"], &chat_b, &all),
-        host_state(&t, 1, &host_b, &[]),
+        host_state(&t.hosts[1], &host_b, &[]),
         "host b's chat intact"
     );
 }
@@ -613,7 +507,7 @@ async fn root_follows_catalog_and_activity_across_hosts() {
     let mut cev = creator.events();
     let _ = subscribe_raw(&creator, new_chat).await;
     creator
-        .dispatch(new_chat.into(), turn_started("r5-turn", "work"))
+        .dispatch(new_chat.into(), action(turn_started("r5-turn", "work")))
         .await
         .expect("dispatch");
     let _ = actions_until(&mut cev, |e| is(e, new_chat, "chat/turnComplete")).await;
@@ -738,9 +632,7 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         let creator = if who == "a" { &mut a } else { &mut b };
         let params = json!({"channel": uri, "provider": "sim@v", "progressToken": token});
         creator
-            .send_json(
-                &json!({"jsonrpc": "2.0", "id": 10, "method": "createSession", "params": params}),
-            )
+            .send_json(&request_frame(10, "createSession", params))
             .await;
         let frames = frames_until(creator, |v| v["id"] == 10 && v.get("method").is_none()).await;
         let answer = frames.last().expect("answer");
@@ -840,9 +732,7 @@ async fn rejections_are_numbered_and_attributed() {
     let mut expect_seq = from;
     for (i, (channel, act, from_host)) in dispatches.iter().enumerate() {
         let client_seq = 100 + i as i64;
-        x.send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
-            "params": {"channel": channel, "clientSeq": client_seq, "action": act}}))
-            .await;
+        x.dispatch(channel, client_seq, act.clone()).await;
         let frames = frames_until(&mut x, |v| {
             v["method"] == "action" && v["params"]["origin"]["clientSeq"] == client_seq
         })
@@ -944,7 +834,7 @@ async fn slow_consumer_case(limits: &str) {
         .expect("initialize");
     let snap = subscribe_raw(&fast, &chat).await;
     assert_eq!(snapshot_from_seq(&snap), init.server_seq as u64);
-    fast.dispatch(chat.clone(), turn_started("long", "a long one"))
+    fast.dispatch(chat.clone(), action(turn_started("long", "a long one")))
         .await
         .expect("dispatch");
     let mut envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
@@ -952,7 +842,7 @@ async fn slow_consumer_case(limits: &str) {
     assert_contiguous(&envs, init.server_seq as u64);
     assert_eq!(
         reduce_chat(&snap["state"], &chat, &envs),
-        host_state(&t, 0, &host_chat, &[]),
+        host_state(&t.hosts[0], &host_chat, &[]),
         "the reading client got everything"
     );
     let close = slow.close_code().await;

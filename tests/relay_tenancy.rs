@@ -21,17 +21,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ahp_relay::client::dial::dial_stream;
-use ahp_relay::config::RelayConfig;
-use ahp_relay::devkit::{DEV_ISSUER, DevKit};
 use ahp_relay::policy::{PolicyConfig, RulePolicy};
-use ahp_relay::session::PrincipalKey;
-use ahp_relay::simhost::clock::now_iso;
 use ahp_relay::simhost::{SimHost, SimHostConfig};
-use common::relay::{TestRelay, scratch_dir};
+use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
-const ROOT: &str = "ahp-root://";
 /// The `clientId` of the relay's own watch links at the hosts.
 fn watch() -> String {
     ahp_relay::upstream::watch::watch_client_id().to_string()
@@ -40,37 +35,6 @@ fn watch() -> String {
 const TOOL: &str = "read_tab";
 
 // ─── relays, policies, principals ───────────────────────────────────────────
-
-/// Starts `hosts` and a relay in front of them like [`TestRelay::start`],
-/// letting `tweak` adjust the loaded configuration first (for settings of
-/// the generated `[relay]` table, which `extra` cannot reopen).
-async fn start_relay(
-    hosts: Vec<SimHostConfig>,
-    extra: &str,
-    tweak: impl FnOnce(&mut RelayConfig),
-) -> TestRelay {
-    let mut started: Vec<SimHost> = Vec::new();
-    for cfg in hosts {
-        started.push(start_host(cfg).await);
-    }
-    let kit = DevKit::create(&scratch_dir("tenancy")).expect("dev kit");
-    let pairs: Vec<(String, String)> = started
-        .iter()
-        .map(|h| (h.config().name.clone(), h.url()))
-        .collect();
-    let mut cfg = kit
-        .config("127.0.0.1:0", &pairs, "", extra)
-        .expect("config validates");
-    tweak(&mut cfg);
-    let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
-    let t = TestRelay {
-        relay,
-        hosts: started,
-        kit,
-    };
-    t.wait_hosts_up().await;
-    t
-}
 
 /// Two fast hosts `a` and `b`, one seeded session each.
 fn two_hosts() -> Vec<SimHostConfig> {
@@ -105,18 +69,6 @@ fn policy(text: &str) -> Arc<RulePolicy> {
     Arc::new(RulePolicy::new(&doc.policy))
 }
 
-fn principal(sub: &str) -> PrincipalKey {
-    PrincipalKey {
-        issuer: DEV_ISSUER.into(),
-        subject: sub.into(),
-    }
-}
-
-/// The upstream client id of (`sub`, `client_id`) at the hosts.
-fn upstream(t: &TestRelay, sub: &str, client_id: &str) -> String {
-    t.relay.relay.upstream_id(&principal(sub), client_id)
-}
-
 /// Parsed frames `host` received from upstream client `client`.
 fn frames_from(host: &SimHost, client: &str) -> Vec<Value> {
     host.received_from(client)
@@ -143,11 +95,6 @@ fn without_id(text: &str, id: u64) -> String {
     let needle = format!("\"id\":{id}");
     assert!(text.contains(&needle), "no {needle} in {text}");
     text.replacen(&needle, "\"id\":_", 1)
-}
-
-fn turn(turn_id: &str, text: &str) -> Value {
-    json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": text, "origin": {"kind": "user"}}})
 }
 
 fn chat_attachment(resource: &str) -> Value {
@@ -212,11 +159,7 @@ impl Peer {
 
     async fn initialize(&mut self, client_id: &str) -> Value {
         self.client_id = client_id.into();
-        self.call(
-            "initialize",
-            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": client_id}),
-        )
-        .await
+        self.call("initialize", initialize_params(client_id)).await
     }
 
     fn note(&mut self, v: &Value) {
@@ -236,9 +179,7 @@ impl Peer {
     async fn request_raw(&mut self, method: &str, params: Value) -> (u64, String, Value) {
         let id = self.next_id;
         self.next_id += 1;
-        self.ws
-            .send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
+        self.ws.send_json(&request_frame(id, method, params)).await;
         loop {
             let text = self.ws.recv_text().await.unwrap_or_else(|| {
                 panic!("{}: socket closed before the answer to {method}", self.who)
@@ -260,10 +201,7 @@ impl Peer {
     async fn dispatch(&mut self, channel: &str, action: Value) -> i64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.ws
-            .send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
-                "params": {"channel": channel, "clientSeq": seq, "action": action}}))
-            .await;
+        self.ws.dispatch(channel, seq, action).await;
         seq
     }
 
@@ -746,7 +684,7 @@ async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
         Target::seeded(Obj::External, 1, "b-1"),
     ];
     let mut me = Peer::connect(&t, "alice", &["g1"], "tester").await;
-    let up_me = upstream(&t, "alice", "tester");
+    let up_me = t.upstream_id("alice", "tester");
     let tag = format!("{}/{}", role.name(), vis.name());
 
     // Root and list: exactly the visible sessions of both hosts.
@@ -826,7 +764,7 @@ async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
                     (d, Some(m), None)
                 }
                 Op::TurnStarted => {
-                    let action = turn(&format!("turn-{n}"), "hello");
+                    let action = turn_started(&format!("turn-{n}"), "hello");
                     let (seq, d) =
                         dispatch_cell(&mut me, &tg.chat, action, exp == Decision::Allowed).await;
                     (d, None, Some(seq))
@@ -1030,7 +968,7 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
     subscribe_session(&mut alice, session, &chat).await;
     subscribe_ok(&mut alice, &chat).await;
     let seq = alice
-        .dispatch(&chat, turn("alice-turn", "private words"))
+        .dispatch(&chat, turn_started("alice-turn", "private words"))
         .await;
     let echo = alice.wait_echo(seq, WAIT).await.expect("alice's turn echo");
     assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
@@ -1040,13 +978,13 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
                 && v["params"]["action"]["type"] == "chat/turnComplete"
         })
         .await;
-    let up_alice = upstream(&t, "alice", "a1");
+    let up_alice = t.upstream_id("alice", "a1");
     for h in &t.hosts {
         h.clear_record();
     }
 
     let mut bob = Peer::connect(&t, "bob", &[], "b1").await;
-    let up_bob = upstream(&t, "bob", "b1");
+    let up_bob = t.upstream_id("bob", "b1");
     assert_eq!(
         bob.listed().await,
         Vec::<String>::new(),
@@ -1108,7 +1046,7 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
     // Dispatches get no echo at all, like dispatches to nothing.
     let mut seqs = Vec::new();
     for (channel, action) in [
-        (chat.as_str(), turn("bob-turn", "hi")),
+        (chat.as_str(), turn_started("bob-turn", "hi")),
         (chat.as_str(), json!({"type": "chat/draftChanged"})),
         (
             session,
@@ -1118,7 +1056,7 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
             randoms[0].0,
             json!({"type": "session/titleChanged", "title": "x"}),
         ),
-        (randoms[1].1.as_str(), turn("bob-turn-2", "hi")),
+        (randoms[1].1.as_str(), turn_started("bob-turn-2", "hi")),
     ] {
         seqs.push(bob.dispatch(channel, action).await);
     }
@@ -1149,14 +1087,14 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
 
     // A viewer sees the session but cannot operate it.
     let mut vic = Peer::connect(&t, "vic", &[], "v1").await;
-    let up_vic = upstream(&t, "vic", "v1");
+    let up_vic = t.upstream_id("vic", "v1");
     assert!(vic.listed().await.contains(&session.to_string()));
     subscribe_session(&mut vic, session, &chat).await;
     let snap = subscribe_ok(&mut vic, &chat).await;
     let turns_before = snap["state"]["turns"].as_array().map_or(0, Vec::len);
     let fetched = vic.call("fetchTurns", json!({"channel": chat})).await;
     assert!(fetched.get("result").is_some(), "viewers read: {fetched}");
-    let action = turn("vic-turn", "let me in");
+    let action = turn_started("vic-turn", "let me in");
     let seq = vic.dispatch(&chat, action.clone()).await;
     vic.settle().await;
     let echo = vic
@@ -1274,7 +1212,7 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
         .await;
     assert_eq!(side["result"], Value::Null, "{side}");
     let mut bob = Peer::connect(&t, "bob", &[], "b1").await;
-    let up_bob = upstream(&t, "bob", "b1");
+    let up_bob = t.upstream_id("bob", "b1");
     create_session(&mut bob, "ahp-session:/bob-a", "a").await;
     create_session(&mut bob, "ahp-session:/bob-b", "b").await;
     let bob_chat = main_chat_of("a", "bob-a");
@@ -1328,7 +1266,7 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
     // Attachments (read) in a turn on bob's own chat.
     let mut reasons = Vec::new();
     for r in bad_chats {
-        let mut action = turn(&format!("t-{}", reasons.len()), "look");
+        let mut action = turn_started(&format!("t-{}", reasons.len()), "look");
         action["message"]["attachments"] = json!([chat_attachment(r)]);
         let seq = bob.dispatch(&bob_chat, action).await;
         let reason = rejection(&mut bob, seq).await;
@@ -1344,7 +1282,7 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
         "invisible vs random verbatim attachment"
     );
     assert!(reasons[0].contains("unknown URI"), "{}", reasons[0]);
-    let mut ok_turn = turn("t-ok", "look");
+    let mut ok_turn = turn_started("t-ok", "look");
     ok_turn["message"]["attachments"] = json!([chat_attachment("ahp-chat:/a~a-1-main")]);
     let seq = bob.dispatch(&bob_chat, ok_turn).await;
     let echo = bob
@@ -1447,7 +1385,7 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
     // Visible but not permitted: vic sees everything on a and may use
     // terminals, but claiming a session needs sessions:operate.
     let mut vic = Peer::connect(&t, "vic", &[], "v1").await;
-    let up_vic = upstream(&t, "vic", "v1");
+    let up_vic = t.upstream_id("vic", "v1");
     let denied = vic
         .call(
             "createTerminal",
@@ -1610,19 +1548,20 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
         + &rule("mallory", &["mallory"], &["*"], "operator", "all", "");
     let mut b = fast_config("b", 1);
     b.script.tool_confirmation = true;
-    let t = start_relay(vec![fast_config("a", 1), b], &rules, |cfg| {
+    let t = TestRelay::start_tweaked(vec![fast_config("a", 1), b], "", &rules, |cfg| {
         cfg.relay.default_host = Some("a".into());
     })
     .await;
+    t.wait_hosts_up().await;
     let (host_a, host_b) = (&t.hosts[0], &t.hosts[1]);
     let session = "ahp-session:/alice-s";
     let chat = main_chat_of("a", "alice-s");
     let conf_session = "ahp-session:/alice-conf";
     let conf_chat = main_chat_of("b", "alice-conf");
     let term = "ahp-terminal:/alice-term";
-    let up_alice = upstream(&t, "alice", "same");
-    let up_bob = upstream(&t, "bob", "same");
-    let up_mallory = upstream(&t, "mallory", "same");
+    let up_alice = t.upstream_id("alice", "same");
+    let up_bob = t.upstream_id("bob", "same");
+    let up_mallory = t.upstream_id("mallory", "same");
 
     let mut alice = Peer::connect(&t, "alice", &[], "same").await;
     create_session(&mut alice, session, "a").await;
@@ -1651,7 +1590,7 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
     let seq = alice
         .dispatch(
             &chat,
-            turn("tool-turn", &format!("look [client-tool:{TOOL}]")),
+            turn_started("tool-turn", &format!("look [client-tool:{TOOL}]")),
         )
         .await;
     alice.wait_echo(seq, WAIT).await.expect("turn echo");
@@ -1670,7 +1609,7 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
     create_session(&mut alice, conf_session, "b").await;
     subscribe_ok(&mut alice, &conf_chat).await;
     alice
-        .dispatch(&conf_chat, turn("conf-turn", "run it"))
+        .dispatch(&conf_chat, turn_started("conf-turn", "run it"))
         .await;
     let conf_start = logged_action(&mut alice, &conf_chat, "chat/toolCallStart").await;
     let conf_id = conf_start["toolCallId"]
@@ -1977,7 +1916,7 @@ async fn root_and_catalog_notifications_reach_only_who_sees_the_session() {
         )
         .await;
     assert_eq!(r["result"], Value::Null, "{r}");
-    let seq = alice.dispatch(&my_chat, turn("t1", "hello")).await;
+    let seq = alice.dispatch(&my_chat, turn_started("t1", "hello")).await;
     alice.wait_echo(seq, WAIT).await.expect("turn echo");
     logged_action(&mut alice, &my_chat, "chat/turnComplete").await;
     create_session(&mut bob, bobs, "a").await;
@@ -2091,8 +2030,7 @@ async fn reconnect(
     let r = p
         .call(
             "reconnect",
-            json!({"channel": ROOT, "clientId": client_id, "lastSeenServerSeq": last_seen,
-                "subscriptions": subscriptions}),
+            reconnect_params(client_id, last_seen, subscriptions),
         )
         .await;
     (p, r)
@@ -2130,14 +2068,14 @@ async fn reconnect_never_replays_what_the_policy_now_hides() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let seq = alice
-        .dispatch(&her_chat, turn("secret", "alice's secret"))
+        .dispatch(&her_chat, turn_started("secret", "alice's secret"))
         .await;
     alice.wait_echo(seq, WAIT).await.expect("alice's echo");
     logged_action(&mut alice, &her_chat, "chat/turnComplete").await;
     let mut bob2 = Peer::connect(&t, "bob", &[], "other").await;
     subscribe_ok(&mut bob2, &his_chat).await;
     let seq = bob2
-        .dispatch(&his_chat, turn("his-turn", "bob's words"))
+        .dispatch(&his_chat, turn_started("his-turn", "bob's words"))
         .await;
     bob2.wait_echo(seq, WAIT).await.expect("bob's echo");
     logged_action(&mut bob2, &his_chat, "chat/turnComplete").await;
@@ -2146,10 +2084,7 @@ async fn reconnect_never_replays_what_the_policy_now_hides() {
     let detached = t
         .relay
         .relay
-        .session_of(&ahp_relay::session::SessionKey {
-            principal: principal("bob"),
-            client_id: "same".into(),
-        })
+        .session_of(&session_key("bob", "same"))
         .expect("bob's detached session");
     wait_until("alice's turn is in bob's buffer", || {
         let (frames, _) = detached.lock().buffered_since(watermark);
@@ -2256,7 +2191,9 @@ async fn policy_reload_hiding_a_subscribed_session_resyncs_the_client() {
     assert_eq!(closed.map(|c| c.0), Some(4000), "closed for resync");
     alice.settle().await;
     dave.settle().await;
-    let seq = alice.dispatch(&her_chat, turn("after", "still here")).await;
+    let seq = alice
+        .dispatch(&her_chat, turn_started("after", "still here"))
+        .await;
     alice
         .wait_echo(seq, WAIT)
         .await
@@ -2357,7 +2294,7 @@ async fn s19_per_principal_caps_leave_other_principals_alone() {
         .await;
     assert_eq!(r["error"]["code"], -32603, "{r}");
     assert_eq!(r["error"]["data"]["reason"], "linkLimit", "{r}");
-    let up = upstream(&t, "alice", "c2");
+    let up = t.upstream_id("alice", "c2");
     assert!(
         t.hosts[1].received_from(&up).is_empty(),
         "no link to b was opened"
