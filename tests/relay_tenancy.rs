@@ -2076,14 +2076,18 @@ async fn s10c_alice_completes_her_calls(w: &mut S10c) {
 
 // ─── 5. visibility everywhere ───────────────────────────────────────────────
 
-/// §6.1, §6.3, §6.4: root state (agents of invisible hosts absent,
-/// terminals filtered, `activeSessions` counting only visible sessions),
-/// `listSessions` and the `root/session*` notifications follow visibility:
-/// bob (own, host a only) hears nothing of alice's session or terminal,
-/// carol (viewer, group g1 like alice) hears of alice's but not of bob's,
-/// dave (admin, all) hears of everything, each notification once.
-#[tokio::test]
-async fn root_and_catalog_notifications_reach_only_who_sees_the_session() {
+/// The seeded terminal of host a, claimed by its seeded (external) session.
+const SEEDED_TERM: &str = "ahp-terminal:/a~1";
+/// Alice's session, chat and terminal in the visibility tests.
+const VIS_MINE: &str = "ahp-session:/alice-1";
+const VIS_MY_TERM: &str = "ahp-terminal:/alice-t";
+/// Bob's session in the visibility tests.
+const VIS_BOBS: &str = "ahp-session:/bob-1";
+
+/// The visibility world: host a (one terminal) and b; alice (own, g1), bob
+/// (own, host a only, g2), carol (viewer, group, g1) and dave (admin, all)
+/// connected and subscribed to the root, in that order.
+async fn visibility_world() -> (TestRelay, [Peer; 4]) {
     let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
         + &rule("bob", &["bob"], &["a"], "operator", "own", "")
         + &rule("carol", &["carol"], &["*"], "viewer", "group", "")
@@ -2091,78 +2095,111 @@ async fn root_and_catalog_notifications_reach_only_who_sees_the_session() {
     let mut a = fast_config("a", 1);
     a.terminals = 1;
     let t = TestRelay::start(vec![a, fast_config("b", 1)], &rules).await;
-    let mut alice = Peer::connect(&t, "alice", &["g1"], "c").await;
-    let mut bob = Peer::connect(&t, "bob", &["g2"], "c").await;
-    let mut carol = Peer::connect(&t, "carol", &["g1"], "c").await;
-    let mut dave = Peer::connect(&t, "dave", &[], "c").await;
-    let seeded_term = "ahp-terminal:/a~1";
-
-    let mut roots = Vec::new();
-    for p in [&mut alice, &mut bob, &mut carol, &mut dave] {
-        roots.push(p.root().await);
+    let mut peers = [
+        Peer::connect(&t, "alice", &["g1"], "c").await,
+        Peer::connect(&t, "bob", &["g2"], "c").await,
+        Peer::connect(&t, "carol", &["g1"], "c").await,
+        Peer::connect(&t, "dave", &[], "c").await,
+    ];
+    for p in peers.iter_mut() {
+        p.root().await;
     }
-    let agents: Vec<Vec<String>> = roots
-        .iter()
-        .map(|r| sorted_strings(&r["agents"], "provider"))
-        .collect();
-    assert_eq!(agents[1], ["sim@a"], "host b is invisible to bob");
-    for i in [0, 2, 3] {
-        assert_eq!(agents[i], ["sim@a", "sim@b"]);
-    }
-    let terminals: Vec<Vec<String>> = roots
-        .iter()
-        .map(|r| sorted_strings(&r["terminals"], "resource"))
-        .collect();
-    assert_eq!(
-        terminals,
-        [vec![], vec![], vec![], vec![seeded_term.to_string()]],
-        "the seeded terminal is claimed by an external session"
-    );
-    let active: Vec<Value> = roots.iter().map(|r| r["activeSessions"].clone()).collect();
-    assert_eq!(active, [json!(0), json!(0), json!(0), json!(2)]);
+    (t, peers)
+}
 
-    let mine = "ahp-session:/alice-1";
+/// In the visibility world, alice creates [`VIS_MINE`] with a terminal
+/// claimed by it and runs a turn, bob creates [`VIS_BOBS`]; returns once
+/// dave (who sees everything) heard of all of it and every peer settled.
+async fn visibility_changes(peers: &mut [Peer; 4]) {
+    let [alice, bob, _, dave] = peers;
     let my_chat = main_chat_of("a", "alice-1");
-    let my_term = "ahp-terminal:/alice-t";
-    let bobs = "ahp-session:/bob-1";
-    create_session(&mut alice, mine, "a").await;
-    subscribe_session(&mut alice, mine, &my_chat).await;
-    subscribe_ok(&mut alice, &my_chat).await;
+    create_session(alice, VIS_MINE, "a").await;
+    subscribe_session(alice, VIS_MINE, &my_chat).await;
+    subscribe_ok(alice, &my_chat).await;
     let r = alice
         .call(
             "createTerminal",
-            json!({"channel": my_term, "claim": session_claim(mine, &my_chat)}),
+            json!({"channel": VIS_MY_TERM, "claim": session_claim(VIS_MINE, &my_chat)}),
         )
         .await;
     assert_eq!(r["result"], Value::Null, "{r}");
     let seq = alice.dispatch(&my_chat, turn_started("t1", "hello")).await;
     alice.wait_echo(seq, WAIT).await.expect("turn echo");
-    logged_action(&mut alice, &my_chat, "chat/turnComplete").await;
-    create_session(&mut bob, bobs, "a").await;
-
+    logged_action(alice, &my_chat, "chat/turnComplete").await;
+    create_session(bob, VIS_BOBS, "a").await;
     // Dave sees all of it; once he has, everyone else's fan-out is done.
     dave.wait_for("bob's session added", |v| {
-        v["method"] == "root/sessionAdded" && v["params"]["summary"]["resource"] == bobs
+        v["method"] == "root/sessionAdded" && v["params"]["summary"]["resource"] == VIS_BOBS
     })
     .await;
     dave.wait_for("alice's summary changed", |v| {
-        v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == mine
+        v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == VIS_MINE
     })
     .await;
     dave.wait_for("alice's terminal", |v| {
-        v["params"]["action"]["type"] == "root/terminalsChanged" && v.to_string().contains(my_term)
+        v["params"]["action"]["type"] == "root/terminalsChanged"
+            && v.to_string().contains(VIS_MY_TERM)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    for p in [&mut alice, &mut bob, &mut carol, &mut dave] {
+    for p in peers.iter_mut() {
         p.settle().await;
     }
+}
 
-    for p in [&mut carol, &mut dave] {
+/// Each peer's fresh root: its agents' providers, its terminals and its
+/// `activeSessions`.
+async fn roots_of(peers: &mut [Peer; 4]) -> (Vec<Vec<String>>, Vec<Vec<String>>, Vec<Value>) {
+    let mut roots = Vec::new();
+    for p in peers.iter_mut() {
+        roots.push(p.root().await);
+    }
+    let agents = roots
+        .iter()
+        .map(|r| sorted_strings(&r["agents"], "provider"))
+        .collect();
+    let terminals = roots
+        .iter()
+        .map(|r| sorted_strings(&r["terminals"], "resource"))
+        .collect();
+    let active = roots.iter().map(|r| r["activeSessions"].clone()).collect();
+    (agents, terminals, active)
+}
+
+/// §6.1 (root state follows visibility): the agents of a host bob may not
+/// use are absent from his root, the seeded terminal (claimed by an
+/// external session) shows only to dave, and `activeSessions` counts only
+/// visible sessions.
+#[tokio::test]
+async fn root_state_shows_only_what_the_principal_sees() {
+    let (_t, mut peers) = visibility_world().await;
+    let (agents, terminals, active) = roots_of(&mut peers).await;
+    assert_eq!(agents[1], ["sim@a"], "host b is invisible to bob");
+    for i in [0, 2, 3] {
+        assert_eq!(agents[i], ["sim@a", "sim@b"]);
+    }
+    assert_eq!(
+        terminals,
+        [vec![], vec![], vec![], vec![SEEDED_TERM.to_string()]],
+        "the seeded terminal is claimed by an external session"
+    );
+    assert_eq!(active, [json!(0), json!(0), json!(0), json!(2)]);
+}
+
+/// §6.3, §6.4: the `root/session*` notifications reach only who sees the
+/// session, each once: bob (own, host a only) hears nothing of alice's
+/// session or terminal, carol (viewer, group g1 like alice) hears of
+/// alice's but not of bob's, dave (admin, all) hears of everything.
+#[tokio::test]
+async fn catalog_notifications_reach_only_who_sees_the_session() {
+    let (_t, mut peers) = visibility_world().await;
+    visibility_changes(&mut peers).await;
+    let [alice, bob, carol, dave] = &mut peers;
+    for p in [&mut *carol, &mut *dave] {
         p.drain(Duration::from_millis(100)).await;
     }
-    assert_eq!(alice.catalog("root/sessionAdded", mine), 1);
-    assert!(alice.catalog("root/sessionSummaryChanged", mine) >= 1);
+    assert_eq!(alice.catalog("root/sessionAdded", VIS_MINE), 1);
+    assert!(alice.catalog("root/sessionSummaryChanged", VIS_MINE) >= 1);
     assert!(
         alice.mentioning("bob-1").is_empty(),
         "{:?}",
@@ -2173,59 +2210,59 @@ async fn root_and_catalog_notifications_reach_only_who_sees_the_session() {
         "bob heard of alice's objects: {:?}",
         bob.mentioning("alice")
     );
-    assert_eq!(bob.catalog("root/sessionAdded", bobs), 1);
-    assert_eq!(carol.catalog("root/sessionAdded", mine), 1);
-    assert!(carol.catalog("root/sessionSummaryChanged", mine) >= 1);
+    assert_eq!(bob.catalog("root/sessionAdded", VIS_BOBS), 1);
+    assert_eq!(carol.catalog("root/sessionAdded", VIS_MINE), 1);
+    assert!(carol.catalog("root/sessionSummaryChanged", VIS_MINE) >= 1);
     assert!(
         carol.mentioning("bob-1").is_empty(),
         "{:?}",
         carol.mentioning("bob-1")
     );
-    assert_eq!(dave.catalog("root/sessionAdded", mine), 1);
-    assert_eq!(dave.catalog("root/sessionAdded", bobs), 1);
+    assert_eq!(dave.catalog("root/sessionAdded", VIS_MINE), 1);
+    assert_eq!(dave.catalog("root/sessionAdded", VIS_BOBS), 1);
     assert_eq!(
-        carol.catalog("root/sessionSummaryChanged", mine),
-        dave.catalog("root/sessionSummaryChanged", mine),
+        carol.catalog("root/sessionSummaryChanged", VIS_MINE),
+        dave.catalog("root/sessionSummaryChanged", VIS_MINE),
         "each summary change once"
     );
+}
 
-    // Fresh views agree with the live ones.
+/// §6.1, §6.4: after the catalog changed, fresh `listSessions` and root
+/// snapshots show each principal exactly its visible sessions and the
+/// terminals claimed for them, and each one's live root actions ended at
+/// the same `activeSessions`.
+#[tokio::test]
+async fn fresh_views_after_catalog_changes_agree_with_the_live_ones() {
+    let (_t, mut peers) = visibility_world().await;
+    visibility_changes(&mut peers).await;
     let mut lists = Vec::new();
-    let mut roots = Vec::new();
-    for p in [&mut alice, &mut bob, &mut carol, &mut dave] {
+    for p in peers.iter_mut() {
         lists.push(p.listed().await);
-        roots.push(p.root().await);
     }
-    assert_eq!(lists[0], [mine]);
-    assert_eq!(lists[1], [bobs]);
-    assert_eq!(lists[2], [mine]);
-    assert_eq!(
-        lists[3],
-        ["ahp-session:/a~a-1", mine, "ahp-session:/b~b-1", bobs]
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect::<Vec<_>>()
-    );
-    let active: Vec<Value> = roots.iter().map(|r| r["activeSessions"].clone()).collect();
+    assert_eq!(lists[0], [VIS_MINE]);
+    assert_eq!(lists[1], [VIS_BOBS]);
+    assert_eq!(lists[2], [VIS_MINE]);
+    let mut all = vec![
+        "ahp-session:/a~a-1",
+        VIS_MINE,
+        "ahp-session:/b~b-1",
+        VIS_BOBS,
+    ];
+    all.sort();
+    assert_eq!(lists[3], all);
+    let (_, terminals, active) = roots_of(&mut peers).await;
     assert_eq!(active, [json!(1), json!(1), json!(1), json!(4)]);
-    let terminals: Vec<Vec<String>> = roots
-        .iter()
-        .map(|r| sorted_strings(&r["terminals"], "resource"))
-        .collect();
     assert_eq!(
         terminals,
         [
-            vec![my_term.to_string()],
+            vec![VIS_MY_TERM.to_string()],
             vec![],
-            vec![my_term.to_string()],
-            vec![my_term.to_string(), seeded_term.to_string()]
+            vec![VIS_MY_TERM.to_string()],
+            vec![VIS_MY_TERM.to_string(), SEEDED_TERM.to_string()]
         ],
         "terminals: claimed for a session one sees"
     );
-    // Live root actions ended where the fresh snapshots are.
-    for (p, want) in [(&alice, 1), (&bob, 1), (&carol, 1), (&dave, 4)] {
+    for (p, want) in peers.iter().zip([1, 1, 1, 4]) {
         let last = p
             .log
             .iter()
@@ -2255,28 +2292,17 @@ async fn reconnect(
     (p, r)
 }
 
-/// §3.5, §5.5, §7.6: bob sees alice's session (visibility all) and follows
-/// it; he drops; while he is detached alice runs a turn (his buffer fills
-/// with her envelopes) and the policy narrows him to his own sessions. His
-/// `reconnect` must carry nothing of alice's — no envelope, no snapshot —
-/// and report her channels as gone, while his own channel's news (a turn
-/// from his second client) does arrive.
-#[tokio::test]
-async fn reconnect_never_replays_what_the_policy_now_hides() {
-    let alice_rule = rule("alice", &["alice"], &["*"], "operator", "own", "");
-    let t = TestRelay::start(
-        two_hosts(),
-        &(alice_rule.clone() + &rule("bob", &["bob"], &["*"], "operator", "all", "")),
-    )
-    .await;
-    let hers = "ahp-session:/alice-1";
-    let her_chat = main_chat_of("a", "alice-1");
-    let his = "ahp-session:/bob-1";
-    let his_chat = main_chat_of("a", "bob-1");
-    let mut alice = Peer::connect(&t, "alice", &[], "a").await;
+/// Bob (visibility all) follows alice's session and chat and his own chat
+/// as client "same", then drops; while he is detached alice runs a turn
+/// and his second client "other" runs one in his chat, and both land in
+/// his detached buffer. Returns alice, his second client and his watermark.
+async fn bob_detached_with_alice_buffered(t: &TestRelay) -> (Peer, Peer, u64) {
+    let (hers, her_chat) = ("ahp-session:/alice-1", main_chat_of("a", "alice-1"));
+    let (his, his_chat) = ("ahp-session:/bob-1", main_chat_of("a", "bob-1"));
+    let mut alice = Peer::connect(t, "alice", &[], "a").await;
     create_session(&mut alice, hers, "a").await;
     subscribe_ok(&mut alice, &her_chat).await;
-    let mut bob = Peer::connect(&t, "bob", &[], "same").await;
+    let mut bob = Peer::connect(t, "bob", &[], "same").await;
     create_session(&mut bob, his, "a").await;
     for c in [hers, her_chat.as_str(), his_chat.as_str()] {
         subscribe_ok(&mut bob, c).await;
@@ -2291,7 +2317,7 @@ async fn reconnect_never_replays_what_the_policy_now_hides() {
         .await;
     alice.wait_echo(seq, WAIT).await.expect("alice's echo");
     logged_action(&mut alice, &her_chat, "chat/turnComplete").await;
-    let mut bob2 = Peer::connect(&t, "bob", &[], "other").await;
+    let mut bob2 = Peer::connect(t, "bob", &[], "other").await;
     subscribe_ok(&mut bob2, &his_chat).await;
     let seq = bob2
         .dispatch(&his_chat, turn_started("his-turn", "bob's words"))
@@ -2300,11 +2326,7 @@ async fn reconnect_never_replays_what_the_policy_now_hides() {
     logged_action(&mut bob2, &his_chat, "chat/turnComplete").await;
     // Precondition: the detached session buffered alice's envelopes (so
     // only a filter at reply time can keep them out).
-    let detached = t
-        .relay
-        .relay
-        .session_of(&session_key("bob", "same"))
-        .expect("bob's detached session");
+    let detached = t.session("bob", "same");
     wait_until("alice's turn is in bob's buffer", || {
         let (frames, _) = detached.lock().buffered_since(watermark);
         let texts: Vec<&str> = frames.iter().map(|f| f.as_str()).collect();
@@ -2312,8 +2334,26 @@ async fn reconnect_never_replays_what_the_policy_now_hides() {
             && texts.iter().any(|f| f.contains("bob's words"))
     })
     .await;
-    drop(detached);
+    (alice, bob2, watermark)
+}
 
+/// §3.5, §5.5, §7.6: bob sees alice's session (visibility all) and follows
+/// it; he drops; while he is detached alice runs a turn (his buffer fills
+/// with her envelopes) and the policy narrows him to his own sessions. His
+/// `reconnect` must carry nothing of alice's — no envelope, no snapshot —
+/// and report her channels as gone, while his own channel's news (a turn
+/// from his second client) does arrive.
+#[tokio::test]
+async fn reconnect_never_replays_what_the_policy_now_hides() {
+    let alice_rule = rule("alice", &["alice"], &["*"], "operator", "own", "");
+    let t = TestRelay::start(
+        two_hosts(),
+        &(alice_rule.clone() + &rule("bob", &["bob"], &["*"], "operator", "all", "")),
+    )
+    .await;
+    let (hers, her_chat) = ("ahp-session:/alice-1", main_chat_of("a", "alice-1"));
+    let his_chat = main_chat_of("a", "bob-1");
+    let (_alice, _bob2, watermark) = bob_detached_with_alice_buffered(&t).await;
     t.relay.relay.set_policy(policy(
         &(alice_rule + &rule("bob", &["bob"], &["*"], "operator", "own", "")),
     ));
