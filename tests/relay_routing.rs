@@ -178,9 +178,9 @@ fn owned(v: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
 
 // ─── S1 ─────────────────────────────────────────────────────────────────────
 
-/// S1: the root lists both hosts' agents as `<p>@<host>` with label-suffixed names; `listSessions` merges both hosts newest first, pages with `limit: 1` over every session exactly once, and refuses another socket's cursor and garbage cursors with -32602.
-#[tokio::test]
-async fn s1_root_and_session_list_merge_both_hosts() {
+/// S1's relay: hosts a (provider `alpha`, two sessions) and b (provider
+/// `beta`, three sessions, labelled "Box B").
+async fn s1_relay() -> TestRelay {
     let a = SimHostConfig {
         provider: "alpha".into(),
         ..fast_config("a", 2)
@@ -190,39 +190,53 @@ async fn s1_root_and_session_list_merge_both_hosts() {
         ..fast_config("b", 3)
     };
     // Appended after the generated `[[hosts]]` tables, so it labels host b.
-    let t = TestRelay::start(vec![a, b], "label = \"Box B\"\n").await;
+    TestRelay::start(vec![a, b], "label = \"Box B\"\n").await
+}
+
+/// The five seeded sessions of S1's hosts, sorted.
+const S1_SESSIONS: [&str; 5] = [
+    "ahp-session:/a~a-1",
+    "ahp-session:/a~a-2",
+    "ahp-session:/b~b-1",
+    "ahp-session:/b~b-2",
+    "ahp-session:/b~b-3",
+];
+
+/// S1 (§6.1): the root snapshot, in an `InitializeResult` or from
+/// `subscribe`, lists both hosts' agents as `<p>@<host>` with their names
+/// suffixed by the host's label (or name).
+#[tokio::test]
+async fn s1_root_lists_both_hosts_agents_qualified_and_labelled() {
+    let t = s1_relay().await;
     let expected_agents = owned(&[
         ("alpha@a", "Sim agent (a) (a)", "alpha@a"),
         ("beta@b", "Sim agent (b) (Box B)", "beta@b"),
     ]);
-
     let c1 = t.client("alice").await;
     let init = call(&c1, "initialize", initialize_subscribing("s1-one", &[ROOT]))
         .await
         .expect("initialize with the root");
     assert_eq!(init["snapshots"][0]["resource"], ROOT, "{init}");
     assert_eq!(agents(&init["snapshots"][0]["state"]), expected_agents);
-
     let c2 = t.client_init("alice", "s1-two").await;
     let snap = subscribe_raw(&c2, ROOT).await;
     assert_eq!(agents(&snap["state"]), expected_agents);
+}
 
+/// S1 (§6.2): `listSessions` merges both hosts' sessions newest first (ties
+/// by URI), interleaving rather than concatenating, in one page without a
+/// cursor, each with its host's qualified provider.
+#[tokio::test]
+async fn s1_list_sessions_merges_both_hosts_newest_first() {
+    let t = s1_relay().await;
+    let c1 = t.client_init("alice", "s1-one").await;
     let all = call(&c1, "listSessions", json!({"channel": ROOT}))
         .await
         .expect("listSessions");
     let uris = item_uris(&all);
     let mut sorted = uris.clone();
     sorted.sort();
-    assert_eq!(
-        sorted,
-        [
-            "ahp-session:/a~a-1",
-            "ahp-session:/a~a-2",
-            "ahp-session:/b~b-1",
-            "ahp-session:/b~b-2",
-            "ahp-session:/b~b-3"
-        ]
-    );
+    assert_eq!(sorted, S1_SESSIONS);
     assert!(all.get("nextCursor").is_none(), "{all}");
     let keys: Vec<(i64, String)> = all["items"]
         .as_array()
@@ -253,7 +267,11 @@ async fn s1_root_and_session_list_merge_both_hosts() {
         };
         assert_eq!(s["provider"], host, "{s}");
     }
+}
 
+/// Walks `listSessions` with `limit: 1` on `c` (at most 10 pages): every
+/// page has one item; returns the URIs in order and the first cursor.
+async fn walk_pages(c: &Client) -> (Vec<String>, Option<String>) {
     let mut walked = Vec::new();
     let mut cursor: Option<String> = None;
     let mut first_cursor = None;
@@ -262,7 +280,7 @@ async fn s1_root_and_session_list_merge_both_hosts() {
         if let Some(c) = &cursor {
             p["cursor"] = json!(c);
         }
-        let page = call(&c1, "listSessions", p).await.expect("page");
+        let page = call(c, "listSessions", p).await.expect("page");
         assert_eq!(item_uris(&page).len(), 1, "{page}");
         walked.extend(item_uris(&page));
         cursor = page
@@ -276,8 +294,34 @@ async fn s1_root_and_session_list_merge_both_hosts() {
             break;
         }
     }
-    assert_eq!(walked, uris, "paging with limit 1 walks the merged order");
+    (walked, first_cursor)
+}
 
+/// S1 (§6.2): paging with `limit: 1` walks the merged order over every
+/// session exactly once.
+#[tokio::test]
+async fn s1_list_sessions_pages_over_every_session_once() {
+    let t = s1_relay().await;
+    let c1 = t.client_init("alice", "s1-one").await;
+    let all = call(&c1, "listSessions", json!({"channel": ROOT}))
+        .await
+        .expect("listSessions");
+    let (walked, _) = walk_pages(&c1).await;
+    assert_eq!(
+        walked,
+        item_uris(&all),
+        "paging with limit 1 walks the merged order"
+    );
+}
+
+/// S1 (§6.2): a `listSessions` cursor works again on its own socket, and is
+/// -32602 on another socket of the same or another principal; garbage and
+/// forged cursors are -32602 too.
+#[tokio::test]
+async fn s1_a_list_cursor_works_only_on_its_own_socket() {
+    let t = s1_relay().await;
+    let c1 = t.client_init("alice", "s1-one").await;
+    let (walked, first_cursor) = walk_pages(&c1).await;
     let valid = first_cursor.expect("a first page has a cursor");
     let again = call(
         &c1,
@@ -286,8 +330,8 @@ async fn s1_root_and_session_list_merge_both_hosts() {
     )
     .await
     .expect("the cursor works on its own socket");
-    assert_eq!(item_uris(&again), [uris[1].clone()]);
-
+    assert_eq!(item_uris(&again), [walked[1].clone()]);
+    let c2 = t.client_init("alice", "s1-two").await;
     let bob = t.client_init("bob", "s1-one").await;
     for other in [&c2, &bob] {
         let e = fails(
@@ -322,20 +366,20 @@ fn shared_host(name: &str) -> SimHostConfig {
     }
 }
 
-/// S11: two hosts announcing the same session, chat and terminal URIs appear as distinct qualified URIs; a turn on one reaches only that host and leaves the other's chat unchanged; after a relay restart on the same store the names still resolve and a relay-created verbatim URI still routes to its host.
-#[tokio::test]
-async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
+/// S11's relay: hosts a and b both announcing the colliding URIs.
+async fn s11_relay() -> TestRelay {
     let t = TestRelay::start(vec![shared_host("a"), shared_host("b")], "").await;
     for h in &t.hosts {
         assert_eq!(h.session_uris(), ["ahp-session:/shared-1"]);
     }
-    let c = t.client("alice").await;
-    let init = call(&c, "initialize", initialize_subscribing("s11", &[ROOT]))
-        .await
-        .expect("initialize");
-    let mut terminals: Vec<(String, String, String)> = init["snapshots"][0]["state"]["terminals"]
+    t
+}
+
+/// (resource, claimed session, claimed chat) of every terminal in a root state.
+fn root_terminals(root: &Value) -> Vec<(String, String, String)> {
+    let mut terminals: Vec<(String, String, String)> = root["terminals"]
         .as_array()
-        .unwrap_or_else(|| panic!("no terminals: {init}"))
+        .unwrap_or_else(|| panic!("no terminals: {root}"))
         .iter()
         .map(|t| {
             (
@@ -346,8 +390,21 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
         })
         .collect();
     terminals.sort();
+    terminals
+}
+
+/// S11 (§4.2): two hosts announcing the same session, chat and terminal
+/// URIs appear in the root, the session list and snapshots as distinct
+/// qualified URIs, with every reference between them qualified alike.
+#[tokio::test]
+async fn s11_colliding_host_uris_appear_as_distinct_qualified_uris() {
+    let t = s11_relay().await;
+    let c = t.client("alice").await;
+    let init = call(&c, "initialize", initialize_subscribing("s11", &[ROOT]))
+        .await
+        .expect("initialize");
     assert_eq!(
-        terminals,
+        root_terminals(&init["snapshots"][0]["state"]),
         owned(&[
             (
                 "ahp-terminal:/a~1",
@@ -378,7 +435,15 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
     }
     let term = subscribe_raw(&c, "ahp-terminal:/b~1").await;
     assert_eq!(term["state"]["claim"]["session"], "ahp-session:/b~shared-1");
+}
 
+/// S11 (§4.2, §4.3): a turn on host a's colliding chat yields envelopes of
+/// that chat, its session and the root only, reaches host a in its own
+/// name, and host b neither hears of it nor changes its chat.
+#[tokio::test]
+async fn s11_a_turn_on_one_colliding_chat_reaches_only_its_host() {
+    let t = s11_relay().await;
+    let c = t.client_init("alice", "s11").await;
     let chat_a = "ahp-chat:/a~shared-1-main";
     let host_chat = "ahp-chat:/shared-1-main";
     let b_before = t.hosts[1].channel_state(host_chat).expect("b has the chat");
@@ -412,7 +477,16 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
         Some(1),
         "{a_chat}"
     );
+}
 
+/// S11 (§4.2, §8.1): after a relay restart on the same store, upstream ids
+/// are the same, every qualified name still resolves, and a relay-created
+/// verbatim session URI still routes to its host only, is listed with its
+/// provider, and stays taken (-32003).
+#[tokio::test]
+async fn s11_names_survive_a_relay_restart() {
+    let t = s11_relay().await;
+    let c = t.client_init("alice", "s11").await;
     let mine = "ahp-session:/s11-mine";
     call(
         &c,
@@ -421,19 +495,17 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
     )
     .await
     .expect("createSession on b");
-
     // Restart: close the client, stop the relay, wait until it is gone
     // (it holds the store file), start a new one from the same directory.
     c.shutdown().await;
     drop(c);
-    let up_before = t.relay.relay.upstream_id(&principal("alice"), "s11");
+    let up_before = t.upstream_id("alice", "s11");
     let t = t.restart().await;
     assert_eq!(
-        t.relay.relay.upstream_id(&principal("alice"), "s11"),
+        t.upstream_id("alice", "s11"),
         up_before,
         "the relay secret persists, so upstream ids survive a restart"
     );
-
     let c = t.client_init("alice", "s11-after").await;
     for uri in [
         "ahp-session:/a~shared-1",
@@ -582,10 +654,12 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
 
 // ─── error table ────────────────────────────────────────────────────────────
 
-/// §4.4: unknown sessions -32001, other unknown channels -32008 (also for unknown hosts), no `data`; a dispatch to an unknown channel gets no echo; a stopped host answers -32603 `hostUnavailable` with its id while the other host keeps working, and its sessions stay listed as `unreachable`.
+/// §4.4: subscribing an unknown session is -32001, any other unknown
+/// channel (also of an unknown host) -32008, never with `data`, and a
+/// host's own error does not leak the host form of the name.
 #[tokio::test]
-async fn error_table_and_an_unavailable_host() {
-    let mut t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
+async fn unknown_channels_answer_their_code_without_data() {
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     let c = t.client_init("alice", "c4").await;
     for (uri, code) in [
         ("ahp-session:/a~nope", -32001),
@@ -604,7 +678,13 @@ async fn error_table_and_an_unavailable_host() {
             assert!(!e.message.contains(&format!(":/{id}")), "{uri}: {e:?}");
         }
     }
+}
 
+/// §4.4, §5.3: a dispatch to an unknown channel (of a known or unknown
+/// host, verbatim or qualified) gets no echo at all and reaches no host.
+#[tokio::test]
+async fn dispatches_to_unknown_channels_get_no_echo() {
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     let mut ws = t.raw("alice").await;
     ws.initialize("c4-raw").await;
     for (n, channel) in [
@@ -648,19 +728,36 @@ async fn error_table_and_an_unavailable_host() {
             .any(|f| f.method.as_deref() == Some("dispatchAction")),
         "nothing reached host b"
     );
+}
 
-    let b = t.hosts.remove(1);
-    b.shutdown().await;
+/// Lists sessions on `c` until `uri` is marked `unreachable` (bounded);
+/// returns the last list.
+async fn list_until_unreachable(c: &Client, uri: &str) -> Value {
     let mut listed = Value::Null;
     for _ in 0..500 {
-        listed = call(&c, "listSessions", json!({"channel": ROOT}))
+        listed = call(c, "listSessions", json!({"channel": ROOT}))
             .await
             .expect("listSessions");
-        if item(&listed, "ahp-session:/b~b-1")["_meta"]["ahp-relay/hostState"] == "unreachable" {
+        if item(&listed, uri)["_meta"]["ahp-relay/hostState"] == "unreachable" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    listed
+}
+
+/// §4.4, §5.8: once host b stops, its sessions stay listed marked
+/// `unreachable` (a's are not marked); requests for b, from a client
+/// attached before or after, are -32603 `hostUnavailable` naming b
+/// (retryable); a dispatch to b gets a rejection echo with the client's
+/// origin; and host a keeps working.
+#[tokio::test]
+async fn a_stopped_host_is_unavailable_while_the_other_keeps_working() {
+    let mut t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
+    let c = t.client_init("alice", "c4").await;
+    let b = t.hosts.remove(1);
+    b.shutdown().await;
+    let listed = list_until_unreachable(&c, "ahp-session:/b~b-1").await;
     assert_eq!(
         item(&listed, "ahp-session:/b~b-1")["_meta"]["ahp-relay/hostState"],
         "unreachable",
