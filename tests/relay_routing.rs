@@ -910,22 +910,28 @@ async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
 
 // ─── identity ───────────────────────────────────────────────────────────────
 
-/// §2 B2: links initialize with `r1.` ids derived per (principal, clientId), never the client's own id; alice's and bob's "same" are two upstream clients; an own echo carries the own clientId, others see an opaque id; `session/activeClientSet` for another clientId gets a relay rejection echo and never reaches the host.
-#[tokio::test]
-async fn upstream_identity_is_derived_and_mapped_back() {
+/// The identity world: host a, and alice and bob both initialized as
+/// "same", both subscribed to host a's seeded session (their event streams
+/// taken first).
+async fn identity_world() -> (TestRelay, [Client; 2], [ahp::ClientEventStream; 2]) {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
-    let host = &t.hosts[0];
-    let session = "ahp-session:/a~a-1";
     let alice = t.client_init("alice", "same").await;
     let bob = t.client_init("bob", "same").await;
-    let mut alice_ev = alice.events();
-    let mut bob_ev = bob.events();
-    subscribe_raw(&alice, session).await;
-    subscribe_raw(&bob, session).await;
+    let events = [alice.events(), bob.events()];
+    subscribe_raw(&alice, "ahp-session:/a~a-1").await;
+    subscribe_raw(&bob, "ahp-session:/a~a-1").await;
+    (t, [alice, bob], events)
+}
 
-    let relay = &t.relay.relay;
-    let up_alice = relay.upstream_id(&principal("alice"), "same");
-    let up_bob = relay.upstream_id(&principal("bob"), "same");
+/// §2 B2: the relay's links initialize at the host with `r1.` ids derived
+/// per (principal, clientId), never the client's own id: alice's and bob's
+/// "same" are two upstream clients.
+#[tokio::test]
+async fn upstream_ids_are_derived_per_principal_and_client_id() {
+    let (t, _clients, _events) = identity_world().await;
+    let host = &t.hosts[0];
+    let up_alice = t.upstream_id("alice", "same");
+    let up_bob = t.upstream_id("bob", "same");
     assert_ne!(up_alice, up_bob);
     let inits: BTreeSet<String> = host_frames(host, "initialize")
         .iter()
@@ -942,7 +948,16 @@ async fn upstream_identity_is_derived_and_mapped_back() {
     for id in [&up_alice, &up_bob] {
         assert!(id.starts_with("r1.") && id.len() == 3 + 11 + 1 + 16, "{id}");
     }
+    assert!(host.received_from("same").is_empty());
+}
 
+/// §2 B2, §5.3: alice's own echo carries her own clientId and clientSeq;
+/// bob, with the same clientId, sees her change with her opaque upstream id.
+#[tokio::test]
+async fn echo_origins_show_the_own_client_id_and_others_an_opaque_id() {
+    let (t, [alice, _bob], [mut alice_ev, mut bob_ev]) = identity_world().await;
+    let session = "ahp-session:/a~a-1";
+    let up_alice = t.upstream_id("alice", "same");
     let h = alice
         .dispatch(
             session.into(),
@@ -971,7 +986,20 @@ async fn upstream_identity_is_derived_and_mapped_back() {
         Some(up_alice.clone()),
         "bob must not see alice's echo as his own"
     );
+}
 
+/// §2 B2, §5.3: `session/activeClientSet` naming another clientId gets a
+/// relay rejection echo (with the client's origin) that reaches neither bob
+/// nor the host; naming the client itself is forwarded with its upstream
+/// id, echoed with its own id, shown to bob with the opaque id, and lands
+/// at the host under the upstream id. The client's own id never reaches
+/// the host.
+#[tokio::test]
+async fn active_client_set_names_only_the_dispatching_client() {
+    let (t, [alice, _bob], [mut alice_ev, mut bob_ev]) = identity_world().await;
+    let host = &t.hosts[0];
+    let session = "ahp-session:/a~a-1";
+    let up_alice = t.upstream_id("alice", "same");
     let foreign = alice
         .dispatch(
             session.into(),
