@@ -550,27 +550,40 @@ async fn s11_names_survive_a_relay_restart() {
 
 // ─── client-chosen URIs ─────────────────────────────────────────────────────
 
-/// §4.2: a client-chosen session URI lands on the provider's host, is listed verbatim as soon as the create returns, stays unique across hosts (-32003), must be `<scheme>:/<id>` (-32602 for `~` or `/`); a client-chosen chat URI works and is subscribable; an unknown provider is -32002 and frees the name.
-#[tokio::test]
-async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
+/// Hosts a and b, and alice's client initialized as "c3".
+async fn chosen_world() -> (TestRelay, Client) {
     let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     let c = t.client_init("alice", "c3").await;
+    (t, c)
+}
+
+/// Creates `ahp-session:/mine-1` on host b through `c`.
+async fn create_mine(c: &Client) -> &'static str {
     let mine = "ahp-session:/mine-1";
     let r = call(
-        &c,
+        c,
         "createSession",
         json!({"channel": mine, "provider": "sim@b"}),
     )
     .await
     .expect("createSession");
     assert_eq!(r, Value::Null);
+    mine
+}
+
+/// §4.2: a client-chosen session URI lands on its provider's host only, is
+/// listed verbatim with its qualified provider as soon as the create
+/// returns, and stays unique across hosts (-32003).
+#[tokio::test]
+async fn a_client_chosen_session_uri_is_routed_by_provider_and_unique() {
+    let (t, c) = chosen_world().await;
+    let mine = create_mine(&c).await;
     let list = call(&c, "listSessions", json!({"channel": ROOT}))
         .await
         .expect("listSessions");
     assert_eq!(item(&list, mine)["provider"], "sim@b");
     assert!(t.hosts[1].session_uris().iter().any(|u| u == mine));
     assert!(!t.hosts[0].session_uris().iter().any(|u| u == mine));
-
     let e = fails(
         &c,
         "createSession",
@@ -578,6 +591,16 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
     )
     .await;
     assert_eq!(e.code, -32003, "{e:?}");
+    assert_eq!(host_frames(&t.hosts[1], "createSession").len(), 1);
+    assert!(host_frames(&t.hosts[0], "createSession").is_empty());
+}
+
+/// §4.2: a client-chosen session URI must be `ahp-session:/<id>` without
+/// `~` or `/`, and a create may not register another clientId as active:
+/// -32602, and nothing reaches a host.
+#[tokio::test]
+async fn client_chosen_session_uris_must_be_a_plain_id() {
+    let (t, c) = chosen_world().await;
     for bad in [
         "ahp-session:/x~y",
         "ahp-session:/a~a-1",
@@ -604,8 +627,20 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
         host_frames(&t.hosts[0], "createSession").is_empty(),
         "no refused create reached host a"
     );
-    assert_eq!(host_frames(&t.hosts[1], "createSession").len(), 1);
+    assert!(
+        host_frames(&t.hosts[1], "createSession").is_empty(),
+        "no refused create reached host b"
+    );
+}
 
+/// §4.2: a client-chosen chat URI in a client-chosen session is created
+/// on the session's host, subscribable under its own name and listed in
+/// the session next to the qualified default chat; a qualified one is
+/// -32602.
+#[tokio::test]
+async fn a_client_chosen_chat_uri_is_created_and_subscribable() {
+    let (t, c) = chosen_world().await;
+    let mine = create_mine(&c).await;
     let side = "ahp-chat:/mine-1-side";
     let r = call(&c, "createChat", json!({"channel": mine, "chat": side}))
         .await
@@ -631,7 +666,13 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
     )
     .await;
     assert_eq!(e.code, -32602, "{e:?}");
+}
 
+/// §4.2, §4.4: a create with an unknown provider (unknown agent, host, or
+/// unqualified) is -32002 and leaves the name free for the next create.
+#[tokio::test]
+async fn an_unknown_provider_is_refused_and_frees_the_name() {
+    let (t, c) = chosen_world().await;
     let two = "ahp-session:/mine-2";
     for provider in ["nope@b", "sim@zzz", "sim"] {
         let e = fails(
@@ -1129,11 +1170,19 @@ async fn session_lifecycle_not_found_reinit_and_supersede() {
 
 // ─── bad input ──────────────────────────────────────────────────────────────
 
-/// §4.1/§3.7/S12: `ping` before `initialize` works, other requests -32600; unsupported versions -32005 with `supportedVersions` then close; the highest 1.0.x is chosen; invalid JSON -32700 with id null; unknown method -32601; no `params.channel` -32602; a binary frame closes 1003; another client is unaffected.
+/// A raw socket through the relay as alice, initialized as "c8".
+async fn c8(t: &TestRelay) -> RawWs {
+    let mut ws = t.raw("alice").await;
+    let init = ws.initialize("c8").await;
+    assert!(init["result"]["serverSeq"].is_u64(), "{init}");
+    ws
+}
+
+/// §3.7, §4.1: before `initialize` a ping is answered, any other request
+/// is -32600, and an unparsable frame is -32700 with a null id.
 #[tokio::test]
-async fn bad_input_gets_its_code_and_spares_other_clients() {
+async fn requests_before_initialize_and_unparsable_frames_get_their_codes() {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
-    let bystander = t.client_init("bob", "bystander").await;
     let mut ws = t.raw("alice").await;
     let r = ws.request(1, "ping", json!({"channel": ROOT})).await;
     assert_eq!(r["result"], Value::Null, "{r}");
@@ -1151,7 +1200,15 @@ async fn bad_input_gets_its_code_and_spares_other_clients() {
     let r = ws.recv_json().await.expect("an answer");
     assert_eq!(r["error"]["code"], -32700, "{r}");
     assert_eq!(r.get("id"), Some(&Value::Null), "{r}");
+}
 
+/// §3.7, §4.1: `initialize` picks the highest offered 1.x version; an
+/// unknown method is -32601, missing or absent params -32602, and the
+/// socket keeps working after each.
+#[tokio::test]
+async fn bad_requests_get_their_codes_and_the_socket_keeps_working() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let mut ws = t.raw("alice").await;
     let r = ws
         .request(
             5,
@@ -1170,8 +1227,15 @@ async fn bad_input_gets_its_code_and_spares_other_clients() {
     assert_eq!(r["error"]["code"], -32602, "{r}");
     let r = ws.request(9, "ping", json!({"channel": ROOT})).await;
     assert_eq!(r["result"], Value::Null, "{r}");
-    // An action type the relay does not know: a relay rejection echo with
-    // the action exactly as dispatched (§4.1, §5.3); the host never sees it.
+}
+
+/// §4.1, §5.3: an action type the relay does not know gets a relay
+/// rejection echo (numbered, with a reason and the client's origin)
+/// carrying the action exactly as dispatched, and never reaches the host.
+#[tokio::test]
+async fn an_unknown_action_gets_a_rejection_echo_as_dispatched() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let mut ws = c8(&t).await;
     let odd = json!({"type": "chat/frobnicated", "extra": {"k": [1, 2]}});
     ws.dispatch("ahp-chat:/a~a-1-main", 41, odd.clone()).await;
     let echo = ws.recv_json().await.expect("a rejection echo");
@@ -1192,6 +1256,16 @@ async fn bad_input_gets_its_code_and_spares_other_clients() {
             .any(|f| f.text.contains("frobnicated")),
         "an unknown action reached the host"
     );
+}
+
+/// §3.7: a binary frame closes its socket with 1003 and an `initialize`
+/// offering no supported version is -32005 listing the supported versions,
+/// then closed with 1002; another client of the relay is not affected.
+#[tokio::test]
+async fn bad_frames_close_only_their_own_socket() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let bystander = t.client_init("bob", "bystander").await;
+    let mut ws = c8(&t).await;
     ws.send_binary(b"\x00\x01".to_vec()).await;
     assert_eq!(ws.close_code().await.map(|(c, _)| c), Some(1003));
 
