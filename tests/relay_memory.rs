@@ -12,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use ahp_types::actions::ActionEnvelope;
-use common::relay::{TestRelay, https_get, metric, scratch_dir};
+use common::relay::{TestRelay, assert_metrics, https_get, scratch_dir};
 use common::*;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::http::header::RETRY_AFTER;
@@ -163,28 +163,40 @@ async fn assert_503(t: &TestRelay, sub: &str, secs: u64, what: &str) {
 
 // ─── dropping detached buffers ──────────────────────────────────────────────
 
-/// §5.4: A and B fill ~35% of an 80 kB budget each and detach, A first; attached C then pushes the total over the budget: exactly A's whole buffer is dropped (the least recently attached), B's and C's are untouched and the total is back under the budget, no upgrade is refused. A's `reconnect` gets `snapshot` (its chat's state holds every turn it ran), B's gets `replay` with every envelope after its S0, and C, attached throughout, leaves and gets `replay` too. `/metrics` shows one buffer dropped with A's bytes freed, outcomes 1 snapshot / 2 replay, a fallback ratio of 1/3 and two replay sizes.
-#[tokio::test]
-async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
-    const BUDGET: usize = 80_000;
+/// The 80 kB budget of the drop tests.
+const DROP_BUDGET: usize = 80_000;
+
+/// The drop scenario: A and B fill ~35% of [`DROP_BUDGET`] each and detach,
+/// A first (nothing is dropped while they fit); attached C then runs turns
+/// until a buffer is dropped (at most 40).
+struct DropRun {
+    t: TestRelay,
+    a: Left,
+    b: Left,
+    c: Follower,
+    a_bytes: usize,
+    b_bytes: usize,
+}
+
+/// Runs the drop scenario, checking its preconditions on the way.
+async fn drop_run() -> DropRun {
     let t = TestRelay::start(
         vec![host("a", 3, script(10, 16, 0))],
-        &format!("[limits]\nreplay_memory_bytes = {BUDGET}\n"),
+        &format!("[limits]\nreplay_memory_bytes = {DROP_BUDGET}\n"),
     )
     .await;
     let chats: Vec<String> = (1..=3).map(|n| seeded_chat("a", n).0).collect();
     let memory = t.relay.relay.replay_memory();
-
     let mut a = Follower::start(&t, "alice", "mem-a", &chats[0]).await;
-    a.fill(&t, BUDGET * 35 / 100, BUDGET).await;
+    a.fill(&t, DROP_BUDGET * 35 / 100, DROP_BUDGET).await;
     let a_bytes = buffered(&t, "alice", "mem-a");
     let a = a.leave(&t).await;
     let mut b = Follower::start(&t, "alice", "mem-b", &chats[1]).await;
-    b.fill(&t, BUDGET * 35 / 100, BUDGET).await;
+    b.fill(&t, DROP_BUDGET * 35 / 100, DROP_BUDGET).await;
     let b_bytes = buffered(&t, "alice", "mem-b");
     let b = b.leave(&t).await;
     assert_eq!(memory.used(), a_bytes + b_bytes, "the account is exact");
-    assert!(memory.used() <= BUDGET, "A and B fit together");
+    assert!(memory.used() <= DROP_BUDGET, "A and B fit together");
     assert_eq!(
         dropped_buffers(&t),
         0,
@@ -195,15 +207,37 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         a_bytes,
         "detached A keeps its buffer"
     );
-
     let mut c = Follower::start(&t, "alice", "mem-c", &chats[2]).await;
     for _ in 0..40 {
         if dropped_buffers(&t) > 0 {
             break;
         }
-        c.turn(&t, BUDGET).await;
+        c.turn(&t, DROP_BUDGET).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    DropRun {
+        t,
+        a,
+        b,
+        c,
+        a_bytes,
+        b_bytes,
+    }
+}
+
+/// §5.4: once attached C pushes the total over the budget, exactly A's
+/// whole buffer is dropped (detached least recently), B's and C's are
+/// untouched, the account is back under the budget without A's bytes, and
+/// no upgrade is refused.
+#[tokio::test]
+async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
+    let DropRun {
+        t,
+        a_bytes,
+        b_bytes,
+        ..
+    } = drop_run().await;
+    let memory = t.relay.relay.replay_memory();
     assert_eq!(dropped_buffers(&t), 1, "exactly one buffer dropped");
     assert_eq!(
         buffered(&t, "alice", "mem-a"),
@@ -222,7 +256,7 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         b_bytes + c_bytes,
         "A's bytes left the account"
     );
-    assert!(memory.used() <= BUDGET, "back under the budget");
+    assert!(memory.used() <= DROP_BUDGET, "back under the budget");
     assert_eq!(
         t.relay.relay.metrics.pressure_freed_bytes.get(),
         a_bytes as u64,
@@ -232,7 +266,25 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         !t.relay.relay.refuses_upgrades(),
         "dropping sufficed: no 503"
     );
+}
 
+/// §5.4, §5.5, §8.2: after the drop, A's `reconnect` gets `snapshot` (its
+/// chat's state holds every turn it ran), B's gets `replay` with every
+/// envelope after its S0, and C, attached throughout, leaves and gets
+/// `replay` too; `/metrics` shows one buffer dropped with A's bytes freed,
+/// outcomes 1 snapshot / 2 replay, a fallback ratio of 1/3 and two replay
+/// sizes, and no refused upgrade.
+#[tokio::test]
+async fn after_a_drop_only_the_dropped_session_falls_back_to_a_snapshot() {
+    let DropRun {
+        t,
+        a,
+        b,
+        c,
+        a_bytes,
+        ..
+    } = drop_run().await;
+    assert_eq!(dropped_buffers(&t), 1, "exactly one buffer dropped");
     // A: the buffer lost the gap → snapshot, never a replay with a hole.
     let (_a_ws, r) = a.reconnect(&t, a.s0).await;
     assert_eq!(r["type"], "snapshot", "A's buffer was dropped: {r}");
@@ -273,13 +325,7 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
             (b.seen.len() + c.seen.len()) as f64,
         ),
     ];
-    for (series, value) in expect {
-        let got = metric(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
-        assert!(
-            (got - value).abs() < 1e-9,
-            "{series} = {got}, expected {value}"
-        );
-    }
+    assert_metrics(&page, &expect);
     assert!(
         page.contains("ahp_relay_replay_envelopes_bucket{le=\"4096\"} 2"),
         "replay size histogram:\n{page}"
@@ -292,39 +338,51 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
 
 // ─── refusing upgrades ──────────────────────────────────────────────────────
 
-/// §5.4: two attached sessions together exceed a 40 kB budget (resume at 50%, Retry-After 7): nothing is dropped, a new upgrade with a valid token gets 503 `Retry-After: 7`, and the attached clients keep working. When B leaves, its detached buffer is dropped; memory (A alone, ≥ 60%) is under the budget but above the low watermark, so upgrades are still refused (hysteresis). When A leaves too, its buffer is dropped, memory is back under the low mark, an upgrade succeeds and initializes, and A's `reconnect` — though A had seen everything — gets `snapshot`. `/metrics` counts both refusals by reason and both drops.
-#[tokio::test]
-async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_watermark() {
-    const BUDGET: usize = 40_000;
-    const RETRY: u64 = 7;
+/// The budget of the refusal tests, and their `Retry-After`.
+const FULL_BUDGET: usize = 40_000;
+const RETRY: u64 = 7;
+
+/// Two attached sessions over [`FULL_BUDGET`] (resume at 50%): A fills 60%
+/// (upgrades are still accepted then), B runs turns until the total is
+/// over the budget; returns once the relay refuses upgrades.
+async fn full_world() -> (TestRelay, Follower, Follower) {
     let t = TestRelay::start(
         vec![host("a", 2, script(10, 16, 0))],
         &format!(
-            "[limits]\nreplay_memory_bytes = {BUDGET}\nreplay_memory_resume_percent = 50\n\
+            "[limits]\nreplay_memory_bytes = {FULL_BUDGET}\nreplay_memory_resume_percent = 50\n\
              replay_memory_retry_after_secs = {RETRY}\n"
         ),
     )
     .await;
     let memory = t.relay.relay.replay_memory();
-    assert_eq!(memory.low_watermark(), BUDGET / 2);
+    assert_eq!(memory.low_watermark(), FULL_BUDGET / 2);
     let (chat1, chat2) = (seeded_chat("a", 1).0, seeded_chat("a", 2).0);
-
     let mut a = Follower::start(&t, "alice", "full-a", &chat1).await;
-    a.fill(&t, BUDGET * 60 / 100, BUDGET).await;
-    assert!(memory.used() <= BUDGET, "A alone fits");
+    a.fill(&t, FULL_BUDGET * 60 / 100, FULL_BUDGET).await;
+    assert!(memory.used() <= FULL_BUDGET, "A alone fits");
     let ok = t.upgrade_bearer(&t.token("carol")).await;
     assert_eq!(
         ok.status, 101,
         "control: upgrades accepted under the budget"
     );
     drop(ok);
-
     let mut b = Follower::start(&t, "bob", "full-b", &chat2).await;
-    while memory.used() <= BUDGET {
-        b.turn(&t, BUDGET).await;
+    while memory.used() <= FULL_BUDGET {
+        b.turn(&t, FULL_BUDGET).await;
     }
     let relay = t.relay.relay.clone();
     wait_until("upgrades refused", || relay.refuses_upgrades()).await;
+    (t, a, b)
+}
+
+/// §5.4: when attached sessions alone exceed the budget nothing is
+/// dropped, a new upgrade with a valid token gets 503 `Retry-After: 7`
+/// (naming memory), and the attached clients keep working and buffering;
+/// `/healthz` is not an upgrade and still answers.
+#[tokio::test]
+async fn attached_sessions_over_budget_are_kept_and_new_upgrades_get_503() {
+    let (t, mut a, _b) = full_world().await;
+    let memory = t.relay.relay.replay_memory();
     assert_503(&t, "carol", RETRY, "attached sessions over budget").await;
     assert_eq!(
         dropped_buffers(&t),
@@ -337,10 +395,25 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     );
     assert_eq!(memory.used(), a_bytes + b_bytes);
     // The attached clients keep working (and keep buffering).
-    a.turn(&t, BUDGET).await;
+    a.turn(&t, FULL_BUDGET).await;
     assert!(buffered(&t, "alice", "full-a") > a_bytes, "A still buffers");
     let (status, _) = https_get(&t, "/healthz").await;
     assert_eq!(status, 200, "health is not an upgrade");
+}
+
+/// §5.4, §8.2: when B leaves its detached buffer is dropped, but A alone
+/// (60%) is above the low watermark, so upgrades stay refused
+/// (hysteresis); when A leaves too, memory falls to the low watermark and
+/// an upgrade succeeds and initializes; A's `reconnect`, though it had
+/// seen everything, gets `snapshot`. `/metrics` counts both refusals by
+/// reason and both drops, and no auth failure.
+#[tokio::test]
+async fn upgrades_resume_only_once_memory_falls_to_the_low_watermark() {
+    let (t, a, b) = full_world().await;
+    let memory = t.relay.relay.replay_memory();
+    let relay = t.relay.relay.clone();
+    let chat1 = seeded_chat("a", 1).0;
+    assert_503(&t, "carol", RETRY, "attached sessions over budget").await;
 
     // B leaves: its detached buffer goes, A alone is under the budget but
     // above the low watermark → still refused.
@@ -349,7 +422,7 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     assert_eq!(buffered(&t, "bob", "full-b"), 0);
     let used = memory.used();
     assert!(
-        used <= BUDGET && used > memory.low_watermark(),
+        used <= FULL_BUDGET && used > memory.low_watermark(),
         "between the marks: {used}"
     );
     assert_503(&t, "carol", RETRY, "hysteresis: above the low watermark").await;
@@ -376,20 +449,17 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     assert_eq!(snapshot_resources(&r), [chat1.as_str()]);
 
     let (_, page) = https_get(&t, "/metrics").await;
-    for (series, value) in [
-        (
-            "ahp_relay_upgrades_refused_total{reason=\"replay_memory\"}",
-            2.0,
-        ),
-        ("ahp_relay_replay_memory_dropped_buffers_total", 2.0),
-        ("ahp_relay_reconnect_snapshot_fallback_ratio", 1.0),
-    ] {
-        let got = metric(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
-        assert!(
-            (got - value).abs() < 1e-9,
-            "{series} = {got}, expected {value}"
-        );
-    }
+    assert_metrics(
+        &page,
+        &[
+            (
+                "ahp_relay_upgrades_refused_total{reason=\"replay_memory\"}",
+                2.0,
+            ),
+            ("ahp_relay_replay_memory_dropped_buffers_total", 2.0),
+            ("ahp_relay_reconnect_snapshot_fallback_ratio", 1.0),
+        ],
+    );
     assert!(
         !page.contains("ahp_relay_auth_failures_total{"),
         "a 503 is not an auth failure:\n{page}"

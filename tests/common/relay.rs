@@ -330,3 +330,15 @@ pub fn metric(page: &str, name: &str) -> Option<f64> {
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+/// Panics unless every `(series, value)` of `expect` is a sample line of
+/// the Prometheus text `page` with that value (within 1e-9).
+pub fn assert_metrics(page: &str, expect: &[(&str, f64)]) {
+    for (series, value) in expect {
+        let got = metric(page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+        assert!(
+            (got - value).abs() < 1e-9,
+            "{series} = {got}, expected {value}"
+        );
+    }
+}
