@@ -22,6 +22,7 @@ use ahp::{
     BoxedTransport, ClientConfig, ClientError, HostedResourceKey, MultiHostStateMirror,
     SubscriptionEvent, TransportError,
 };
+use ahp_relay::client::dial::DialOptions;
 use ahp_relay::simhost::SimHost;
 use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
@@ -139,16 +140,39 @@ async fn s5_drop_mid_turn_then_replay_continues_exactly_after_the_watermark() {
 
 // ─── S6: snapshot by re-baselining ──────────────────────────────────────────
 
-/// S6: with `replay_buffer_envelopes = 8`, a client away while more than 8 envelopes are numbered gets `snapshot` with exactly one snapshot each for the chat and `ahp-root://`, sharing one fromSeq above watermark+8; live envelopes continue at fromSeq+1 and the reduced chat equals the host's; upstream, a new link's `initialize` (same upstream id, another connection) carries the chat in `initialSubscriptions` and no `subscribe`/`unsubscribe` of it is sent.
-#[tokio::test]
-async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
+/// S6's scenario: with `replay_buffer_envelopes = 8`, a client that saw
+/// the first 5 deltas of a turn leaves for a second (~50 envelopes are
+/// numbered meanwhile) and reconnects on a raw socket for the root and the
+/// chat.
+struct S6Run {
+    t: TestRelay,
+    /// The client's socket after the reconnect, and the answer.
+    ws: RawWs,
+    r: Value,
+    watermark: u64,
+    /// The host record's length before the reconnect.
+    mark: usize,
+    /// The connection of the client's first link at the host.
+    first_conn: u64,
+}
+
+/// `initialize` frames at the host from upstream client `up`, with their connection.
+fn inits_of(frames: &[(u64, Value)], up: &str) -> Vec<(u64, Value)> {
+    frames
+        .iter()
+        .filter(|(_, f)| f["method"] == "initialize" && f["params"]["clientId"] == up)
+        .cloned()
+        .collect()
+}
+
+/// Runs S6's scenario.
+async fn s6_run() -> S6Run {
     let t = TestRelay::start(
         vec![host("a", 1, script(100, 16, 50))],
         "[limits]\nreplay_buffer_envelopes = 8\n",
     )
     .await;
-    let (chat, host_chat) = seeded_chat("a", 1);
-    let up = t.relay.relay.upstream_id(&principal("alice"), "s6");
+    let (chat, _) = seeded_chat("a", 1);
     let a = t.client("alice").await;
     let mut events = a.events();
     let init = a
@@ -169,28 +193,45 @@ async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
     assert_contiguous(&before, s0);
     let watermark = before.last().expect("envelopes").server_seq;
     let h = &t.hosts[0];
-    let inits = |frames: &[(u64, Value)]| -> Vec<(u64, Value)> {
-        frames
-            .iter()
-            .filter(|(_, f)| f["method"] == "initialize" && f["params"]["clientId"] == up)
-            .cloned()
-            .collect()
-    };
-    let first_link = inits(&frames_since(h, 0));
+    let first_link = inits_of(&frames_since(h, 0), &t.upstream_id("alice", "s6"));
     assert_eq!(first_link.len(), 1, "one link so far: {first_link:?}");
     drop(events);
     drop(a);
     // ~50 envelopes are numbered while away: far more than the buffer holds.
     tokio::time::sleep(Duration::from_secs(1)).await;
-
     let mark = h.received().len();
-    let mut b = t.raw("alice").await;
+    let mut ws = t.raw("alice").await;
     let r = raw_reconnect(
-        &mut b,
+        &mut ws,
         1,
         reconnect_params("s6", json!(watermark), &[ROOT, chat.as_str()]),
     )
     .await;
+    S6Run {
+        first_conn: first_link[0].0,
+        t,
+        ws,
+        r,
+        watermark,
+        mark,
+    }
+}
+
+/// S6 (§5.5): a client away while more than the buffer's 8 envelopes are
+/// numbered gets `snapshot` with exactly one snapshot each for the chat
+/// and the root, sharing one `fromSeq` above watermark + 8; live envelopes
+/// continue at `fromSeq + 1` and the reduced chat equals the host's.
+#[tokio::test]
+async fn s6_a_client_past_the_buffer_gets_snapshots_and_converges() {
+    let S6Run {
+        t,
+        ws: mut b,
+        r,
+        watermark,
+        ..
+    } = s6_run().await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let h = &t.hosts[0];
     let result = &r["result"];
     assert_eq!(result["type"], "snapshot", "{r}");
     assert_eq!(
@@ -219,12 +260,24 @@ async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
         host_state(h, &host_chat, &[]),
         "converges on the host"
     );
+}
 
+/// S6 (§5.7): the snapshots come from re-baselining upstream: a new link
+/// (same upstream id, another connection) whose `initialize` carries the
+/// chat in `initialSubscriptions`; no `subscribe` or `unsubscribe` of it
+/// is sent.
+#[tokio::test]
+async fn s6_snapshots_come_from_a_new_link_initialized_with_the_channel() {
+    let run = s6_run().await;
+    assert_eq!(run.r["result"]["type"], "snapshot", "{}", run.r);
+    let (_, host_chat) = seeded_chat("a", 1);
+    let h = &run.t.hosts[0];
+    let (up, mark) = (run.t.upstream_id("alice", "s6"), run.mark);
     let upstream = frames_since(h, mark);
-    let relinks = inits(&upstream);
+    let relinks = inits_of(&upstream, &up);
     assert_eq!(relinks.len(), 1, "one new link: {relinks:?}");
     let (conn, init) = &relinks[0];
-    assert_ne!(*conn, first_link[0].0, "a new connection");
+    assert_ne!(*conn, run.first_conn, "a new connection");
     let initial: Vec<&str> = init["params"]["initialSubscriptions"]
         .as_array()
         .expect("initialSubscriptions")
@@ -720,27 +773,20 @@ async fn multi_actions_within(
     out
 }
 
-/// S7b: `MultiHostClient` with one entry dialing the relay (TLS + token) subscribes a chat and streams a turn; after a relay restart its runtime's `reconnect` gets NotFound (one not_found outcome), it re-initializes with S0 above its never-lowered watermark, and a second turn streams: delivered envelopes are numbered S0+1, … contiguously in each incarnation, each turn's 20 deltas arrive once, and both the reduced chat and the SDK's state mirror equal the host's.
-#[tokio::test]
-async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_gaps() {
-    const DELTAS: usize = 20;
-    let t = TestRelay::start(vec![host("a", 1, script(DELTAS as u32, 16, 0))], "").await;
-    let (chat, host_chat) = seeded_chat("a", 1);
-    let dial = Arc::new(Mutex::new(t.dial_options(Some(t.token("alice")))));
-    let factory = {
-        let dial = dial.clone();
-        move |_: HostId| {
-            let opts = dial.lock().expect("dial options").clone();
-            async move {
-                ahp_relay::client::dial::dial(&opts)
-                    .await
-                    .map(BoxedTransport::new)
-                    .map_err(|e| TransportError::Io(e.to_string()))
-            }
+/// A `MultiHostClient` entry `id` for the relay, client id "s7b": each
+/// connection dials with the options `dial` holds at that moment (so a
+/// test can point it at a restarted relay), retrying every 100 ms.
+fn relay_host_config(id: &HostId, dial: Arc<Mutex<DialOptions>>) -> HostConfig {
+    let factory = move |_: HostId| {
+        let opts = dial.lock().expect("dial options").clone();
+        async move {
+            ahp_relay::client::dial::dial(&opts)
+                .await
+                .map(BoxedTransport::new)
+                .map_err(|e| TransportError::Io(e.to_string()))
         }
     };
-    let id = HostId::new("relay");
-    let config = HostConfig::new(id.clone(), "relay", factory)
+    HostConfig::new(id.clone(), "relay", factory)
         .with_client_id("s7b")
         .with_client_config(ClientConfig {
             default_request_timeout: Some(WAIT),
@@ -753,7 +799,37 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
             jitter: 0.0,
             max_attempts: None,
             reset_on_success: true,
-        });
+        })
+}
+
+/// Dispatches turn `turn_id` on `chat` through the runtime's entry `id`;
+/// the envelopes up to its completion and those still arriving within
+/// 200 ms after.
+async fn multi_turn(
+    multi: &MultiHostClient,
+    id: &HostId,
+    events: &mut HostSubscriptionStream,
+    chat: &str,
+    turn_id: &str,
+) -> Vec<ActionEnvelope> {
+    multi
+        .dispatch(id, chat.into(), action(turn_started(turn_id, "go")))
+        .await
+        .unwrap_or_else(|e| panic!("dispatch {turn_id}: {e:?}"));
+    let mut envs = multi_actions_until(events, |e| is(e, chat, "chat/turnComplete")).await;
+    envs.extend(multi_actions_within(events, Duration::from_millis(200)).await);
+    envs
+}
+
+/// S7b: `MultiHostClient` with one entry dialing the relay (TLS + token) subscribes a chat and streams a turn; after a relay restart its runtime's `reconnect` gets NotFound (one not_found outcome), it re-initializes with S0 above its never-lowered watermark, and a second turn streams: delivered envelopes are numbered S0+1, … contiguously in each incarnation, each turn's 20 deltas arrive once, and both the reduced chat and the SDK's state mirror equal the host's.
+#[tokio::test]
+async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_gaps() {
+    const DELTAS: usize = 20;
+    let t = TestRelay::start(vec![host("a", 1, script(DELTAS as u32, 16, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let dial = Arc::new(Mutex::new(t.dial_options(Some(t.token("alice")))));
+    let id = HostId::new("relay");
+    let config = relay_host_config(&id, dial.clone());
     let multi = MultiHostClient::new();
     let mut events = multi.events();
     let mut host_events = multi.host_events();
@@ -774,12 +850,7 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
     );
     let mut mirror = MultiHostStateMirror::new();
     mirror.apply_snapshot(&id, &snapshot);
-    multi
-        .dispatch(&id, chat.clone(), action(turn_started("t1", "go")))
-        .await
-        .expect("dispatch t1");
-    let mut first = multi_actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
-    first.extend(multi_actions_within(&mut events, Duration::from_millis(200)).await);
+    let first = multi_turn(&multi, &id, &mut events, &chat, "t1").await;
     let watermark = multi.host(&id).await.expect("host").server_seq as u64;
     assert_eq!(
         Some(watermark),
@@ -810,12 +881,7 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
         (1, 0, 0),
         "the runtime tried reconnect once, then initialized"
     );
-    multi
-        .dispatch(&id, chat.clone(), action(turn_started("t2", "go")))
-        .await
-        .expect("dispatch t2");
-    let mut second = multi_actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
-    second.extend(multi_actions_within(&mut events, Duration::from_millis(200)).await);
+    let second = multi_turn(&multi, &id, &mut events, &chat, "t2").await;
 
     assert_contiguous(&first, s0_first);
     assert_contiguous(&second, s0_second);
