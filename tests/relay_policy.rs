@@ -27,12 +27,43 @@ impl Policy for HideBReadOnlyA {
     }
 }
 
-#[tokio::test]
-async fn policy_decides_listing_root_routing_and_dispatch() {
+/// Hosts a and b behind a relay whose policy is swapped for
+/// [`HideBReadOnlyA`], and alice's raw socket initialized as "c".
+async fn policy_world() -> (TestRelay, RawWs) {
     let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     t.relay.relay.set_policy(Arc::new(HideBReadOnlyA));
     let mut ws = t.raw("alice").await;
     ws.initialize("c").await;
+    (t, ws)
+}
+
+/// Nothing but the watch link's own frames reached hidden host b, and no
+/// per-client link to it was opened.
+fn assert_hidden_host_untouched(t: &TestRelay) {
+    let to_b: Vec<_> = t.hosts[1]
+        .received()
+        .into_iter()
+        .filter(|f| {
+            f.method.as_deref() != Some("initialize") && f.method.as_deref() != Some("listSessions")
+        })
+        .collect();
+    assert!(
+        to_b.is_empty(),
+        "nothing but the watch link reached host b: {to_b:?}"
+    );
+    assert_eq!(
+        t.hosts[1].connections(),
+        1,
+        "no per-client link was opened to the hidden host"
+    );
+}
+
+/// §4.4, §7.3: after a policy swap, `listSessions` and the root snapshot
+/// show only the sessions and agents of the hosts the policy leaves
+/// visible.
+#[tokio::test]
+async fn a_swapped_policy_decides_listing_and_root() {
+    let (t, mut ws) = policy_world().await;
     let list = ws
         .request(1, "listSessions", json!({"channel": "ahp-root://"}))
         .await;
@@ -54,6 +85,16 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         .collect();
     assert_eq!(agents, ["sim@a"]);
     assert_eq!(root["result"]["snapshot"]["state"]["activeSessions"], 1);
+    assert_hidden_host_untouched(&t);
+}
+
+/// §4.4, §7.3: after a policy swap, a session of the hidden host answers
+/// like a nonexistent one (-32001 without `data`), reading a visible chat
+/// is allowed, and creating a session where only reading is granted is
+/// -32009 (after the -32602 of a malformed create).
+#[tokio::test]
+async fn a_swapped_policy_decides_routing() {
+    let (t, mut ws) = policy_world().await;
     let hidden = ws
         .request(3, "subscribe", json!({"channel": "ahp-session:/b~b-1"}))
         .await;
@@ -66,28 +107,34 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         .request(4, "subscribe", json!({"channel": "ahp-chat:/a~a-1-main"}))
         .await;
     assert!(read.get("result").is_some(), "reading is permitted: {read}");
-    let create = ws
-        .request(
+    for (id, channel, code, what) in [
+        (
             5,
-            "createSession",
-            json!({"channel": "ahp-root://", "provider": "sim@a"}),
-        )
-        .await;
-    assert_eq!(
-        create["error"]["code"], -32602,
-        "createSession needs its own channel: {create}"
-    );
-    let create = ws
-        .request(
-            6,
-            "createSession",
-            json!({"channel": "ahp-session:/mine", "provider": "sim@a"}),
-        )
-        .await;
-    assert_eq!(
-        create["error"]["code"], -32009,
-        "visible but not permitted: {create}"
-    );
+            "ahp-root://",
+            -32602,
+            "createSession needs its own channel",
+        ),
+        (6, "ahp-session:/mine", -32009, "visible but not permitted"),
+    ] {
+        let create = ws
+            .request(
+                id,
+                "createSession",
+                json!({"channel": channel, "provider": "sim@a"}),
+            )
+            .await;
+        assert_eq!(create["error"]["code"], code, "{what}: {create}");
+    }
+    assert_hidden_host_untouched(&t);
+}
+
+/// §4.4, §5.3, §7.3: after a policy swap, a dispatch where only reading is
+/// granted gets a "permission denied" rejection echo with the client's
+/// origin, one to the hidden host gets no echo at all, and neither reaches
+/// a host.
+#[tokio::test]
+async fn a_swapped_policy_decides_dispatch() {
+    let (t, mut ws) = policy_world().await;
     ws.dispatch(
         "ahp-chat:/a~a-1-main",
         1,
@@ -109,22 +156,7 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         before.is_empty(),
         "no echo for the invisible channel: {before:?}"
     );
-    let to_b: Vec<_> = t.hosts[1]
-        .received()
-        .into_iter()
-        .filter(|f| {
-            f.method.as_deref() != Some("initialize") && f.method.as_deref() != Some("listSessions")
-        })
-        .collect();
-    assert!(
-        to_b.is_empty(),
-        "nothing but the watch link reached host b: {to_b:?}"
-    );
-    assert_eq!(
-        t.hosts[1].connections(),
-        1,
-        "no per-client link was opened to the hidden host"
-    );
+    assert_hidden_host_untouched(&t);
     let dispatched_to_a = t.hosts[0]
         .received()
         .iter()
