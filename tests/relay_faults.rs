@@ -45,15 +45,32 @@ fn host_chat(t: &TestRelay, i: usize, host_uri: &str, client_uri: &str) -> Value
     s
 }
 
-#[tokio::test]
-async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
+/// The S8 chats of hosts a and b, in client names.
+const S8_CHATS: (&str, &str) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
+
+/// What S8's client saw until host a restarted mid-turn.
+struct S8Run {
+    t: TestRelay,
+    /// How the client's socket closed.
+    close: Option<(u16, String)>,
+    /// Every envelope it got before, in order.
+    seen: Vec<ActionEnvelope>,
+    /// Both chats' snapshot states reduced by `seen`.
+    state_a: Value,
+    state_b: Value,
+}
+
+/// Runs S8 until the client's socket closes: a client subscribed to both
+/// hosts' chats starts a slow turn on each; once a's streams, host a
+/// restarts (keeping its state).
+async fn s8_run() -> S8Run {
     let t = TestRelay::start(vec![slow("a"), slow("b")], "").await;
-    let (chat_a, chat_b) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
+    let (chat_a, chat_b) = S8_CHATS;
     let mut ws = t.raw("alice").await;
     ws.initialize("s8").await;
     let sa = ws.request(1, "subscribe", json!({"channel": chat_a})).await;
     let sb = ws.request(2, "subscribe", json!({"channel": chat_b})).await;
-    let (mut state_a, mut state_b) = (
+    let (state_a, state_b) = (
         sa["result"]["snapshot"]["state"].clone(),
         sb["result"]["snapshot"]["state"].clone(),
     );
@@ -75,28 +92,49 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
             Next::Closed(c) => break c,
         }
     };
+    S8Run {
+        state_a: reduce_chat(&state_a, chat_a, &seen),
+        state_b: reduce_chat(&state_b, chat_b, &seen),
+        t,
+        close,
+        seen,
+    }
+}
+
+/// S8 (§5.8): a host that restarts during a turn closes its clients with
+/// 4000 (continuity lost); until then both hosts' chats streamed in one
+/// strictly increasing sequence, both turns running.
+#[tokio::test]
+async fn s8_a_host_restart_mid_turn_closes_its_clients_with_4000() {
+    let run = s8_run().await;
     assert_eq!(
-        close.map(|c| c.0),
+        run.close.map(|c| c.0),
         Some(4000),
         "resync: continuity with host a lost"
     );
-    assert_strictly_increasing(&seen);
+    assert_strictly_increasing(&run.seen);
+    assert!(
+        run.state_a.get("activeTurn").is_some(),
+        "a's turn was running when a restarted"
+    );
+    assert!(
+        run.state_b.get("activeTurn").is_some(),
+        "b's turn was running too"
+    );
+}
+
+/// S8 (§5.5, §5.8): the closed client's `reconnect` gets snapshots by
+/// re-baselining, continuing its sequence: host a's chat as the restarted
+/// host has it (the turn ended), while host b's turn keeps streaming after
+/// the snapshot and converges on b's chat.
+#[tokio::test]
+async fn s8_after_a_host_restart_reconnect_resyncs_and_the_other_host_keeps_streaming() {
+    let S8Run { t, seen, .. } = s8_run().await;
+    let (chat_a, chat_b) = S8_CHATS;
     let watermark = seen
         .last()
         .map(|e| e.server_seq)
         .expect("envelopes before the restart");
-    // Before the restart, both chats streamed in one sequence.
-    state_a = reduce_chat(&state_a, chat_a, &seen);
-    assert!(
-        state_a.get("activeTurn").is_some(),
-        "a's turn was running when a restarted"
-    );
-    state_b = reduce_chat(&state_b, chat_b, &seen);
-    assert!(
-        state_b.get("activeTurn").is_some(),
-        "b's turn was running too"
-    );
-
     let mut ws = t.raw("alice").await;
     let r = reconnect(&mut ws, 9, "s8", json!(watermark), &[chat_a, chat_b]).await;
     assert_eq!(
@@ -123,7 +161,7 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
         "the restart ended a's turn"
     );
     // b's turn keeps streaming after the reconnect and converges.
-    state_b = snap(chat_b)["state"].clone();
+    let mut state_b = snap(chat_b)["state"].clone();
     let after = envelopes_until(&mut ws, |v| {
         v["params"]["action"]["type"] == "chat/turnComplete" && v["params"]["channel"] == chat_b
     })
