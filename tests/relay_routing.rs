@@ -858,6 +858,83 @@ async fn a_stopped_host_is_unavailable_while_the_other_keeps_working() {
 
 // ─── ids ────────────────────────────────────────────────────────────────────
 
+/// The requests of the request-id test for the `n`th id: (what answers,
+/// method, params, a pointer into the answer, the value there).
+fn id_calls(n: usize) -> [(&'static str, &'static str, Value, &'static str, Value); 6] {
+    let fresh = format!("ahp-session:/ids-{n}");
+    [
+        (
+            "ping",
+            "ping",
+            json!({"channel": ROOT}),
+            "/result",
+            Value::Null,
+        ),
+        (
+            "routed result",
+            "subscribe",
+            json!({"channel": "ahp-session:/a~a-1"}),
+            "/result/snapshot/resource",
+            json!("ahp-session:/a~a-1"),
+        ),
+        (
+            "relay's not-found",
+            "subscribe",
+            json!({"channel": "ahp-session:/a~nope"}),
+            "/error/code",
+            json!(-32001),
+        ),
+        (
+            "host error",
+            "createSession",
+            json!({"channel": fresh, "provider": "nope@a"}),
+            "/error/code",
+            json!(-32002),
+        ),
+        (
+            "relay error",
+            "subscribe",
+            json!({"channel": "ahp-chat:/zzz"}),
+            "/error/code",
+            json!(-32008),
+        ),
+        (
+            "method not found",
+            "frobnicate",
+            json!({"channel": ROOT}),
+            "/error/code",
+            json!(-32601),
+        ),
+    ]
+}
+
+/// Host `h` got `n` subscribes and `n` creates (only visible, existing
+/// channels reach it), each with its own integer id, and no client's id.
+fn assert_host_saw_only_relay_ids(h: &ahp_relay::simhost::SimHost, n: usize) {
+    let subs = host_frames(h, "subscribe");
+    assert_eq!(
+        subs.len(),
+        n,
+        "only visible, existing channels reach the host: {subs:?}"
+    );
+    let creates = host_frames(h, "createSession");
+    assert_eq!(creates.len(), n, "{creates:?}");
+    let mut seen = BTreeSet::new();
+    for s in subs.iter().chain(&creates) {
+        let id = s["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("host saw a non-integer id: {s}"));
+        assert!(seen.insert(id), "id {id} reused on one link");
+    }
+    for f in h.received() {
+        assert!(
+            !f.text.contains("abc") && !f.text.contains(r#"a\"b"#),
+            "a client id reached the host: {}",
+            f.text
+        );
+    }
+}
+
 /// §4.5: string, zero, large, negative and fractional request ids are echoed byte for byte on relay answers, relay errors, routed results and relayed host errors, while the host only ever sees the relay's own integer ids.
 #[tokio::test]
 async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
@@ -876,77 +953,13 @@ async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
         "1.5",
     ];
     for (n, raw) in ids.into_iter().enumerate() {
-        let (text, v) = raw_call(&mut ws, raw, "ping", json!({"channel": ROOT})).await;
-        assert_eq!(raw_id(&text), raw, "ping: {text}");
-        assert_eq!(v["result"], Value::Null, "{text}");
-
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "subscribe",
-            json!({"channel": "ahp-session:/a~a-1"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "routed result: {text}");
-        assert_eq!(v["result"]["snapshot"]["resource"], "ahp-session:/a~a-1");
-
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "subscribe",
-            json!({"channel": "ahp-session:/a~nope"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "relay's not-found: {text}");
-        assert_eq!(v["error"]["code"], -32001, "{text}");
-
-        let fresh = format!("ahp-session:/ids-{n}");
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "createSession",
-            json!({"channel": fresh, "provider": "nope@a"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "host error: {text}");
-        assert_eq!(v["error"]["code"], -32002, "{text}");
-
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "subscribe",
-            json!({"channel": "ahp-chat:/zzz"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "relay error: {text}");
-        assert_eq!(v["error"]["code"], -32008, "{text}");
-
-        let (text, v) = raw_call(&mut ws, raw, "frobnicate", json!({"channel": ROOT})).await;
-        assert_eq!(raw_id(&text), raw, "method not found: {text}");
-        assert_eq!(v["error"]["code"], -32601, "{text}");
+        for (what, method, params, ptr, want) in id_calls(n) {
+            let (text, v) = raw_call(&mut ws, raw, method, params).await;
+            assert_eq!(raw_id(&text), raw, "{what}: {text}");
+            assert_eq!(v.pointer(ptr), Some(&want), "{what}: {text}");
+        }
     }
-    let subs = host_frames(&t.hosts[0], "subscribe");
-    assert_eq!(
-        subs.len(),
-        ids.len(),
-        "only visible, existing channels reach the host: {subs:?}"
-    );
-    let creates = host_frames(&t.hosts[0], "createSession");
-    assert_eq!(creates.len(), ids.len(), "{creates:?}");
-    let mut seen = BTreeSet::new();
-    for s in subs.iter().chain(&creates) {
-        let id = s["id"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("host saw a non-integer id: {s}"));
-        assert!(seen.insert(id), "id {id} reused on one link");
-    }
-    for f in t.hosts[0].received() {
-        assert!(
-            !f.text.contains("abc") && !f.text.contains(r#"a\"b"#),
-            "a client id reached the host: {}",
-            f.text
-        );
-    }
+    assert_host_saw_only_relay_ids(&t.hosts[0], ids.len());
 }
 
 // ─── identity ───────────────────────────────────────────────────────────────
@@ -1423,9 +1436,9 @@ fn set(v: &mut Value, ptr: &str, to: &str) {
         .unwrap_or_else(|| panic!("no {ptr} in the built value")) = json!(to);
 }
 
-/// §4.3: every shape of the rewrite table round-trips host → client → host (qualified URIs, `p@host` providers, own clientId), store entries stay verbatim, and a client value naming another host, an unqualified unknown URI, another clientId or another host's provider fails client → host.
-#[test]
-fn rewrite_table_round_trips_and_fails_closed() {
+/// A store holding alice's verbatim `<scheme>:/mine` on host a for every
+/// scheme.
+fn rewrite_store() -> RedbStore {
     let store = RedbStore::open_in_memory().expect("in-memory store");
     let owner = Owner {
         issuer: DEV_ISSUER.into(),
@@ -1437,27 +1450,50 @@ fn rewrite_table_round_trips_and_fails_closed() {
         store.reserve(&uri, "a", &owner, 1).expect("reserve");
         store.confirm(&uri).expect("confirm");
     }
-    let to_client = ToClient {
+    store
+}
+
+/// The host → client rewrite of host a with the client's identity.
+fn to_client(store: &RedbStore) -> ToClient<'_> {
+    ToClient {
         host: "a",
-        store: &store,
+        store,
         identity: Some((UP, OWN)),
-    };
-    let to_host = |host: &'static str| ToHost {
+    }
+}
+
+/// The client → host rewrite for `host` with the client's identity.
+fn to_host<'a>(store: &'a RedbStore, host: &'a str) -> ToHost<'a> {
+    ToHost {
         host,
-        store: &store as &dyn UriStore,
+        store: store as &dyn UriStore,
         identity: (UP, OWN),
-    };
+    }
+}
+
+/// `shape` built with a host-form value at every field, the same value
+/// rewritten to the client, and its fields.
+fn rewrite_forms(shape: &str, store: &RedbStore) -> (Value, Value, Vec<Leaf>) {
+    let mut host_form = json!({});
+    let mut leaves = Vec::new();
+    build(shape, &mut host_form, "", &mut leaves, 0);
+    assert!(!leaves.is_empty(), "{shape} has no fields");
+    let mut client_form = host_form.clone();
+    translate::translate(&mut client_form, shape, &to_client(store))
+        .unwrap_or_else(|e| panic!("{shape}: to client: {e}"));
+    (host_form, client_form, leaves)
+}
+
+/// §4.3: every shape of the rewrite table (over 100 fields) round-trips
+/// host → client → host: URIs qualified `<host>~`, providers `p@host`, the
+/// upstream id as the client's own id; a's names sent to host b fail.
+#[test]
+fn rewrite_table_round_trips_every_shape() {
+    let store = rewrite_store();
     let mut leaf_count = 0;
     for (shape, _) in TABLE {
-        let mut host_form = json!({});
-        let mut leaves = Vec::new();
-        build(shape, &mut host_form, "", &mut leaves, 0);
-        assert!(!leaves.is_empty(), "{shape} has no fields");
+        let (host_form, client_form, leaves) = rewrite_forms(shape, &store);
         leaf_count += leaves.len();
-
-        let mut client_form = host_form.clone();
-        translate::translate(&mut client_form, shape, &to_client)
-            .unwrap_or_else(|e| panic!("{shape}: to client: {e}"));
         for l in &leaves {
             let want = match l.kind {
                 FieldKind::Uri => format!("{}:/a~x1", l.scheme),
@@ -1472,17 +1508,28 @@ fn rewrite_table_round_trips_and_fails_closed() {
             );
         }
         let mut back = client_form.clone();
-        translate::translate(&mut back, shape, &to_host("a"))
+        translate::translate(&mut back, shape, &to_host(&store, "a"))
             .unwrap_or_else(|e| panic!("{shape}: to host: {e}"));
         assert_eq!(back, host_form, "{shape} does not round-trip");
         let names_host = leaves.iter().any(|l| l.kind != FieldKind::ClientId);
         let mut elsewhere = client_form.clone();
         assert_eq!(
-            translate::translate(&mut elsewhere, shape, &to_host("b")).is_err(),
+            translate::translate(&mut elsewhere, shape, &to_host(&store, "b")).is_err(),
             names_host,
             "{shape}: a's names sent to host b"
         );
+    }
+    assert!(leaf_count > 100, "only {leaf_count} fields built");
+}
 
+/// §4.3 "fail closed": in every field of every shape, a client value naming
+/// another host, an unqualified unknown URI, an unqualified or foreign
+/// provider, another clientId or the raw upstream id fails client → host.
+#[test]
+fn rewrite_table_fails_closed_on_foreign_names() {
+    let store = rewrite_store();
+    for (shape, _) in TABLE {
+        let (_, client_form, leaves) = rewrite_forms(shape, &store);
         for l in &leaves {
             let refused: Vec<String> = match l.kind {
                 FieldKind::Uri => vec![
@@ -1496,29 +1543,42 @@ fn rewrite_table_round_trips_and_fails_closed() {
                 let mut v = client_form.clone();
                 set(&mut v, &l.ptr, &bad);
                 assert!(
-                    translate::translate(&mut v, shape, &to_host("a")).is_err(),
+                    translate::translate(&mut v, shape, &to_host(&store, "a")).is_err(),
                     "{shape} {} = {bad:?} was accepted",
-                    l.ptr
-                );
-            }
-            if l.kind == FieldKind::Uri {
-                let entry = format!("{}:/mine", l.scheme);
-                let mut v = host_form.clone();
-                set(&mut v, &l.ptr, &entry);
-                translate::translate(&mut v, shape, &to_client).expect("to client");
-                assert_eq!(v.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
-                let mut h = v.clone();
-                translate::translate(&mut h, shape, &to_host("a")).expect("store entry to a");
-                assert_eq!(h.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
-                assert!(
-                    translate::translate(&mut v, shape, &to_host("b")).is_err(),
-                    "{shape} {}: a's store entry accepted for b",
                     l.ptr
                 );
             }
         }
     }
-    assert!(leaf_count > 100, "only {leaf_count} fields built");
+}
+
+/// §4.2, §4.3: in every URI field of every shape, a store entry (a
+/// client-chosen URI of host a) stays verbatim both ways, and is refused
+/// for host b.
+#[test]
+fn rewrite_table_keeps_store_entries_verbatim() {
+    let store = rewrite_store();
+    let mut uri_fields = 0;
+    for (shape, _) in TABLE {
+        let (host_form, _, leaves) = rewrite_forms(shape, &store);
+        for l in leaves.iter().filter(|l| l.kind == FieldKind::Uri) {
+            uri_fields += 1;
+            let entry = format!("{}:/mine", l.scheme);
+            let mut v = host_form.clone();
+            set(&mut v, &l.ptr, &entry);
+            translate::translate(&mut v, shape, &to_client(&store)).expect("to client");
+            assert_eq!(v.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
+            let mut h = v.clone();
+            translate::translate(&mut h, shape, &to_host(&store, "a")).expect("store entry to a");
+            assert_eq!(h.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
+            assert!(
+                translate::translate(&mut v, shape, &to_host(&store, "b")).is_err(),
+                "{shape} {}: a's store entry accepted for b",
+                l.ptr
+            );
+        }
+    }
+    assert!(uri_fields > 0, "no URI field in the table");
 }
 
 // ─── relay bugs (ignored until fixed) ───────────────────────────────────────
