@@ -550,6 +550,9 @@ impl Client {
         Ok(())
     }
 
+    /// Checks one envelope against everything the client knows (contract
+    /// §5.1 numbering, §5.2 snapshots first, §2 B2 origins, one echo per
+    /// dispatch) and applies it to its channel's state.
     fn on_envelope(&mut self, params: &Value, st: &mut Stats) -> R<()> {
         let env: ActionEnvelope = serde_json::from_value(params.clone())
             .map_err(|e| fail("envelope-unparsable", format!("{e}: {params}")))?;
@@ -589,6 +592,15 @@ impl Client {
                 ""
             }
         ));
+        self.apply_envelope(&env, params)?;
+        self.check_origin(&env, params, st)
+    }
+
+    /// Applies `env` to its channel's state: the channel must be subscribed
+    /// and have its snapshot, the envelope must be new to it, and an
+    /// accepted action must be valid for the reducer.
+    fn apply_envelope(&mut self, env: &ActionEnvelope, params: &Value) -> R<()> {
+        let seq = env.server_seq;
         let who = self.idx;
         let Some(ci) = self.chan(&env.channel) else {
             return Err(fail(
@@ -622,6 +634,14 @@ impl Client {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Another client's origin is an opaque `r1.` pseudonym (never this
+    /// client's upstream id); this client's own echo matches exactly one
+    /// dispatch it sent, on the same channel with the same type.
+    fn check_origin(&mut self, env: &ActionEnvelope, params: &Value, st: &mut Stats) -> R<()> {
+        let who = self.idx;
         let Some(origin) = &env.origin else {
             return Ok(());
         };
@@ -1285,6 +1305,61 @@ impl Run {
         if !step.is_dispatch_or_drain() {
             self.unstall();
         }
+        match step {
+            Step::Turn(..) | Step::Cancel(..) | Step::Confirm(..) | Step::Queue(..) => {
+                self.dispatch_step(step).await?;
+            }
+            Step::Drain => self.drain_all().await?,
+            Step::Drop(c) => {
+                if self.clients[c].ws.take().is_some() {
+                    self.clients[c].conn_last = None;
+                    self.st.client_drops += 1;
+                    let conn = self.clients[c].conn;
+                    self.clients[c].note(format!("conn {conn}: dropped by the test"));
+                }
+            }
+            Step::Reconnect(c) => {
+                if self.clients[c].ws.is_none() {
+                    self.connect(c, How::Resume).await?;
+                } else {
+                    self.clients[c].resubscribe(&mut self.st).await?;
+                }
+            }
+            Step::Supersede(c) | Step::Reinit(c) => {
+                let how = if matches!(step, Step::Reinit(_)) {
+                    How::Fresh
+                } else {
+                    How::Resume
+                };
+                let old = self.clients[c].ws.take();
+                self.connect(c, how).await?;
+                if let Some(mut old) = old {
+                    self.expect_superseded(c, &mut old).await?;
+                }
+            }
+            Step::HostRestart(h) => {
+                self.t().hosts[h].restart(true);
+                self.st.host_restarts += 1;
+            }
+            Step::Resync(c, h) => {
+                let n = self.t().hosts[h].drop_client(&self.clients[c].upstream);
+                self.st.resync_drops += n as u64;
+            }
+            Step::Stall(h) => {
+                self.t().hosts[h].set_stalled(true);
+                self.stalled[h] = true;
+                self.st.stalls += 1;
+            }
+            Step::RelayRestart => self.restart_relay().await?,
+        }
+        Ok(())
+    }
+
+    /// A dispatch step by its client on its host's chat: a turn, a cancel
+    /// of the active or last turn, a confirmation (approving 3 in 4) of a
+    /// pending or earlier tool call, or a queued message; nothing when the
+    /// client has no state of that chat or nothing to act on.
+    async fn dispatch_step(&mut self, step: Step) -> R<()> {
         let seed = self.cfg.seed;
         match step {
             Step::Turn(c, h) => {
@@ -1336,48 +1411,7 @@ impl Run {
                     "id": id, "message": message(&format!("later {id}"))});
                 cl.dispatch(ci, action, &mut self.st).await?;
             }
-            Step::Drain => self.drain_all().await?,
-            Step::Drop(c) => {
-                if self.clients[c].ws.take().is_some() {
-                    self.clients[c].conn_last = None;
-                    self.st.client_drops += 1;
-                    let conn = self.clients[c].conn;
-                    self.clients[c].note(format!("conn {conn}: dropped by the test"));
-                }
-            }
-            Step::Reconnect(c) => {
-                if self.clients[c].ws.is_none() {
-                    self.connect(c, How::Resume).await?;
-                } else {
-                    self.clients[c].resubscribe(&mut self.st).await?;
-                }
-            }
-            Step::Supersede(c) | Step::Reinit(c) => {
-                let how = if matches!(step, Step::Reinit(_)) {
-                    How::Fresh
-                } else {
-                    How::Resume
-                };
-                let old = self.clients[c].ws.take();
-                self.connect(c, how).await?;
-                if let Some(mut old) = old {
-                    self.expect_superseded(c, &mut old).await?;
-                }
-            }
-            Step::HostRestart(h) => {
-                self.t().hosts[h].restart(true);
-                self.st.host_restarts += 1;
-            }
-            Step::Resync(c, h) => {
-                let n = self.t().hosts[h].drop_client(&self.clients[c].upstream);
-                self.st.resync_drops += n as u64;
-            }
-            Step::Stall(h) => {
-                self.t().hosts[h].set_stalled(true);
-                self.stalled[h] = true;
-                self.st.stalls += 1;
-            }
-            Step::RelayRestart => self.restart_relay().await?,
+            _ => {}
         }
         Ok(())
     }

@@ -51,12 +51,7 @@ async fn run_turn(ws: &mut RawWs, chat: &str, n: u64) -> Vec<ActionEnvelope> {
 /// `chat` and following every envelope it was sent.
 struct Follower {
     ws: RawWs,
-    sub: String,
-    id: String,
-    chat: String,
-    s0: u64,
-    seen: Vec<ActionEnvelope>,
-    turns: u64,
+    me: Left,
 }
 
 impl Follower {
@@ -66,26 +61,27 @@ impl Follower {
         let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
         let r = ws.request(1, "subscribe", json!({"channel": chat})).await;
         assert!(r.get("result").is_some(), "subscribe {chat}: {r}");
-        Self {
-            ws,
+        let me = Left {
             sub: sub.into(),
             id: id.into(),
             chat: chat.into(),
             s0,
             seen: Vec::new(),
             turns: 0,
-        }
+        };
+        Self { ws, me }
     }
 
     /// One turn; asserts it stays small next to `budget` (the sizing of
     /// these tests relies on it).
     async fn turn(&mut self, t: &TestRelay, budget: usize) {
-        let before = buffered(t, &self.sub, &self.id);
-        self.turns += 1;
-        let envs = run_turn(&mut self.ws, &self.chat, self.turns).await;
+        let me = &mut self.me;
+        let before = buffered(t, &me.sub, &me.id);
+        me.turns += 1;
+        let envs = run_turn(&mut self.ws, &me.chat, me.turns).await;
         assert!(!envs.is_empty(), "the turn produced envelopes");
-        self.seen.extend(envs);
-        let grew = buffered(t, &self.sub, &self.id) - before;
+        me.seen.extend(envs);
+        let grew = buffered(t, &me.sub, &me.id) - before;
         assert!(
             grew > 0 && grew * 10 < budget,
             "a turn buffers {grew} bytes: too much for a budget of {budget}"
@@ -94,40 +90,24 @@ impl Follower {
 
     /// Turns until the session buffers at least `bytes`.
     async fn fill(&mut self, t: &TestRelay, bytes: usize, budget: usize) {
-        while buffered(t, &self.sub, &self.id) < bytes {
+        while buffered(t, &self.me.sub, &self.me.id) < bytes {
             self.turn(t, budget).await;
         }
     }
 
     fn last(&self) -> u64 {
-        self.seen.last().map_or(self.s0, |e| e.server_seq)
+        self.me.seen.last().map_or(self.me.s0, |e| e.server_seq)
     }
 
     /// Closes the socket and waits until the relay detached the session.
     async fn leave(self, t: &TestRelay) -> Left {
-        let Follower {
-            ws,
-            sub,
-            id,
-            chat,
-            s0,
-            seen,
-            turns,
-        } = self;
-        drop(ws);
-        wait_detached(t, &sub, &id).await;
-        Left {
-            sub,
-            id,
-            chat,
-            s0,
-            seen,
-            turns,
-        }
+        drop(self.ws);
+        wait_detached(t, &self.me.sub, &self.me.id).await;
+        self.me
     }
 }
 
-/// A client that left: what it had seen.
+/// What a client saw (while attached, or after it left).
 struct Left {
     sub: String,
     id: String,

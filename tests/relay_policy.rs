@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use ahp_relay::policy::{Grant, HostRef, PermSet, Permission, Policy, Subject, Visibility};
-use common::relay::TestRelay;
+use common::relay::{TestRelay, rule};
 use common::*;
 use serde_json::{Value, json};
 
@@ -170,23 +170,9 @@ async fn a_swapped_policy_decides_dispatch() {
 /// snapshot without that channel. An invalid file keeps the old policy.
 #[tokio::test]
 async fn policy_reload_from_the_config_file_resyncs_clients_that_lost_sight() {
-    let both = r#"
-[[policy.rules]]
-name = "everyone-sees-all"
-subjects = ["*"]
-hosts = ["*"]
-role = "operator"
-visibility = "all"
-"#;
-    let only_a = r#"
-[[policy.rules]]
-name = "everyone-sees-a"
-subjects = ["*"]
-hosts = ["a"]
-role = "operator"
-visibility = "all"
-"#;
-    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], both).await;
+    let both = rule("everyone-sees-all", &["*"], &["*"], "operator", "all", "");
+    let only_a = rule("everyone-sees-a", &["*"], &["a"], "operator", "all", "");
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], &both).await;
     let mut ws = t.raw("bob").await;
     ws.initialize("c").await;
     for (id, ch) in [(1, "ahp-session:/a~a-1"), (2, "ahp-session:/b~b-1")] {
@@ -207,7 +193,7 @@ visibility = "all"
         .await;
     assert!(still.get("result").is_some(), "old policy kept: {still}");
     // Hosts are generated before the policy in the dev config: replace it.
-    let changed = original.replace(both, only_a);
+    let changed = original.replace(&both, &only_a);
     assert_ne!(changed, original);
     std::fs::write(&path, changed).unwrap();
     let closed = tokio::time::timeout(std::time::Duration::from_secs(15), ws.close_code())
@@ -310,21 +296,15 @@ async fn writes_are_audited_with_their_decision_and_no_content() {
         );
     use tracing_subscriber::Layer as _;
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
-    let rules = r#"
-[[policy.rules]]
-name = "auditee-operates-a"
-subjects = ["auditee"]
-hosts = ["a"]
-role = "operator"
-visibility = "all"
-[[policy.rules]]
-name = "auditee-views-b"
-subjects = ["auditee"]
-hosts = ["b"]
-role = "viewer"
-visibility = "all"
-"#;
-    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], rules).await;
+    let rules = rule(
+        "auditee-operates-a",
+        &["auditee"],
+        &["a"],
+        "operator",
+        "all",
+        "",
+    ) + &rule("auditee-views-b", &["auditee"], &["b"], "viewer", "all", "");
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], &rules).await;
     let token = t.token("auditee");
     let mut ws = t.raw("auditee").await;
     ws.initialize("au").await;

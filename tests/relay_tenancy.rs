@@ -23,7 +23,7 @@ use std::time::Duration;
 use ahp_relay::client::dial::dial_stream;
 use ahp_relay::policy::{PolicyConfig, RulePolicy};
 use ahp_relay::simhost::{SimHost, SimHostConfig};
-use common::relay::TestRelay;
+use common::relay::{TestRelay, rule};
 use common::*;
 use serde_json::{Value, json};
 
@@ -39,21 +39,6 @@ const TOOL: &str = "read_tab";
 /// Two fast hosts `a` and `b`, one seeded session each.
 fn two_hosts() -> Vec<SimHostConfig> {
     vec![fast_config("a", 1), fast_config("b", 1)]
-}
-
-/// One `[[policy.rules]]` entry; `more` is extra TOML lines for the rule.
-fn rule(
-    name: &str,
-    subjects: &[&str],
-    hosts: &[&str],
-    role: &str,
-    visibility: &str,
-    more: &str,
-) -> String {
-    format!(
-        "\n[[policy.rules]]\nname = \"{name}\"\nsubjects = {subjects:?}\nhosts = {hosts:?}\n\
-         role = \"{role}\"\nvisibility = \"{visibility}\"\n{more}\n"
-    )
 }
 
 /// A rule policy from `[[policy.rules]]` TOML, validated against hosts a, b.

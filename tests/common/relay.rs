@@ -342,3 +342,18 @@ pub fn assert_metrics(page: &str, expect: &[(&str, f64)]) {
         );
     }
 }
+
+/// One `[[policy.rules]]` entry; `more` is extra TOML lines for the rule.
+pub fn rule(
+    name: &str,
+    subjects: &[&str],
+    hosts: &[&str],
+    role: &str,
+    visibility: &str,
+    more: &str,
+) -> String {
+    format!(
+        "\n[[policy.rules]]\nname = \"{name}\"\nsubjects = {subjects:?}\nhosts = {hosts:?}\n\
+         role = \"{role}\"\nvisibility = \"{visibility}\"\n{more}\n"
+    )
+}
