@@ -34,10 +34,6 @@ async fn envelopes_until(
     }
 }
 
-fn start_turn(chat: &str, seq: i64, turn: &str) -> Value {
-    dispatch_frame(chat, seq, turn_started(turn, "go"))
-}
-
 /// The host's chat state with its own name replaced by the client's.
 fn host_chat(t: &TestRelay, i: usize, host_uri: &str, client_uri: &str) -> Value {
     let mut s = t.hosts[i].channel_state(host_uri).expect("host chat");
@@ -74,8 +70,8 @@ async fn s8_run() -> S8Run {
         sa["result"]["snapshot"]["state"].clone(),
         sb["result"]["snapshot"]["state"].clone(),
     );
-    ws.send_json(&start_turn(chat_a, 1, "ta")).await;
-    ws.send_json(&start_turn(chat_b, 2, "tb")).await;
+    ws.send_json(&start_turn_frame(chat_a, 1, "ta")).await;
+    ws.send_json(&start_turn_frame(chat_b, 2, "tb")).await;
     // Let both turns stream a little, then restart host a.
     let before = envelopes_until(&mut ws, |v| {
         v["params"]["action"]["type"] == "chat/delta" && v["params"]["channel"] == chat_a
@@ -191,7 +187,7 @@ async fn dropped_link_resumes_by_upstream_replay_without_resync() {
     ws.initialize("blip").await;
     let s = ws.request(1, "subscribe", json!({"channel": chat})).await;
     let mut state = s["result"]["snapshot"]["state"].clone();
-    ws.send_json(&start_turn(chat, 1, "t1")).await;
+    ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
     let mut seen =
         envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
     let upstream = t.upstream_id("alice", "blip");
@@ -249,7 +245,7 @@ async fn detached_session_closes_links_when_its_buffer_evicts() {
     let mut ws = t.raw("alice").await;
     ws.initialize("evict").await;
     ws.request(1, "subscribe", json!({"channel": chat})).await;
-    ws.send_json(&start_turn(chat, 1, "t1")).await;
+    ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
     envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
     let links_before = t.hosts[0].connections();
     assert_eq!(links_before, 2, "watch link + the session's link");

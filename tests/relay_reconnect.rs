@@ -31,11 +31,6 @@ use serde_json::{Value, json};
 
 // ─── helpers ────────────────────────────────────────────────────────────────
 
-/// A raw `dispatchAction` frame starting turn `turn_id` on `chat`.
-fn start_turn_frame(chat: &str, client_seq: i64, turn_id: &str) -> Value {
-    dispatch_frame(chat, client_seq, turn_started(turn_id, "go"))
-}
-
 /// The `turnId` of an envelope's action, if it has one.
 fn turn_of(e: &ActionEnvelope) -> Option<String> {
     serde_json::to_value(&e.action)

@@ -1581,7 +1581,7 @@ fn rewrite_table_keeps_store_entries_verbatim() {
     assert!(uri_fields > 0, "no URI field in the table");
 }
 
-// ─── relay bugs (ignored until fixed) ───────────────────────────────────────
+// ─── aliases, cursors and link ids ──────────────────────────────────────────
 
 /// §4.2: a client-chosen URI has exactly one client name — the qualified form of its host name (`ahp-session:/b~mine-1`) is unknown (-32001) and cannot take over the verbatim subscription's envelopes.
 #[tokio::test]
@@ -1634,7 +1634,7 @@ async fn list_sessions_refuses_a_non_string_cursor() {
     }
 }
 
-/// §4.5: ids the relay originates are non-negative integers — also the link's keep-alive `ping` after 20 s of silence (this test waits 21 s).
+/// §4.5: ids the relay originates are non-negative integers — also the link's keep-alive `ping` after `link_ping_secs` (here 1 s) of silence.
 #[tokio::test]
 async fn links_originate_only_integer_ids() {
     let t = TestRelay::start(
@@ -1644,7 +1644,7 @@ async fn links_originate_only_integer_ids() {
     .await;
     let c = t.client_init("alice", "quiet").await;
     subscribe_raw(&c, "ahp-session:/a~a-1").await;
-    let up = t.relay.relay.upstream_id(&principal("alice"), "quiet");
+    let up = t.upstream_id("alice", "quiet");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let frames: Vec<Value> = t.hosts[0]
         .received_from(&up)

@@ -718,12 +718,17 @@ async fn root_summary_changes_reach_the_watcher_once_each_translated() {
         host_changes,
         "each host sessionSummaryChanged reaches the watcher once"
     );
-    for c in changes {
-        if let Some(chats) = c.get("chats").and_then(Value::as_array) {
-            for chat in chats {
-                assert_eq!(chat["resource"], ROOT_NEW_CHAT, "summary chats translated");
-            }
-        }
+    let chats: Vec<&Value> = changes
+        .iter()
+        .filter_map(|c| c.get("chats").and_then(Value::as_array))
+        .flatten()
+        .collect();
+    assert!(
+        !chats.is_empty(),
+        "a summary change names the chats: {changes:?}"
+    );
+    for chat in chats {
+        assert_eq!(chat["resource"], ROOT_NEW_CHAT, "summary chats translated");
     }
 }
 

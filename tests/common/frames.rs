@@ -71,6 +71,12 @@ pub fn turn_started(turn_id: &str, text: &str) -> Value {
         "message": {"text": text, "origin": {"kind": "user"}}})
 }
 
+/// A `dispatchAction` frame starting turn `turn_id` (user text "go") on
+/// `chat` as the client's `client_seq`.
+pub fn start_turn_frame(chat: &str, client_seq: i64, turn_id: &str) -> Value {
+    dispatch_frame(chat, client_seq, turn_started(turn_id, "go"))
+}
+
 /// The typed form of an action literal; panics unless it is a known action
 /// (so a typo in a test's literal cannot pass as an `Unknown` action).
 pub fn action(v: Value) -> StateAction {
