@@ -16,24 +16,6 @@ fn slow(name: &str) -> ahp_relay::simhost::SimHostConfig {
     host(name, 1, script(60, 8, 40))
 }
 
-/// Reads frames until `until` holds for one; returns the action envelopes seen.
-async fn envelopes_until(
-    ws: &mut RawWs,
-    mut until: impl FnMut(&Value) -> bool,
-) -> Vec<ActionEnvelope> {
-    let mut out = Vec::new();
-    loop {
-        let v = ws.recv_json().await.expect("socket open");
-        let done = until(&v);
-        if v["method"] == "action" {
-            out.push(serde_json::from_value(v["params"].clone()).expect("envelope"));
-        }
-        if done {
-            return out;
-        }
-    }
-}
-
 /// The host's chat state with its own name replaced by the client's.
 fn host_chat(t: &TestRelay, i: usize, host_uri: &str, client_uri: &str) -> Value {
     let mut s = t.hosts[i].channel_state(host_uri).expect("host chat");
@@ -73,10 +55,7 @@ async fn s8_run() -> S8Run {
     ws.send_json(&start_turn_frame(chat_a, 1, "ta")).await;
     ws.send_json(&start_turn_frame(chat_b, 2, "tb")).await;
     // Let both turns stream a little, then restart host a.
-    let before = envelopes_until(&mut ws, |v| {
-        v["params"]["action"]["type"] == "chat/delta" && v["params"]["channel"] == chat_a
-    })
-    .await;
+    let before = raw_actions_until(&mut ws, |e| is(e, chat_a, "chat/delta")).await;
     t.hosts[0].restart(true);
     let mut seen = before;
     let close = loop {
@@ -158,10 +137,7 @@ async fn s8_after_a_host_restart_reconnect_resyncs_and_the_other_host_keeps_stre
     );
     // b's turn keeps streaming after the reconnect and converges.
     let mut state_b = snap(chat_b)["state"].clone();
-    let after = envelopes_until(&mut ws, |v| {
-        v["params"]["action"]["type"] == "chat/turnComplete" && v["params"]["channel"] == chat_b
-    })
-    .await;
+    let after = raw_actions_until(&mut ws, |e| is(e, chat_b, "chat/turnComplete")).await;
     assert!(
         after.iter().all(|e| e.server_seq > from),
         "numbered after the snapshot"
@@ -188,20 +164,14 @@ async fn dropped_link_resumes_by_upstream_replay_without_resync() {
     let s = ws.request(1, "subscribe", json!({"channel": chat})).await;
     let mut state = s["result"]["snapshot"]["state"].clone();
     ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
-    let mut seen =
-        envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
+    let mut seen = raw_actions_until(&mut ws, |e| action_type(e) == "chat/delta").await;
     let upstream = t.upstream_id("alice", "blip");
     assert_eq!(
         t.hosts[0].drop_client(&upstream),
         1,
         "the link's connection is cut"
     );
-    seen.extend(
-        envelopes_until(&mut ws, |v| {
-            v["params"]["action"]["type"] == "chat/turnComplete"
-        })
-        .await,
-    );
+    seen.extend(raw_actions_until(&mut ws, |e| action_type(e) == "chat/turnComplete").await);
     assert_strictly_increasing(&seen);
     let numbers: Vec<u64> = seen.iter().map(|e| e.server_seq).collect();
     assert!(
@@ -246,7 +216,7 @@ async fn detached_session_closes_links_when_its_buffer_evicts() {
     ws.initialize("evict").await;
     ws.request(1, "subscribe", json!({"channel": chat})).await;
     ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
-    envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
+    raw_actions_until(&mut ws, |e| action_type(e) == "chat/delta").await;
     let links_before = t.hosts[0].connections();
     assert_eq!(links_before, 2, "watch link + the session's link");
     drop(ws);

@@ -86,15 +86,6 @@ fn item<'a>(list: &'a Value, uri: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{uri} not listed: {list}"))
 }
 
-/// Parsed frames a host received with `method`.
-fn host_frames(host: &ahp_relay::simhost::SimHost, method: &str) -> Vec<Value> {
-    host.received()
-        .iter()
-        .filter(|f| f.method.as_deref() == Some(method))
-        .map(|f| serde_json::from_str(&f.text).expect("recorded frame is JSON"))
-        .collect()
-}
-
 /// Whether any string (value or key) anywhere in `v` equals `s`.
 fn mentions(v: &Value, s: &str) -> bool {
     match v {
@@ -987,10 +978,7 @@ async fn upstream_ids_are_derived_per_principal_and_client_id() {
     let up_alice = t.upstream_id("alice", "same");
     let up_bob = t.upstream_id("bob", "same");
     assert_ne!(up_alice, up_bob);
-    let inits: BTreeSet<String> = host_frames(host, "initialize")
-        .iter()
-        .filter_map(|f| f["params"]["clientId"].as_str().map(str::to_string))
-        .collect();
+    let inits: BTreeSet<String> = initialized_ids(host).into_iter().collect();
     assert_eq!(
         inits,
         BTreeSet::from([

@@ -95,15 +95,9 @@ fn methods_from(h: &SimHost, upstream: &str) -> Vec<String> {
         .collect()
 }
 
-/// `initialize` frames the host received for `upstream` (recorded before
-/// the connection has a clientId, so matched on `params.clientId`).
+/// `initialize` frames the host received for `upstream`.
 fn initializes_of(h: &SimHost, upstream: &str) -> usize {
-    h.received()
-        .iter()
-        .filter(|f| f.method.as_deref() == Some("initialize"))
-        .filter_map(|f| serde_json::from_str::<Value>(&f.text).ok())
-        .filter(|v| v["params"]["clientId"] == upstream)
-        .count()
+    initialized_ids(h).iter().filter(|c| *c == upstream).count()
 }
 
 /// A client socket through the relay whose turn runs client tool `read_tab`.

@@ -1948,13 +1948,7 @@ async fn s10c_one_client_id_of_three_principals_is_three_upstream_clients() {
         std::slice::from_ref(&up_alice),
         "contributors as mallory sees them"
     );
-    let inits: BTreeSet<String> = host_a
-        .received()
-        .iter()
-        .filter(|f| f.method.as_deref() == Some("initialize"))
-        .filter_map(|f| serde_json::from_str::<Value>(&f.text).ok())
-        .filter_map(|f| f["params"]["clientId"].as_str().map(str::to_string))
-        .collect();
+    let inits: BTreeSet<String> = initialized_ids(host_a).into_iter().collect();
     assert_eq!(
         inits,
         BTreeSet::from([watch(), up_alice.clone(), up_mallory.clone()]),

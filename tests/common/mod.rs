@@ -121,6 +121,25 @@ pub fn action_type(env: &ActionEnvelope) -> String {
         .unwrap_or_default()
 }
 
+/// Parsed frames `host` received with `method`, in order.
+pub fn host_frames(host: &SimHost, method: &str) -> Vec<Value> {
+    host.received()
+        .iter()
+        .filter(|f| f.method.as_deref() == Some(method))
+        .map(|f| serde_json::from_str(&f.text).expect("recorded frame is JSON"))
+        .collect()
+}
+
+/// The `clientId` of every `initialize` `host` received, in order (an
+/// `initialize` is recorded before its connection has a clientId, so it is
+/// read from the params).
+pub fn initialized_ids(host: &SimHost) -> Vec<String> {
+    host_frames(host, "initialize")
+        .iter()
+        .filter_map(|f| f["params"]["clientId"].as_str().map(str::to_string))
+        .collect()
+}
+
 /// A raw WebSocket for frames the SDK cannot send or would not parse.
 pub struct RawWs {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
