@@ -891,16 +891,27 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
     }
     let host_final = host_state(&t.hosts[0], &host_chat, &[]);
     assert_eq!(reduce_chat(&initial, &chat, &all), host_final);
-    for e in &all {
-        mirror.apply_envelope(&id, e);
-    }
-    let mirrored = mirror
-        .chats()
-        .get(&HostedResourceKey::new(id.clone(), chat.clone()))
-        .expect("the mirror follows the chat");
     assert_eq!(
-        serde_json::to_value(mirrored).expect("state"),
+        mirrored_chat(&mut mirror, &id, &chat, &all),
         host_final,
         "the SDK's state mirror equals the host's chat"
     );
+}
+
+/// The chat state `mirror` holds for `chat` of entry `id` once `envs` are
+/// applied to it.
+fn mirrored_chat(
+    mirror: &mut MultiHostStateMirror,
+    id: &HostId,
+    chat: &str,
+    envs: &[ActionEnvelope],
+) -> Value {
+    for e in envs {
+        mirror.apply_envelope(id, e);
+    }
+    let mirrored = mirror
+        .chats()
+        .get(&HostedResourceKey::new(id.clone(), chat.to_string()))
+        .expect("the mirror follows the chat");
+    serde_json::to_value(mirrored).expect("state")
 }

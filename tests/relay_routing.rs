@@ -1030,6 +1030,28 @@ async fn echo_origins_show_the_own_client_id_and_others_an_opaque_id() {
     );
 }
 
+/// Dispatches `session/activeClientSet` naming `client_id` (no tools) on
+/// host a's seeded session; its `clientSeq` and its echo.
+async fn set_active_client(
+    c: &Client,
+    events: &mut ahp::ClientEventStream,
+    client_id: &str,
+) -> (i64, ActionEnvelope) {
+    let h = c
+        .dispatch(
+            "ahp-session:/a~a-1".into(),
+            action(json!({"type": "session/activeClientSet",
+                "activeClient": {"clientId": client_id, "tools": []}})),
+        )
+        .await
+        .expect("dispatch");
+    let echo = actions_until(events, |e| action_type(e) == "session/activeClientSet")
+        .await
+        .pop()
+        .expect("echo");
+    (h.client_seq, echo)
+}
+
 /// §2 B2, §5.3: `session/activeClientSet` naming another clientId gets a
 /// relay rejection echo (with the client's origin) that reaches neither bob
 /// nor the host; naming the client itself is forwarded with its upstream
@@ -1042,49 +1064,20 @@ async fn active_client_set_names_only_the_dispatching_client() {
     let host = &t.hosts[0];
     let session = "ahp-session:/a~a-1";
     let up_alice = t.upstream_id("alice", "same");
-    let foreign = alice
-        .dispatch(
-            session.into(),
-            action(json!({"type": "session/activeClientSet",
-                "activeClient": {"clientId": "someone-else", "tools": []}})),
-        )
-        .await
-        .expect("dispatch");
-    let rejected = actions_until(&mut alice_ev, |e| {
-        action_type(e) == "session/activeClientSet"
-    })
-    .await
-    .pop()
-    .expect("rejection echo");
+    let (foreign, rejected) = set_active_client(&alice, &mut alice_ev, "someone-else").await;
     assert_eq!(rejected.channel, session);
     assert!(rejected.rejection_reason.is_some(), "{rejected:?}");
     assert_eq!(
         rejected.origin,
         Some(ActionOrigin {
             client_id: "same".into(),
-            client_seq: foreign.client_seq
+            client_seq: foreign
         })
     );
 
-    let mine = alice
-        .dispatch(
-            session.into(),
-            action(json!({"type": "session/activeClientSet",
-                "activeClient": {"clientId": "same", "tools": []}})),
-        )
-        .await
-        .expect("dispatch");
-    let accepted = actions_until(&mut alice_ev, |e| {
-        action_type(e) == "session/activeClientSet"
-    })
-    .await
-    .pop()
-    .expect("echo");
+    let (mine, accepted) = set_active_client(&alice, &mut alice_ev, "same").await;
     assert_eq!(accepted.rejection_reason, None, "{accepted:?}");
-    assert_eq!(
-        accepted.origin.as_ref().map(|o| o.client_seq),
-        Some(mine.client_seq)
-    );
+    assert_eq!(accepted.origin.as_ref().map(|o| o.client_seq), Some(mine));
     let payload = serde_json::to_value(&accepted.action).expect("action");
     assert_eq!(payload["activeClient"]["clientId"], "same");
     let bobs = actions_until(&mut bob_ev, |e| action_type(e) == "session/activeClientSet").await;

@@ -872,6 +872,35 @@ async fn rejection_echo(x: &mut RawWs, channel: &str, client_seq: i64, act: &Val
     env
 }
 
+/// Dispatches every one of which is rejected, with whether the host (not
+/// the relay) rejects it: a cancel of no turn (host), an unknown action
+/// type, a malformed `chat/turnStarted` and a server-only root action
+/// (relay).
+fn refused_dispatches(chat: &str) -> [(&str, Value, bool); 4] {
+    [
+        (
+            chat,
+            json!({"type": "chat/turnCancelled", "turnId": "no-such-turn", "duration": 0}),
+            true,
+        ),
+        (
+            chat,
+            json!({"type": "chat/nonsense", "extra": {"k": [1, "two"]}}),
+            false,
+        ),
+        (
+            chat,
+            json!({"type": "chat/turnStarted", "turnId": 7}),
+            false,
+        ),
+        (
+            ROOT,
+            json!({"type": "root/configChanged", "config": {"mode": "x"}}),
+            false,
+        ),
+    ]
+}
+
 /// §5.3: host rejections are numbered with the client's own origin; relay-made rejections carry channel, action as dispatched, origin, reason, a number, and reach only the dispatcher.
 #[tokio::test]
 async fn rejections_are_numbered_and_attributed() {
@@ -889,28 +918,7 @@ async fn rejections_are_numbered_and_attributed() {
     let mut oev = observer.events();
     let _ = subscribe_raw(&observer, &chat).await;
 
-    let dispatches = [
-        (
-            chat.as_str(),
-            json!({"type": "chat/turnCancelled", "turnId": "no-such-turn", "duration": 0}),
-            true,
-        ),
-        (
-            chat.as_str(),
-            json!({"type": "chat/nonsense", "extra": {"k": [1, "two"]}}),
-            false,
-        ),
-        (
-            chat.as_str(),
-            json!({"type": "chat/turnStarted", "turnId": 7}),
-            false,
-        ),
-        (
-            ROOT,
-            json!({"type": "root/configChanged", "config": {"mode": "x"}}),
-            false,
-        ),
-    ];
+    let dispatches = refused_dispatches(&chat);
     for (i, (channel, act, from_host)) in dispatches.iter().enumerate() {
         let client_seq = 100 + i as i64;
         let env = rejection_echo(&mut x, channel, client_seq, act).await;

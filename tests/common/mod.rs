@@ -1,5 +1,9 @@
 //! Helpers shared by the integration tests: start simulated hosts, connect
 //! the official `ahp` client or a raw WebSocket, and wait with timeouts.
+//! `frames` builds the JSON-RPC frames and actions tests write by hand,
+//! `names` the principals and client names, `relay` a relay over TLS in
+//! front of simulated hosts. Every test file uses these rather than its own
+//! copies.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -251,7 +255,7 @@ impl RawWs {
     }
 }
 
-// ─── Generic helpers added for the streaming tests ──────────────────────────
+// ─── Subscriptions, envelopes and reducers ──────────────────────────────────
 
 /// Subscribes through the generic `request`, so the snapshot's `state` stays
 /// raw JSON (the SDK's typed `SubscribeResult` goes through the untagged

@@ -1,6 +1,7 @@
 //! Helpers for relay tests: simulated hosts behind a real relay over TLS,
-//! dev tokens, the official client dialed through the TLS endpoint, and
-//! plain HTTPS requests to that endpoint.
+//! dev tokens, the official client dialed through the TLS endpoint, raw
+//! upgrades, plain HTTPS requests to that endpoint and its metrics, and
+//! policy rules.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
