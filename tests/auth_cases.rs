@@ -789,8 +789,11 @@ fn jwks_skips_encryption_keys_and_needs_one_signing_key() {
     );
 }
 
+/// §3.2: a PEM key file that cannot be loaded fails the whole load with an
+/// error naming the file and what is wrong with it: missing, a private
+/// key, more than one key, a certificate, or a key of another algorithm.
 #[test]
-fn load_errors_name_the_file_and_problem() {
+fn pem_load_errors_name_the_file_and_problem() {
     let dir = TempDir::new();
     let load_err = |f: &dyn Fn(&mut AuthConfig)| {
         let mut cfg = config(&dir);
@@ -850,7 +853,19 @@ fn load_errors_name_the_file_and_problem() {
         err.contains("ec_p256_public.pem") && err.contains("ES384"),
         "{err}"
     );
+}
 
+/// §3.2: an HS256 secret shorter than 32 bytes (without showing it), a
+/// JWKS file that is not JSON, a missing deny list and an out-of-range
+/// leeway each fail the load with an error naming the file or setting.
+#[test]
+fn secret_jwks_and_setting_load_errors_name_the_file_and_problem() {
+    let dir = TempDir::new();
+    let load_err = |f: &dyn Fn(&mut AuthConfig)| {
+        let mut cfg = config(&dir);
+        f(&mut cfg);
+        Authenticator::load(&cfg).unwrap_err().to_string()
+    };
     let short = dir.write("short.secret", "too-short\n");
     let err = load_err(&|c| {
         c.issuers[4].keys = KeySource::Hs256 {

@@ -99,8 +99,10 @@
 //! `cargo test --release --test relay_convergence s13_long -- --ignored --nocapture`.
 //!
 //! Each run has its own two hosts and relay (nothing is shared between
-//! runs); the bugs S13 found have their own deterministic tests at the end
-//! of this file.
+//! runs). The deterministic tests at the end of this file each pin one
+//! ordering the random runs reach only by chance: the `reconnect` answer
+//! as the cut (§5.5), close codes behind frames in flight (§3.7), and
+//! overlapping reconnects (§5.6).
 
 mod common;
 
@@ -110,16 +112,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ahp::ReduceOutcome;
-use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::identity::PrincipalKey;
-use ahp_relay::simhost::clock::{SplitMix64, now_iso};
+use ahp_relay::simhost::clock::SplitMix64;
 use ahp_relay::simhost::{AgentScript, SimHostConfig};
 use ahp_relay::upstream::dial::dial_stream;
 use ahp_relay::upstream::hub::HostStatus;
 use ahp_types::actions::ActionEnvelope;
 use ahp_types::state::{ChatState, RootState};
 use common::relay::TestRelay;
-use common::{Next, RawWs};
+use common::{
+    MAX_SAFE, Next, ROOT, RawWs, dispatch_frame, host, initialize_subscribing, ping_frame,
+    reconnect_params, request_frame, script, turn_started,
+};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -135,9 +138,6 @@ const BASE: u64 = 1;
 const HOSTS: [&str; 2] = ["a", "b"];
 const SESSIONS: usize = 2;
 const CLIENTS: [(&str, &str); 3] = [("alice", "s13-a0"), ("alice", "s13-a1"), ("bob", "s13-b0")];
-const ROOT: &str = "ahp-root://";
-/// 2^53 − 1 (contract §5.1).
-const MAX_SAFE: u64 = (1 << 53) - 1;
 const REPLAY_BUFFERS: [usize; 3] = [4, 16, 4096];
 const GRACES: [u64; 2] = [0, 20];
 
@@ -532,8 +532,8 @@ impl Client {
             .unwrap_or(0)
     }
 
-    fn uris(&self) -> Vec<String> {
-        self.chans.iter().map(|c| c.uri.clone()).collect()
+    fn uris(&self) -> Vec<&str> {
+        self.chans.iter().map(|c| c.uri.as_str()).collect()
     }
 
     /// Handles one frame outside a request.
@@ -550,6 +550,9 @@ impl Client {
         Ok(())
     }
 
+    /// Checks one envelope against everything the client knows (contract
+    /// §5.1 numbering, §5.2 snapshots first, §2 B2 origins, one echo per
+    /// dispatch) and applies it to its channel's state.
     fn on_envelope(&mut self, params: &Value, st: &mut Stats) -> R<()> {
         let env: ActionEnvelope = serde_json::from_value(params.clone())
             .map_err(|e| fail("envelope-unparsable", format!("{e}: {params}")))?;
@@ -589,6 +592,15 @@ impl Client {
                 ""
             }
         ));
+        self.apply_envelope(&env, params)?;
+        self.check_origin(&env, params, st)
+    }
+
+    /// Applies `env` to its channel's state: the channel must be subscribed
+    /// and have its snapshot, the envelope must be new to it, and an
+    /// accepted action must be valid for the reducer.
+    fn apply_envelope(&mut self, env: &ActionEnvelope, params: &Value) -> R<()> {
+        let seq = env.server_seq;
         let who = self.idx;
         let Some(ci) = self.chan(&env.channel) else {
             return Err(fail(
@@ -622,6 +634,14 @@ impl Client {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Another client's origin is an opaque `r1.` pseudonym (never this
+    /// client's upstream id); this client's own echo matches exactly one
+    /// dispatch it sent, on the same channel with the same type.
+    fn check_origin(&mut self, env: &ActionEnvelope, params: &Value, st: &mut Stats) -> R<()> {
+        let who = self.idx;
         let Some(origin) = &env.origin else {
             return Ok(());
         };
@@ -729,7 +749,7 @@ impl Client {
     ) -> R<Answer> {
         self.next_req += 1;
         let id = self.next_req;
-        let frame = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let frame = request_frame(id, method, params);
         let Some(ws) = self.ws.as_mut() else {
             return Ok(Answer::Closed(None));
         };
@@ -793,8 +813,7 @@ impl Client {
         if how == How::Resume
             && let Some(w) = self.watermark
         {
-            let params = json!({"channel": ROOT, "clientId": self.id,
-                "lastSeenServerSeq": w, "subscriptions": self.uris()});
+            let params = reconnect_params(&self.id, w, &self.uris());
             match self.request("reconnect", params, true, st).await? {
                 Answer::Closed(_) => return Ok(()),
                 Answer::Error(-32008, _) if self.pre_cut.is_empty() => st.not_found += 1,
@@ -813,8 +832,7 @@ impl Client {
             }
         }
         let old = self.watermark;
-        let params = json!({"channel": ROOT, "protocolVersions": ["1.0.0"],
-            "clientId": self.id, "initialSubscriptions": self.uris()});
+        let params = initialize_subscribing(&self.id, &self.uris());
         match self.request("initialize", params, true, st).await? {
             Answer::Closed(_) => Ok(()),
             Answer::Error(_, e) => Err(fail(
@@ -1027,8 +1045,7 @@ impl Client {
         let seq = self.next_seq;
         let channel = self.chans[ci].uri.clone();
         let ty = action["type"].as_str().unwrap_or_default().to_string();
-        let frame = json!({"jsonrpc": "2.0", "method": "dispatchAction",
-            "params": {"channel": channel, "clientSeq": seq, "action": action}});
+        let frame = dispatch_frame(&channel, seq, action);
         if ws.try_send_json(&frame).await {
             self.next_seq += 1;
             st.dispatched += 1;
@@ -1201,10 +1218,6 @@ impl Run {
         }
         let mut clients = Vec::new();
         for (idx, (sub, id)) in CLIENTS.iter().enumerate() {
-            let principal = PrincipalKey {
-                issuer: DEV_ISSUER.into(),
-                subject: (*sub).into(),
-            };
             let mut chans = Vec::new();
             if cfg.root[idx] {
                 chans.push(Chan {
@@ -1227,7 +1240,7 @@ impl Run {
                 idx,
                 sub,
                 id: (*id).to_string(),
-                upstream: t.relay.relay.upstream_id(&principal, id),
+                upstream: t.upstream_id(sub, id),
                 chans,
                 ws: None,
                 conn: 0,
@@ -1292,57 +1305,9 @@ impl Run {
         if !step.is_dispatch_or_drain() {
             self.unstall();
         }
-        let seed = self.cfg.seed;
         match step {
-            Step::Turn(c, h) => {
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                if cl.chans[ci].state.is_none() {
-                    return Ok(());
-                }
-                let turn = cl.fresh_id("t", seed);
-                let action = json!({"type": "chat/turnStarted", "turnId": turn,
-                    "startedAt": now_iso(), "message": message(&format!("do {turn}"))});
-                cl.dispatch(ci, action, &mut self.st).await?;
-            }
-            Step::Cancel(c, h) => {
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                let Some(view) = cl.view(ci) else {
-                    return Ok(());
-                };
-                let turn = view["activeTurn"]["id"]
-                    .as_str()
-                    .or_else(|| view["turns"].as_array()?.last()?["id"].as_str())
-                    .map(str::to_string);
-                if let Some(turn) = turn {
-                    let action =
-                        json!({"type": "chat/turnCancelled", "turnId": turn, "duration": 0});
-                    cl.dispatch(ci, action, &mut self.st).await?;
-                }
-            }
-            Step::Confirm(c, h) => {
-                let approve = !self.rng.chance(1, 4);
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                let Some(view) = cl.view(ci) else {
-                    return Ok(());
-                };
-                if let Some((turn, tool)) = pending_tool(&view).or_else(|| old_tool(&view)) {
-                    let action = confirm_action(&turn, &tool, approve);
-                    cl.dispatch(ci, action, &mut self.st).await?;
-                }
-            }
-            Step::Queue(c, h) => {
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                if cl.chans[ci].state.is_none() {
-                    return Ok(());
-                }
-                let id = cl.fresh_id("q", seed);
-                let action = json!({"type": "chat/pendingMessageSet", "kind": "queued",
-                    "id": id, "message": message(&format!("later {id}"))});
-                cl.dispatch(ci, action, &mut self.st).await?;
+            Step::Turn(..) | Step::Cancel(..) | Step::Confirm(..) | Step::Queue(..) => {
+                self.dispatch_step(step).await?;
             }
             Step::Drain => self.drain_all().await?,
             Step::Drop(c) => {
@@ -1386,6 +1351,67 @@ impl Run {
                 self.st.stalls += 1;
             }
             Step::RelayRestart => self.restart_relay().await?,
+        }
+        Ok(())
+    }
+
+    /// A dispatch step by its client on its host's chat: a turn, a cancel
+    /// of the active or last turn, a confirmation (approving 3 in 4) of a
+    /// pending or earlier tool call, or a queued message; nothing when the
+    /// client has no state of that chat or nothing to act on.
+    async fn dispatch_step(&mut self, step: Step) -> R<()> {
+        let seed = self.cfg.seed;
+        match step {
+            Step::Turn(c, h) => {
+                let cl = &mut self.clients[c];
+                let ci = cl.host_chan(h);
+                if cl.chans[ci].state.is_none() {
+                    return Ok(());
+                }
+                let turn = cl.fresh_id("t", seed);
+                let action = turn_started(&turn, &format!("do {turn}"));
+                cl.dispatch(ci, action, &mut self.st).await?;
+            }
+            Step::Cancel(c, h) => {
+                let cl = &mut self.clients[c];
+                let ci = cl.host_chan(h);
+                let Some(view) = cl.view(ci) else {
+                    return Ok(());
+                };
+                let turn = view["activeTurn"]["id"]
+                    .as_str()
+                    .or_else(|| view["turns"].as_array()?.last()?["id"].as_str())
+                    .map(str::to_string);
+                if let Some(turn) = turn {
+                    let action =
+                        json!({"type": "chat/turnCancelled", "turnId": turn, "duration": 0});
+                    cl.dispatch(ci, action, &mut self.st).await?;
+                }
+            }
+            Step::Confirm(c, h) => {
+                let approve = !self.rng.chance(1, 4);
+                let cl = &mut self.clients[c];
+                let ci = cl.host_chan(h);
+                let Some(view) = cl.view(ci) else {
+                    return Ok(());
+                };
+                if let Some((turn, tool)) = pending_tool(&view).or_else(|| old_tool(&view)) {
+                    let action = confirm_action(&turn, &tool, approve);
+                    cl.dispatch(ci, action, &mut self.st).await?;
+                }
+            }
+            Step::Queue(c, h) => {
+                let cl = &mut self.clients[c];
+                let ci = cl.host_chan(h);
+                if cl.chans[ci].state.is_none() {
+                    return Ok(());
+                }
+                let id = cl.fresh_id("q", seed);
+                let action = json!({"type": "chat/pendingMessageSet", "kind": "queued",
+                    "id": id, "message": message(&format!("later {id}"))});
+                cl.dispatch(ci, action, &mut self.st).await?;
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -1656,9 +1682,7 @@ impl Run {
     async fn fresh_root(&mut self) -> R<Value> {
         let mut ws = dial(self.t(), "alice").await?;
         let id = format!("s13-probe-{}", self.cfg.seed);
-        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": id,
-            "initialSubscriptions": [ROOT]}});
+        let init = request_frame(1, "initialize", initialize_subscribing(&id, &[ROOT]));
         if !ws.try_send_json(&init).await {
             return Err(fail("probe", "cannot send"));
         }
@@ -1954,36 +1978,38 @@ fn plans_are_seeded_and_round_trip() {
     assert_ne!(plan(43, 300).steps, a.steps);
 }
 
+/// Dials as `sub` and sends `initialize` for `client_id` with `chats` as
+/// initial subscriptions; the socket and the answer (the first frame).
+async fn init_raw(t: &TestRelay, sub: &str, client_id: &str, chats: &[&str]) -> (RawWs, Value) {
+    let mut ws = dial(t, sub).await.expect("dial");
+    let init = request_frame(1, "initialize", initialize_subscribing(client_id, chats));
+    assert!(ws.try_send_json(&init).await);
+    match ws.next_within(Duration::from_secs(5)).await {
+        Some(Next::Frame(v)) if v["id"] == 1 => (ws, v),
+        other => panic!("initialize: {:?}", other.is_some()),
+    }
+}
+
+/// The `reconnect` request `id` of (`client_id`, `last_seen`) for `chats`.
+fn reconnect_frame(id: u64, client_id: &str, last_seen: u64, chats: &[&str]) -> Value {
+    request_frame(
+        id,
+        "reconnect",
+        reconnect_params(client_id, last_seen, chats),
+    )
+}
+
 /// §5.5 "The response is the cut: no live envelope for this client is
 /// written before it", for a `reconnect` answered by snapshots while a
-/// chat streams: reconnect over and over with a watermark below S0 (so
-/// the relay must re-baseline) and require that nothing but the answer
-/// comes first. Found by S13 (seed 80 of the CI runs, step `S2`: a
-/// supersede answered by snapshots saw a `chat/delta` before the answer);
-/// fixed in e63415f.
+/// chat streams: 200 times a new socket supersedes the streaming one with
+/// watermark 0 < S0 (so the relay re-baselines), and no envelope may reach
+/// the new socket before its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnect_snapshot_answer_is_the_cut() {
-    let host = SimHostConfig {
-        sessions: 1,
-        script: AgentScript {
-            reply_deltas: 1_000_000,
-            delta_bytes: 8,
-            delta_rate: 5000,
-            tool_confirmation: false,
-            seed: None,
-        },
-        ..SimHostConfig::named("a")
-    };
-    let t = TestRelay::start(vec![host], "").await;
+    let t = TestRelay::start(vec![host("a", 1, script(1_000_000, 8, 5000))], "").await;
     let chat = "ahp-chat:/a~a-1-main";
-    let mut ws = dial(&t, "alice").await.expect("dial");
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "cut",
-        "initialSubscriptions": [chat]}});
-    assert!(ws.try_send_json(&init).await);
-    let turn = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": chat, "clientSeq": 1, "action": {"type": "chat/turnStarted",
-        "turnId": "long", "startedAt": now_iso(), "message": message("stream")}}});
+    let (mut ws, _) = init_raw(&t, "alice", "cut", &[chat]).await;
+    let turn = dispatch_frame(chat, 1, turn_started("long", "stream"));
     assert!(ws.try_send_json(&turn).await);
     let mut before_answer = Vec::new();
     let mut attempts = 0;
@@ -2000,10 +2026,10 @@ async fn reconnect_snapshot_answer_is_the_cut() {
         }
         // A new socket supersedes this one; watermark 0 < S0 forces snapshots.
         let mut next = dial(&t, "alice").await.expect("dial");
-        let req = json!({"jsonrpc": "2.0", "id": 2, "method": "reconnect", "params": {
-            "channel": ROOT, "clientId": "cut", "lastSeenServerSeq": 0,
-            "subscriptions": [chat]}});
-        assert!(next.try_send_json(&req).await);
+        assert!(
+            next.try_send_json(&reconnect_frame(2, "cut", 0, &[chat]))
+                .await
+        );
         loop {
             match next.next_within(Duration::from_secs(8)).await {
                 Some(Next::Frame(v)) if v["id"] == 2 => {
@@ -2024,56 +2050,31 @@ async fn reconnect_snapshot_answer_is_the_cut() {
 }
 
 /// §3.7 close codes reach the client: a socket superseded (4009) while
-/// the relay still has a stream in flight to it (the client reads a little
-/// late) and the client writes once more must still read every frame and
-/// then the close frame. Without that last write all ~1000 frames and 4009
-/// arrive; with it the client reads a few dozen frames and then a TCP
-/// reset (or an EOF without close frame). Found by S13 (long-run seeds
-/// 1000326, 1000362, 1001562, 1001959: a 4000 or 4009 read as "Connection
-/// reset by peer"); fixed in 0ab2999.
+/// ~1000 large frames are still in flight to it (the client reads late),
+/// and that writes once more meanwhile, reads every queued frame and then
+/// the 4009 close frame, never a TCP reset or an EOF without close frame.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_code_survives_frames_in_flight() {
-    let host = SimHostConfig {
-        sessions: 1,
-        script: AgentScript {
-            reply_deltas: 1000,
-            delta_bytes: 3000,
-            delta_rate: 0,
-            tool_confirmation: false,
-            seed: None,
-        },
-        ..SimHostConfig::named("a")
-    };
-    let t = TestRelay::start(vec![host], "").await;
+    let t = TestRelay::start(vec![host("a", 1, script(1000, 3000, 0))], "").await;
     let chat = "ahp-chat:/a~a-1-main";
     let mut lost = Vec::new();
     for round in 0..3 {
         // One principal per round: retained sessions count against a cap.
         let (sub, id) = (format!("busy{round}"), "busy");
-        let mut old = dial(&t, &sub).await.expect("dial");
-        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": id,
-            "initialSubscriptions": [chat]}});
-        assert!(old.try_send_json(&init).await);
-        match old.next_within(Duration::from_secs(5)).await {
-            Some(Next::Frame(v)) if v["result"]["serverSeq"].is_u64() => {}
-            other => panic!("initialize: {:?}", other.is_some()),
-        }
-        let turn = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-            "channel": chat, "clientSeq": 1, "action": {"type": "chat/turnStarted",
-            "turnId": format!("big-{round}"), "startedAt": now_iso(), "message": message("go")}}});
+        let (mut old, init) = init_raw(&t, &sub, id, &[chat]).await;
+        assert!(init["result"]["serverSeq"].is_u64(), "initialize: {init}");
+        let turn = dispatch_frame(chat, 1, turn_started(&format!("big-{round}"), "go"));
         assert!(old.try_send_json(&turn).await);
         // The client does not read for a while: the stream queues up.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut next = dial(&t, &sub).await.expect("dial");
-        let req = json!({"jsonrpc": "2.0", "id": 2, "method": "reconnect", "params": {
-            "channel": ROOT, "clientId": id, "lastSeenServerSeq": 0, "subscriptions": [chat]}});
-        assert!(next.try_send_json(&req).await);
+        assert!(
+            next.try_send_json(&reconnect_frame(2, id, 0, &[chat]))
+                .await
+        );
         // One more frame from the old socket while the relay closes it.
-        let ping =
-            json!({"jsonrpc": "2.0", "id": 3, "method": "ping", "params": {"channel": ROOT}});
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let _ = old.try_send_json(&ping).await;
+        let _ = old.try_send_json(&ping_frame(3)).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut frames = 0;
         let close = loop {
@@ -2100,29 +2101,27 @@ async fn overlapping_reconnects_keep_every_channel() {
     let t = TestRelay::start(vec![host_cfg("a", 1), host_cfg("b", 2)], "").await;
     let (chat_a, chat_b) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
     let chats = [chat_a, chat_b];
-    let mut s1 = dial(&t, "alice").await.expect("dial");
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "overlap",
-        "initialSubscriptions": chats}});
-    assert!(s1.try_send_json(&init).await);
-    match s1.next_within(Duration::from_secs(5)).await {
-        Some(Next::Frame(v)) if v["result"]["snapshots"].as_array().map(Vec::len) == Some(2) => {}
-        other => panic!("initialize: {:?}", other.is_some()),
-    }
+    let (_s1, init) = init_raw(&t, "alice", "overlap", &chats).await;
+    assert_eq!(
+        init["result"]["snapshots"].as_array().map(Vec::len),
+        Some(2),
+        "initialize: {init}"
+    );
     // Host b stalls: a reconnect needing snapshots waits for it.
     t.hosts[1].set_stalled(true);
-    let reconnect = |id: u64| {
-        json!({"jsonrpc": "2.0", "id": id, "method": "reconnect", "params": {
-            "channel": ROOT, "clientId": "overlap", "lastSeenServerSeq": 0,
-            "subscriptions": chats}})
-    };
     let mut s2 = dial(&t, "alice").await.expect("dial");
-    assert!(s2.try_send_json(&reconnect(2)).await);
+    assert!(
+        s2.try_send_json(&reconnect_frame(2, "overlap", 0, &chats))
+            .await
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The client gives up on s2 and tries again on s3.
     drop(s2);
     let mut s3 = dial(&t, "alice").await.expect("dial");
-    assert!(s3.try_send_json(&reconnect(3)).await);
+    assert!(
+        s3.try_send_json(&reconnect_frame(3, "overlap", 0, &chats))
+            .await
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     t.hosts[1].set_stalled(false);
     // s3 gets its own answer and nothing else.
@@ -2137,9 +2136,7 @@ async fn overlapping_reconnects_keep_every_channel() {
     };
     assert_eq!(answer["result"]["type"], "snapshot", "{answer}");
     // A turn on a's chat is echoed to s3.
-    let turn = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": chat_a, "clientSeq": 1, "action": {"type": "chat/turnStarted",
-        "turnId": "after-overlap", "startedAt": now_iso(), "message": message("go")}}});
+    let turn = dispatch_frame(chat_a, 1, turn_started("after-overlap", "go"));
     assert!(s3.try_send_json(&turn).await);
     let mut echoed = false;
     while let Some(Next::Frame(v)) = s3.next_within(Duration::from_secs(2)).await {
@@ -2167,46 +2164,33 @@ async fn overlapping_reconnects_keep_every_channel() {
 /// (§5.3: they are numbered and buffered like any envelope): a dispatch
 /// queued on a link that is resuming after a drop (§5.8) when the client
 /// reconnects on a new socket gets its "host unavailable" echo when that
-/// old link gives up — which must come after the `reconnect` answer, not
-/// while the answer waits for a slow host. Found by S13 (CI seed 130, step
-/// `R1`: the rejection echo of a `chat/turnStarted` came before the
-/// answer).
+/// old link gives up, and that echo must come after the `reconnect`
+/// answer, not while the answer waits for a slow host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnect_answer_is_the_cut_for_relay_rejections() {
     let t = TestRelay::start(vec![host_cfg("a", 1), host_cfg("b", 2)], "").await;
     let (chat_a, chat_b) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
     let chats = [chat_a, chat_b];
-    let mut s1 = dial(&t, "alice").await.expect("dial");
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "cut-reject",
-        "initialSubscriptions": chats}});
-    assert!(s1.try_send_json(&init).await);
-    match s1.next_within(Duration::from_secs(5)).await {
-        Some(Next::Frame(v)) if v["result"]["snapshots"].as_array().map(Vec::len) == Some(2) => {}
-        other => panic!("initialize: {:?}", other.is_some()),
-    }
+    let (mut s1, init) = init_raw(&t, "alice", "cut-reject", &chats).await;
+    assert_eq!(
+        init["result"]["snapshots"].as_array().map(Vec::len),
+        Some(2),
+        "initialize: {init}"
+    );
     // Host b will be slow to answer the re-baselining; host a drops the
     // client's link, which starts resuming, and a dispatch queues on it.
     t.hosts[1].set_stalled(true);
-    let upstream = t.relay.relay.upstream_id(
-        &PrincipalKey {
-            issuer: DEV_ISSUER.into(),
-            subject: "alice".into(),
-        },
-        "cut-reject",
-    );
+    let upstream = t.upstream_id("alice", "cut-reject");
     assert_eq!(t.hosts[0].drop_client(&upstream), 1);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let turn = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": chat_a, "clientSeq": 1, "action": {"type": "chat/turnStarted",
-        "turnId": "queued-on-a-dropped-link", "startedAt": now_iso(), "message": message("go")}}});
+    let turn = dispatch_frame(chat_a, 1, turn_started("queued-on-a-dropped-link", "go"));
     assert!(s1.try_send_json(&turn).await);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut s2 = dial(&t, "alice").await.expect("dial");
-    let req = json!({"jsonrpc": "2.0", "id": 2, "method": "reconnect", "params": {
-        "channel": ROOT, "clientId": "cut-reject", "lastSeenServerSeq": 0,
-        "subscriptions": chats}});
-    assert!(s2.try_send_json(&req).await);
+    assert!(
+        s2.try_send_json(&reconnect_frame(2, "cut-reject", 0, &chats))
+            .await
+    );
     tokio::time::sleep(Duration::from_millis(600)).await;
     t.hosts[1].set_stalled(false);
     let mut before = Vec::new();
@@ -2226,51 +2210,34 @@ async fn reconnect_answer_is_the_cut_for_relay_rejections() {
 
 /// §5.5: a snapshot `reconnect` whose socket the relay closes before the
 /// answer (here a resync, 4000) adopts and baselines nothing: the client
-/// never received those snapshots, so its next `reconnect` — with a
-/// watermark of the same session — must get snapshots, not a replay on top
-/// of state it never had. Found by S13 (CI seed 43: a delayed 4000 for a
-/// lost host link hit the newer socket of a superseding reconnect while its
-/// answer waited for a stalled host; the next reconnect was answered by
-/// replay and the client missed a turn the host restart had ended).
+/// never received those snapshots, so its next `reconnect` with the same
+/// watermark gets snapshots, not a replay on top of state it never had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnect_closed_before_its_answer_baselines_nothing() {
     let t = TestRelay::start(vec![host_cfg("a", 1), host_cfg("b", 2)], "").await;
     let chats = ["ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main"];
-    let mut s1 = dial(&t, "alice").await.expect("dial");
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "closed-early",
-        "initialSubscriptions": chats}});
-    assert!(s1.try_send_json(&init).await);
-    let s0 = match s1.next_within(Duration::from_secs(5)).await {
-        Some(Next::Frame(v)) => v["result"]["serverSeq"].as_u64().expect("S0"),
-        other => panic!("initialize: {:?}", other.is_some()),
-    };
-    let reconnect = |id: u64, seen: u64| {
-        json!({"jsonrpc": "2.0", "id": id, "method": "reconnect", "params": {
-            "channel": ROOT, "clientId": "closed-early", "lastSeenServerSeq": seen,
-            "subscriptions": chats}})
-    };
+    let (_s1, init) = init_raw(&t, "alice", "closed-early", &chats).await;
+    let s0 = init["result"]["serverSeq"].as_u64().expect("S0");
     // A reconnect needing snapshots waits for stalled host b ...
     t.hosts[1].set_stalled(true);
     let mut s2 = dial(&t, "alice").await.expect("dial");
-    assert!(s2.try_send_json(&reconnect(2, 0)).await);
+    assert!(
+        s2.try_send_json(&reconnect_frame(2, "closed-early", 0, &chats))
+            .await
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     // ... while the relay closes its socket (a resync).
-    let key = ahp_relay::session::SessionKey {
-        principal: PrincipalKey {
-            issuer: DEV_ISSUER.into(),
-            subject: "alice".into(),
-        },
-        client_id: "closed-early".into(),
-    };
-    let session = t.relay.relay.session_of(&key).expect("session");
-    session.close(ahp_relay::rpc::Close::ResyncHostLost);
+    t.session("alice", "closed-early")
+        .close(ahp_relay::rpc::Close::ResyncHostLost);
     t.hosts[1].set_stalled(false);
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(s2);
     // The client never saw s2's snapshots: its watermark is still S0.
     let mut s3 = dial(&t, "alice").await.expect("dial");
-    assert!(s3.try_send_json(&reconnect(3, s0)).await);
+    assert!(
+        s3.try_send_json(&reconnect_frame(3, "closed-early", s0, &chats))
+            .await
+    );
     let answer = loop {
         match s3.next_within(Duration::from_secs(8)).await {
             Some(Next::Frame(v)) if v["id"] == 3 => break v,

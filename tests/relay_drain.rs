@@ -14,20 +14,10 @@ use common::relay::{http_at, scratch_dir};
 use common::*;
 use serde_json::json;
 
-#[cfg(unix)]
-#[tokio::test]
-async fn sigterm_drains_with_1012_spread_over_the_window() {
-    let host = start_host(fast_config("a", 1)).await;
-    let kit = DevKit::create(&scratch_dir("drain")).expect("kit");
-    let pairs = vec![("a".to_string(), host.url())];
-    kit.config(
-        "127.0.0.1:0",
-        &pairs,
-        "",
-        "[limits]\ndrain_window_secs = 2\n",
-    )
-    .expect("config");
-    let admin = pin_admin_port(&kit);
+/// Starts `ahp-relay serve` on the config in `kit`, with its stderr read
+/// on a thread; returns the child, its URL (as `localhost`) once it says
+/// where it listens.
+fn spawn_relay(kit: &DevKit) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
         .args(["serve", "--config"])
         .arg(kit.dir.join("relay.toml"))
@@ -51,6 +41,44 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
             break u.replace("127.0.0.1", "localhost");
         }
     };
+    (child, url)
+}
+
+/// `n` raw sockets through the relay, each initialized as `drain-<i>` and
+/// subscribed to host a's seeded session.
+async fn subscribed_clients(opts: &DialOptions, n: usize) -> Vec<RawWs> {
+    let mut clients = Vec::new();
+    for i in 0..n {
+        let mut ws = RawWs::from_stream(dial_stream(opts).await.expect("dial"));
+        ws.initialize(&format!("drain-{i}")).await;
+        let r = ws
+            .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+            .await;
+        assert!(r.get("result").is_some(), "{r}");
+        clients.push(ws);
+    }
+    clients
+}
+
+/// S15 (§8.3): after SIGTERM, `/readyz` turns 503, a new upgrade gets 503,
+/// the three attached clients are closed with 1012 at moments spread over
+/// the 2 s `drain_window_secs` (not all at once), the process exits 0
+/// within the window and its host connections close.
+#[cfg(unix)]
+#[tokio::test]
+async fn sigterm_drains_with_1012_spread_over_the_window() {
+    let host = start_host(fast_config("a", 1)).await;
+    let kit = DevKit::create(&scratch_dir("drain")).expect("kit");
+    let pairs = vec![("a".to_string(), host.url())];
+    kit.config(
+        "127.0.0.1:0",
+        &pairs,
+        "",
+        "[limits]\ndrain_window_secs = 2\n",
+    )
+    .expect("config");
+    let admin = pin_admin_port(&kit);
+    let (mut child, url) = spawn_relay(&kit);
     let token = kit
         .token("alice", &[], Duration::from_secs(600), None)
         .expect("token");
@@ -63,16 +91,7 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
         extra_headers: Vec::new(),
     };
     wait_until_async(|| async { admin_status(admin).await == Some(200) }).await;
-    let mut clients = Vec::new();
-    for i in 0..3 {
-        let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("dial"));
-        ws.initialize(&format!("drain-{i}")).await;
-        let r = ws
-            .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
-            .await;
-        assert!(r.get("result").is_some(), "{r}");
-        clients.push(ws);
-    }
+    let clients = subscribed_clients(&opts, 3).await;
     let links = host.connections();
     assert_eq!(links, 4, "a watch link and three client links");
 

@@ -15,19 +15,16 @@ use ahp_relay::identity::unix_now;
 use ahp_relay::upstream::dial::{DialError, DialOptions, dial_stream};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use common::relay::{TestRelay, admin_get, https_get, metric, scratch_dir, trusting};
-use common::{RawWs, WAIT, fast_config};
+use common::relay::{TestRelay, Upgrade, admin_get, https_get, metric, scratch_dir, trusting};
+use common::{RawWs, fast_config, request_frame};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use rustls_pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::header::{
     AUTHORIZATION, RETRY_AFTER, SEC_WEBSOCKET_PROTOCOL, WWW_AUTHENTICATE,
 };
-use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderName, HeaderValue};
-use tokio_tungstenite::{Connector, connect_async_tls_with_config};
 
 /// `iss` of the RS256 issuer configured from `fixtures/keys/rsa_public.pem`.
 const RSA_ISSUER: &str = "https://rsa.example/";
@@ -136,65 +133,6 @@ fn b64(v: &Value) -> String {
     URL_SAFE_NO_PAD.encode(v.to_string())
 }
 
-/// What one upgrade attempt got: the status and headers, the body of a refusal, and the
-/// socket when it was switched.
-struct Upgrade {
-    status: u16,
-    headers: HeaderMap,
-    body: Vec<u8>,
-    ws: Option<RawWs>,
-}
-
-impl Upgrade {
-    fn header(&self, name: &HeaderName) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("ASCII header"))
-    }
-
-    fn socket(self, what: &str) -> RawWs {
-        assert_eq!(self.status, 101, "{what}: upgrade accepted");
-        self.ws.expect("socket")
-    }
-}
-
-/// An upgrade to `/<path_and_query>` with `headers`, over TLS trusting the relay's cert.
-async fn upgrade(t: &TestRelay, path_and_query: &str, headers: &[(HeaderName, &str)]) -> Upgrade {
-    let url = format!("wss://localhost:{}/{path_and_query}", t.relay.addr.port());
-    let mut req = url.into_client_request().expect("request");
-    for (name, value) in headers {
-        req.headers_mut().append(
-            name.clone(),
-            HeaderValue::from_str(value).expect("header value"),
-        );
-    }
-    let connector = Connector::Rustls(Arc::new(trusting(&t.kit.cert)));
-    let attempt = connect_async_tls_with_config(req, None, true, Some(connector));
-    match tokio::time::timeout(WAIT, attempt)
-        .await
-        .expect("upgrade answered in time")
-    {
-        Ok((ws, resp)) => Upgrade {
-            status: resp.status().as_u16(),
-            headers: resp.headers().clone(),
-            body: Vec::new(),
-            ws: Some(RawWs::from_stream(ws)),
-        },
-        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Upgrade {
-            status: resp.status().as_u16(),
-            headers: resp.headers().clone(),
-            body: resp.body().clone().unwrap_or_default(),
-            ws: None,
-        },
-        Err(e) => panic!("upgrade failed below HTTP: {e}"),
-    }
-}
-
-/// An upgrade carrying `token` as `Authorization: Bearer`.
-async fn upgrade_bearer(t: &TestRelay, token: &str) -> Upgrade {
-    upgrade(t, "", &[(AUTHORIZATION, &format!("Bearer {token}"))]).await
-}
-
 /// Asserts a refusal with `status` (401 also carries a `WWW-Authenticate: Bearer …`
 /// challenge) that echoes nothing of `token`, and that no host saw anything.
 fn assert_refused(e: &Edge, u: &Upgrade, status: u16, token: &str, what: &str) {
@@ -250,7 +188,7 @@ async fn expired_token_is_refused_401() {
     let e = Edge::start().await;
     let now = unix_now();
     let token = e.hs256(&dev_claims(json!({"iat": now - 1200, "exp": now - 600})));
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 401, &token, "expired");
     assert_reason(&e, "expired", 1).await;
 }
@@ -261,11 +199,11 @@ async fn nbf_in_the_future_is_refused_401() {
     let e = Edge::start().await;
     let now = unix_now();
     let token = e.hs256(&dev_claims(json!({"nbf": now + 60})));
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 401, &token, "nbf ahead");
     assert_reason(&e, "not_yet_valid", 1).await;
     let within = e.hs256(&dev_claims(json!({"nbf": now + 2})));
-    let u = upgrade_bearer(&e.t, &within).await;
+    let u = e.t.upgrade_bearer(&within).await;
     assert_eq!(u.status, 101, "nbf within the leeway is accepted");
 }
 
@@ -274,7 +212,7 @@ async fn nbf_in_the_future_is_refused_401() {
 async fn wrong_audience_is_refused_401() {
     let e = Edge::start().await;
     let token = e.hs256(&dev_claims(json!({"aud": "some-other-service"})));
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 401, &token, "wrong aud");
     assert_reason(&e, "wrong_audience", 1).await;
 }
@@ -284,7 +222,7 @@ async fn wrong_audience_is_refused_401() {
 async fn unknown_issuer_is_refused_401() {
     let e = Edge::start().await;
     let token = e.hs256(&dev_claims(json!({"iss": "https://evil.example/"})));
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 401, &token, "unknown iss");
     assert_reason(&e, "unknown_issuer", 1).await;
 }
@@ -298,7 +236,7 @@ async fn alg_none_is_refused_401() {
         b64(&json!({"alg": "none", "typ": "JWT"})),
         b64(&dev_claims(json!({})))
     );
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 401, &token, "alg none");
     assert_reason(&e, "algorithm_not_allowed", 1).await;
 }
@@ -314,7 +252,7 @@ async fn hs256_signed_with_rsa_public_key_is_refused_401() {
         &EncodingKey::from_secret(&public_pem).unwrap(),
         &claims,
     );
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 401, &token, "HS256 with RSA public key");
     assert_reason(&e, "algorithm_not_allowed", 1).await;
 }
@@ -324,7 +262,7 @@ async fn hs256_signed_with_rsa_public_key_is_refused_401() {
 async fn malformed_tokens_are_refused_401() {
     let e = Edge::start().await;
     for token in ["abc.def", "garbage", "not.a.jwt", "%%%%.&&&&.$$$$"] {
-        let u = upgrade_bearer(&e.t, token).await;
+        let u = e.t.upgrade_bearer(token).await;
         assert_refused(&e, &u, 401, token, token);
     }
     assert_reason(&e, "malformed", 4).await;
@@ -334,7 +272,7 @@ async fn malformed_tokens_are_refused_401() {
 #[tokio::test]
 async fn missing_token_is_refused_401() {
     let e = Edge::start().await;
-    let u = upgrade(&e.t, "", &[]).await;
+    let u = e.t.upgrade("", &[]).await;
     assert_refused(&e, &u, 401, "", "missing");
     assert_reason(&e, "missing_token", 1).await;
 }
@@ -348,11 +286,11 @@ async fn revoked_jti_is_refused_403() {
     std::fs::write(&deny, "# revoked\nrevoked-1\n").unwrap();
     let e = Edge::start_with(&format!("deny_list_file = \"{}\"", deny.display()), "").await;
     let token = e.hs256(&dev_claims(json!({"jti": "revoked-1"})));
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 403, &token, "revoked jti");
     assert_reason(&e, "revoked", 1).await;
     let other = e.hs256(&dev_claims(json!({"jti": "still-good"})));
-    assert_eq!(upgrade_bearer(&e.t, &other).await.status, 101, "other jti");
+    assert_eq!(e.t.upgrade_bearer(&other).await.status, 101, "other jti");
 }
 
 /// A token living 2 h without `jti` gets 401; the same lifetime with a `jti` is accepted.
@@ -361,11 +299,11 @@ async fn long_lived_token_without_jti_is_refused_401() {
     let e = Edge::start().await;
     let long = Duration::from_secs(2 * 3600);
     let token = e.t.kit.token("mallory", &[], long, None).unwrap();
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 401, &token, "long-lived without jti");
     assert_reason(&e, "lifetime_needs_jti", 1).await;
     let with_jti = e.t.kit.token("mallory", &[], long, Some("j-1")).unwrap();
-    let u = upgrade_bearer(&e.t, &with_jti).await;
+    let u = e.t.upgrade_bearer(&with_jti).await;
     assert_eq!(u.status, 101, "long-lived with jti");
 }
 
@@ -376,29 +314,29 @@ async fn conflicting_tokens_are_refused_400() {
     let a = e.valid();
     let b = e.hs256(&dev_claims(json!({"sub": "other"})));
     assert_ne!(a, b);
-    let u = upgrade(
-        &e.t,
-        &format!("?tkn={b}"),
-        &[(AUTHORIZATION, &format!("Bearer {a}"))],
-    )
-    .await;
+    let u =
+        e.t.upgrade(
+            &format!("?tkn={b}"),
+            &[(AUTHORIZATION, &format!("Bearer {a}"))],
+        )
+        .await;
     assert_refused(&e, &u, 400, &a, "conflicting header/query");
     assert_refused(&e, &u, 400, &b, "conflicting header/query");
     assert_reason(&e, "conflicting_tokens", 1).await;
     let proto = format!("bearer, {b}");
-    let u = upgrade(
-        &e.t,
-        &format!("?access_token={a}"),
-        &[(SEC_WEBSOCKET_PROTOCOL, &proto)],
-    )
-    .await;
+    let u =
+        e.t.upgrade(
+            &format!("?access_token={a}"),
+            &[(SEC_WEBSOCKET_PROTOCOL, &proto)],
+        )
+        .await;
     assert_refused(&e, &u, 400, &a, "conflicting sub-protocol/query");
-    let u = upgrade(
-        &e.t,
-        &format!("?tkn={a}"),
-        &[(AUTHORIZATION, &format!("Bearer {a}"))],
-    )
-    .await;
+    let u =
+        e.t.upgrade(
+            &format!("?tkn={a}"),
+            &[(AUTHORIZATION, &format!("Bearer {a}"))],
+        )
+        .await;
     assert_eq!(u.status, 101, "the same token in two places is no conflict");
 }
 
@@ -408,7 +346,7 @@ async fn conflicting_tokens_are_refused_400() {
 #[tokio::test]
 async fn authorization_bearer_is_accepted() {
     let e = Edge::start().await;
-    let u = upgrade_bearer(&e.t, &e.valid()).await;
+    let u = e.t.upgrade_bearer(&e.valid()).await;
     assert_works(&mut u.socket("Authorization"), "c-auth").await;
 }
 
@@ -417,7 +355,7 @@ async fn authorization_bearer_is_accepted() {
 async fn subprotocol_bearer_is_accepted_and_answered() {
     let e = Edge::start().await;
     let proto = format!("bearer, {}", e.valid());
-    let u = upgrade(&e.t, "", &[(SEC_WEBSOCKET_PROTOCOL, &proto)]).await;
+    let u = e.t.upgrade("", &[(SEC_WEBSOCKET_PROTOCOL, &proto)]).await;
     assert_eq!(u.header(&SEC_WEBSOCKET_PROTOCOL), Some("bearer"));
     assert_works(&mut u.socket("sub-protocol"), "c-proto").await;
 }
@@ -426,7 +364,7 @@ async fn subprotocol_bearer_is_accepted_and_answered() {
 #[tokio::test]
 async fn query_tkn_is_accepted() {
     let e = Edge::start().await;
-    let u = upgrade(&e.t, &format!("?tkn={}", e.valid()), &[]).await;
+    let u = e.t.upgrade(&format!("?tkn={}", e.valid()), &[]).await;
     assert_works(&mut u.socket("tkn"), "c-tkn").await;
 }
 
@@ -434,7 +372,9 @@ async fn query_tkn_is_accepted() {
 #[tokio::test]
 async fn query_access_token_is_accepted() {
     let e = Edge::start().await;
-    let u = upgrade(&e.t, &format!("?x=1&access_token={}", e.valid()), &[]).await;
+    let u =
+        e.t.upgrade(&format!("?x=1&access_token={}", e.valid()), &[])
+            .await;
     assert_works(&mut u.socket("access_token"), "c-access").await;
 }
 
@@ -449,7 +389,7 @@ async fn rs256_token_from_pem_issuer_is_accepted() {
         &key,
         &dev_claims(json!({"iss": RSA_ISSUER})),
     );
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_works(&mut u.socket("RS256"), "c-rsa").await;
 }
 
@@ -458,13 +398,13 @@ async fn rs256_token_from_pem_issuer_is_accepted() {
 async fn query_token_ignored_when_disallowed() {
     let e = Edge::start_with("allow_query_token = false", "").await;
     let token = e.valid();
-    let u = upgrade(&e.t, &format!("?tkn={token}"), &[]).await;
+    let u = e.t.upgrade(&format!("?tkn={token}"), &[]).await;
     assert_refused(&e, &u, 401, &token, "tkn disallowed");
-    let u = upgrade(&e.t, &format!("?access_token={token}"), &[]).await;
+    let u = e.t.upgrade(&format!("?access_token={token}"), &[]).await;
     assert_refused(&e, &u, 401, &token, "access_token disallowed");
     assert_reason(&e, "missing_token", 2).await;
     assert_works(
-        &mut upgrade_bearer(&e.t, &token).await.socket("header"),
+        &mut e.t.upgrade_bearer(&token).await.socket("header"),
         "c-h",
     )
     .await;
@@ -478,16 +418,16 @@ async fn query_token_ignored_when_disallowed() {
 async fn ten_failures_then_429_with_retry_after() {
     let e = Edge::start().await;
     for i in 0..10 {
-        let u = upgrade(&e.t, "", &[]).await;
+        let u = e.t.upgrade("", &[]).await;
         assert_eq!(u.status, 401, "failure {i} is still a 401");
     }
-    let valid = upgrade_bearer(&e.t, &e.valid()).await;
+    let valid = e.t.upgrade_bearer(&e.valid()).await;
     assert_works(
         &mut valid.socket("a valid token after 10 failures"),
         "c-429",
     )
     .await;
-    let u = upgrade(&e.t, "", &[]).await;
+    let u = e.t.upgrade("", &[]).await;
     assert_eq!(u.status, 429, "11th failed attempt");
     let retry: u64 = u
         .header(&RETRY_AFTER)
@@ -510,7 +450,7 @@ async fn token_expiry_closes_4001_and_new_token_reinitializes() {
         e.t.kit
             .token("alice", &[], Duration::from_secs(2), None)
             .unwrap();
-    let mut ws = upgrade_bearer(&e.t, &short).await.socket("2 s token");
+    let mut ws = e.t.upgrade_bearer(&short).await.socket("2 s token");
     let init = ws.initialize("c1").await;
     let seq = init
         .pointer("/result/serverSeq")
@@ -555,13 +495,11 @@ async fn revoking_a_connected_token_closes_4003() {
     std::fs::write(&deny, "# nothing revoked yet\n").unwrap();
     let e = Edge::start_with(&format!("deny_list_file = \"{}\"", deny.display()), "").await;
     let token = e.hs256(&dev_claims(json!({"jti": "live-1"})));
-    let mut ws = upgrade_bearer(&e.t, &token)
-        .await
-        .socket("before revocation");
+    let mut ws = e.t.upgrade_bearer(&token).await.socket("before revocation");
     assert_works(&mut ws, "c-live").await;
     std::fs::write(&deny, "live-1\n").unwrap();
     assert_eq!(ws.close_code().await.map(|c| c.0), Some(4003));
-    let u = upgrade_bearer(&e.t, &token).await;
+    let u = e.t.upgrade_bearer(&token).await;
     assert_refused(&e, &u, 403, &token, "revoked after reload");
 }
 
@@ -585,7 +523,7 @@ async fn metrics_count_connections_and_expired_refusals() {
     let e = Edge::start().await;
     let now = unix_now();
     let expired = e.hs256(&dev_claims(json!({"iat": now - 1200, "exp": now - 600})));
-    assert_eq!(upgrade_bearer(&e.t, &expired).await.status, 401);
+    assert_eq!(e.t.upgrade_bearer(&expired).await.status, 401);
     let mut ws = e.t.raw("alice").await;
     assert_works(&mut ws, "c-metrics").await;
     let (status, page) = admin_get(&e.t, "/metrics").await;
@@ -658,9 +596,12 @@ async fn oversized_frame_closes_1009() {
     let mut other = e.t.raw("bob").await;
     let mut ws = e.t.raw("alice").await;
     let pad = "x".repeat(5000);
-    ws.send_json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping",
-                         "params": {"channel": "ahp-root://", "pad": pad}}))
-        .await;
+    ws.send_json(&request_frame(
+        1,
+        "ping",
+        json!({"channel": "ahp-root://", "pad": pad}),
+    ))
+    .await;
     assert_eq!(ws.close_code().await.map(|c| c.0), Some(1009));
     assert_works(&mut other, "c-other").await;
 }
@@ -768,14 +709,14 @@ async fn connections_per_principal_are_capped() {
     let alice = e.t.token("alice");
     let mut open = Vec::new();
     for i in 0..2 {
-        let u = upgrade_bearer(&e.t, &alice).await;
+        let u = e.t.upgrade_bearer(&alice).await;
         assert_eq!(u.status, 101, "connection {i} admitted");
         open.push(u.socket("alice"));
     }
-    let u = upgrade_bearer(&e.t, &alice).await;
+    let u = e.t.upgrade_bearer(&alice).await;
     assert_eq!(u.status, 429, "third connection of alice");
     assert!(u.header(&RETRY_AFTER).is_some(), "Retry-After");
-    let bob = upgrade_bearer(&e.t, &e.t.token("bob")).await;
+    let bob = e.t.upgrade_bearer(&e.t.token("bob")).await;
     assert_eq!(bob.status, 101, "bob is unaffected");
     assert_works(&mut bob.socket("bob"), "c-bob").await;
     let (_, metrics) = admin_get(&e.t, "/metrics").await;
@@ -786,7 +727,7 @@ async fn connections_per_principal_are_capped() {
     drop(open.pop());
     let mut admitted = false;
     for _ in 0..50 {
-        let u = upgrade_bearer(&e.t, &alice).await;
+        let u = e.t.upgrade_bearer(&alice).await;
         if u.status == 101 {
             admitted = true;
             break;

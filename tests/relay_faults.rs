@@ -7,49 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use ahp_relay::simhost::AgentScript;
-use ahp_relay::simhost::clock::now_iso;
 use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
 fn slow(name: &str) -> ahp_relay::simhost::SimHostConfig {
-    ahp_relay::simhost::SimHostConfig {
-        sessions: 1,
-        script: AgentScript {
-            reply_deltas: 60,
-            delta_bytes: 8,
-            delta_rate: 40,
-            tool_confirmation: false,
-            seed: None,
-        },
-        ..ahp_relay::simhost::SimHostConfig::named(name)
-    }
-}
-
-/// Reads frames until `until` holds for one; returns the action envelopes seen.
-async fn envelopes_until(
-    ws: &mut RawWs,
-    mut until: impl FnMut(&Value) -> bool,
-) -> Vec<ActionEnvelope> {
-    let mut out = Vec::new();
-    loop {
-        let v = ws.recv_json().await.expect("socket open");
-        let done = until(&v);
-        if v["method"] == "action" {
-            out.push(serde_json::from_value(v["params"].clone()).expect("envelope"));
-        }
-        if done {
-            return out;
-        }
-    }
-}
-
-fn start_turn(chat: &str, seq: i64, turn: &str) -> Value {
-    json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": chat, "clientSeq": seq,
-        "action": {"type": "chat/turnStarted", "turnId": turn, "startedAt": now_iso(),
-                   "message": {"text": "go", "origin": {"kind": "user"}}}}})
+    host(name, 1, script(60, 8, 40))
 }
 
 /// The host's chat state with its own name replaced by the client's.
@@ -59,25 +23,39 @@ fn host_chat(t: &TestRelay, i: usize, host_uri: &str, client_uri: &str) -> Value
     s
 }
 
-#[tokio::test]
-async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
+/// The S8 chats of hosts a and b, in client names.
+const S8_CHATS: (&str, &str) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
+
+/// What S8's client saw until host a restarted mid-turn.
+struct S8Run {
+    t: TestRelay,
+    /// How the client's socket closed.
+    close: Option<(u16, String)>,
+    /// Every envelope it got before, in order.
+    seen: Vec<ActionEnvelope>,
+    /// Both chats' snapshot states reduced by `seen`.
+    state_a: Value,
+    state_b: Value,
+}
+
+/// Runs S8 until the client's socket closes: a client subscribed to both
+/// hosts' chats starts a slow turn on each; once a's streams, host a
+/// restarts (keeping its state).
+async fn s8_run() -> S8Run {
     let t = TestRelay::start(vec![slow("a"), slow("b")], "").await;
-    let (chat_a, chat_b) = ("ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main");
+    let (chat_a, chat_b) = S8_CHATS;
     let mut ws = t.raw("alice").await;
     ws.initialize("s8").await;
     let sa = ws.request(1, "subscribe", json!({"channel": chat_a})).await;
     let sb = ws.request(2, "subscribe", json!({"channel": chat_b})).await;
-    let (mut state_a, mut state_b) = (
+    let (state_a, state_b) = (
         sa["result"]["snapshot"]["state"].clone(),
         sb["result"]["snapshot"]["state"].clone(),
     );
-    ws.send_json(&start_turn(chat_a, 1, "ta")).await;
-    ws.send_json(&start_turn(chat_b, 2, "tb")).await;
+    ws.send_json(&start_turn_frame(chat_a, 1, "ta")).await;
+    ws.send_json(&start_turn_frame(chat_b, 2, "tb")).await;
     // Let both turns stream a little, then restart host a.
-    let before = envelopes_until(&mut ws, |v| {
-        v["params"]["action"]["type"] == "chat/delta" && v["params"]["channel"] == chat_a
-    })
-    .await;
+    let before = raw_actions_until(&mut ws, |e| is(e, chat_a, "chat/delta")).await;
     t.hosts[0].restart(true);
     let mut seen = before;
     let close = loop {
@@ -89,28 +67,49 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
             Next::Closed(c) => break c,
         }
     };
+    S8Run {
+        state_a: reduce_chat(&state_a, chat_a, &seen),
+        state_b: reduce_chat(&state_b, chat_b, &seen),
+        t,
+        close,
+        seen,
+    }
+}
+
+/// S8 (§5.8): a host that restarts during a turn closes its clients with
+/// 4000 (continuity lost); until then both hosts' chats streamed in one
+/// strictly increasing sequence, both turns running.
+#[tokio::test]
+async fn s8_a_host_restart_mid_turn_closes_its_clients_with_4000() {
+    let run = s8_run().await;
     assert_eq!(
-        close.map(|c| c.0),
+        run.close.map(|c| c.0),
         Some(4000),
         "resync: continuity with host a lost"
     );
-    assert_strictly_increasing(&seen);
+    assert_strictly_increasing(&run.seen);
+    assert!(
+        run.state_a.get("activeTurn").is_some(),
+        "a's turn was running when a restarted"
+    );
+    assert!(
+        run.state_b.get("activeTurn").is_some(),
+        "b's turn was running too"
+    );
+}
+
+/// S8 (§5.5, §5.8): the closed client's `reconnect` gets snapshots by
+/// re-baselining, continuing its sequence: host a's chat as the restarted
+/// host has it (the turn ended), while host b's turn keeps streaming after
+/// the snapshot and converges on b's chat.
+#[tokio::test]
+async fn s8_after_a_host_restart_reconnect_resyncs_and_the_other_host_keeps_streaming() {
+    let S8Run { t, seen, .. } = s8_run().await;
+    let (chat_a, chat_b) = S8_CHATS;
     let watermark = seen
         .last()
         .map(|e| e.server_seq)
         .expect("envelopes before the restart");
-    // Before the restart, both chats streamed in one sequence.
-    state_a = reduce_chat(&state_a, chat_a, &seen);
-    assert!(
-        state_a.get("activeTurn").is_some(),
-        "a's turn was running when a restarted"
-    );
-    state_b = reduce_chat(&state_b, chat_b, &seen);
-    assert!(
-        state_b.get("activeTurn").is_some(),
-        "b's turn was running too"
-    );
-
     let mut ws = t.raw("alice").await;
     let r = reconnect(&mut ws, 9, "s8", json!(watermark), &[chat_a, chat_b]).await;
     assert_eq!(
@@ -137,11 +136,8 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
         "the restart ended a's turn"
     );
     // b's turn keeps streaming after the reconnect and converges.
-    state_b = snap(chat_b)["state"].clone();
-    let after = envelopes_until(&mut ws, |v| {
-        v["params"]["action"]["type"] == "chat/turnComplete" && v["params"]["channel"] == chat_b
-    })
-    .await;
+    let mut state_b = snap(chat_b)["state"].clone();
+    let after = raw_actions_until(&mut ws, |e| is(e, chat_b, "chat/turnComplete")).await;
     assert!(
         after.iter().all(|e| e.server_seq > from),
         "numbered after the snapshot"
@@ -161,35 +157,21 @@ async fn host_restart_mid_turn_resyncs_and_the_other_host_keeps_streaming() {
 /// resync, and its state converges with the host's.
 #[tokio::test]
 async fn dropped_link_resumes_by_upstream_replay_without_resync() {
-    use ahp_relay::devkit::DEV_ISSUER;
-    use ahp_relay::identity::PrincipalKey;
     let t = TestRelay::start(vec![slow("a")], "").await;
     let chat = "ahp-chat:/a~a-1-main";
     let mut ws = t.raw("alice").await;
     ws.initialize("blip").await;
     let s = ws.request(1, "subscribe", json!({"channel": chat})).await;
     let mut state = s["result"]["snapshot"]["state"].clone();
-    ws.send_json(&start_turn(chat, 1, "t1")).await;
-    let mut seen =
-        envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
-    let upstream = t.relay.relay.upstream_id(
-        &PrincipalKey {
-            issuer: DEV_ISSUER.into(),
-            subject: "alice".into(),
-        },
-        "blip",
-    );
+    ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
+    let mut seen = raw_actions_until(&mut ws, |e| action_type(e) == "chat/delta").await;
+    let upstream = t.upstream_id("alice", "blip");
     assert_eq!(
         t.hosts[0].drop_client(&upstream),
         1,
         "the link's connection is cut"
     );
-    seen.extend(
-        envelopes_until(&mut ws, |v| {
-            v["params"]["action"]["type"] == "chat/turnComplete"
-        })
-        .await,
-    );
+    seen.extend(raw_actions_until(&mut ws, |e| action_type(e) == "chat/turnComplete").await);
     assert_strictly_increasing(&seen);
     let numbers: Vec<u64> = seen.iter().map(|e| e.server_seq).collect();
     assert!(
@@ -233,8 +215,8 @@ async fn detached_session_closes_links_when_its_buffer_evicts() {
     let mut ws = t.raw("alice").await;
     ws.initialize("evict").await;
     ws.request(1, "subscribe", json!({"channel": chat})).await;
-    ws.send_json(&start_turn(chat, 1, "t1")).await;
-    envelopes_until(&mut ws, |v| v["params"]["action"]["type"] == "chat/delta").await;
+    ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
+    raw_actions_until(&mut ws, |e| action_type(e) == "chat/delta").await;
     let links_before = t.hosts[0].connections();
     assert_eq!(links_before, 2, "watch link + the session's link");
     drop(ws);
@@ -331,8 +313,7 @@ async fn reconnect(
     ws.request(
         id,
         "reconnect",
-        json!({"channel": "ahp-root://", "clientId": client_id,
-               "lastSeenServerSeq": watermark, "subscriptions": channels}),
+        reconnect_params(client_id, watermark, channels),
     )
     .await
 }
@@ -357,9 +338,11 @@ async fn idle_links_close_and_busy_links_stay() {
     }
     assert_eq!(watch_only(&t.hosts[0]), base_a + 1, "a link to a");
     assert_eq!(watch_only(&t.hosts[1]), base_b + 1, "a link to b");
-    ws.send_json(&json!({"jsonrpc": "2.0", "method": "unsubscribe",
-        "params": {"channel": "ahp-session:/a~a-1"}}))
-        .await;
+    ws.send_json(&notification_frame(
+        "unsubscribe",
+        json!({"channel": "ahp-session:/a~a-1"}),
+    ))
+    .await;
     wait_until("a's unused link closes", || {
         t.hosts[0].connections() == base_a
     })
@@ -370,10 +353,12 @@ async fn idle_links_close_and_busy_links_stay() {
         base_b + 1,
         "b's link carries a subscription: it stays"
     );
-    let up = json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-session:/a~a-1", "clientSeq": 1,
-        "action": {"type": "session/activeClientSet", "activeClient": {"clientId": "idle", "tools": []}}}});
-    ws.send_json(&up).await;
+    ws.dispatch(
+        "ahp-session:/a~a-1",
+        1,
+        json!({"type": "session/activeClientSet", "activeClient": {"clientId": "idle", "tools": []}}),
+    )
+    .await;
     wait_until("a new link to a", || t.hosts[0].connections() == base_a + 1).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(
@@ -410,8 +395,10 @@ async fn links_per_host_are_capped() {
     assert_eq!(r["error"]["data"]["reason"], "hostLinkLimit", "{r}");
     assert_eq!(r["error"]["data"]["retryable"], true, "{r}");
     alice
-        .send_json(&json!({"jsonrpc": "2.0", "method": "unsubscribe",
-            "params": {"channel": "ahp-session:/a~a-1"}}))
+        .send_json(&notification_frame(
+            "unsubscribe",
+            json!({"channel": "ahp-session:/a~a-1"}),
+        ))
         .await;
     let mut id = 2;
     loop {

@@ -54,7 +54,7 @@ async fn host_request_reaches_only_its_client_and_the_answer_returns() {
             req["params"]["uri"], "virtual://client/x.txt",
             "client-published URIs are not rewritten"
         );
-        let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"data": "aGk=", "encoding": "base64"}});
+        let reply = response_frame(&req["id"], json!({"data": "aGk=", "encoding": "base64"}));
         a.send_json(&reply).await;
     };
     let (answer, ()) = tokio::join!(ask, serve);

@@ -9,62 +9,23 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::session::{ClientSession, PrincipalKey, SessionKey};
-use ahp_relay::simhost::AgentScript;
-use ahp_relay::simhost::clock::now_iso;
 use ahp_types::actions::ActionEnvelope;
-use common::relay::{TestRelay, admin_get, metric, scratch_dir, trusting};
+use common::relay::{TestRelay, admin_get, assert_metrics, scratch_dir};
 use common::*;
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::header::{AUTHORIZATION, RETRY_AFTER};
-use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderValue};
-use tokio_tungstenite::{Connector, connect_async_tls_with_config};
-
-const ROOT: &str = "ahp-root://";
+use tokio_tungstenite::tungstenite::http::header::RETRY_AFTER;
 
 // ─── helpers ────────────────────────────────────────────────────────────────
 
-/// A fast agent: 10 deltas of 16 bytes per turn, no pacing (~3 KB of
-/// envelopes per turn).
-fn script() -> AgentScript {
-    AgentScript {
-        reply_deltas: 10,
-        delta_bytes: 16,
-        delta_rate: 0,
-        tool_confirmation: false,
-        seed: None,
-    }
-}
-
-fn key(sub: &str, client_id: &str) -> SessionKey {
-    SessionKey {
-        principal: PrincipalKey {
-            issuer: DEV_ISSUER.into(),
-            subject: sub.into(),
-        },
-        client_id: client_id.into(),
-    }
-}
-
-fn session(t: &TestRelay, sub: &str, client_id: &str) -> Arc<ClientSession> {
-    t.relay
-        .relay
-        .session_of(&key(sub, client_id))
-        .unwrap_or_else(|| panic!("session {sub}/{client_id} exists"))
-}
-
 /// Bytes in the replay buffer of session (`sub`, `client_id`).
 fn buffered(t: &TestRelay, sub: &str, client_id: &str) -> usize {
-    session(t, sub, client_id).lock().buffer_usage().1
+    t.session(sub, client_id).lock().buffer_usage().1
 }
 
 async fn wait_detached(t: &TestRelay, sub: &str, client_id: &str) {
-    let s = session(t, sub, client_id);
+    let s = t.session(sub, client_id);
     wait_until(&format!("{client_id} detached"), || {
         s.lock().socket_id().is_none()
     })
@@ -75,18 +36,11 @@ fn dropped_buffers(t: &TestRelay) -> u64 {
     t.relay.relay.metrics.pressure_dropped_buffers.get()
 }
 
-fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
-    e.channel == channel && action_type(e) == ty
-}
-
 /// Runs one turn on `chat` through raw socket `ws` and returns every
 /// envelope it produced, in order, once the relay has written them all (a
 /// `ping` answer follows every frame queued before it).
 async fn run_turn(ws: &mut RawWs, chat: &str, n: u64) -> Vec<ActionEnvelope> {
-    let action = json!({"type": "chat/turnStarted", "turnId": format!("turn-{n}"),
-        "startedAt": now_iso(), "message": {"text": "go", "origin": {"kind": "user"}}});
-    ws.send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
-        "params": {"channel": chat, "clientSeq": n, "action": action}}))
+    ws.dispatch(chat, n as i64, turn_started(&format!("turn-{n}"), "go"))
         .await;
     let mut out = raw_actions_until(ws, |e| is(e, chat, "chat/turnComplete")).await;
     out.extend(raw_drain_actions(ws, 1_000_000 + n).await);
@@ -97,12 +51,7 @@ async fn run_turn(ws: &mut RawWs, chat: &str, n: u64) -> Vec<ActionEnvelope> {
 /// `chat` and following every envelope it was sent.
 struct Follower {
     ws: RawWs,
-    sub: String,
-    id: String,
-    chat: String,
-    s0: u64,
-    seen: Vec<ActionEnvelope>,
-    turns: u64,
+    me: Left,
 }
 
 impl Follower {
@@ -112,26 +61,27 @@ impl Follower {
         let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
         let r = ws.request(1, "subscribe", json!({"channel": chat})).await;
         assert!(r.get("result").is_some(), "subscribe {chat}: {r}");
-        Self {
-            ws,
+        let me = Left {
             sub: sub.into(),
             id: id.into(),
             chat: chat.into(),
             s0,
             seen: Vec::new(),
             turns: 0,
-        }
+        };
+        Self { ws, me }
     }
 
     /// One turn; asserts it stays small next to `budget` (the sizing of
     /// these tests relies on it).
     async fn turn(&mut self, t: &TestRelay, budget: usize) {
-        let before = buffered(t, &self.sub, &self.id);
-        self.turns += 1;
-        let envs = run_turn(&mut self.ws, &self.chat, self.turns).await;
+        let me = &mut self.me;
+        let before = buffered(t, &me.sub, &me.id);
+        me.turns += 1;
+        let envs = run_turn(&mut self.ws, &me.chat, me.turns).await;
         assert!(!envs.is_empty(), "the turn produced envelopes");
-        self.seen.extend(envs);
-        let grew = buffered(t, &self.sub, &self.id) - before;
+        me.seen.extend(envs);
+        let grew = buffered(t, &me.sub, &me.id) - before;
         assert!(
             grew > 0 && grew * 10 < budget,
             "a turn buffers {grew} bytes: too much for a budget of {budget}"
@@ -140,40 +90,24 @@ impl Follower {
 
     /// Turns until the session buffers at least `bytes`.
     async fn fill(&mut self, t: &TestRelay, bytes: usize, budget: usize) {
-        while buffered(t, &self.sub, &self.id) < bytes {
+        while buffered(t, &self.me.sub, &self.me.id) < bytes {
             self.turn(t, budget).await;
         }
     }
 
     fn last(&self) -> u64 {
-        self.seen.last().map_or(self.s0, |e| e.server_seq)
+        self.me.seen.last().map_or(self.me.s0, |e| e.server_seq)
     }
 
     /// Closes the socket and waits until the relay detached the session.
     async fn leave(self, t: &TestRelay) -> Left {
-        let Follower {
-            ws,
-            sub,
-            id,
-            chat,
-            s0,
-            seen,
-            turns,
-        } = self;
-        drop(ws);
-        wait_detached(t, &sub, &id).await;
-        Left {
-            sub,
-            id,
-            chat,
-            s0,
-            seen,
-            turns,
-        }
+        drop(self.ws);
+        wait_detached(t, &self.me.sub, &self.me.id).await;
+        self.me
     }
 }
 
-/// A client that left: what it had seen.
+/// What a client saw (while attached, or after it left).
 struct Left {
     sub: String,
     id: String,
@@ -188,87 +122,61 @@ impl Left {
     /// answer's `result`.
     async fn reconnect(&self, t: &TestRelay, watermark: u64) -> (RawWs, Value) {
         let mut ws = t.raw(&self.sub).await;
-        let params = json!({"channel": ROOT, "clientId": self.id,
-            "lastSeenServerSeq": watermark, "subscriptions": [self.chat]});
-        ws.send_json(&json!({"jsonrpc": "2.0", "id": 1, "method": "reconnect", "params": params}))
-            .await;
-        let first = ws.recv_json().await.expect("socket open until the answer");
-        assert_eq!(
-            first["id"],
-            json!(1),
-            "the answer is the first frame: {first}"
-        );
+        let params = reconnect_params(&self.id, watermark, &[&self.chat]);
+        let first = raw_reconnect(&mut ws, 1, params).await;
         (ws, first["result"].clone())
-    }
-}
-
-/// One WebSocket upgrade over TLS with a valid bearer token for `sub`:
-/// the socket if it was switched, else the status, headers and body.
-async fn upgrade(t: &TestRelay, sub: &str) -> Result<RawWs, (u16, HeaderMap, String)> {
-    let mut req = t.url().into_client_request().expect("request");
-    req.headers_mut().insert(
-        AUTHORIZATION,
-        HeaderValue::from_str(&format!("Bearer {}", t.token(sub))).expect("header"),
-    );
-    let connector = Connector::Rustls(Arc::new(trusting(&t.kit.cert)));
-    let attempt = connect_async_tls_with_config(req, None, true, Some(connector));
-    match tokio::time::timeout(WAIT, attempt)
-        .await
-        .expect("upgrade answered in time")
-    {
-        Ok((ws, resp)) => {
-            assert_eq!(resp.status().as_u16(), 101);
-            Ok(RawWs::from_stream(ws))
-        }
-        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Err((
-            resp.status().as_u16(),
-            resp.headers().clone(),
-            String::from_utf8_lossy(&resp.body().clone().unwrap_or_default()).into_owned(),
-        )),
-        Err(e) => panic!("upgrade failed below HTTP: {e}"),
     }
 }
 
 /// Asserts an upgrade is refused with 503 and `Retry-After: <secs>`.
 async fn assert_503(t: &TestRelay, sub: &str, secs: u64, what: &str) {
-    match upgrade(t, sub).await {
-        Ok(_) => panic!("{what}: the upgrade was accepted"),
-        Err((status, headers, body)) => {
-            assert_eq!(status, 503, "{what}: {body}");
-            let retry = headers
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_else(|| panic!("{what}: no Retry-After"));
-            assert_eq!(retry, secs.to_string(), "{what}: Retry-After");
-            assert!(body.contains("memory"), "{what}: body {body:?}");
-        }
-    }
+    let u = t.upgrade_bearer(&t.token(sub)).await;
+    assert!(u.ws.is_none(), "{what}: the upgrade was accepted");
+    let body = String::from_utf8_lossy(&u.body);
+    assert_eq!(u.status, 503, "{what}: {body}");
+    let retry = u
+        .header(&RETRY_AFTER)
+        .unwrap_or_else(|| panic!("{what}: no Retry-After"));
+    assert_eq!(retry, secs.to_string(), "{what}: Retry-After");
+    assert!(body.contains("memory"), "{what}: body {body:?}");
 }
 
 // ─── dropping detached buffers ──────────────────────────────────────────────
 
-/// §5.4: A and B fill ~35% of an 80 kB budget each and detach, A first; attached C then pushes the total over the budget: exactly A's whole buffer is dropped (the least recently attached), B's and C's are untouched and the total is back under the budget, no upgrade is refused. A's `reconnect` gets `snapshot` (its chat's state holds every turn it ran), B's gets `replay` with every envelope after its S0, and C, attached throughout, leaves and gets `replay` too. `/metrics` shows one buffer dropped with A's bytes freed, outcomes 1 snapshot / 2 replay, a fallback ratio of 1/3 and two replay sizes.
-#[tokio::test]
-async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
-    const BUDGET: usize = 80_000;
+/// The 80 kB budget of the drop tests.
+const DROP_BUDGET: usize = 80_000;
+
+/// The drop scenario: A and B fill ~35% of [`DROP_BUDGET`] each and detach,
+/// A first (nothing is dropped while they fit); attached C then runs turns
+/// until a buffer is dropped (at most 40).
+struct DropRun {
+    t: TestRelay,
+    a: Left,
+    b: Left,
+    c: Follower,
+    a_bytes: usize,
+    b_bytes: usize,
+}
+
+/// Runs the drop scenario, checking its preconditions on the way.
+async fn drop_run() -> DropRun {
     let t = TestRelay::start(
-        vec![host("a", 3, script())],
-        &format!("[limits]\nreplay_memory_bytes = {BUDGET}\n"),
+        vec![host("a", 3, script(10, 16, 0))],
+        &format!("[limits]\nreplay_memory_bytes = {DROP_BUDGET}\n"),
     )
     .await;
     let chats: Vec<String> = (1..=3).map(|n| seeded_chat("a", n).0).collect();
     let memory = t.relay.relay.replay_memory();
-
     let mut a = Follower::start(&t, "alice", "mem-a", &chats[0]).await;
-    a.fill(&t, BUDGET * 35 / 100, BUDGET).await;
+    a.fill(&t, DROP_BUDGET * 35 / 100, DROP_BUDGET).await;
     let a_bytes = buffered(&t, "alice", "mem-a");
     let a = a.leave(&t).await;
     let mut b = Follower::start(&t, "alice", "mem-b", &chats[1]).await;
-    b.fill(&t, BUDGET * 35 / 100, BUDGET).await;
+    b.fill(&t, DROP_BUDGET * 35 / 100, DROP_BUDGET).await;
     let b_bytes = buffered(&t, "alice", "mem-b");
     let b = b.leave(&t).await;
     assert_eq!(memory.used(), a_bytes + b_bytes, "the account is exact");
-    assert!(memory.used() <= BUDGET, "A and B fit together");
+    assert!(memory.used() <= DROP_BUDGET, "A and B fit together");
     assert_eq!(
         dropped_buffers(&t),
         0,
@@ -279,15 +187,37 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         a_bytes,
         "detached A keeps its buffer"
     );
-
     let mut c = Follower::start(&t, "alice", "mem-c", &chats[2]).await;
     for _ in 0..40 {
         if dropped_buffers(&t) > 0 {
             break;
         }
-        c.turn(&t, BUDGET).await;
+        c.turn(&t, DROP_BUDGET).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    DropRun {
+        t,
+        a,
+        b,
+        c,
+        a_bytes,
+        b_bytes,
+    }
+}
+
+/// §5.4: once attached C pushes the total over the budget, exactly A's
+/// whole buffer is dropped (detached least recently), B's and C's are
+/// untouched, the account is back under the budget without A's bytes, and
+/// no upgrade is refused.
+#[tokio::test]
+async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
+    let DropRun {
+        t,
+        a_bytes,
+        b_bytes,
+        ..
+    } = drop_run().await;
+    let memory = t.relay.relay.replay_memory();
     assert_eq!(dropped_buffers(&t), 1, "exactly one buffer dropped");
     assert_eq!(
         buffered(&t, "alice", "mem-a"),
@@ -306,7 +236,7 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         b_bytes + c_bytes,
         "A's bytes left the account"
     );
-    assert!(memory.used() <= BUDGET, "back under the budget");
+    assert!(memory.used() <= DROP_BUDGET, "back under the budget");
     assert_eq!(
         t.relay.relay.metrics.pressure_freed_bytes.get(),
         a_bytes as u64,
@@ -316,7 +246,25 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         !t.relay.relay.refuses_upgrades(),
         "dropping sufficed: no 503"
     );
+}
 
+/// §5.4, §5.5, §8.2: after the drop, A's `reconnect` gets `snapshot` (its
+/// chat's state holds every turn it ran), B's gets `replay` with every
+/// envelope after its S0, and C, attached throughout, leaves and gets
+/// `replay` too; `/metrics` shows one buffer dropped with A's bytes freed,
+/// outcomes 1 snapshot / 2 replay, a fallback ratio of 1/3 and two replay
+/// sizes, and no refused upgrade.
+#[tokio::test]
+async fn after_a_drop_only_the_dropped_session_falls_back_to_a_snapshot() {
+    let DropRun {
+        t,
+        a,
+        b,
+        c,
+        a_bytes,
+        ..
+    } = drop_run().await;
+    assert_eq!(dropped_buffers(&t), 1, "exactly one buffer dropped");
     // A: the buffer lost the gap → snapshot, never a replay with a hole.
     let (_a_ws, r) = a.reconnect(&t, a.s0).await;
     assert_eq!(r["type"], "snapshot", "A's buffer was dropped: {r}");
@@ -357,13 +305,7 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
             (b.seen.len() + c.seen.len()) as f64,
         ),
     ];
-    for (series, value) in expect {
-        let got = metric(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
-        assert!(
-            (got - value).abs() < 1e-9,
-            "{series} = {got}, expected {value}"
-        );
-    }
+    assert_metrics(&page, &expect);
     assert!(
         page.contains("ahp_relay_replay_envelopes_bucket{le=\"4096\"} 2"),
         "replay size histogram:\n{page}"
@@ -376,36 +318,51 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
 
 // ─── refusing upgrades ──────────────────────────────────────────────────────
 
-/// §5.4: two attached sessions together exceed a 40 kB budget (resume at 50%, Retry-After 7): nothing is dropped, a new upgrade with a valid token gets 503 `Retry-After: 7`, and the attached clients keep working. When B leaves, its detached buffer is dropped; memory (A alone, ≥ 60%) is under the budget but above the low watermark, so upgrades are still refused (hysteresis). When A leaves too, its buffer is dropped, memory is back under the low mark, an upgrade succeeds and initializes, and A's `reconnect` — though A had seen everything — gets `snapshot`. `/metrics` counts both refusals by reason and both drops.
-#[tokio::test]
-async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_watermark() {
-    const BUDGET: usize = 40_000;
-    const RETRY: u64 = 7;
+/// The budget of the refusal tests, and their `Retry-After`.
+const FULL_BUDGET: usize = 40_000;
+const RETRY: u64 = 7;
+
+/// Two attached sessions over [`FULL_BUDGET`] (resume at 50%): A fills 60%
+/// (upgrades are still accepted then), B runs turns until the total is
+/// over the budget; returns once the relay refuses upgrades.
+async fn full_world() -> (TestRelay, Follower, Follower) {
     let t = TestRelay::start(
-        vec![host("a", 2, script())],
+        vec![host("a", 2, script(10, 16, 0))],
         &format!(
-            "[limits]\nreplay_memory_bytes = {BUDGET}\nreplay_memory_resume_percent = 50\n\
+            "[limits]\nreplay_memory_bytes = {FULL_BUDGET}\nreplay_memory_resume_percent = 50\n\
              replay_memory_retry_after_secs = {RETRY}\n"
         ),
     )
     .await;
     let memory = t.relay.relay.replay_memory();
-    assert_eq!(memory.low_watermark(), BUDGET / 2);
+    assert_eq!(memory.low_watermark(), FULL_BUDGET / 2);
     let (chat1, chat2) = (seeded_chat("a", 1).0, seeded_chat("a", 2).0);
-
     let mut a = Follower::start(&t, "alice", "full-a", &chat1).await;
-    a.fill(&t, BUDGET * 60 / 100, BUDGET).await;
-    assert!(memory.used() <= BUDGET, "A alone fits");
-    let ok = upgrade(&t, "carol").await;
-    assert!(ok.is_ok(), "control: upgrades accepted under the budget");
+    a.fill(&t, FULL_BUDGET * 60 / 100, FULL_BUDGET).await;
+    assert!(memory.used() <= FULL_BUDGET, "A alone fits");
+    let ok = t.upgrade_bearer(&t.token("carol")).await;
+    assert_eq!(
+        ok.status, 101,
+        "control: upgrades accepted under the budget"
+    );
     drop(ok);
-
     let mut b = Follower::start(&t, "bob", "full-b", &chat2).await;
-    while memory.used() <= BUDGET {
-        b.turn(&t, BUDGET).await;
+    while memory.used() <= FULL_BUDGET {
+        b.turn(&t, FULL_BUDGET).await;
     }
     let relay = t.relay.relay.clone();
     wait_until("upgrades refused", || relay.refuses_upgrades()).await;
+    (t, a, b)
+}
+
+/// §5.4: when attached sessions alone exceed the budget nothing is
+/// dropped, a new upgrade with a valid token gets 503 `Retry-After: 7`
+/// (naming memory), and the attached clients keep working and buffering;
+/// `/healthz` is not an upgrade and still answers.
+#[tokio::test]
+async fn attached_sessions_over_budget_are_kept_and_new_upgrades_get_503() {
+    let (t, mut a, _b) = full_world().await;
+    let memory = t.relay.relay.replay_memory();
     assert_503(&t, "carol", RETRY, "attached sessions over budget").await;
     assert_eq!(
         dropped_buffers(&t),
@@ -418,10 +375,25 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     );
     assert_eq!(memory.used(), a_bytes + b_bytes);
     // The attached clients keep working (and keep buffering).
-    a.turn(&t, BUDGET).await;
+    a.turn(&t, FULL_BUDGET).await;
     assert!(buffered(&t, "alice", "full-a") > a_bytes, "A still buffers");
     let (status, _) = admin_get(&t, "/healthz").await;
     assert_eq!(status, 200, "health is not an upgrade");
+}
+
+/// §5.4, §8.2: when B leaves its detached buffer is dropped, but A alone
+/// (60%) is above the low watermark, so upgrades stay refused
+/// (hysteresis); when A leaves too, memory falls to the low watermark and
+/// an upgrade succeeds and initializes; A's `reconnect`, though it had
+/// seen everything, gets `snapshot`. `/metrics` counts both refusals by
+/// reason and both drops, and no auth failure.
+#[tokio::test]
+async fn upgrades_resume_only_once_memory_falls_to_the_low_watermark() {
+    let (t, a, b) = full_world().await;
+    let memory = t.relay.relay.replay_memory();
+    let relay = t.relay.relay.clone();
+    let chat1 = seeded_chat("a", 1).0;
+    assert_503(&t, "carol", RETRY, "attached sessions over budget").await;
 
     // B leaves: its detached buffer goes, A alone is under the budget but
     // above the low watermark → still refused.
@@ -430,7 +402,7 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     assert_eq!(buffered(&t, "bob", "full-b"), 0);
     let used = memory.used();
     assert!(
-        used <= BUDGET && used > memory.low_watermark(),
+        used <= FULL_BUDGET && used > memory.low_watermark(),
         "between the marks: {used}"
     );
     assert_503(&t, "carol", RETRY, "hysteresis: above the low watermark").await;
@@ -441,9 +413,10 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     wait_until("A's buffer dropped", || dropped_buffers(&t) == 2).await;
     assert!(memory.used() <= memory.low_watermark());
     assert!(!relay.refuses_upgrades());
-    let mut ws = upgrade(&t, "carol")
+    let mut ws = t
+        .upgrade_bearer(&t.token("carol"))
         .await
-        .unwrap_or_else(|(s, _, b)| panic!("upgrade after memory freed: {s} {b}"));
+        .socket("upgrade after memory freed");
     let init = ws.initialize("full-c").await;
     assert!(init["result"]["serverSeq"].as_u64().is_some(), "{init}");
 
@@ -456,20 +429,17 @@ async fn attached_sessions_over_budget_get_503_until_memory_falls_to_the_low_wat
     assert_eq!(snapshot_resources(&r), [chat1.as_str()]);
 
     let (_, page) = admin_get(&t, "/metrics").await;
-    for (series, value) in [
-        (
-            "ahp_relay_upgrades_refused_total{reason=\"replay_memory\"}",
-            2.0,
-        ),
-        ("ahp_relay_replay_memory_dropped_buffers_total", 2.0),
-        ("ahp_relay_reconnect_snapshot_fallback_ratio", 1.0),
-    ] {
-        let got = metric(&page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
-        assert!(
-            (got - value).abs() < 1e-9,
-            "{series} = {got}, expected {value}"
-        );
-    }
+    assert_metrics(
+        &page,
+        &[
+            (
+                "ahp_relay_upgrades_refused_total{reason=\"replay_memory\"}",
+                2.0,
+            ),
+            ("ahp_relay_replay_memory_dropped_buffers_total", 2.0),
+            ("ahp_relay_reconnect_snapshot_fallback_ratio", 1.0),
+        ],
+    );
     assert!(
         !page.contains("ahp_relay_auth_failures_total{"),
         "a 503 is not an auth failure:\n{page}"

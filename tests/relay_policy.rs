@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use ahp_relay::policy::{Grant, HostRef, PermSet, Permission, Policy, Subject, Visibility};
-use common::relay::TestRelay;
+use common::relay::{TestRelay, rule};
 use common::*;
 use serde_json::{Value, json};
 
@@ -27,12 +27,43 @@ impl Policy for HideBReadOnlyA {
     }
 }
 
-#[tokio::test]
-async fn policy_decides_listing_root_routing_and_dispatch() {
+/// Hosts a and b behind a relay whose policy is swapped for
+/// [`HideBReadOnlyA`], and alice's raw socket initialized as "c".
+async fn policy_world() -> (TestRelay, RawWs) {
     let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     t.relay.relay.set_policy(Arc::new(HideBReadOnlyA));
     let mut ws = t.raw("alice").await;
     ws.initialize("c").await;
+    (t, ws)
+}
+
+/// Nothing but the watch link's own frames reached hidden host b, and no
+/// per-client link to it was opened.
+fn assert_hidden_host_untouched(t: &TestRelay) {
+    let to_b: Vec<_> = t.hosts[1]
+        .received()
+        .into_iter()
+        .filter(|f| {
+            f.method.as_deref() != Some("initialize") && f.method.as_deref() != Some("listSessions")
+        })
+        .collect();
+    assert!(
+        to_b.is_empty(),
+        "nothing but the watch link reached host b: {to_b:?}"
+    );
+    assert_eq!(
+        t.hosts[1].connections(),
+        1,
+        "no per-client link was opened to the hidden host"
+    );
+}
+
+/// §4.4, §7.3: after a policy swap, `listSessions` and the root snapshot
+/// show only the sessions and agents of the hosts the policy leaves
+/// visible.
+#[tokio::test]
+async fn a_swapped_policy_decides_listing_and_root() {
+    let (t, mut ws) = policy_world().await;
     let list = ws
         .request(1, "listSessions", json!({"channel": "ahp-root://"}))
         .await;
@@ -54,6 +85,16 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         .collect();
     assert_eq!(agents, ["sim@a"]);
     assert_eq!(root["result"]["snapshot"]["state"]["activeSessions"], 1);
+    assert_hidden_host_untouched(&t);
+}
+
+/// §4.4, §7.3: after a policy swap, a session of the hidden host answers
+/// like a nonexistent one (-32001 without `data`), reading a visible chat
+/// is allowed, and creating a session where only reading is granted is
+/// -32009 (after the -32602 of a malformed create).
+#[tokio::test]
+async fn a_swapped_policy_decides_routing() {
+    let (t, mut ws) = policy_world().await;
     let hidden = ws
         .request(3, "subscribe", json!({"channel": "ahp-session:/b~b-1"}))
         .await;
@@ -66,42 +107,48 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         .request(4, "subscribe", json!({"channel": "ahp-chat:/a~a-1-main"}))
         .await;
     assert!(read.get("result").is_some(), "reading is permitted: {read}");
-    let create = ws
-        .request(
+    for (id, channel, code, what) in [
+        (
             5,
-            "createSession",
-            json!({"channel": "ahp-root://", "provider": "sim@a"}),
-        )
-        .await;
-    assert_eq!(
-        create["error"]["code"], -32602,
-        "createSession needs its own channel: {create}"
-    );
-    let create = ws
-        .request(
-            6,
-            "createSession",
-            json!({"channel": "ahp-session:/mine", "provider": "sim@a"}),
-        )
-        .await;
-    assert_eq!(
-        create["error"]["code"], -32009,
-        "visible but not permitted: {create}"
-    );
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-chat:/a~a-1-main", "clientSeq": 1,
-        "action": {"type": "chat/draftChanged"}}}),
+            "ahp-root://",
+            -32602,
+            "createSession needs its own channel",
+        ),
+        (6, "ahp-session:/mine", -32009, "visible but not permitted"),
+    ] {
+        let create = ws
+            .request(
+                id,
+                "createSession",
+                json!({"channel": channel, "provider": "sim@a"}),
+            )
+            .await;
+        assert_eq!(create["error"]["code"], code, "{what}: {create}");
+    }
+    assert_hidden_host_untouched(&t);
+}
+
+/// §4.4, §5.3, §7.3: after a policy swap, a dispatch where only reading is
+/// granted gets a "permission denied" rejection echo with the client's
+/// origin, one to the hidden host gets no echo at all, and neither reaches
+/// a host.
+#[tokio::test]
+async fn a_swapped_policy_decides_dispatch() {
+    let (t, mut ws) = policy_world().await;
+    ws.dispatch(
+        "ahp-chat:/a~a-1-main",
+        1,
+        json!({"type": "chat/draftChanged"}),
     )
     .await;
     let echo = ws.recv_json().await.expect("a rejection echo");
     assert_eq!(echo["method"], "action");
     assert_eq!(echo["params"]["rejectionReason"], "permission denied");
     assert_eq!(echo["params"]["origin"]["clientId"], "c");
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-chat:/b~b-1-main", "clientSeq": 2,
-        "action": {"type": "chat/draftChanged"}}}),
+    ws.dispatch(
+        "ahp-chat:/b~b-1-main",
+        2,
+        json!({"type": "chat/draftChanged"}),
     )
     .await;
     let before = frames_before_ping(&mut ws, 7).await;
@@ -109,22 +156,7 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
         before.is_empty(),
         "no echo for the invisible channel: {before:?}"
     );
-    let to_b: Vec<_> = t.hosts[1]
-        .received()
-        .into_iter()
-        .filter(|f| {
-            f.method.as_deref() != Some("initialize") && f.method.as_deref() != Some("listSessions")
-        })
-        .collect();
-    assert!(
-        to_b.is_empty(),
-        "nothing but the watch link reached host b: {to_b:?}"
-    );
-    assert_eq!(
-        t.hosts[1].connections(),
-        1,
-        "no per-client link was opened to the hidden host"
-    );
+    assert_hidden_host_untouched(&t);
     let dispatched_to_a = t.hosts[0]
         .received()
         .iter()
@@ -138,23 +170,9 @@ async fn policy_decides_listing_root_routing_and_dispatch() {
 /// snapshot without that channel. An invalid file keeps the old policy.
 #[tokio::test]
 async fn policy_reload_from_the_config_file_resyncs_clients_that_lost_sight() {
-    let both = r#"
-[[policy.rules]]
-name = "everyone-sees-all"
-subjects = ["*"]
-hosts = ["*"]
-role = "operator"
-visibility = "all"
-"#;
-    let only_a = r#"
-[[policy.rules]]
-name = "everyone-sees-a"
-subjects = ["*"]
-hosts = ["a"]
-role = "operator"
-visibility = "all"
-"#;
-    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], both).await;
+    let both = rule("everyone-sees-all", &["*"], &["*"], "operator", "all", "");
+    let only_a = rule("everyone-sees-a", &["*"], &["a"], "operator", "all", "");
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], &both).await;
     let mut ws = t.raw("bob").await;
     ws.initialize("c").await;
     for (id, ch) in [(1, "ahp-session:/a~a-1"), (2, "ahp-session:/b~b-1")] {
@@ -175,7 +193,7 @@ visibility = "all"
         .await;
     assert!(still.get("result").is_some(), "old policy kept: {still}");
     // Hosts are generated before the policy in the dev config: replace it.
-    let changed = original.replace(both, only_a);
+    let changed = original.replace(&both, &only_a);
     assert_ne!(changed, original);
     std::fs::write(&path, changed).unwrap();
     let closed = tokio::time::timeout(std::time::Duration::from_secs(15), ws.close_code())
@@ -278,31 +296,21 @@ async fn writes_are_audited_with_their_decision_and_no_content() {
         );
     use tracing_subscriber::Layer as _;
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
-    let rules = r#"
-[[policy.rules]]
-name = "auditee-operates-a"
-subjects = ["auditee"]
-hosts = ["a"]
-role = "operator"
-visibility = "all"
-[[policy.rules]]
-name = "auditee-views-b"
-subjects = ["auditee"]
-hosts = ["b"]
-role = "viewer"
-visibility = "all"
-"#;
-    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], rules).await;
+    let rules = rule(
+        "auditee-operates-a",
+        &["auditee"],
+        &["a"],
+        "operator",
+        "all",
+        "",
+    ) + &rule("auditee-views-b", &["auditee"], &["b"], "viewer", "all", "");
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], &rules).await;
     let token = t.token("auditee");
     let mut ws = t.raw("auditee").await;
     ws.initialize("au").await;
     let secret = "top secret prompt text";
-    let turn = |chat: &str, seq: i64| {
-        json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-            "channel": chat, "clientSeq": seq, "action": {"type": "chat/turnStarted",
-            "turnId": format!("t{seq}"), "startedAt": ahp_relay::simhost::clock::now_iso(),
-            "message": {"text": secret, "origin": {"kind": "user"}}}}})
-    };
+    let turn =
+        |chat: &str, seq: i64| dispatch_frame(chat, seq, turn_started(&format!("t{seq}"), secret));
     ws.send_json(&turn("ahp-chat:/a~a-1-main", 1)).await;
     ws.send_json(&turn("ahp-chat:/b~b-1-main", 2)).await;
     ws.send_json(&turn("ahp-chat:/a~nothing-here", 3)).await;

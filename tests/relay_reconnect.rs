@@ -7,7 +7,7 @@
 //! `reconnect` answer is the cut: nothing live is written before it).
 //!
 //! Host states are compared in client names: seeded host URIs qualified
-//! `<scheme>:/<host>~<id>`, providers `<p>@<host>` (see relay_streams.rs).
+//! `<scheme>:/<host>~<id>`, providers `<p>@<host>` (see `common::names`).
 
 mod common;
 
@@ -22,95 +22,14 @@ use ahp::{
     BoxedTransport, ClientConfig, ClientError, HostedResourceKey, MultiHostStateMirror,
     SubscriptionEvent, TransportError,
 };
-use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::identity::PrincipalKey;
-use ahp_relay::simhost::clock::now_iso;
-use ahp_relay::simhost::{AgentScript, SimHost};
-use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_relay::simhost::SimHost;
+use ahp_relay::upstream::dial::DialOptions;
+use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
-const ROOT: &str = "ahp-root://";
-/// 2^53 − 1, the largest number every AHP client represents exactly.
-const MAX_SAFE: u64 = (1 << 53) - 1;
-
 // ─── helpers ────────────────────────────────────────────────────────────────
-
-/// An agent streaming `deltas` 16-byte deltas at `rate` per second (0: flat out).
-fn script(deltas: u32, rate: u32) -> AgentScript {
-    AgentScript {
-        reply_deltas: deltas,
-        delta_bytes: 16,
-        delta_rate: rate,
-        tool_confirmation: false,
-        seed: None,
-    }
-}
-
-/// A host-assigned URI in client names (`<scheme>:/<host>~<id>`).
-fn client_uri(host: &str, s: &str) -> String {
-    for scheme in ["ahp-session:/", "ahp-chat:/", "ahp-terminal:/"] {
-        if let Some(rest) = s.strip_prefix(scheme)
-            && !rest.is_empty()
-            && !rest.starts_with('/')
-        {
-            return format!("{scheme}{host}~{rest}");
-        }
-    }
-    s.to_string()
-}
-
-/// A host state (JSON) with every name translated to client names.
-fn client_names(host: &str, v: &Value) -> Value {
-    match v {
-        Value::String(s) => Value::String(client_uri(host, s)),
-        Value::Array(a) => Value::Array(a.iter().map(|x| client_names(host, x)).collect()),
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, x)| match (k.as_str(), x) {
-                    ("provider", Value::String(p)) => (k.clone(), json!(format!("{p}@{host}"))),
-                    _ => (k.clone(), client_names(host, x)),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-/// The host's current state of `host_uri`, in client names.
-fn host_state(h: &SimHost, host_uri: &str) -> Value {
-    let state = h
-        .channel_state(host_uri)
-        .unwrap_or_else(|| panic!("host has {host_uri}"));
-    client_names(&h.config().name, &state)
-}
-
-fn principal(sub: &str) -> PrincipalKey {
-    PrincipalKey {
-        issuer: DEV_ISSUER.into(),
-        subject: sub.into(),
-    }
-}
-
-fn turn_started(turn_id: &str) -> StateAction {
-    let v = json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": "go", "origin": {"kind": "user"}}});
-    let a: StateAction = serde_json::from_value(v).expect("action literal parses");
-    assert!(!matches!(a, StateAction::Unknown(_)));
-    a
-}
-
-/// A raw `dispatchAction` frame starting turn `turn_id` on `chat`.
-fn start_turn_frame(chat: &str, client_seq: i64, turn_id: &str) -> Value {
-    json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": chat,
-        "clientSeq": client_seq, "action": serde_json::to_value(turn_started(turn_id))
-            .expect("action serializes")}})
-}
-
-fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
-    e.channel == channel && action_type(e) == ty
-}
 
 /// The `turnId` of an envelope's action, if it has one.
 fn turn_of(e: &ActionEnvelope) -> Option<String> {
@@ -123,38 +42,6 @@ fn turn_of(e: &ActionEnvelope) -> Option<String> {
 
 fn deltas(envs: &[ActionEnvelope], channel: &str) -> usize {
     envs.iter().filter(|e| is(e, channel, "chat/delta")).count()
-}
-
-fn reconnect_params(client_id: &str, watermark: Value, subscriptions: &[&str]) -> Value {
-    json!({"channel": ROOT, "clientId": client_id, "lastSeenServerSeq": watermark,
-        "subscriptions": subscriptions})
-}
-
-/// Sends `reconnect` as request `id` on a fresh socket and returns the
-/// response, which must be the very first frame the socket receives (the
-/// answer is the cut, §5.5).
-async fn raw_reconnect(ws: &mut RawWs, id: u64, params: Value) -> Value {
-    ws.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": "reconnect", "params": params}))
-        .await;
-    let first = ws.recv_json().await.expect("socket open until the answer");
-    assert_eq!(
-        first.get("id"),
-        Some(&json!(id)),
-        "the reconnect answer is the first frame: {first}"
-    );
-    first
-}
-
-/// The one snapshot of `uri` in a `snapshot` result.
-fn snapshot_of<'a>(result: &'a Value, uri: &str) -> &'a Value {
-    let all: Vec<&Value> = result["snapshots"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no snapshots: {result}"))
-        .iter()
-        .filter(|s| s["resource"] == uri)
-        .collect();
-    assert_eq!(all.len(), 1, "exactly one snapshot of {uri}: {result}");
-    all[0]
 }
 
 /// Recorded frames (parsed) from index `from` on.
@@ -184,7 +71,7 @@ fn error_code(r: &Value) -> i64 {
 #[tokio::test]
 async fn s5_drop_mid_turn_then_replay_continues_exactly_after_the_watermark() {
     const DELTAS: u32 = 150;
-    let t = TestRelay::start(vec![host("a", 1, script(DELTAS, 50))], "").await;
+    let t = TestRelay::start(vec![host("a", 1, script(DELTAS, 16, 50))], "").await;
     let (chat, host_chat) = seeded_chat("a", 1);
     let a = t.client("alice").await;
     let mut events = a.events();
@@ -195,7 +82,7 @@ async fn s5_drop_mid_turn_then_replay_continues_exactly_after_the_watermark() {
     let s0 = u64::try_from(init.server_seq).expect("S0 is non-negative");
     let snap = subscribe_raw(&a, &chat).await;
     assert_eq!(snapshot_from_seq(&snap), s0, "nothing numbered yet");
-    a.dispatch(chat.clone(), turn_started("s5-turn"))
+    a.dispatch(chat.clone(), action(turn_started("s5-turn", "go")))
         .await
         .expect("dispatch");
     let mut seen = 0;
@@ -242,22 +129,45 @@ async fn s5_drop_mid_turn_then_replay_continues_exactly_after_the_watermark() {
     assert!(all.iter().all(|e| e.channel == chat), "only the chat");
     assert_eq!(deltas(&all, &chat), DELTAS as usize, "each delta once");
     let reduced = reduce_chat(&snap["state"], &chat, &all);
-    assert_eq!(reduced, host_state(&t.hosts[0], &host_chat));
+    assert_eq!(reduced, host_state(&t.hosts[0], &host_chat, &[]));
     assert_eq!(reduced["turns"][0]["id"], "s5-turn", "{reduced}");
 }
 
 // ─── S6: snapshot by re-baselining ──────────────────────────────────────────
 
-/// S6: with `replay_buffer_envelopes = 8`, a client away while more than 8 envelopes are numbered gets `snapshot` with exactly one snapshot each for the chat and `ahp-root://`, sharing one fromSeq above watermark+8; live envelopes continue at fromSeq+1 and the reduced chat equals the host's; upstream, a new link's `initialize` (same upstream id, another connection) carries the chat in `initialSubscriptions` and no `subscribe`/`unsubscribe` of it is sent.
-#[tokio::test]
-async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
+/// S6's scenario: with `replay_buffer_envelopes = 8`, a client that saw
+/// the first 5 deltas of a turn leaves for a second (~50 envelopes are
+/// numbered meanwhile) and reconnects on a raw socket for the root and the
+/// chat.
+struct S6Run {
+    t: TestRelay,
+    /// The client's socket after the reconnect, and the answer.
+    ws: RawWs,
+    r: Value,
+    watermark: u64,
+    /// The host record's length before the reconnect.
+    mark: usize,
+    /// The connection of the client's first link at the host.
+    first_conn: u64,
+}
+
+/// `initialize` frames at the host from upstream client `up`, with their connection.
+fn inits_of(frames: &[(u64, Value)], up: &str) -> Vec<(u64, Value)> {
+    frames
+        .iter()
+        .filter(|(_, f)| f["method"] == "initialize" && f["params"]["clientId"] == up)
+        .cloned()
+        .collect()
+}
+
+/// Runs S6's scenario.
+async fn s6_run() -> S6Run {
     let t = TestRelay::start(
-        vec![host("a", 1, script(100, 50))],
+        vec![host("a", 1, script(100, 16, 50))],
         "[limits]\nreplay_buffer_envelopes = 8\n",
     )
     .await;
-    let (chat, host_chat) = seeded_chat("a", 1);
-    let up = t.relay.relay.upstream_id(&principal("alice"), "s6");
+    let (chat, _) = seeded_chat("a", 1);
     let a = t.client("alice").await;
     let mut events = a.events();
     let init = a
@@ -266,7 +176,7 @@ async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
         .expect("initialize");
     let s0 = u64::try_from(init.server_seq).expect("S0");
     subscribe_raw(&a, &chat).await;
-    a.dispatch(chat.clone(), turn_started("s6-turn"))
+    a.dispatch(chat.clone(), action(turn_started("s6-turn", "go")))
         .await
         .expect("dispatch");
     let mut seen = 0;
@@ -278,28 +188,45 @@ async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
     assert_contiguous(&before, s0);
     let watermark = before.last().expect("envelopes").server_seq;
     let h = &t.hosts[0];
-    let inits = |frames: &[(u64, Value)]| -> Vec<(u64, Value)> {
-        frames
-            .iter()
-            .filter(|(_, f)| f["method"] == "initialize" && f["params"]["clientId"] == up)
-            .cloned()
-            .collect()
-    };
-    let first_link = inits(&frames_since(h, 0));
+    let first_link = inits_of(&frames_since(h, 0), &t.upstream_id("alice", "s6"));
     assert_eq!(first_link.len(), 1, "one link so far: {first_link:?}");
     drop(events);
     drop(a);
     // ~50 envelopes are numbered while away: far more than the buffer holds.
     tokio::time::sleep(Duration::from_secs(1)).await;
-
     let mark = h.received().len();
-    let mut b = t.raw("alice").await;
+    let mut ws = t.raw("alice").await;
     let r = raw_reconnect(
-        &mut b,
+        &mut ws,
         1,
         reconnect_params("s6", json!(watermark), &[ROOT, chat.as_str()]),
     )
     .await;
+    S6Run {
+        first_conn: first_link[0].0,
+        t,
+        ws,
+        r,
+        watermark,
+        mark,
+    }
+}
+
+/// S6 (§5.5): a client away while more than the buffer's 8 envelopes are
+/// numbered gets `snapshot` with exactly one snapshot each for the chat
+/// and the root, sharing one `fromSeq` above watermark + 8; live envelopes
+/// continue at `fromSeq + 1` and the reduced chat equals the host's.
+#[tokio::test]
+async fn s6_a_client_past_the_buffer_gets_snapshots_and_converges() {
+    let S6Run {
+        t,
+        ws: mut b,
+        r,
+        watermark,
+        ..
+    } = s6_run().await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let h = &t.hosts[0];
     let result = &r["result"];
     assert_eq!(result["type"], "snapshot", "{r}");
     assert_eq!(
@@ -323,13 +250,29 @@ async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
     assert_contiguous(&live, from);
     assert!(deltas(&live, &chat) > 0, "live deltas after the snapshot");
     let reduced = reduce_chat(&chat_snap, &chat, &live);
-    assert_eq!(reduced, host_state(h, &host_chat), "converges on the host");
+    assert_eq!(
+        reduced,
+        host_state(h, &host_chat, &[]),
+        "converges on the host"
+    );
+}
 
+/// S6 (§5.7): the snapshots come from re-baselining upstream: a new link
+/// (same upstream id, another connection) whose `initialize` carries the
+/// chat in `initialSubscriptions`; no `subscribe` or `unsubscribe` of it
+/// is sent.
+#[tokio::test]
+async fn s6_snapshots_come_from_a_new_link_initialized_with_the_channel() {
+    let run = s6_run().await;
+    assert_eq!(run.r["result"]["type"], "snapshot", "{}", run.r);
+    let (_, host_chat) = seeded_chat("a", 1);
+    let h = &run.t.hosts[0];
+    let (up, mark) = (run.t.upstream_id("alice", "s6"), run.mark);
     let upstream = frames_since(h, mark);
-    let relinks = inits(&upstream);
+    let relinks = inits_of(&upstream, &up);
     assert_eq!(relinks.len(), 1, "one new link: {relinks:?}");
     let (conn, init) = &relinks[0];
-    assert_ne!(*conn, first_link[0].0, "a new connection");
+    assert_ne!(*conn, run.first_conn, "a new connection");
     let initial: Vec<&str> = init["params"]["initialSubscriptions"]
         .as_array()
         .expect("initialSubscriptions")
@@ -356,7 +299,7 @@ async fn s6_buffer_overflow_gets_snapshot_by_rebaselining() {
 /// §5.5 baseline: with an in-range watermark, `reconnect` for the subscribed chat alone gets `replay` (no action), adding a chat never subscribed in this session gets `snapshot` with exactly both chats' snapshots (host states, fromSeq = the watermark), and afterwards that chat alone gets `replay`.
 #[tokio::test]
 async fn replay_requires_a_baseline_for_every_requested_channel() {
-    let t = TestRelay::start(vec![host("a", 2, script(5, 0))], "").await;
+    let t = TestRelay::start(vec![host("a", 2, script(5, 16, 0))], "").await;
     let ((chat1, host1), (chat2, host2)) = (seeded_chat("a", 1), seeded_chat("a", 2));
     let mut ws = t.raw("alice").await;
     let init = ws.initialize("s-base").await;
@@ -392,7 +335,7 @@ async fn replay_requires_a_baseline_for_every_requested_channel() {
     for (chat, host_uri) in [(&chat1, &host1), (&chat2, &host2)] {
         let s = snapshot_of(result, chat);
         assert_eq!(snapshot_from_seq(s), s0, "nothing numbered since: {s}");
-        assert_eq!(s["state"], host_state(&t.hosts[0], host_uri));
+        assert_eq!(s["state"], host_state(&t.hosts[0], host_uri, &[]));
     }
     drop(ws);
 
@@ -413,7 +356,7 @@ async fn replay_requires_a_baseline_for_every_requested_channel() {
 /// §5.5 window: after a turn, `reconnect` with the last number seen gets `replay` with no action, while watermarks 0, −1, S0−1, last+1 and 2^53−1 each get `snapshot` with exactly the chat's snapshot at fromSeq = last and the host's state.
 #[tokio::test]
 async fn watermark_outside_s0_to_last_gets_snapshot() {
-    let t = TestRelay::start(vec![host("a", 1, script(5, 0))], "").await;
+    let t = TestRelay::start(vec![host("a", 1, script(5, 16, 0))], "").await;
     let (chat, host_chat) = seeded_chat("a", 1);
     let mut ws = t.raw("alice").await;
     let init = ws.initialize("s-wm").await;
@@ -458,7 +401,7 @@ async fn watermark_outside_s0_to_last_gets_snapshot() {
         assert_eq!(snapshot_resources(result), [chat.as_str()], "{r}");
         let s = snapshot_of(result, &chat);
         assert_eq!(snapshot_from_seq(s), last, "watermark {w}: {s}");
-        assert_eq!(s["state"], host_state(&t.hosts[0], &host_chat));
+        assert_eq!(s["state"], host_state(&t.hosts[0], &host_chat, &[]));
     }
 }
 
@@ -466,7 +409,7 @@ async fn watermark_outside_s0_to_last_gets_snapshot() {
 #[tokio::test]
 async fn replay_buffer_exactly_full_replays_and_one_more_gives_snapshot() {
     let t = TestRelay::start(
-        vec![host("a", 1, script(5, 0))],
+        vec![host("a", 1, script(5, 16, 0))],
         "[limits]\nreplay_buffer_envelopes = 8\n",
     )
     .await;
@@ -480,17 +423,17 @@ async fn replay_buffer_exactly_full_replays_and_one_more_gives_snapshot() {
     let session = t
         .relay
         .relay
-        .session_of(&ahp_relay::session::SessionKey {
-            principal: principal("alice"),
-            client_id: "s-edge".into(),
-        })
+        .session_of(&session_key("alice", "s-edge"))
         .expect("the detached session");
     let mut bob = t.raw("bob").await;
     bob.initialize("bob-edge").await;
     bob.request(1, "subscribe", json!({"channel": chat})).await;
     let cancel = |n: i64| {
-        json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": chat,
-            "clientSeq": n, "action": {"type": "chat/turnCancelled", "turnId": "none", "duration": 0}}})
+        dispatch_frame(
+            &chat,
+            n,
+            json!({"type": "chat/turnCancelled", "turnId": "none", "duration": 0}),
+        )
     };
     for n in 1..=8 {
         bob.send_json(&cancel(n)).await;
@@ -540,7 +483,7 @@ async fn replay_buffer_exactly_full_replays_and_one_more_gives_snapshot() {
     assert_eq!(snapshot_resources(result), [chat.as_str()]);
     let s = snapshot_of(result, &chat);
     assert_eq!(snapshot_from_seq(s), s0 + 17);
-    assert_eq!(s["state"], host_state(&t.hosts[0], &host_chat));
+    assert_eq!(s["state"], host_state(&t.hosts[0], &host_chat, &[]));
 }
 
 // ─── supersede and identity ─────────────────────────────────────────────────
@@ -548,7 +491,7 @@ async fn replay_buffer_exactly_full_replays_and_one_more_gives_snapshot() {
 /// §5.6: socket B's `reconnect` as the same (principal, clientId) while A is attached gets its answer and the live stream, and A's next frame is its 4009 close; the same clientId under another principal gets -32008 on a socket that stays open and can `initialize`, leaving B untouched.
 #[tokio::test]
 async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal() {
-    let t = TestRelay::start(vec![host("a", 1, script(5, 0))], "").await;
+    let t = TestRelay::start(vec![host("a", 1, script(5, 16, 0))], "").await;
     let (chat, host_chat) = seeded_chat("a", 1);
     let mut a = t.raw("alice").await;
     let init = a.initialize("s-sup").await;
@@ -584,7 +527,7 @@ async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal(
     );
     assert_eq!(
         reduce_chat(&state, &chat, &live),
-        host_state(&t.hosts[0], &host_chat)
+        host_state(&t.hosts[0], &host_chat, &[])
     );
 
     let mut bob = t.raw("bob").await;
@@ -611,7 +554,7 @@ async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal(
 #[tokio::test]
 async fn detach_grace_closes_links_then_retention_ends() {
     let t = TestRelay::start(
-        vec![host("a", 1, script(5, 0))],
+        vec![host("a", 1, script(5, 16, 0))],
         "[limits]\ndetach_grace_secs = 1\nretain_secs = 2\n",
     )
     .await;
@@ -661,7 +604,7 @@ async fn detach_grace_closes_links_then_retention_ends() {
     assert_eq!(snapshot_resources(result), [chat.as_str()]);
     let s = snapshot_of(result, &chat);
     assert_eq!(snapshot_from_seq(s), sx, "nothing numbered while away");
-    let host_now = host_state(h, &host_chat);
+    let host_now = host_state(h, &host_chat, &[]);
     assert_eq!(host_now["turns"][0]["id"], "bob-turn", "{host_now}");
     assert_eq!(s["state"], host_now);
 
@@ -684,7 +627,7 @@ async fn detach_grace_closes_links_then_retention_ends() {
 #[tokio::test]
 async fn session_closed_by_the_relay_is_still_dropped_after_retention() {
     let t = TestRelay::start(
-        vec![host("a", 1, script(5, 0))],
+        vec![host("a", 1, script(5, 16, 0))],
         "[limits]\ndetach_grace_secs = 1\nretain_secs = 1\n",
     )
     .await;
@@ -719,7 +662,7 @@ async fn session_closed_by_the_relay_is_still_dropped_after_retention() {
 /// S7: after a relay restart on the same directory, the client's `reconnect` gets -32008 and `initialize` on the same socket recovers the chat (host's state) with S0 greater than every number seen before the restart.
 #[tokio::test]
 async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0() {
-    let t = TestRelay::start(vec![host("a", 1, script(5, 0))], "").await;
+    let t = TestRelay::start(vec![host("a", 1, script(5, 16, 0))], "").await;
     let (chat, host_chat) = seeded_chat("a", 1);
     let a = t.client("alice").await;
     let mut events = a.events();
@@ -728,7 +671,7 @@ async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0()
         .await
         .expect("initialize");
     let snap = subscribe_raw(&a, &chat).await;
-    a.dispatch(chat.clone(), turn_started("s7-turn"))
+    a.dispatch(chat.clone(), action(turn_started("s7-turn", "go")))
         .await
         .expect("dispatch");
     let mut envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
@@ -755,11 +698,7 @@ async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0()
         other => panic!("expected -32008, got {other:?}"),
     }
     let init: Value = b
-        .request(
-            "initialize",
-            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "s7",
-                "initialSubscriptions": [chat]}),
-        )
+        .request("initialize", initialize_subscribing("s7", &[&chat]))
         .await
         .expect("initialize on the same socket");
     let s0_after = init["serverSeq"].as_u64().expect("serverSeq");
@@ -771,7 +710,7 @@ async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0()
     assert_eq!(snaps.len(), 1, "{init}");
     assert_eq!(snaps[0]["resource"], chat);
     assert_eq!(snapshot_from_seq(&snaps[0]), s0_after);
-    assert_eq!(snaps[0]["state"], host_state(&t.hosts[0], &host_chat));
+    assert_eq!(snaps[0]["state"], host_state(&t.hosts[0], &host_chat, &[]));
 }
 
 // ─── S7b: the SDK's MultiHostClient across a relay restart ──────────────────
@@ -829,27 +768,20 @@ async fn multi_actions_within(
     out
 }
 
-/// S7b: `MultiHostClient` with one entry dialing the relay (TLS + token) subscribes a chat and streams a turn; after a relay restart its runtime's `reconnect` gets NotFound (one not_found outcome), it re-initializes with S0 above its never-lowered watermark, and a second turn streams: delivered envelopes are numbered S0+1, … contiguously in each incarnation, each turn's 20 deltas arrive once, and both the reduced chat and the SDK's state mirror equal the host's.
-#[tokio::test]
-async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_gaps() {
-    const DELTAS: usize = 20;
-    let t = TestRelay::start(vec![host("a", 1, script(DELTAS as u32, 0))], "").await;
-    let (chat, host_chat) = seeded_chat("a", 1);
-    let dial = Arc::new(Mutex::new(t.dial_options(Some(t.token("alice")))));
-    let factory = {
-        let dial = dial.clone();
-        move |_: HostId| {
-            let opts = dial.lock().expect("dial options").clone();
-            async move {
-                ahp_relay::upstream::dial::dial(&opts)
-                    .await
-                    .map(BoxedTransport::new)
-                    .map_err(|e| TransportError::Io(e.to_string()))
-            }
+/// A `MultiHostClient` entry `id` for the relay, client id "s7b": each
+/// connection dials with the options `dial` holds at that moment (so a
+/// test can point it at a restarted relay), retrying every 100 ms.
+fn relay_host_config(id: &HostId, dial: Arc<Mutex<DialOptions>>) -> HostConfig {
+    let factory = move |_: HostId| {
+        let opts = dial.lock().expect("dial options").clone();
+        async move {
+            ahp_relay::upstream::dial::dial(&opts)
+                .await
+                .map(BoxedTransport::new)
+                .map_err(|e| TransportError::Io(e.to_string()))
         }
     };
-    let id = HostId::new("relay");
-    let config = HostConfig::new(id.clone(), "relay", factory)
+    HostConfig::new(id.clone(), "relay", factory)
         .with_client_id("s7b")
         .with_client_config(ClientConfig {
             default_request_timeout: Some(WAIT),
@@ -862,7 +794,37 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
             jitter: 0.0,
             max_attempts: None,
             reset_on_success: true,
-        });
+        })
+}
+
+/// Dispatches turn `turn_id` on `chat` through the runtime's entry `id`;
+/// the envelopes up to its completion and those still arriving within
+/// 200 ms after.
+async fn multi_turn(
+    multi: &MultiHostClient,
+    id: &HostId,
+    events: &mut HostSubscriptionStream,
+    chat: &str,
+    turn_id: &str,
+) -> Vec<ActionEnvelope> {
+    multi
+        .dispatch(id, chat.into(), action(turn_started(turn_id, "go")))
+        .await
+        .unwrap_or_else(|e| panic!("dispatch {turn_id}: {e:?}"));
+    let mut envs = multi_actions_until(events, |e| is(e, chat, "chat/turnComplete")).await;
+    envs.extend(multi_actions_within(events, Duration::from_millis(200)).await);
+    envs
+}
+
+/// S7b: `MultiHostClient` with one entry dialing the relay (TLS + token) subscribes a chat and streams a turn; after a relay restart its runtime's `reconnect` gets NotFound (one not_found outcome), it re-initializes with S0 above its never-lowered watermark, and a second turn streams: delivered envelopes are numbered S0+1, … contiguously in each incarnation, each turn's 20 deltas arrive once, and both the reduced chat and the SDK's state mirror equal the host's.
+#[tokio::test]
+async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_gaps() {
+    const DELTAS: usize = 20;
+    let t = TestRelay::start(vec![host("a", 1, script(DELTAS as u32, 16, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let dial = Arc::new(Mutex::new(t.dial_options(Some(t.token("alice")))));
+    let id = HostId::new("relay");
+    let config = relay_host_config(&id, dial.clone());
     let multi = MultiHostClient::new();
     let mut events = multi.events();
     let mut host_events = multi.host_events();
@@ -870,7 +832,7 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
     connected(&mut host_events, 1).await;
     let s0_first = multi.host(&id).await.expect("host").server_seq as u64;
 
-    let initial = host_state(&t.hosts[0], &host_chat);
+    let initial = host_state(&t.hosts[0], &host_chat, &[]);
     let sub = multi
         .subscribe(&id, chat.clone())
         .await
@@ -883,12 +845,7 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
     );
     let mut mirror = MultiHostStateMirror::new();
     mirror.apply_snapshot(&id, &snapshot);
-    multi
-        .dispatch(&id, chat.clone(), turn_started("t1"))
-        .await
-        .expect("dispatch t1");
-    let mut first = multi_actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
-    first.extend(multi_actions_within(&mut events, Duration::from_millis(200)).await);
+    let first = multi_turn(&multi, &id, &mut events, &chat, "t1").await;
     let watermark = multi.host(&id).await.expect("host").server_seq as u64;
     assert_eq!(
         Some(watermark),
@@ -919,12 +876,7 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
         (1, 0, 0),
         "the runtime tried reconnect once, then initialized"
     );
-    multi
-        .dispatch(&id, chat.clone(), turn_started("t2"))
-        .await
-        .expect("dispatch t2");
-    let mut second = multi_actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
-    second.extend(multi_actions_within(&mut events, Duration::from_millis(200)).await);
+    let second = multi_turn(&multi, &id, &mut events, &chat, "t2").await;
 
     assert_contiguous(&first, s0_first);
     assert_contiguous(&second, s0_second);
@@ -937,18 +889,29 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
             .count();
         assert_eq!(n, DELTAS, "turn {turn}: each delta exactly once");
     }
-    let host_final = host_state(&t.hosts[0], &host_chat);
+    let host_final = host_state(&t.hosts[0], &host_chat, &[]);
     assert_eq!(reduce_chat(&initial, &chat, &all), host_final);
-    for e in &all {
-        mirror.apply_envelope(&id, e);
-    }
-    let mirrored = mirror
-        .chats()
-        .get(&HostedResourceKey::new(id.clone(), chat.clone()))
-        .expect("the mirror follows the chat");
     assert_eq!(
-        serde_json::to_value(mirrored).expect("state"),
+        mirrored_chat(&mut mirror, &id, &chat, &all),
         host_final,
         "the SDK's state mirror equals the host's chat"
     );
+}
+
+/// The chat state `mirror` holds for `chat` of entry `id` once `envs` are
+/// applied to it.
+fn mirrored_chat(
+    mirror: &mut MultiHostStateMirror,
+    id: &HostId,
+    chat: &str,
+    envs: &[ActionEnvelope],
+) -> Value {
+    for e in envs {
+        mirror.apply_envelope(id, e);
+    }
+    let mirrored = mirror
+        .chats()
+        .get(&HostedResourceKey::new(id.clone(), chat.to_string()))
+        .expect("the mirror follows the chat");
+    serde_json::to_value(mirrored).expect("state")
 }

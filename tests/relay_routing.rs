@@ -12,19 +12,15 @@ use std::time::Duration;
 
 use ahp::{Client, ClientError};
 use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::identity::PrincipalKey;
 use ahp_relay::names::namer::{ToClient, ToHost};
 use ahp_relay::names::store::{Owner, RedbStore, UriStore};
 use ahp_relay::names::translate::{self, FieldKind, Row, TABLE};
 use ahp_relay::simhost::SimHostConfig;
-use ahp_relay::simhost::clock::now_iso;
-use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
+use ahp_types::actions::{ActionEnvelope, ActionOrigin};
 use common::relay::TestRelay;
 use common::*;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-
-const ROOT: &str = "ahp-root://";
 
 // ─── helpers ────────────────────────────────────────────────────────────────
 
@@ -57,22 +53,6 @@ async fn fails(c: &Client, method: &str, params: Value) -> RpcErr {
     }
 }
 
-fn action(v: Value) -> StateAction {
-    let a: StateAction = serde_json::from_value(v.clone()).expect("action literal parses");
-    assert!(
-        !matches!(a, StateAction::Unknown(_)),
-        "not a known action: {v}"
-    );
-    a
-}
-
-fn turn_started(turn_id: &str) -> StateAction {
-    action(
-        json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": "hello", "origin": {"kind": "user"}}}),
-    )
-}
-
 /// Dispatches a turn on `chat` and returns the envelopes up to its `chat/turnComplete`.
 async fn run_turn(
     c: &Client,
@@ -80,19 +60,13 @@ async fn run_turn(
     chat: &str,
     turn_id: &str,
 ) -> Vec<ActionEnvelope> {
-    c.dispatch(chat.into(), turn_started(turn_id))
+    c.dispatch(chat.into(), action(turn_started(turn_id, "hello")))
         .await
         .expect("dispatch");
     actions_until(events, |e| {
         e.channel == chat && action_type(e) == "chat/turnComplete"
     })
     .await
-}
-
-/// `initialize` params offering 1.0.0.
-fn init_params(client_id: &str, subs: &[&str]) -> Value {
-    json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": client_id,
-        "initialSubscriptions": subs})
 }
 
 /// The resources of a `listSessions` result, in order.
@@ -110,15 +84,6 @@ fn item<'a>(list: &'a Value, uri: &str) -> &'a Value {
         .as_array()
         .and_then(|items| items.iter().find(|s| s["resource"] == uri))
         .unwrap_or_else(|| panic!("{uri} not listed: {list}"))
-}
-
-/// Parsed frames a host received with `method`.
-fn host_frames(host: &ahp_relay::simhost::SimHost, method: &str) -> Vec<Value> {
-    host.received()
-        .iter()
-        .filter(|f| f.method.as_deref() == Some(method))
-        .map(|f| serde_json::from_str(&f.text).expect("recorded frame is JSON"))
-        .collect()
 }
 
 /// Whether any string (value or key) anywhere in `v` equals `s`.
@@ -175,13 +140,6 @@ async fn raw_call(ws: &mut RawWs, raw_id: &str, method: &str, params: Value) -> 
         .expect("a response frame")
 }
 
-fn principal(sub: &str) -> PrincipalKey {
-    PrincipalKey {
-        issuer: DEV_ISSUER.into(),
-        subject: sub.into(),
-    }
-}
-
 /// (provider, displayName, first model's provider) of every agent, sorted.
 fn agents(root_state: &Value) -> Vec<(String, String, String)> {
     let mut out: Vec<(String, String, String)> = root_state["agents"]
@@ -211,9 +169,9 @@ fn owned(v: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
 
 // ─── S1 ─────────────────────────────────────────────────────────────────────
 
-/// S1: the root lists both hosts' agents as `<p>@<host>` with label-suffixed names; `listSessions` merges both hosts newest first, pages with `limit: 1` over every session exactly once, and refuses another socket's cursor and garbage cursors with -32602.
-#[tokio::test]
-async fn s1_root_and_session_list_merge_both_hosts() {
+/// S1's relay: hosts a (provider `alpha`, two sessions) and b (provider
+/// `beta`, three sessions, labelled "Box B").
+async fn s1_relay() -> TestRelay {
     let a = SimHostConfig {
         provider: "alpha".into(),
         ..fast_config("a", 2)
@@ -223,39 +181,53 @@ async fn s1_root_and_session_list_merge_both_hosts() {
         ..fast_config("b", 3)
     };
     // Appended after the generated `[[hosts]]` tables, so it labels host b.
-    let t = TestRelay::start(vec![a, b], "label = \"Box B\"\n").await;
+    TestRelay::start(vec![a, b], "label = \"Box B\"\n").await
+}
+
+/// The five seeded sessions of S1's hosts, sorted.
+const S1_SESSIONS: [&str; 5] = [
+    "ahp-session:/a~a-1",
+    "ahp-session:/a~a-2",
+    "ahp-session:/b~b-1",
+    "ahp-session:/b~b-2",
+    "ahp-session:/b~b-3",
+];
+
+/// S1 (§6.1): the root snapshot, in an `InitializeResult` or from
+/// `subscribe`, lists both hosts' agents as `<p>@<host>` with their names
+/// suffixed by the host's label (or name).
+#[tokio::test]
+async fn s1_root_lists_both_hosts_agents_qualified_and_labelled() {
+    let t = s1_relay().await;
     let expected_agents = owned(&[
         ("alpha@a", "Sim agent (a) (a)", "alpha@a"),
         ("beta@b", "Sim agent (b) (Box B)", "beta@b"),
     ]);
-
     let c1 = t.client("alice").await;
-    let init = call(&c1, "initialize", init_params("s1-one", &[ROOT]))
+    let init = call(&c1, "initialize", initialize_subscribing("s1-one", &[ROOT]))
         .await
         .expect("initialize with the root");
     assert_eq!(init["snapshots"][0]["resource"], ROOT, "{init}");
     assert_eq!(agents(&init["snapshots"][0]["state"]), expected_agents);
-
     let c2 = t.client_init("alice", "s1-two").await;
     let snap = subscribe_raw(&c2, ROOT).await;
     assert_eq!(agents(&snap["state"]), expected_agents);
+}
 
+/// S1 (§6.2): `listSessions` merges both hosts' sessions newest first (ties
+/// by URI), interleaving rather than concatenating, in one page without a
+/// cursor, each with its host's qualified provider.
+#[tokio::test]
+async fn s1_list_sessions_merges_both_hosts_newest_first() {
+    let t = s1_relay().await;
+    let c1 = t.client_init("alice", "s1-one").await;
     let all = call(&c1, "listSessions", json!({"channel": ROOT}))
         .await
         .expect("listSessions");
     let uris = item_uris(&all);
     let mut sorted = uris.clone();
     sorted.sort();
-    assert_eq!(
-        sorted,
-        [
-            "ahp-session:/a~a-1",
-            "ahp-session:/a~a-2",
-            "ahp-session:/b~b-1",
-            "ahp-session:/b~b-2",
-            "ahp-session:/b~b-3"
-        ]
-    );
+    assert_eq!(sorted, S1_SESSIONS);
     assert!(all.get("nextCursor").is_none(), "{all}");
     let keys: Vec<(i64, String)> = all["items"]
         .as_array()
@@ -286,7 +258,11 @@ async fn s1_root_and_session_list_merge_both_hosts() {
         };
         assert_eq!(s["provider"], host, "{s}");
     }
+}
 
+/// Walks `listSessions` with `limit: 1` on `c` (at most 10 pages): every
+/// page has one item; returns the URIs in order and the first cursor.
+async fn walk_pages(c: &Client) -> (Vec<String>, Option<String>) {
     let mut walked = Vec::new();
     let mut cursor: Option<String> = None;
     let mut first_cursor = None;
@@ -295,7 +271,7 @@ async fn s1_root_and_session_list_merge_both_hosts() {
         if let Some(c) = &cursor {
             p["cursor"] = json!(c);
         }
-        let page = call(&c1, "listSessions", p).await.expect("page");
+        let page = call(c, "listSessions", p).await.expect("page");
         assert_eq!(item_uris(&page).len(), 1, "{page}");
         walked.extend(item_uris(&page));
         cursor = page
@@ -309,8 +285,34 @@ async fn s1_root_and_session_list_merge_both_hosts() {
             break;
         }
     }
-    assert_eq!(walked, uris, "paging with limit 1 walks the merged order");
+    (walked, first_cursor)
+}
 
+/// S1 (§6.2): paging with `limit: 1` walks the merged order over every
+/// session exactly once.
+#[tokio::test]
+async fn s1_list_sessions_pages_over_every_session_once() {
+    let t = s1_relay().await;
+    let c1 = t.client_init("alice", "s1-one").await;
+    let all = call(&c1, "listSessions", json!({"channel": ROOT}))
+        .await
+        .expect("listSessions");
+    let (walked, _) = walk_pages(&c1).await;
+    assert_eq!(
+        walked,
+        item_uris(&all),
+        "paging with limit 1 walks the merged order"
+    );
+}
+
+/// S1 (§6.2): a `listSessions` cursor works again on its own socket, and is
+/// -32602 on another socket of the same or another principal; garbage and
+/// forged cursors are -32602 too.
+#[tokio::test]
+async fn s1_a_list_cursor_works_only_on_its_own_socket() {
+    let t = s1_relay().await;
+    let c1 = t.client_init("alice", "s1-one").await;
+    let (walked, first_cursor) = walk_pages(&c1).await;
     let valid = first_cursor.expect("a first page has a cursor");
     let again = call(
         &c1,
@@ -319,8 +321,8 @@ async fn s1_root_and_session_list_merge_both_hosts() {
     )
     .await
     .expect("the cursor works on its own socket");
-    assert_eq!(item_uris(&again), [uris[1].clone()]);
-
+    assert_eq!(item_uris(&again), [walked[1].clone()]);
+    let c2 = t.client_init("alice", "s1-two").await;
     let bob = t.client_init("bob", "s1-one").await;
     for other in [&c2, &bob] {
         let e = fails(
@@ -355,20 +357,20 @@ fn shared_host(name: &str) -> SimHostConfig {
     }
 }
 
-/// S11: two hosts announcing the same session, chat and terminal URIs appear as distinct qualified URIs; a turn on one reaches only that host and leaves the other's chat unchanged; after a relay restart on the same store the names still resolve and a relay-created verbatim URI still routes to its host.
-#[tokio::test]
-async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
+/// S11's relay: hosts a and b both announcing the colliding URIs.
+async fn s11_relay() -> TestRelay {
     let t = TestRelay::start(vec![shared_host("a"), shared_host("b")], "").await;
     for h in &t.hosts {
         assert_eq!(h.session_uris(), ["ahp-session:/shared-1"]);
     }
-    let c = t.client("alice").await;
-    let init = call(&c, "initialize", init_params("s11", &[ROOT]))
-        .await
-        .expect("initialize");
-    let mut terminals: Vec<(String, String, String)> = init["snapshots"][0]["state"]["terminals"]
+    t
+}
+
+/// (resource, claimed session, claimed chat) of every terminal in a root state.
+fn root_terminals(root: &Value) -> Vec<(String, String, String)> {
+    let mut terminals: Vec<(String, String, String)> = root["terminals"]
         .as_array()
-        .unwrap_or_else(|| panic!("no terminals: {init}"))
+        .unwrap_or_else(|| panic!("no terminals: {root}"))
         .iter()
         .map(|t| {
             (
@@ -379,8 +381,21 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
         })
         .collect();
     terminals.sort();
+    terminals
+}
+
+/// S11 (§4.2): two hosts announcing the same session, chat and terminal
+/// URIs appear in the root, the session list and snapshots as distinct
+/// qualified URIs, with every reference between them qualified alike.
+#[tokio::test]
+async fn s11_colliding_host_uris_appear_as_distinct_qualified_uris() {
+    let t = s11_relay().await;
+    let c = t.client("alice").await;
+    let init = call(&c, "initialize", initialize_subscribing("s11", &[ROOT]))
+        .await
+        .expect("initialize");
     assert_eq!(
-        terminals,
+        root_terminals(&init["snapshots"][0]["state"]),
         owned(&[
             (
                 "ahp-terminal:/a~1",
@@ -411,7 +426,15 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
     }
     let term = subscribe_raw(&c, "ahp-terminal:/b~1").await;
     assert_eq!(term["state"]["claim"]["session"], "ahp-session:/b~shared-1");
+}
 
+/// S11 (§4.2, §4.3): a turn on host a's colliding chat yields envelopes of
+/// that chat, its session and the root only, reaches host a in its own
+/// name, and host b neither hears of it nor changes its chat.
+#[tokio::test]
+async fn s11_a_turn_on_one_colliding_chat_reaches_only_its_host() {
+    let t = s11_relay().await;
+    let c = t.client_init("alice", "s11").await;
     let chat_a = "ahp-chat:/a~shared-1-main";
     let host_chat = "ahp-chat:/shared-1-main";
     let b_before = t.hosts[1].channel_state(host_chat).expect("b has the chat");
@@ -445,7 +468,16 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
         Some(1),
         "{a_chat}"
     );
+}
 
+/// S11 (§4.2, §8.1): after a relay restart on the same store, upstream ids
+/// are the same, every qualified name still resolves, and a relay-created
+/// verbatim session URI still routes to its host only, is listed with its
+/// provider, and stays taken (-32003).
+#[tokio::test]
+async fn s11_names_survive_a_relay_restart() {
+    let t = s11_relay().await;
+    let c = t.client_init("alice", "s11").await;
     let mine = "ahp-session:/s11-mine";
     call(
         &c,
@@ -454,19 +486,17 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
     )
     .await
     .expect("createSession on b");
-
     // Restart: close the client, stop the relay, wait until it is gone
     // (it holds the store file), start a new one from the same directory.
     c.shutdown().await;
     drop(c);
-    let up_before = t.relay.relay.upstream_id(&principal("alice"), "s11");
+    let up_before = t.upstream_id("alice", "s11");
     let t = t.restart().await;
     assert_eq!(
-        t.relay.relay.upstream_id(&principal("alice"), "s11"),
+        t.upstream_id("alice", "s11"),
         up_before,
         "the relay secret persists, so upstream ids survive a restart"
     );
-
     let c = t.client_init("alice", "s11-after").await;
     for uri in [
         "ahp-session:/a~shared-1",
@@ -511,27 +541,40 @@ async fn s11_colliding_host_uris_stay_distinct_and_isolated_across_restart() {
 
 // ─── client-chosen URIs ─────────────────────────────────────────────────────
 
-/// §4.2: a client-chosen session URI lands on the provider's host, is listed verbatim as soon as the create returns, stays unique across hosts (-32003), must be `<scheme>:/<id>` (-32602 for `~` or `/`); a client-chosen chat URI works and is subscribable; an unknown provider is -32002 and frees the name.
-#[tokio::test]
-async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
+/// Hosts a and b, and alice's client initialized as "c3".
+async fn chosen_world() -> (TestRelay, Client) {
     let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     let c = t.client_init("alice", "c3").await;
+    (t, c)
+}
+
+/// Creates `ahp-session:/mine-1` on host b through `c`.
+async fn create_mine(c: &Client) -> &'static str {
     let mine = "ahp-session:/mine-1";
     let r = call(
-        &c,
+        c,
         "createSession",
         json!({"channel": mine, "provider": "sim@b"}),
     )
     .await
     .expect("createSession");
     assert_eq!(r, Value::Null);
+    mine
+}
+
+/// §4.2: a client-chosen session URI lands on its provider's host only, is
+/// listed verbatim with its qualified provider as soon as the create
+/// returns, and stays unique across hosts (-32003).
+#[tokio::test]
+async fn a_client_chosen_session_uri_is_routed_by_provider_and_unique() {
+    let (t, c) = chosen_world().await;
+    let mine = create_mine(&c).await;
     let list = call(&c, "listSessions", json!({"channel": ROOT}))
         .await
         .expect("listSessions");
     assert_eq!(item(&list, mine)["provider"], "sim@b");
     assert!(t.hosts[1].session_uris().iter().any(|u| u == mine));
     assert!(!t.hosts[0].session_uris().iter().any(|u| u == mine));
-
     let e = fails(
         &c,
         "createSession",
@@ -539,6 +582,16 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
     )
     .await;
     assert_eq!(e.code, -32003, "{e:?}");
+    assert_eq!(host_frames(&t.hosts[1], "createSession").len(), 1);
+    assert!(host_frames(&t.hosts[0], "createSession").is_empty());
+}
+
+/// §4.2: a client-chosen session URI must be `ahp-session:/<id>` without
+/// `~` or `/`, and a create may not register another clientId as active:
+/// -32602, and nothing reaches a host.
+#[tokio::test]
+async fn client_chosen_session_uris_must_be_a_plain_id() {
+    let (t, c) = chosen_world().await;
     for bad in [
         "ahp-session:/x~y",
         "ahp-session:/a~a-1",
@@ -565,8 +618,20 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
         host_frames(&t.hosts[0], "createSession").is_empty(),
         "no refused create reached host a"
     );
-    assert_eq!(host_frames(&t.hosts[1], "createSession").len(), 1);
+    assert!(
+        host_frames(&t.hosts[1], "createSession").is_empty(),
+        "no refused create reached host b"
+    );
+}
 
+/// §4.2: a client-chosen chat URI in a client-chosen session is created
+/// on the session's host, subscribable under its own name and listed in
+/// the session next to the qualified default chat; a qualified one is
+/// -32602.
+#[tokio::test]
+async fn a_client_chosen_chat_uri_is_created_and_subscribable() {
+    let (t, c) = chosen_world().await;
+    let mine = create_mine(&c).await;
     let side = "ahp-chat:/mine-1-side";
     let r = call(&c, "createChat", json!({"channel": mine, "chat": side}))
         .await
@@ -592,7 +657,13 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
     )
     .await;
     assert_eq!(e.code, -32602, "{e:?}");
+}
 
+/// §4.2, §4.4: a create with an unknown provider (unknown agent, host, or
+/// unqualified) is -32002 and leaves the name free for the next create.
+#[tokio::test]
+async fn an_unknown_provider_is_refused_and_frees_the_name() {
+    let (t, c) = chosen_world().await;
     let two = "ahp-session:/mine-2";
     for provider in ["nope@b", "sim@zzz", "sim"] {
         let e = fails(
@@ -615,10 +686,12 @@ async fn client_chosen_uris_are_verbatim_unique_and_routed_by_provider() {
 
 // ─── error table ────────────────────────────────────────────────────────────
 
-/// §4.4: unknown sessions -32001, other unknown channels -32008 (also for unknown hosts), no `data`; a dispatch to an unknown channel gets no echo; a stopped host answers -32603 `hostUnavailable` with its id while the other host keeps working, and its sessions stay listed as `unreachable`.
+/// §4.4: subscribing an unknown session is -32001, any other unknown
+/// channel (also of an unknown host) -32008, never with `data`, and a
+/// host's own error does not leak the host form of the name.
 #[tokio::test]
-async fn error_table_and_an_unavailable_host() {
-    let mut t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
+async fn unknown_channels_answer_their_code_without_data() {
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     let c = t.client_init("alice", "c4").await;
     for (uri, code) in [
         ("ahp-session:/a~nope", -32001),
@@ -637,7 +710,13 @@ async fn error_table_and_an_unavailable_host() {
             assert!(!e.message.contains(&format!(":/{id}")), "{uri}: {e:?}");
         }
     }
+}
 
+/// §4.4, §5.3: a dispatch to an unknown channel (of a known or unknown
+/// host, verbatim or qualified) gets no echo at all and reaches no host.
+#[tokio::test]
+async fn dispatches_to_unknown_channels_get_no_echo() {
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
     let mut ws = t.raw("alice").await;
     ws.initialize("c4-raw").await;
     for (n, channel) in [
@@ -649,23 +728,23 @@ async fn error_table_and_an_unavailable_host() {
     .into_iter()
     .enumerate()
     {
-        ws.send_json(
-            &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-            "channel": channel, "clientSeq": n + 1,
-            "action": {"type": "session/titleChanged", "title": "x"}}}),
+        ws.dispatch(
+            channel,
+            n as i64 + 1,
+            json!({"type": "session/titleChanged", "title": "x"}),
         )
         .await;
     }
     // A request routed through host a's link after the dispatches, then a
     // ping: anything echoed would be written before their responses.
-    ws.send_json(&json!({"jsonrpc": "2.0", "id": 5, "method": "subscribe",
-        "params": {"channel": "ahp-session:/a~a-1"}}))
-        .await;
-    let mut frames = frames_until_response(&mut ws).await;
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "id": 6, "method": "ping", "params": {"channel": ROOT}}),
-    )
+    ws.send_json(&request_frame(
+        5,
+        "subscribe",
+        json!({"channel": "ahp-session:/a~a-1"}),
+    ))
     .await;
+    let mut frames = frames_until_response(&mut ws).await;
+    ws.send_json(&ping_frame(6)).await;
     frames.extend(frames_until_response(&mut ws).await);
     let echoes: Vec<&String> = frames
         .iter()
@@ -681,19 +760,36 @@ async fn error_table_and_an_unavailable_host() {
             .any(|f| f.method.as_deref() == Some("dispatchAction")),
         "nothing reached host b"
     );
+}
 
-    let b = t.hosts.remove(1);
-    b.shutdown().await;
+/// Lists sessions on `c` until `uri` is marked `unreachable` (bounded);
+/// returns the last list.
+async fn list_until_unreachable(c: &Client, uri: &str) -> Value {
     let mut listed = Value::Null;
     for _ in 0..500 {
-        listed = call(&c, "listSessions", json!({"channel": ROOT}))
+        listed = call(c, "listSessions", json!({"channel": ROOT}))
             .await
             .expect("listSessions");
-        if item(&listed, "ahp-session:/b~b-1")["_meta"]["ahp-relay/hostState"] == "unreachable" {
+        if item(&listed, uri)["_meta"]["ahp-relay/hostState"] == "unreachable" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    listed
+}
+
+/// §4.4, §5.8: once host b stops, its sessions stay listed marked
+/// `unreachable` (a's are not marked); requests for b, from a client
+/// attached before or after, are -32603 `hostUnavailable` naming b
+/// (retryable); a dispatch to b gets a rejection echo with the client's
+/// origin; and host a keeps working.
+#[tokio::test]
+async fn a_stopped_host_is_unavailable_while_the_other_keeps_working() {
+    let mut t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
+    let c = t.client_init("alice", "c4").await;
+    let b = t.hosts.remove(1);
+    b.shutdown().await;
+    let listed = list_until_unreachable(&c, "ahp-session:/b~b-1").await;
     assert_eq!(
         item(&listed, "ahp-session:/b~b-1")["_meta"]["ahp-relay/hostState"],
         "unreachable",
@@ -753,6 +849,83 @@ async fn error_table_and_an_unavailable_host() {
 
 // ─── ids ────────────────────────────────────────────────────────────────────
 
+/// The requests of the request-id test for the `n`th id: (what answers,
+/// method, params, a pointer into the answer, the value there).
+fn id_calls(n: usize) -> [(&'static str, &'static str, Value, &'static str, Value); 6] {
+    let fresh = format!("ahp-session:/ids-{n}");
+    [
+        (
+            "ping",
+            "ping",
+            json!({"channel": ROOT}),
+            "/result",
+            Value::Null,
+        ),
+        (
+            "routed result",
+            "subscribe",
+            json!({"channel": "ahp-session:/a~a-1"}),
+            "/result/snapshot/resource",
+            json!("ahp-session:/a~a-1"),
+        ),
+        (
+            "relay's not-found",
+            "subscribe",
+            json!({"channel": "ahp-session:/a~nope"}),
+            "/error/code",
+            json!(-32001),
+        ),
+        (
+            "host error",
+            "createSession",
+            json!({"channel": fresh, "provider": "nope@a"}),
+            "/error/code",
+            json!(-32002),
+        ),
+        (
+            "relay error",
+            "subscribe",
+            json!({"channel": "ahp-chat:/zzz"}),
+            "/error/code",
+            json!(-32008),
+        ),
+        (
+            "method not found",
+            "frobnicate",
+            json!({"channel": ROOT}),
+            "/error/code",
+            json!(-32601),
+        ),
+    ]
+}
+
+/// Host `h` got `n` subscribes and `n` creates (only visible, existing
+/// channels reach it), each with its own integer id, and no client's id.
+fn assert_host_saw_only_relay_ids(h: &ahp_relay::simhost::SimHost, n: usize) {
+    let subs = host_frames(h, "subscribe");
+    assert_eq!(
+        subs.len(),
+        n,
+        "only visible, existing channels reach the host: {subs:?}"
+    );
+    let creates = host_frames(h, "createSession");
+    assert_eq!(creates.len(), n, "{creates:?}");
+    let mut seen = BTreeSet::new();
+    for s in subs.iter().chain(&creates) {
+        let id = s["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("host saw a non-integer id: {s}"));
+        assert!(seen.insert(id), "id {id} reused on one link");
+    }
+    for f in h.received() {
+        assert!(
+            !f.text.contains("abc") && !f.text.contains(r#"a\"b"#),
+            "a client id reached the host: {}",
+            f.text
+        );
+    }
+}
+
 /// §4.5: string, zero, large, negative and fractional request ids are echoed byte for byte on relay answers, relay errors, routed results and relayed host errors, while the host only ever sees the relay's own integer ids.
 #[tokio::test]
 async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
@@ -771,102 +944,41 @@ async fn request_ids_are_echoed_byte_for_byte_and_never_forwarded() {
         "1.5",
     ];
     for (n, raw) in ids.into_iter().enumerate() {
-        let (text, v) = raw_call(&mut ws, raw, "ping", json!({"channel": ROOT})).await;
-        assert_eq!(raw_id(&text), raw, "ping: {text}");
-        assert_eq!(v["result"], Value::Null, "{text}");
-
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "subscribe",
-            json!({"channel": "ahp-session:/a~a-1"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "routed result: {text}");
-        assert_eq!(v["result"]["snapshot"]["resource"], "ahp-session:/a~a-1");
-
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "subscribe",
-            json!({"channel": "ahp-session:/a~nope"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "relay's not-found: {text}");
-        assert_eq!(v["error"]["code"], -32001, "{text}");
-
-        let fresh = format!("ahp-session:/ids-{n}");
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "createSession",
-            json!({"channel": fresh, "provider": "nope@a"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "host error: {text}");
-        assert_eq!(v["error"]["code"], -32002, "{text}");
-
-        let (text, v) = raw_call(
-            &mut ws,
-            raw,
-            "subscribe",
-            json!({"channel": "ahp-chat:/zzz"}),
-        )
-        .await;
-        assert_eq!(raw_id(&text), raw, "relay error: {text}");
-        assert_eq!(v["error"]["code"], -32008, "{text}");
-
-        let (text, v) = raw_call(&mut ws, raw, "frobnicate", json!({"channel": ROOT})).await;
-        assert_eq!(raw_id(&text), raw, "method not found: {text}");
-        assert_eq!(v["error"]["code"], -32601, "{text}");
+        for (what, method, params, ptr, want) in id_calls(n) {
+            let (text, v) = raw_call(&mut ws, raw, method, params).await;
+            assert_eq!(raw_id(&text), raw, "{what}: {text}");
+            assert_eq!(v.pointer(ptr), Some(&want), "{what}: {text}");
+        }
     }
-    let subs = host_frames(&t.hosts[0], "subscribe");
-    assert_eq!(
-        subs.len(),
-        ids.len(),
-        "only visible, existing channels reach the host: {subs:?}"
-    );
-    let creates = host_frames(&t.hosts[0], "createSession");
-    assert_eq!(creates.len(), ids.len(), "{creates:?}");
-    let mut seen = BTreeSet::new();
-    for s in subs.iter().chain(&creates) {
-        let id = s["id"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("host saw a non-integer id: {s}"));
-        assert!(seen.insert(id), "id {id} reused on one link");
-    }
-    for f in t.hosts[0].received() {
-        assert!(
-            !f.text.contains("abc") && !f.text.contains(r#"a\"b"#),
-            "a client id reached the host: {}",
-            f.text
-        );
-    }
+    assert_host_saw_only_relay_ids(&t.hosts[0], ids.len());
 }
 
 // ─── identity ───────────────────────────────────────────────────────────────
 
-/// §2 B2: links initialize with `r1.` ids derived per (principal, clientId), never the client's own id; alice's and bob's "same" are two upstream clients; an own echo carries the own clientId, others see an opaque id; `session/activeClientSet` for another clientId gets a relay rejection echo and never reaches the host.
-#[tokio::test]
-async fn upstream_identity_is_derived_and_mapped_back() {
+/// The identity world: host a, and alice and bob both initialized as
+/// "same", both subscribed to host a's seeded session (their event streams
+/// taken first).
+async fn identity_world() -> (TestRelay, [Client; 2], [ahp::ClientEventStream; 2]) {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
-    let host = &t.hosts[0];
-    let session = "ahp-session:/a~a-1";
     let alice = t.client_init("alice", "same").await;
     let bob = t.client_init("bob", "same").await;
-    let mut alice_ev = alice.events();
-    let mut bob_ev = bob.events();
-    subscribe_raw(&alice, session).await;
-    subscribe_raw(&bob, session).await;
+    let events = [alice.events(), bob.events()];
+    subscribe_raw(&alice, "ahp-session:/a~a-1").await;
+    subscribe_raw(&bob, "ahp-session:/a~a-1").await;
+    (t, [alice, bob], events)
+}
 
-    let relay = &t.relay.relay;
-    let up_alice = relay.upstream_id(&principal("alice"), "same");
-    let up_bob = relay.upstream_id(&principal("bob"), "same");
+/// §2 B2: the relay's links initialize at the host with `r1.` ids derived
+/// per (principal, clientId), never the client's own id: alice's and bob's
+/// "same" are two upstream clients.
+#[tokio::test]
+async fn upstream_ids_are_derived_per_principal_and_client_id() {
+    let (t, _clients, _events) = identity_world().await;
+    let host = &t.hosts[0];
+    let up_alice = t.upstream_id("alice", "same");
+    let up_bob = t.upstream_id("bob", "same");
     assert_ne!(up_alice, up_bob);
-    let inits: BTreeSet<String> = host_frames(host, "initialize")
-        .iter()
-        .filter_map(|f| f["params"]["clientId"].as_str().map(str::to_string))
-        .collect();
+    let inits: BTreeSet<String> = initialized_ids(host).into_iter().collect();
     assert_eq!(
         inits,
         BTreeSet::from([
@@ -878,7 +990,16 @@ async fn upstream_identity_is_derived_and_mapped_back() {
     for id in [&up_alice, &up_bob] {
         assert!(id.starts_with("r1.") && id.len() == 3 + 11 + 1 + 16, "{id}");
     }
+    assert!(host.received_from("same").is_empty());
+}
 
+/// §2 B2, §5.3: alice's own echo carries her own clientId and clientSeq;
+/// bob, with the same clientId, sees her change with her opaque upstream id.
+#[tokio::test]
+async fn echo_origins_show_the_own_client_id_and_others_an_opaque_id() {
+    let (t, [alice, _bob], [mut alice_ev, mut bob_ev]) = identity_world().await;
+    let session = "ahp-session:/a~a-1";
+    let up_alice = t.upstream_id("alice", "same");
     let h = alice
         .dispatch(
             session.into(),
@@ -907,50 +1028,56 @@ async fn upstream_identity_is_derived_and_mapped_back() {
         Some(up_alice.clone()),
         "bob must not see alice's echo as his own"
     );
+}
 
-    let foreign = alice
+/// Dispatches `session/activeClientSet` naming `client_id` (no tools) on
+/// host a's seeded session; its `clientSeq` and its echo.
+async fn set_active_client(
+    c: &Client,
+    events: &mut ahp::ClientEventStream,
+    client_id: &str,
+) -> (i64, ActionEnvelope) {
+    let h = c
         .dispatch(
-            session.into(),
+            "ahp-session:/a~a-1".into(),
             action(json!({"type": "session/activeClientSet",
-                "activeClient": {"clientId": "someone-else", "tools": []}})),
+                "activeClient": {"clientId": client_id, "tools": []}})),
         )
         .await
         .expect("dispatch");
-    let rejected = actions_until(&mut alice_ev, |e| {
-        action_type(e) == "session/activeClientSet"
-    })
-    .await
-    .pop()
-    .expect("rejection echo");
+    let echo = actions_until(events, |e| action_type(e) == "session/activeClientSet")
+        .await
+        .pop()
+        .expect("echo");
+    (h.client_seq, echo)
+}
+
+/// §2 B2, §5.3: `session/activeClientSet` naming another clientId gets a
+/// relay rejection echo (with the client's origin) that reaches neither bob
+/// nor the host; naming the client itself is forwarded with its upstream
+/// id, echoed with its own id, shown to bob with the opaque id, and lands
+/// at the host under the upstream id. The client's own id never reaches
+/// the host.
+#[tokio::test]
+async fn active_client_set_names_only_the_dispatching_client() {
+    let (t, [alice, _bob], [mut alice_ev, mut bob_ev]) = identity_world().await;
+    let host = &t.hosts[0];
+    let session = "ahp-session:/a~a-1";
+    let up_alice = t.upstream_id("alice", "same");
+    let (foreign, rejected) = set_active_client(&alice, &mut alice_ev, "someone-else").await;
     assert_eq!(rejected.channel, session);
     assert!(rejected.rejection_reason.is_some(), "{rejected:?}");
     assert_eq!(
         rejected.origin,
         Some(ActionOrigin {
             client_id: "same".into(),
-            client_seq: foreign.client_seq
+            client_seq: foreign
         })
     );
 
-    let mine = alice
-        .dispatch(
-            session.into(),
-            action(json!({"type": "session/activeClientSet",
-                "activeClient": {"clientId": "same", "tools": []}})),
-        )
-        .await
-        .expect("dispatch");
-    let accepted = actions_until(&mut alice_ev, |e| {
-        action_type(e) == "session/activeClientSet"
-    })
-    .await
-    .pop()
-    .expect("echo");
+    let (mine, accepted) = set_active_client(&alice, &mut alice_ev, "same").await;
     assert_eq!(accepted.rejection_reason, None, "{accepted:?}");
-    assert_eq!(
-        accepted.origin.as_ref().map(|o| o.client_seq),
-        Some(mine.client_seq)
-    );
+    assert_eq!(accepted.origin.as_ref().map(|o| o.client_seq), Some(mine));
     let payload = serde_json::to_value(&accepted.action).expect("action");
     assert_eq!(payload["activeClient"]["clientId"], "same");
     let bobs = actions_until(&mut bob_ev, |e| action_type(e) == "session/activeClientSet").await;
@@ -993,22 +1120,14 @@ async fn session_lifecycle_not_found_reinit_and_supersede() {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
     let mut first = t.raw("alice").await;
     let r = first
-        .request(
-            1,
-            "reconnect",
-            json!({"channel": ROOT, "clientId": "ghost", "lastSeenServerSeq": 0, "subscriptions": []}),
-        )
+        .request(1, "reconnect", reconnect_params("ghost", 0, &[]))
         .await;
     assert_eq!(r["error"]["code"], -32008, "{r}");
     let init = first.initialize("c7").await;
     assert!(init["result"]["serverSeq"].is_u64(), "{init}");
     for (id, cid) in [(2, "c7"), (3, "c7-other")] {
         let r = first
-            .request(
-                id,
-                "initialize",
-                json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": cid}),
-            )
+            .request(id, "initialize", initialize_params(cid))
             .await;
         assert_eq!(r["error"]["code"], -32600, "{r}");
     }
@@ -1045,11 +1164,19 @@ async fn session_lifecycle_not_found_reinit_and_supersede() {
 
 // ─── bad input ──────────────────────────────────────────────────────────────
 
-/// §4.1/§3.7/S12: `ping` before `initialize` works, other requests -32600; unsupported versions -32005 with `supportedVersions` then close; the highest 1.0.x is chosen; invalid JSON -32700 with id null; unknown method -32601; no `params.channel` -32602; a binary frame closes 1003; another client is unaffected.
+/// A raw socket through the relay as alice, initialized as "c8".
+async fn c8(t: &TestRelay) -> RawWs {
+    let mut ws = t.raw("alice").await;
+    let init = ws.initialize("c8").await;
+    assert!(init["result"]["serverSeq"].is_u64(), "{init}");
+    ws
+}
+
+/// §3.7, §4.1: before `initialize` a ping is answered, any other request
+/// is -32600, and an unparsable frame is -32700 with a null id.
 #[tokio::test]
-async fn bad_input_gets_its_code_and_spares_other_clients() {
+async fn requests_before_initialize_and_unparsable_frames_get_their_codes() {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
-    let bystander = t.client_init("bob", "bystander").await;
     let mut ws = t.raw("alice").await;
     let r = ws.request(1, "ping", json!({"channel": ROOT})).await;
     assert_eq!(r["result"], Value::Null, "{r}");
@@ -1067,7 +1194,15 @@ async fn bad_input_gets_its_code_and_spares_other_clients() {
     let r = ws.recv_json().await.expect("an answer");
     assert_eq!(r["error"]["code"], -32700, "{r}");
     assert_eq!(r.get("id"), Some(&Value::Null), "{r}");
+}
 
+/// §3.7, §4.1: `initialize` picks the highest offered 1.x version; an
+/// unknown method is -32601, missing or absent params -32602, and the
+/// socket keeps working after each.
+#[tokio::test]
+async fn bad_requests_get_their_codes_and_the_socket_keeps_working() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let mut ws = t.raw("alice").await;
     let r = ws
         .request(
             5,
@@ -1086,14 +1221,17 @@ async fn bad_input_gets_its_code_and_spares_other_clients() {
     assert_eq!(r["error"]["code"], -32602, "{r}");
     let r = ws.request(9, "ping", json!({"channel": ROOT})).await;
     assert_eq!(r["result"], Value::Null, "{r}");
-    // An action type the relay does not know: a relay rejection echo with
-    // the action exactly as dispatched (§4.1, §5.3); the host never sees it.
+}
+
+/// §4.1, §5.3: an action type the relay does not know gets a relay
+/// rejection echo (numbered, with a reason and the client's origin)
+/// carrying the action exactly as dispatched, and never reaches the host.
+#[tokio::test]
+async fn an_unknown_action_gets_a_rejection_echo_as_dispatched() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let mut ws = c8(&t).await;
     let odd = json!({"type": "chat/frobnicated", "extra": {"k": [1, 2]}});
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
-        "channel": "ahp-chat:/a~a-1-main", "clientSeq": 41, "action": odd}}),
-    )
-    .await;
+    ws.dispatch("ahp-chat:/a~a-1-main", 41, odd.clone()).await;
     let echo = ws.recv_json().await.expect("a rejection echo");
     assert_eq!(echo["method"], "action", "{echo}");
     assert_eq!(echo["params"]["channel"], "ahp-chat:/a~a-1-main", "{echo}");
@@ -1112,6 +1250,16 @@ async fn bad_input_gets_its_code_and_spares_other_clients() {
             .any(|f| f.text.contains("frobnicated")),
         "an unknown action reached the host"
     );
+}
+
+/// §3.7: a binary frame closes its socket with 1003 and an `initialize`
+/// offering no supported version is -32005 listing the supported versions,
+/// then closed with 1002; another client of the relay is not affected.
+#[tokio::test]
+async fn bad_frames_close_only_their_own_socket() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let bystander = t.client_init("bob", "bystander").await;
+    let mut ws = c8(&t).await;
     ws.send_binary(b"\x00\x01".to_vec()).await;
     assert_eq!(ws.close_code().await.map(|(c, _)| c), Some(1003));
 
@@ -1269,9 +1417,9 @@ fn set(v: &mut Value, ptr: &str, to: &str) {
         .unwrap_or_else(|| panic!("no {ptr} in the built value")) = json!(to);
 }
 
-/// §4.3: every shape of the rewrite table round-trips host → client → host (qualified URIs, `p@host` providers, own clientId), store entries stay verbatim, and a client value naming another host, an unqualified unknown URI, another clientId or another host's provider fails client → host.
-#[test]
-fn rewrite_table_round_trips_and_fails_closed() {
+/// A store holding alice's verbatim `<scheme>:/mine` on host a for every
+/// scheme.
+fn rewrite_store() -> RedbStore {
     let store = RedbStore::open_in_memory().expect("in-memory store");
     let owner = Owner {
         issuer: DEV_ISSUER.into(),
@@ -1283,27 +1431,50 @@ fn rewrite_table_round_trips_and_fails_closed() {
         store.reserve(&uri, "a", &owner, 1).expect("reserve");
         store.confirm(&uri).expect("confirm");
     }
-    let to_client = ToClient {
+    store
+}
+
+/// The host → client rewrite of host a with the client's identity.
+fn to_client(store: &RedbStore) -> ToClient<'_> {
+    ToClient {
         host: "a",
-        store: &store,
+        store,
         identity: Some((UP, OWN)),
-    };
-    let to_host = |host: &'static str| ToHost {
+    }
+}
+
+/// The client → host rewrite for `host` with the client's identity.
+fn to_host<'a>(store: &'a RedbStore, host: &'a str) -> ToHost<'a> {
+    ToHost {
         host,
-        store: &store as &dyn UriStore,
+        store: store as &dyn UriStore,
         identity: (UP, OWN),
-    };
+    }
+}
+
+/// `shape` built with a host-form value at every field, the same value
+/// rewritten to the client, and its fields.
+fn rewrite_forms(shape: &str, store: &RedbStore) -> (Value, Value, Vec<Leaf>) {
+    let mut host_form = json!({});
+    let mut leaves = Vec::new();
+    build(shape, &mut host_form, "", &mut leaves, 0);
+    assert!(!leaves.is_empty(), "{shape} has no fields");
+    let mut client_form = host_form.clone();
+    translate::translate(&mut client_form, shape, &to_client(store))
+        .unwrap_or_else(|e| panic!("{shape}: to client: {e}"));
+    (host_form, client_form, leaves)
+}
+
+/// §4.3: every shape of the rewrite table (over 100 fields) round-trips
+/// host → client → host: URIs qualified `<host>~`, providers `p@host`, the
+/// upstream id as the client's own id; a's names sent to host b fail.
+#[test]
+fn rewrite_table_round_trips_every_shape() {
+    let store = rewrite_store();
     let mut leaf_count = 0;
     for (shape, _) in TABLE {
-        let mut host_form = json!({});
-        let mut leaves = Vec::new();
-        build(shape, &mut host_form, "", &mut leaves, 0);
-        assert!(!leaves.is_empty(), "{shape} has no fields");
+        let (host_form, client_form, leaves) = rewrite_forms(shape, &store);
         leaf_count += leaves.len();
-
-        let mut client_form = host_form.clone();
-        translate::translate(&mut client_form, shape, &to_client)
-            .unwrap_or_else(|e| panic!("{shape}: to client: {e}"));
         for l in &leaves {
             let want = match l.kind {
                 FieldKind::Uri => format!("{}:/a~x1", l.scheme),
@@ -1318,17 +1489,28 @@ fn rewrite_table_round_trips_and_fails_closed() {
             );
         }
         let mut back = client_form.clone();
-        translate::translate(&mut back, shape, &to_host("a"))
+        translate::translate(&mut back, shape, &to_host(&store, "a"))
             .unwrap_or_else(|e| panic!("{shape}: to host: {e}"));
         assert_eq!(back, host_form, "{shape} does not round-trip");
         let names_host = leaves.iter().any(|l| l.kind != FieldKind::ClientId);
         let mut elsewhere = client_form.clone();
         assert_eq!(
-            translate::translate(&mut elsewhere, shape, &to_host("b")).is_err(),
+            translate::translate(&mut elsewhere, shape, &to_host(&store, "b")).is_err(),
             names_host,
             "{shape}: a's names sent to host b"
         );
+    }
+    assert!(leaf_count > 100, "only {leaf_count} fields built");
+}
 
+/// §4.3 "fail closed": in every field of every shape, a client value naming
+/// another host, an unqualified unknown URI, an unqualified or foreign
+/// provider, another clientId or the raw upstream id fails client → host.
+#[test]
+fn rewrite_table_fails_closed_on_foreign_names() {
+    let store = rewrite_store();
+    for (shape, _) in TABLE {
+        let (_, client_form, leaves) = rewrite_forms(shape, &store);
         for l in &leaves {
             let refused: Vec<String> = match l.kind {
                 FieldKind::Uri => vec![
@@ -1342,32 +1524,45 @@ fn rewrite_table_round_trips_and_fails_closed() {
                 let mut v = client_form.clone();
                 set(&mut v, &l.ptr, &bad);
                 assert!(
-                    translate::translate(&mut v, shape, &to_host("a")).is_err(),
+                    translate::translate(&mut v, shape, &to_host(&store, "a")).is_err(),
                     "{shape} {} = {bad:?} was accepted",
-                    l.ptr
-                );
-            }
-            if l.kind == FieldKind::Uri {
-                let entry = format!("{}:/mine", l.scheme);
-                let mut v = host_form.clone();
-                set(&mut v, &l.ptr, &entry);
-                translate::translate(&mut v, shape, &to_client).expect("to client");
-                assert_eq!(v.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
-                let mut h = v.clone();
-                translate::translate(&mut h, shape, &to_host("a")).expect("store entry to a");
-                assert_eq!(h.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
-                assert!(
-                    translate::translate(&mut v, shape, &to_host("b")).is_err(),
-                    "{shape} {}: a's store entry accepted for b",
                     l.ptr
                 );
             }
         }
     }
-    assert!(leaf_count > 100, "only {leaf_count} fields built");
 }
 
-// ─── relay bugs (ignored until fixed) ───────────────────────────────────────
+/// §4.2, §4.3: in every URI field of every shape, a store entry (a
+/// client-chosen URI of host a) stays verbatim both ways, and is refused
+/// for host b.
+#[test]
+fn rewrite_table_keeps_store_entries_verbatim() {
+    let store = rewrite_store();
+    let mut uri_fields = 0;
+    for (shape, _) in TABLE {
+        let (host_form, _, leaves) = rewrite_forms(shape, &store);
+        for l in leaves.iter().filter(|l| l.kind == FieldKind::Uri) {
+            uri_fields += 1;
+            let entry = format!("{}:/mine", l.scheme);
+            let mut v = host_form.clone();
+            set(&mut v, &l.ptr, &entry);
+            translate::translate(&mut v, shape, &to_client(&store)).expect("to client");
+            assert_eq!(v.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
+            let mut h = v.clone();
+            translate::translate(&mut h, shape, &to_host(&store, "a")).expect("store entry to a");
+            assert_eq!(h.pointer(&l.ptr), Some(&json!(entry)), "{shape} {}", l.ptr);
+            assert!(
+                translate::translate(&mut v, shape, &to_host(&store, "b")).is_err(),
+                "{shape} {}: a's store entry accepted for b",
+                l.ptr
+            );
+        }
+    }
+    assert!(uri_fields > 0, "no URI field in the table");
+}
+
+// ─── aliases, cursors and link ids ──────────────────────────────────────────
 
 /// §4.2: a client-chosen URI has exactly one client name — the qualified form of its host name (`ahp-session:/b~mine-1`) is unknown (-32001) and cannot take over the verbatim subscription's envelopes.
 #[tokio::test]
@@ -1420,7 +1615,7 @@ async fn list_sessions_refuses_a_non_string_cursor() {
     }
 }
 
-/// §4.5: ids the relay originates are non-negative integers — also the link's keep-alive `ping` after 20 s of silence (this test waits 21 s).
+/// §4.5: ids the relay originates are non-negative integers — also the link's keep-alive `ping` after `link_ping_secs` (here 1 s) of silence.
 #[tokio::test]
 async fn links_originate_only_integer_ids() {
     let t = TestRelay::start(
@@ -1430,7 +1625,7 @@ async fn links_originate_only_integer_ids() {
     .await;
     let c = t.client_init("alice", "quiet").await;
     subscribe_raw(&c, "ahp-session:/a~a-1").await;
-    let up = t.relay.relay.upstream_id(&principal("alice"), "quiet");
+    let up = t.upstream_id("alice", "quiet");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let frames: Vec<Value> = t.hosts[0]
         .received_from(&up)

@@ -16,16 +16,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ahp_relay::devkit::DEV_ISSUER;
-use ahp_relay::session::{ClientSession, PrincipalKey, SessionKey};
-use ahp_relay::simhost::clock::now_iso;
-use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
+use ahp_relay::simhost::{SimHost, SimHostConfig};
 use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
-const ROOT: &str = "ahp-root://";
 const TOOL: &str = "read_tab";
 /// A replay buffer this small is evicted by one turn: a `reconnect` from
 /// an early watermark needs snapshots.
@@ -36,16 +32,9 @@ const TINY_BUFFER: &str = "[limits]\nreplay_buffer_envelopes = 4\n";
 /// Host `a` with one seeded session, a fast agent and `grace_ms` of client
 /// tool grace.
 fn host_a(grace_ms: u64) -> SimHostConfig {
-    let script = AgentScript {
-        reply_deltas: 6,
-        delta_bytes: 16,
-        delta_rate: 0,
-        tool_confirmation: false,
-        seed: None,
-    };
     SimHostConfig {
         client_tool_grace_ms: grace_ms,
-        ..host("a", 1, script)
+        ..host("a", 1, script(6, 16, 0))
     }
 }
 
@@ -54,36 +43,9 @@ fn seeded_session() -> (String, String) {
     ("ahp-session:/a~a-1".into(), "ahp-session:/a-1".into())
 }
 
-fn key(client_id: &str) -> SessionKey {
-    SessionKey {
-        principal: PrincipalKey {
-            issuer: DEV_ISSUER.into(),
-            subject: "alice".into(),
-        },
-        client_id: client_id.into(),
-    }
-}
-
-fn relay_session(t: &TestRelay, client_id: &str) -> std::sync::Arc<ClientSession> {
-    t.relay
-        .relay
-        .session_of(&key(client_id))
-        .expect("the relay has the client's session")
-}
-
-fn dispatch(channel: &str, client_seq: i64, action: Value) -> Value {
-    json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": channel,
-        "clientSeq": client_seq, "action": action}})
-}
-
 fn active_client_set(client_id: &str) -> Value {
     json!({"type": "session/activeClientSet", "activeClient": {"clientId": client_id,
         "tools": [{"name": TOOL, "title": "Read the open tab"}]}})
-}
-
-fn turn_started(turn_id: &str, text: &str) -> Value {
-    json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": text, "origin": {"kind": "user"}}})
 }
 
 fn tool_complete(turn_id: &str, tool_call_id: &str) -> Value {
@@ -91,41 +53,14 @@ fn tool_complete(turn_id: &str, tool_call_id: &str) -> Value {
         "result": {"success": true, "pastTenseMessage": "Read the open tab"}})
 }
 
-fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
-    e.channel == channel && action_type(e) == ty
-}
-
-/// A host state in client names: host `a`'s URIs qualified, providers
-/// suffixed, and the session's upstream id shown as the client's own id.
-fn client_names(v: &Value, upstream: &str, client_id: &str) -> Value {
-    match v {
-        Value::String(s) if s == upstream => json!(client_id),
-        Value::String(s) => {
-            for scheme in ["ahp-session:/", "ahp-chat:/", "ahp-terminal:/"] {
-                if let Some(rest) = s.strip_prefix(scheme)
-                    && !rest.is_empty()
-                    && !rest.starts_with('/')
-                {
-                    return json!(format!("{scheme}a~{rest}"));
-                }
-            }
-            v.clone()
-        }
-        Value::Array(a) => Value::Array(
-            a.iter()
-                .map(|x| client_names(x, upstream, client_id))
-                .collect(),
-        ),
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, x)| match (k.as_str(), x) {
-                    ("provider", Value::String(p)) => (k.clone(), json!(format!("{p}@a"))),
-                    _ => (k.clone(), client_names(x, upstream, client_id)),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
+/// A host state of host `a` in client names (see `common::names`), with
+/// the session's upstream id shown as the client's own id.
+fn client_view(v: &Value, upstream: &str, client_id: &str) -> Value {
+    let text = v
+        .to_string()
+        .replace(&json!(upstream).to_string(), &json!(client_id).to_string());
+    let renamed: Value = serde_json::from_str(&text).expect("a renamed state is JSON");
+    client_names("a", &renamed, &[])
 }
 
 /// The one tool call of a chat state's active turn (host or client form).
@@ -160,15 +95,9 @@ fn methods_from(h: &SimHost, upstream: &str) -> Vec<String> {
         .collect()
 }
 
-/// `initialize` frames the host received for `upstream` (recorded before
-/// the connection has a clientId, so matched on `params.clientId`).
+/// `initialize` frames the host received for `upstream`.
 fn initializes_of(h: &SimHost, upstream: &str) -> usize {
-    h.received()
-        .iter()
-        .filter(|f| f.method.as_deref() == Some("initialize"))
-        .filter_map(|f| serde_json::from_str::<Value>(&f.text).ok())
-        .filter(|v| v["params"]["clientId"] == upstream)
-        .count()
+    initialized_ids(h).iter().filter(|c| *c == upstream).count()
 }
 
 /// A client socket through the relay whose turn runs client tool `read_tab`.
@@ -189,10 +118,7 @@ struct ToolRun {
 async fn start_tool_run(t: &TestRelay, client_id: &str) -> ToolRun {
     let (session, _) = seeded_session();
     let (chat, host_chat) = seeded_chat("a", 1);
-    let up = t
-        .relay
-        .relay
-        .upstream_id(&key(client_id).principal, client_id);
+    let up = t.upstream_id("alice", client_id);
     let mut ws = t.raw("alice").await;
     let init = ws.initialize(client_id).await;
     let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
@@ -202,10 +128,10 @@ async fn start_tool_run(t: &TestRelay, client_id: &str) -> ToolRun {
     assert!(sub["result"]["snapshot"].is_object(), "{sub}");
     let sub = ws.request(2, "subscribe", json!({"channel": chat})).await;
     assert!(sub["result"]["snapshot"].is_object(), "{sub}");
-    ws.send_json(&dispatch(&session, 1, active_client_set(client_id)))
+    ws.send_json(&dispatch_frame(&session, 1, active_client_set(client_id)))
         .await;
     let turn_id = format!("{client_id}-turn");
-    ws.send_json(&dispatch(
+    ws.send_json(&dispatch_frame(
         &chat,
         2,
         turn_started(&turn_id, &format!("look [client-tool:{TOOL}]")),
@@ -239,7 +165,7 @@ async fn start_tool_run(t: &TestRelay, client_id: &str) -> ToolRun {
         "the host sees the upstream id"
     );
     assert_eq!(
-        relay_session(t, client_id).tool_calls.len(),
+        t.session("alice", client_id).tool_calls.len(),
         1,
         "the relay notes the call its session owns"
     );
@@ -257,26 +183,13 @@ async fn reconnect_raw(t: &TestRelay, client_id: &str, watermark: u64) -> (RawWs
     let (session, _) = seeded_session();
     let (chat, _) = seeded_chat("a", 1);
     let mut ws = t.raw("alice").await;
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "id": 1, "method": "reconnect", "params": {
-        "channel": ROOT, "clientId": client_id, "lastSeenServerSeq": watermark,
-        "subscriptions": [session, chat]}}),
+    let first = raw_reconnect(
+        &mut ws,
+        1,
+        reconnect_params(client_id, watermark, &[&session, &chat]),
     )
     .await;
-    let first = ws.recv_json().await.expect("socket open until the answer");
-    assert_eq!(first["id"], 1, "the reconnect answer comes first: {first}");
     (ws, first["result"].clone())
-}
-
-/// The snapshot of `uri` in a `snapshot` result.
-fn snapshot_of(result: &Value, uri: &str) -> Value {
-    result["snapshots"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no snapshots: {result}"))
-        .iter()
-        .find(|s| s["resource"] == uri)
-        .cloned()
-        .unwrap_or_else(|| panic!("no snapshot of {uri}: {result}"))
 }
 
 /// After a snapshot `reconnect` on `ws`: the host's call is still running,
@@ -290,22 +203,23 @@ async fn complete_after_snapshot(
     client_id: &str,
 ) {
     let (chat, host_chat) = seeded_chat("a", 1);
-    let up = t
-        .relay
-        .relay
-        .upstream_id(&key(client_id).principal, client_id);
-    let snap = snapshot_of(result, &chat);
+    let up = t.upstream_id("alice", client_id);
+    let snap = snapshot_of(result, &chat).clone();
     let from = snapshot_from_seq(&snap);
     let call = active_tool_call(&snap["state"]).expect("the snapshot shows the call");
     assert_eq!(call["status"], "running", "{call}");
     assert_eq!(call["contributor"]["clientId"], client_id, "{call}");
     assert_eq!(
-        relay_session(t, client_id).tool_calls.len(),
+        t.session("alice", client_id).tool_calls.len(),
         1,
         "the re-baselined snapshot keeps the call noted"
     );
-    ws.send_json(&dispatch(&chat, 10, tool_complete(turn_id, tool_call_id)))
-        .await;
+    ws.send_json(&dispatch_frame(
+        &chat,
+        10,
+        tool_complete(turn_id, tool_call_id),
+    ))
+    .await;
     let mut live = raw_actions_until(&mut ws, |e| is(e, &chat, "chat/turnComplete")).await;
     live.extend(raw_settle(&mut ws, 2).await);
     assert_contiguous(&live, from);
@@ -319,14 +233,14 @@ async fn complete_after_snapshot(
     );
     let reduced = reduce_chat(&snap["state"], &chat, &live);
     let host = t.hosts[0].channel_state(&host_chat).expect("chat");
-    assert_eq!(reduced, client_names(&host, &up, client_id));
+    assert_eq!(reduced, client_view(&host, &up, client_id));
     let done = reduced["turns"]
         .as_array()
         .and_then(|t| t.last())
         .expect("a completed turn");
     assert_eq!(done["state"], "complete");
     assert!(
-        relay_session(t, client_id).tool_calls.is_empty(),
+        t.session("alice", client_id).tool_calls.is_empty(),
         "the completion ends the relay's note"
     );
 }
@@ -339,7 +253,7 @@ async fn s17_snapshot_reconnect_keeps_the_running_client_tool_call() {
     let t = TestRelay::start(vec![host_a(300)], TINY_BUFFER).await;
     let (_, host_session) = seeded_session();
     let (_, host_chat) = seeded_chat("a", 1);
-    let up = t.relay.relay.upstream_id(&key("s17").principal, "s17");
+    let up = t.upstream_id("alice", "s17");
     let run = start_tool_run(&t, "s17").await;
     assert!(run.envs.len() > 4, "the turn overflowed the tiny buffer");
     let h = &t.hosts[0];
@@ -392,7 +306,7 @@ async fn s17_reconnect_within_the_host_grace_after_a_drop_keeps_the_call() {
     let t = TestRelay::start(vec![host_a(GRACE_MS)], TINY_BUFFER).await;
     let (_, host_session) = seeded_session();
     let (_, host_chat) = seeded_chat("a", 1);
-    let up = t.relay.relay.upstream_id(&key("s17d").principal, "s17d");
+    let up = t.upstream_id("alice", "s17d");
     let run = start_tool_run(&t, "s17d").await;
     let h = &t.hosts[0];
     assert_eq!(h.connections(), 2, "the watch link and the client's link");
@@ -445,7 +359,7 @@ async fn dropped_owner_of_a_client_tool_call_has_it_failed_promptly() {
     assert_eq!(t.relay.relay.cfg.limits.detach_grace_secs, 20);
     let (_, host_session) = seeded_session();
     let (_, host_chat) = seeded_chat("a", 1);
-    let up = t.relay.relay.upstream_id(&key("owner").principal, "owner");
+    let up = t.upstream_id("alice", "owner");
     let run = start_tool_run(&t, "owner").await;
     let h = &t.hosts[0];
     assert_eq!(h.connections(), 2);
@@ -484,7 +398,7 @@ async fn dropped_owner_of_a_client_tool_call_has_it_failed_promptly() {
     assert_eq!(call["success"], false, "failed by the host: {call}");
     assert_eq!(call["contributor"]["clientId"], up);
     assert!(host_active_clients(h, &host_session).is_empty());
-    assert!(relay_session(&t, "owner").tool_calls.is_empty());
+    assert!(t.session("alice", "owner").tool_calls.is_empty());
 }
 
 /// §5.7 control: a dropped client active in a session but owning no tool call keeps its link through `detach_grace`: 2 s after the drop (four times the host's 500 ms grace) the host still has the link and still lists the client in `activeClients`.
@@ -493,14 +407,14 @@ async fn dropped_client_without_tool_calls_keeps_its_links_through_the_grace() {
     const GRACE_MS: u64 = 500;
     let t = TestRelay::start(vec![host_a(GRACE_MS)], "").await;
     let (session, host_session) = seeded_session();
-    let up = t.relay.relay.upstream_id(&key("idle").principal, "idle");
+    let up = t.upstream_id("alice", "idle");
     let mut ws = t.raw("alice").await;
     ws.initialize("idle").await;
     let sub = ws
         .request(1, "subscribe", json!({"channel": session}))
         .await;
     assert!(sub["result"]["snapshot"].is_object(), "{sub}");
-    ws.send_json(&dispatch(&session, 1, active_client_set("idle")))
+    ws.send_json(&dispatch_frame(&session, 1, active_client_set("idle")))
         .await;
     raw_actions_until(&mut ws, |e| is(e, &session, "session/activeClientSet")).await;
     let h = &t.hosts[0];
@@ -509,11 +423,11 @@ async fn dropped_client_without_tool_calls_keeps_its_links_through_the_grace() {
         std::slice::from_ref(&up)
     );
     assert_eq!(h.connections(), 2);
-    assert!(relay_session(&t, "idle").tool_calls.is_empty());
+    assert!(t.session("alice", "idle").tool_calls.is_empty());
     drop(ws);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        relay_session(&t, "idle").lock().socket_id().is_none(),
+        t.session("alice", "idle").lock().socket_id().is_none(),
         "the session is detached"
     );
     assert_eq!(h.connections(), 2, "the link stays open");

@@ -6,7 +6,7 @@
 //!
 //! States are compared as whole JSON trees: the client's reduced state, a
 //! fresh subscriber's snapshot, and the host's own state with its names
-//! translated to client names by [`client_names`] (an independent
+//! translated to client names by `common::names` (an independent
 //! implementation of §4.2–4.3: host URIs qualified `<host>~<id>` unless
 //! client-chosen, providers `<p>@<host>`).
 
@@ -15,16 +15,11 @@ mod common;
 use std::time::Duration;
 
 use ahp::{Client, ClientEvent, ClientEventStream, SubscriptionEvent};
-use ahp_relay::simhost::AgentScript;
-use ahp_relay::simhost::clock::now_iso;
-use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
 use common::*;
 use serde_json::{Value, json};
 
-const ROOT: &str = "ahp-root://";
-/// 2^53 − 1, the largest number every AHP client represents exactly.
-const MAX_SAFE: u64 = (1 << 53) - 1;
 /// `SessionStatus::Idle` and `SessionStatus::InProgress` bits.
 const IDLE: u32 = 1;
 const IN_PROGRESS: u32 = 8;
@@ -34,36 +29,6 @@ const TRICKY_TEXT: &str =
     "see \"serverSeq\":1,\"channel\":\"ahp-chat:/s2-x-main\" \\ {\"origin\":{}} ✓ é";
 
 // ─── helpers ────────────────────────────────────────────────────────────────
-
-fn script(reply_deltas: u32, delta_bytes: usize, delta_rate: u32) -> AgentScript {
-    AgentScript {
-        reply_deltas,
-        delta_bytes,
-        delta_rate,
-        tool_confirmation: false,
-        seed: None,
-    }
-}
-
-fn action(v: Value) -> StateAction {
-    let a: StateAction = serde_json::from_value(v.clone()).expect("action literal parses");
-    assert!(
-        !matches!(a, StateAction::Unknown(_)),
-        "not a known action: {v}"
-    );
-    a
-}
-
-fn turn_started(turn_id: &str, text: &str) -> StateAction {
-    action(
-        json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": text, "origin": {"kind": "user"}}}),
-    )
-}
-
-fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
-    e.channel == channel && action_type(e) == ty
-}
 
 fn is_complete_of(e: &ActionEnvelope, channel: &str, turn_id: &str) -> bool {
     is(e, channel, "chat/turnComplete")
@@ -83,60 +48,6 @@ fn on(envs: &[ActionEnvelope], channel: &str) -> Vec<ActionEnvelope> {
 
 fn now_us() -> u64 {
     jiff::Timestamp::now().as_microsecond() as u64
-}
-
-/// A host URI in client names: host-assigned ids are qualified with
-/// `<host>~`, client-chosen ones (`verbatim`, by `<scheme>:/<id>`) kept.
-fn client_uri(host: &str, s: &str, verbatim: &[&str]) -> String {
-    for scheme in ["ahp-session:/", "ahp-chat:/", "ahp-terminal:/"] {
-        let Some(rest) = s.strip_prefix(scheme) else {
-            continue;
-        };
-        if rest.is_empty() || rest.starts_with('/') {
-            return s.to_string();
-        }
-        let head = rest.split('/').next().unwrap_or(rest);
-        if verbatim.contains(&format!("{scheme}{head}").as_str()) {
-            return s.to_string();
-        }
-        return format!("{scheme}{host}~{rest}");
-    }
-    s.to_string()
-}
-
-/// A host state (JSON) with every name translated to client names.
-fn client_names(host: &str, v: &Value, verbatim: &[&str]) -> Value {
-    match v {
-        Value::String(s) => Value::String(client_uri(host, s, verbatim)),
-        Value::Array(a) => {
-            Value::Array(a.iter().map(|x| client_names(host, x, verbatim)).collect())
-        }
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, x)| match (k.as_str(), x) {
-                    ("provider", Value::String(p)) => (k.clone(), json!(format!("{p}@{host}"))),
-                    _ => (k.clone(), client_names(host, x, verbatim)),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-/// The host's state of `host_uri`, in client names.
-fn host_state(t: &TestRelay, i: usize, host_uri: &str, verbatim: &[&str]) -> Value {
-    let h = &t.hosts[i];
-    let state = h
-        .channel_state(host_uri)
-        .unwrap_or_else(|| panic!("host has {host_uri}"));
-    client_names(&h.config().name, &state, verbatim)
-}
-
-/// Envelopes still on their way: a ping barrier, then a quiet window (frames
-/// a host sends right after the last awaited one may still be on a link).
-async fn settle(client: &Client, events: &mut ClientEventStream) -> Vec<ActionEnvelope> {
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    drain_actions(client, events).await
 }
 
 /// Every event (not only actions) until `done` holds for what was collected.
@@ -170,25 +81,6 @@ async fn create_session(client: &Client, uri: &str, provider: &str) {
         .unwrap_or_else(|e| panic!("createSession {uri}: {e:?}"));
 }
 
-/// Raw frames received before the answer to a `ping` with `id`.
-async fn frames_before_ping(raw: &mut RawWs, id: u64) -> Vec<Value> {
-    raw.send_json(
-        &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": ROOT}}),
-    )
-    .await;
-    let mut before = Vec::new();
-    loop {
-        let v = raw
-            .recv_json()
-            .await
-            .expect("socket open until the ping answer");
-        if v.get("id") == Some(&json!(id)) && v.get("method").is_none() {
-            return before;
-        }
-        before.push(v);
-    }
-}
-
 /// Raw frames up to and including the first one `stop` accepts.
 async fn frames_until(raw: &mut RawWs, mut stop: impl FnMut(&Value) -> bool) -> Vec<Value> {
     let mut out = Vec::new();
@@ -211,9 +103,30 @@ fn count(frames: &[Value], method: &str, pred: impl Fn(&Value) -> bool) -> usize
 
 // ─── S2 ─────────────────────────────────────────────────────────────────────
 
-/// S2: a session created on host B streams one sequence (dense from S0, fromSeqs in it) and reduces to a fresh snapshot and to the host's state.
-#[tokio::test]
-async fn s2_created_session_streams_one_sequence_and_converges() {
+/// What S2's client saw: session `ahp-session:/s2-x` created on host b
+/// through the relay, its chat subscribed, and one turn run in it.
+struct S2Run {
+    t: TestRelay,
+    /// The client's S0 and the test clock (µs) just before `initialize`.
+    s0: u64,
+    before_us: u64,
+    session_snap: Value,
+    chat: String,
+    chat_snap: Value,
+    /// Envelopes numbered before the chat's subscribe answer.
+    before_chat: u64,
+    /// Every envelope the client got, in order.
+    all: Vec<ActionEnvelope>,
+    /// The `clientSeq` of the turn's dispatch.
+    client_seq: i64,
+    /// The client, still attached.
+    _client: Client,
+}
+
+const S2_SESSION: &str = "ahp-session:/s2-x";
+
+/// Runs S2's scenario (hosts a, and b with a 300-delta agent).
+async fn s2_run() -> S2Run {
     let t = TestRelay::start(
         vec![
             host("a", 1, script(5, 16, 0)),
@@ -222,52 +135,77 @@ async fn s2_created_session_streams_one_sequence_and_converges() {
         "",
     )
     .await;
-    let session = "ahp-session:/s2-x";
     let client = t.client("alice").await;
     let mut events = client.events();
-    let before = now_us();
+    let before_us = now_us();
     let init = client
         .initialize("s2-client".into(), vec!["1.0.0".into()], vec![])
         .await
         .expect("initialize");
     let s0 = u64::try_from(init.server_seq).expect("S0 is non-negative");
-    assert!(
-        s0 >= before && s0 <= now_us() + 5_000_000 && s0 <= MAX_SAFE,
-        "S0 {s0} is not microseconds since the epoch (test clock {before})"
-    );
-
-    create_session(&client, session, "sim@b").await;
-    let session_snap = subscribe_raw(&client, session).await;
-    assert_eq!(session_snap["resource"], session);
-    assert_eq!(
-        snapshot_from_seq(&session_snap),
-        s0,
-        "nothing numbered yet: the snapshot's fromSeq is S0"
-    );
-    assert_eq!(session_snap["state"]["provider"], "sim@b");
-    let chats = session_snap["state"]["chats"].as_array().expect("chats");
-    assert_eq!(chats.len(), 1, "one default chat: {chats:?}");
-    let chat = chats[0]["resource"].as_str().expect("chat uri").to_string();
-    assert_eq!(chat, "ahp-chat:/b~s2-x-main", "default chat qualified");
-
+    create_session(&client, S2_SESSION, "sim@b").await;
+    let session_snap = subscribe_raw(&client, S2_SESSION).await;
+    let chat = session_snap["state"]["chats"][0]["resource"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let mut all = drain_actions(&client, &mut events).await;
+    let before_chat = all.len() as u64;
     let chat_snap = subscribe_raw(&client, &chat).await;
-    let chat_from = snapshot_from_seq(&chat_snap);
-    assert_eq!(
-        chat_from,
-        s0 + all.len() as u64,
-        "chat fromSeq = last number issued before the response"
-    );
     let handle = client
-        .dispatch(chat.clone(), turn_started("s2-turn", TRICKY_TEXT))
+        .dispatch(chat.clone(), action(turn_started("s2-turn", TRICKY_TEXT)))
         .await
         .expect("dispatch");
     all.extend(actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await);
     all.extend(settle(&client, &mut events).await);
+    S2Run {
+        t,
+        s0,
+        before_us,
+        session_snap,
+        chat,
+        chat_snap,
+        before_chat,
+        all,
+        client_seq: handle.client_seq,
+        _client: client,
+    }
+}
 
-    assert_strictly_increasing(&all);
-    assert_contiguous(&all, s0);
-    let chat_envs = on(&all, &chat);
+/// S2 (§5.1, §5.2, §4.2): S0 is microseconds since the epoch (below 2^53);
+/// a session created on host b keeps its client-chosen URI, its provider
+/// is `sim@b` and its one default chat is qualified; each snapshot's
+/// `fromSeq` is the last number issued before its answer; and everything
+/// the client gets (over 300 deltas and its own echo, with its origin) is
+/// one dense sequence after S0.
+#[tokio::test]
+async fn s2_a_created_session_streams_one_dense_sequence() {
+    let r = s2_run().await;
+    assert!(
+        r.s0 >= r.before_us && r.s0 <= now_us() + 5_000_000 && r.s0 <= MAX_SAFE,
+        "S0 {} is not microseconds since the epoch (test clock {})",
+        r.s0,
+        r.before_us
+    );
+    assert_eq!(r.session_snap["resource"], S2_SESSION);
+    assert_eq!(
+        snapshot_from_seq(&r.session_snap),
+        r.s0,
+        "nothing numbered yet: the snapshot's fromSeq is S0"
+    );
+    assert_eq!(r.session_snap["state"]["provider"], "sim@b");
+    let chats = r.session_snap["state"]["chats"].as_array().expect("chats");
+    assert_eq!(chats.len(), 1, "one default chat: {chats:?}");
+    assert_eq!(r.chat, "ahp-chat:/b~s2-x-main", "default chat qualified");
+    let chat_from = snapshot_from_seq(&r.chat_snap);
+    assert_eq!(
+        chat_from,
+        r.s0 + r.before_chat,
+        "chat fromSeq = last number issued before the response"
+    );
+    assert_strictly_increasing(&r.all);
+    assert_contiguous(&r.all, r.s0);
+    let chat_envs = on(&r.all, &r.chat);
     assert!(chat_envs.len() > 300, "every delta relayed");
     assert!(chat_envs.iter().all(|e| e.server_seq > chat_from));
     let echo = &chat_envs[0];
@@ -275,20 +213,27 @@ async fn s2_created_session_streams_one_sequence_and_converges() {
     let origin = echo.origin.as_ref().expect("echo has origin");
     assert_eq!(
         (origin.client_id.as_str(), origin.client_seq),
-        ("s2-client", handle.client_seq)
+        ("s2-client", r.client_seq)
     );
     assert!(echo.rejection_reason.is_none());
+}
 
-    let reduced_chat = reduce_chat(&chat_snap["state"], &chat, &all);
-    let reduced_session = reduce_session(&session_snap["state"], session, &all);
-    // A fresh client takes both snapshots in its InitializeResult: they
-    // share one fromSeq, its serverSeq.
-    let fresh = t.client("bob").await;
+/// S2 (§5.2, §4.3): the client's snapshots plus its envelopes reduce to
+/// exactly the snapshots a fresh client gets in its `InitializeResult`
+/// (both with `fromSeq` = its serverSeq) and to the host's own chat and
+/// session in client names; message text that looks like envelope fields
+/// is relayed untouched.
+#[tokio::test]
+async fn s2_the_stream_reduces_to_a_fresh_snapshot_and_the_host_state() {
+    let r = s2_run().await;
+    let (session, chat) = (S2_SESSION, r.chat.as_str());
+    let reduced_chat = reduce_chat(&r.chat_snap["state"], chat, &r.all);
+    let reduced_session = reduce_session(&r.session_snap["state"], session, &r.all);
+    let fresh = r.t.client("bob").await;
     let init: Value = fresh
         .request(
             "initialize",
-            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "s2-fresh",
-                "initialSubscriptions": [session, chat]}),
+            initialize_subscribing("s2-fresh", &[session, chat]),
         )
         .await
         .expect("initialize with initialSubscriptions");
@@ -307,16 +252,16 @@ async fn s2_created_session_streams_one_sequence_and_converges() {
         assert_eq!(snapshot_from_seq(s), fresh_s0, "fromSeq = serverSeq");
         s["state"].clone()
     };
-    assert_eq!(reduced_chat, fresh_state(&chat), "reduced = fresh snapshot");
+    assert_eq!(reduced_chat, fresh_state(chat), "reduced = fresh snapshot");
     assert_eq!(reduced_session, fresh_state(session));
     assert_eq!(
         reduced_chat,
-        host_state(&t, 1, "ahp-chat:/s2-x-main", &[session]),
+        host_state(&r.t.hosts[1], "ahp-chat:/s2-x-main", &[session]),
         "reduced chat = host's chat (names translated)"
     );
     assert_eq!(
         reduced_session,
-        host_state(&t, 1, session, &[session]),
+        host_state(&r.t.hosts[1], session, &[session]),
         "reduced session = host's session (names translated)"
     );
     assert_eq!(reduced_chat["turns"][0]["id"], "s2-turn");
@@ -324,6 +269,84 @@ async fn s2_created_session_streams_one_sequence_and_converges() {
 }
 
 // ─── S3 ─────────────────────────────────────────────────────────────────────
+
+/// A racer's envelopes until it has seen both `chat/turnStarted` echoes
+/// and the winning turn's completion, then whatever is still on its way;
+/// their `serverSeq`s strictly increase.
+async fn race_envelopes(
+    client: &Client,
+    events: &mut ClientEventStream,
+    chat: &str,
+) -> Vec<ActionEnvelope> {
+    let mut echoes = 0;
+    let mut winner: Option<String> = None;
+    let mut envs = actions_until(events, |e| {
+        if is(e, chat, "chat/turnStarted") && e.origin.is_some() {
+            echoes += 1;
+            if e.rejection_reason.is_none() {
+                winner = serde_json::to_value(&e.action)
+                    .ok()
+                    .and_then(|v| v["turnId"].as_str().map(str::to_string));
+            }
+        }
+        echoes == 2
+            && winner
+                .as_deref()
+                .is_some_and(|w| is_complete_of(e, chat, w))
+    })
+    .await;
+    envs.extend(settle(client, events).await);
+    assert_strictly_increasing(&envs);
+    envs
+}
+
+/// Racer `me` (of alice and bob, with `ids` and dispatch `seqs`) saw both
+/// echoes, exactly one accepted and one rejected with a reason; its own
+/// echo shows its own clientId and clientSeq, the other's an opaque `r1.` id.
+fn assert_race_echoes(
+    envs: &[ActionEnvelope],
+    chat: &str,
+    me: usize,
+    ids: [&str; 2],
+    seqs: [i64; 2],
+) {
+    let echoes: Vec<&ActionEnvelope> = envs
+        .iter()
+        .filter(|e| is(e, chat, "chat/turnStarted"))
+        .collect();
+    assert_eq!(echoes.len(), 2, "client {me} sees both echoes");
+    let accepted = echoes
+        .iter()
+        .filter(|e| e.rejection_reason.is_none())
+        .count();
+    assert_eq!(accepted, 1, "exactly one turn accepted (client {me})");
+    let other = 1 - me;
+    for e in &echoes {
+        let o = e.origin.as_ref().expect("echo has origin");
+        let text = serde_json::to_value(&e.action).expect("action")["message"]["text"].clone();
+        if text == json!(format!("from {}", ["alice", "bob"][me])) {
+            assert_eq!(o.client_id, ids[me], "own echo shows own clientId");
+            assert_eq!(o.client_seq, seqs[me]);
+        } else {
+            assert!(
+                o.client_id.starts_with("r1.") && o.client_id != ids[other],
+                "another client's echo carries an opaque r1. id, got {:?}",
+                o.client_id
+            );
+        }
+    }
+    let rejected = echoes
+        .iter()
+        .find(|e| e.rejection_reason.is_some())
+        .expect("one rejected");
+    assert!(
+        !rejected
+            .rejection_reason
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+    );
+}
 
 /// S3: two principals race `chat/turnStarted`: one accepted, one rejected, both converge on the host; echo origins are own id / opaque `r1.` id.
 #[tokio::test]
@@ -339,8 +362,11 @@ async fn s3_turn_race_one_wins_both_converge() {
         subscribe_raw(&bob, &chat).await,
     ];
     let (ha, hb) = tokio::join!(
-        alice.dispatch(chat.clone(), turn_started("turn-alice", "from alice")),
-        bob.dispatch(chat.clone(), turn_started("turn-bob", "from bob")),
+        alice.dispatch(
+            chat.clone(),
+            action(turn_started("turn-alice", "from alice"))
+        ),
+        bob.dispatch(chat.clone(), action(turn_started("turn-bob", "from bob"))),
     );
     let seqs = [
         ha.expect("alice dispatch").client_seq,
@@ -349,68 +375,13 @@ async fn s3_turn_race_one_wins_both_converge() {
 
     let mut seen: Vec<Vec<ActionEnvelope>> = Vec::new();
     for (i, client) in [&alice, &bob].into_iter().enumerate() {
-        let mut echoes = 0;
-        let mut winner: Option<String> = None;
-        let mut envs = actions_until(&mut ev[i], |e| {
-            if is(e, &chat, "chat/turnStarted") && e.origin.is_some() {
-                echoes += 1;
-                if e.rejection_reason.is_none() {
-                    winner = serde_json::to_value(&e.action)
-                        .ok()
-                        .and_then(|v| v["turnId"].as_str().map(str::to_string));
-                }
-            }
-            echoes == 2
-                && winner
-                    .as_deref()
-                    .is_some_and(|w| is_complete_of(e, &chat, w))
-        })
-        .await;
-        envs.extend(settle(client, &mut ev[i]).await);
-        assert_strictly_increasing(&envs);
-        seen.push(envs);
+        seen.push(race_envelopes(client, &mut ev[i], &chat).await);
     }
-
     for (i, envs) in seen.iter().enumerate() {
-        let echoes: Vec<&ActionEnvelope> = envs
-            .iter()
-            .filter(|e| is(e, &chat, "chat/turnStarted"))
-            .collect();
-        assert_eq!(echoes.len(), 2, "client {i} sees both echoes");
-        let accepted = echoes
-            .iter()
-            .filter(|e| e.rejection_reason.is_none())
-            .count();
-        assert_eq!(accepted, 1, "exactly one turn accepted (client {i})");
-        let (me, other) = (i, 1 - i);
-        for e in &echoes {
-            let o = e.origin.as_ref().expect("echo has origin");
-            let text = serde_json::to_value(&e.action).expect("action")["message"]["text"].clone();
-            if text == json!(format!("from {}", ["alice", "bob"][me])) {
-                assert_eq!(o.client_id, ids[me], "own echo shows own clientId");
-                assert_eq!(o.client_seq, seqs[me]);
-            } else {
-                assert!(
-                    o.client_id.starts_with("r1.") && o.client_id != ids[other],
-                    "another client's echo carries an opaque r1. id, got {:?}",
-                    o.client_id
-                );
-            }
-        }
-        let rejected = echoes
-            .iter()
-            .find(|e| e.rejection_reason.is_some())
-            .expect("one rejected");
-        assert!(
-            !rejected
-                .rejection_reason
-                .as_deref()
-                .unwrap_or_default()
-                .is_empty()
-        );
+        assert_race_echoes(envs, &chat, i, ids, seqs);
     }
 
-    let expected = host_state(&t, 0, &host_chat, &[]);
+    let expected = host_state(&t.hosts[0], &host_chat, &[]);
     let reduced: Vec<Value> = (0..2)
         .map(|i| reduce_chat(&snaps[i]["state"], &chat, &seen[i]))
         .collect();
@@ -438,7 +409,7 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
         let mut lev = late.events();
         let start = t.hosts[0].server_seq();
         streamer
-            .dispatch(chat.clone(), turn_started(&turn, "stream please"))
+            .dispatch(chat.clone(), action(turn_started(&turn, "stream please")))
             .await
             .expect("dispatch");
         // Subscribe at a different point of the stream each round.
@@ -464,7 +435,7 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
         envs.extend(settle(&late, &mut lev).await);
         assert_contiguous(&envs, from);
         let reduced = reduce_chat(&snap["state"], &chat, &envs);
-        let expected = host_state(&t, 0, &host_chat, &[]);
+        let expected = host_state(&t.hosts[0], &host_chat, &[]);
         let text = |c: &Value| {
             c["turns"]
                 .as_array()
@@ -516,8 +487,8 @@ async fn two_hosts_interleave_into_one_sequence() {
     assert_eq!(snapshot_from_seq(&snap_a), s0);
     assert_eq!(snapshot_from_seq(&snap_b), s0);
     let (da, db) = tokio::join!(
-        client.dispatch(chat_a.clone(), turn_started("two-a", "go a")),
-        client.dispatch(chat_b.clone(), turn_started("two-b", "go b")),
+        client.dispatch(chat_a.clone(), action(turn_started("two-a", "go a"))),
+        client.dispatch(chat_b.clone(), action(turn_started("two-b", "go b"))),
     );
     da.expect("dispatch a");
     db.expect("dispatch b");
@@ -541,39 +512,156 @@ async fn two_hosts_interleave_into_one_sequence() {
     );
     assert_eq!(
         reduce_chat(&snap_a["state"], &chat_a, &all),
-        host_state(&t, 0, &host_a, &[]),
+        host_state(&t.hosts[0], &host_a, &[]),
         "host a's chat intact"
     );
     assert_eq!(
         reduce_chat(&snap_b["state"], &chat_b, &all),
-        host_state(&t, 1, &host_b, &[]),
+        host_state(&t.hosts[1], &host_b, &[]),
         "host b's chat intact"
     );
 }
 
 // ─── root ───────────────────────────────────────────────────────────────────
 
-/// Root through the relay: qualified agents, no config, numbered activeSessionsChanged, sessionAdded (verbatim and qualified) and sessionSummaryChanged.
-#[tokio::test]
-async fn root_follows_catalog_and_activity_across_hosts() {
-    let t = TestRelay::start(
+/// Hosts a (one session, a paced agent) and b (two sessions) behind a relay.
+async fn root_hosts() -> TestRelay {
+    TestRelay::start(
         vec![
             host("a", 1, script(10, 8, 100)),
             host("b", 2, script(5, 8, 0)),
         ],
         "",
     )
-    .await;
+    .await
+}
+
+/// `sessionSummaryChanged` changes of `session` among `evs`.
+fn summary_changes(evs: &[ClientEvent], session: &str) -> Vec<Value> {
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            SubscriptionEvent::SessionSummaryChanged(p) if p.session == session => {
+                serde_json::to_value(&p.changes).ok()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// `sessionAdded` summaries of `uri` among `evs`.
+fn added(evs: &[ClientEvent], uri: &str) -> Vec<Value> {
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            SubscriptionEvent::SessionAdded(p) if p.summary.resource == uri => {
+                serde_json::to_value(&p.summary).ok()
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every event queued for `client` before now (a ping answer follows them).
+async fn remaining_events(client: &Client, events: &mut ClientEventStream) -> Vec<ClientEvent> {
+    client.ping().await.expect("ping");
+    let mut out = Vec::new();
+    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(30), events.recv()).await {
+        out.push(e);
+    }
+    out
+}
+
+/// What a root watcher saw while the catalog changed.
+struct RootRun {
+    t: TestRelay,
+    /// The watcher's S0 and its root snapshot's state.
+    s0: u64,
+    state: Value,
+    /// Every event the watcher got after its root snapshot.
+    evs: Vec<ClientEvent>,
+    /// Every event a direct client of host a (root subscribed) got.
+    spy_evs: Vec<ClientEvent>,
+    /// The watcher, the spy, the creator and the direct client, kept
+    /// connected as they were while the events were collected.
+    _clients: [Client; 4],
+}
+
+/// The session created through the relay in [`root_run`], and its chat.
+const ROOT_NEW: &str = "ahp-session:/r5-new";
+const ROOT_NEW_CHAT: &str = "ahp-chat:/a~r5-new-main";
+
+/// A watcher subscribes the root (and a chat of host a, so it also holds a
+/// link to a, which subscribes root upstream); then a client creates
+/// [`ROOT_NEW`] on a through the relay and runs a turn in it, and a direct
+/// client of host b creates a session there. Collects everything the
+/// watcher and a direct root subscriber of host a saw.
+async fn root_run() -> RootRun {
+    let t = root_hosts().await;
     let watcher = t.client("rita").await;
     let mut wev = watcher.events();
     let init = watcher
         .initialize("root-watch".into(), vec!["1.0.0".into()], vec![])
         .await
         .expect("initialize");
-    let s0 = init.server_seq as u64;
+    let root = subscribe_raw(&watcher, ROOT).await;
+    let state = root["state"].clone();
+    let (idle_chat, _) = seeded_chat("a", 1);
+    let _ = subscribe_raw(&watcher, &idle_chat).await;
+    let spy = connect(&t.hosts[0].url()).await;
+    let mut spy_ev = spy.events();
+    spy.initialize("root-spy".into(), vec!["1.0.0".into()], vec![ROOT.into()])
+        .await
+        .expect("spy initialize");
+    let creator = t.client_init("carl", "root-creator").await;
+    create_session(&creator, ROOT_NEW, "sim@a").await;
+    let direct = connect_init(&t.hosts[1].url(), "direct-user").await;
+    create_session(&direct, "ahp-session:/direct-5", "sim").await;
+    let mut cev = creator.events();
+    let _ = subscribe_raw(&creator, ROOT_NEW_CHAT).await;
+    creator
+        .dispatch(
+            ROOT_NEW_CHAT.into(),
+            action(turn_started("r5-turn", "work")),
+        )
+        .await
+        .expect("dispatch");
+    let _ = actions_until(&mut cev, |e| is(e, ROOT_NEW_CHAT, "chat/turnComplete")).await;
+    let mut evs = events_until(&mut wev, |evs| {
+        let changes = summary_changes(evs, ROOT_NEW);
+        let active = reduce_root(&state, &actions_of(evs))["activeSessions"].clone();
+        !added(evs, ROOT_NEW).is_empty()
+            && !added(evs, "ahp-session:/b~direct-5").is_empty()
+            && changes.iter().any(|c| c["status"] == IN_PROGRESS)
+            && changes.last().is_some_and(|c| c["status"] == IDLE)
+            && active == 5
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    evs.extend(remaining_events(&watcher, &mut wev).await);
+    let spy_evs = remaining_events(&spy, &mut spy_ev).await;
+    RootRun {
+        t,
+        s0: init.server_seq as u64,
+        state,
+        evs,
+        spy_evs,
+        _clients: [watcher, spy, creator, direct],
+    }
+}
+
+/// §6.1: the relay's root snapshot (from the client's S0) merges both
+/// hosts' agents as `<p>@<host>`, counts both hosts' sessions, and carries
+/// neither a host's `config` nor its `_meta`.
+#[tokio::test]
+async fn root_snapshot_merges_agents_and_hides_host_config() {
+    let t = root_hosts().await;
+    let watcher = t.client("rita").await;
+    let init = watcher
+        .initialize("root-watch".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
     let root = subscribe_raw(&watcher, ROOT).await;
     assert_eq!(root["resource"], ROOT);
-    assert_eq!(snapshot_from_seq(&root), s0);
+    assert_eq!(snapshot_from_seq(&root), init.server_seq as u64);
     let state = &root["state"];
     assert!(
         state.get("config").is_none(),
@@ -592,81 +680,31 @@ async fn root_follows_catalog_and_activity_across_hosts() {
         .collect();
     providers.sort();
     assert_eq!(providers, ["sim@a", "sim@b"], "agents qualified");
+}
 
-    // The watcher also holds a link to host a (which subscribes root
-    // upstream): catalog events must still arrive once, from the watch link.
-    let (idle_chat, _) = seeded_chat("a", 1);
-    let _ = subscribe_raw(&watcher, &idle_chat).await;
-    // A client of host a itself counts the catalog events the host sends.
-    let spy = connect(&t.hosts[0].url()).await;
-    let mut spy_ev = spy.events();
-    spy.initialize("root-spy".into(), vec!["1.0.0".into()], vec![ROOT.into()])
-        .await
-        .expect("spy initialize");
-
-    let creator = t.client_init("carl", "root-creator").await;
-    let new = "ahp-session:/r5-new";
-    create_session(&creator, new, "sim@a").await;
-    let direct = connect_init(&t.hosts[1].url(), "direct-user").await;
-    create_session(&direct, "ahp-session:/direct-5", "sim").await;
-    let new_chat = "ahp-chat:/a~r5-new-main";
-    let mut cev = creator.events();
-    let _ = subscribe_raw(&creator, new_chat).await;
-    creator
-        .dispatch(new_chat.into(), turn_started("r5-turn", "work"))
-        .await
-        .expect("dispatch");
-    let _ = actions_until(&mut cev, |e| is(e, new_chat, "chat/turnComplete")).await;
-
-    let summary_changes = |evs: &[ClientEvent]| -> Vec<Value> {
-        evs.iter()
-            .filter_map(|e| match &e.event {
-                SubscriptionEvent::SessionSummaryChanged(p) if p.session == new => {
-                    serde_json::to_value(&p.changes).ok()
-                }
-                _ => None,
-            })
-            .collect()
-    };
-    let added = |evs: &[ClientEvent], uri: &str| -> Vec<Value> {
-        evs.iter()
-            .filter_map(|e| match &e.event {
-                SubscriptionEvent::SessionAdded(p) if p.summary.resource == uri => {
-                    serde_json::to_value(&p.summary).ok()
-                }
-                _ => None,
-            })
-            .collect()
-    };
-    let evs = events_until(&mut wev, |evs| {
-        let changes = summary_changes(evs);
-        let active = reduce_root(state, &actions_of(evs))["activeSessions"].clone();
-        !added(evs, new).is_empty()
-            && !added(evs, "ahp-session:/b~direct-5").is_empty()
-            && changes.iter().any(|c| c["status"] == IN_PROGRESS)
-            && changes.last().is_some_and(|c| c["status"] == IDLE)
-            && active == 5
-    })
-    .await;
-    let mut evs = evs;
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    watcher.ping().await.expect("ping");
-    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(30), wev.recv()).await {
-        evs.push(e);
-    }
-
-    let mine = added(&evs, new);
-    assert_eq!(mine.len(), 1, "sessionAdded once for {new}");
+/// §6.3: a root watcher that also holds a link to the host gets
+/// `sessionAdded` exactly once per new session, with the provider
+/// qualified, for a session created through the relay (verbatim URI) and
+/// for one created at the host by someone else (qualified URI).
+#[tokio::test]
+async fn root_session_added_reaches_the_watcher_once_per_session() {
+    let run = root_run().await;
+    let mine = added(&run.evs, ROOT_NEW);
+    assert_eq!(mine.len(), 1, "sessionAdded once for {ROOT_NEW}");
     assert_eq!(mine[0]["provider"], "sim@a");
-    let theirs = added(&evs, "ahp-session:/b~direct-5");
+    let theirs = added(&run.evs, "ahp-session:/b~direct-5");
     assert_eq!(theirs.len(), 1, "host-created session qualified, once");
     assert_eq!(theirs[0]["provider"], "sim@b");
-    let mut spy_evs = Vec::new();
-    spy.ping().await.expect("spy ping");
-    while let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(30), spy_ev.recv()).await {
-        spy_evs.push(e);
-    }
-    let host_changes = spy_evs
+}
+
+/// §6.3, §4.3: every `sessionSummaryChanged` the host sends reaches a root
+/// watcher exactly once (though it also holds a link to that host), with
+/// the chats in its changes translated to client names.
+#[tokio::test]
+async fn root_summary_changes_reach_the_watcher_once_each_translated() {
+    let run = root_run().await;
+    let host_changes = run
+        .spy_evs
         .iter()
         .filter(|e| {
             matches!(&e.event, SubscriptionEvent::SessionSummaryChanged(p)
@@ -674,19 +712,34 @@ async fn root_follows_catalog_and_activity_across_hosts() {
         })
         .count();
     assert!(host_changes >= 2);
+    let changes = summary_changes(&run.evs, ROOT_NEW);
     assert_eq!(
-        summary_changes(&evs).len(),
+        changes.len(),
         host_changes,
         "each host sessionSummaryChanged reaches the watcher once"
     );
-    for c in summary_changes(&evs) {
-        if let Some(chats) = c.get("chats").and_then(Value::as_array) {
-            for chat in chats {
-                assert_eq!(chat["resource"], new_chat, "summary chats translated");
-            }
-        }
+    let chats: Vec<&Value> = changes
+        .iter()
+        .filter_map(|c| c.get("chats").and_then(Value::as_array))
+        .flatten()
+        .collect();
+    assert!(
+        !chats.is_empty(),
+        "a summary change names the chats: {changes:?}"
+    );
+    for chat in chats {
+        assert_eq!(chat["resource"], ROOT_NEW_CHAT, "summary chats translated");
     }
-    let root_envs = actions_of(&evs);
+}
+
+/// §5.1, §6.1: the watcher's root envelopes (only root ones, including
+/// `root/activeSessionsChanged`) are numbered contiguously after its S0 and
+/// reduce its snapshot to exactly a fresh client's root snapshot, still
+/// without a host `config`.
+#[tokio::test]
+async fn root_envelopes_are_numbered_and_reduce_to_a_fresh_snapshot() {
+    let run = root_run().await;
+    let root_envs = actions_of(&run.evs);
     assert!(
         root_envs.iter().all(|e| e.channel == ROOT),
         "only root envelopes"
@@ -697,11 +750,11 @@ async fn root_follows_catalog_and_activity_across_hosts() {
             .any(|e| action_type(e) == "root/activeSessionsChanged"),
         "root/activeSessionsChanged relayed"
     );
-    assert_contiguous(&root_envs, s0);
-    let reduced = reduce_root(state, &root_envs);
+    assert_contiguous(&root_envs, run.s0);
+    let reduced = reduce_root(&run.state, &root_envs);
     assert_eq!(reduced["activeSessions"], 5);
     assert!(reduced.get("config").is_none());
-    let fresh = t.client_init("rita", "root-fresh").await;
+    let fresh = run.t.client_init("rita", "root-fresh").await;
     let fresh_root = subscribe_raw(&fresh, ROOT).await;
     assert_eq!(
         reduced, fresh_root["state"],
@@ -738,9 +791,7 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         let creator = if who == "a" { &mut a } else { &mut b };
         let params = json!({"channel": uri, "provider": "sim@v", "progressToken": token});
         creator
-            .send_json(
-                &json!({"jsonrpc": "2.0", "id": 10, "method": "createSession", "params": params}),
-            )
+            .send_json(&request_frame(10, "createSession", params))
             .await;
         let frames = frames_until(creator, |v| v["id"] == 10 && v.get("method").is_none()).await;
         let answer = frames.last().expect("answer");
@@ -798,6 +849,58 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
 
 // ─── rejections ─────────────────────────────────────────────────────────────
 
+/// Dispatches `act` on `channel` as `client_seq` and returns its echo, which
+/// must carry a `rejectionReason` and come before any other envelope.
+async fn rejection_echo(x: &mut RawWs, channel: &str, client_seq: i64, act: &Value) -> Value {
+    x.dispatch(channel, client_seq, act.clone()).await;
+    let frames = frames_until(x, |v| {
+        v["method"] == "action" && v["params"]["origin"]["clientSeq"] == client_seq
+    })
+    .await;
+    let env = frames.last().expect("echo")["params"].clone();
+    assert!(
+        frames[..frames.len() - 1]
+            .iter()
+            .all(|f| f["method"] != "action"),
+        "no other envelope before the echo: {frames:?}"
+    );
+    let reason = env["rejectionReason"].as_str().unwrap_or_default();
+    assert!(
+        !reason.is_empty(),
+        "echo {client_seq} carries a rejectionReason: {env}"
+    );
+    env
+}
+
+/// Dispatches every one of which is rejected, with whether the host (not
+/// the relay) rejects it: a cancel of no turn (host), an unknown action
+/// type, a malformed `chat/turnStarted` and a server-only root action
+/// (relay).
+fn refused_dispatches(chat: &str) -> [(&str, Value, bool); 4] {
+    [
+        (
+            chat,
+            json!({"type": "chat/turnCancelled", "turnId": "no-such-turn", "duration": 0}),
+            true,
+        ),
+        (
+            chat,
+            json!({"type": "chat/nonsense", "extra": {"k": [1, "two"]}}),
+            false,
+        ),
+        (
+            chat,
+            json!({"type": "chat/turnStarted", "turnId": 7}),
+            false,
+        ),
+        (
+            ROOT,
+            json!({"type": "root/configChanged", "config": {"mode": "x"}}),
+            false,
+        ),
+    ]
+}
+
 /// §5.3: host rejections are numbered with the client's own origin; relay-made rejections carry channel, action as dispatched, origin, reason, a number, and reach only the dispatcher.
 #[tokio::test]
 async fn rejections_are_numbered_and_attributed() {
@@ -815,59 +918,19 @@ async fn rejections_are_numbered_and_attributed() {
     let mut oev = observer.events();
     let _ = subscribe_raw(&observer, &chat).await;
 
-    let dispatches = [
-        (
-            chat.as_str(),
-            json!({"type": "chat/turnCancelled", "turnId": "no-such-turn", "duration": 0}),
-            true,
-        ),
-        (
-            chat.as_str(),
-            json!({"type": "chat/nonsense", "extra": {"k": [1, "two"]}}),
-            false,
-        ),
-        (
-            chat.as_str(),
-            json!({"type": "chat/turnStarted", "turnId": 7}),
-            false,
-        ),
-        (
-            ROOT,
-            json!({"type": "root/configChanged", "config": {"mode": "x"}}),
-            false,
-        ),
-    ];
-    let mut expect_seq = from;
+    let dispatches = refused_dispatches(&chat);
     for (i, (channel, act, from_host)) in dispatches.iter().enumerate() {
         let client_seq = 100 + i as i64;
-        x.send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
-            "params": {"channel": channel, "clientSeq": client_seq, "action": act}}))
-            .await;
-        let frames = frames_until(&mut x, |v| {
-            v["method"] == "action" && v["params"]["origin"]["clientSeq"] == client_seq
-        })
-        .await;
-        let env = &frames.last().expect("echo")["params"];
-        assert!(
-            frames[..frames.len() - 1]
-                .iter()
-                .all(|f| f["method"] != "action"),
-            "no other envelope before the echo: {frames:?}"
-        );
-        expect_seq += 1;
+        let env = rejection_echo(&mut x, channel, client_seq, act).await;
         assert_eq!(
-            env["serverSeq"], expect_seq,
+            env["serverSeq"],
+            from + 1 + i as u64,
             "echo {i} numbered next: {env}"
         );
         assert_eq!(env["channel"], *channel, "echo {i} on the client's channel");
         assert_eq!(
             env["origin"]["clientId"], "rej-x",
             "echo {i} origin is the client's id"
-        );
-        let reason = env["rejectionReason"].as_str().unwrap_or_default();
-        assert!(
-            !reason.is_empty(),
-            "echo {i} carries a rejectionReason: {env}"
         );
         if !from_host {
             assert_eq!(
@@ -944,7 +1007,7 @@ async fn slow_consumer_case(limits: &str) {
         .expect("initialize");
     let snap = subscribe_raw(&fast, &chat).await;
     assert_eq!(snapshot_from_seq(&snap), init.server_seq as u64);
-    fast.dispatch(chat.clone(), turn_started("long", "a long one"))
+    fast.dispatch(chat.clone(), action(turn_started("long", "a long one")))
         .await
         .expect("dispatch");
     let mut envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
@@ -952,7 +1015,7 @@ async fn slow_consumer_case(limits: &str) {
     assert_contiguous(&envs, init.server_seq as u64);
     assert_eq!(
         reduce_chat(&snap["state"], &chat, &envs),
-        host_state(&t, 0, &host_chat, &[]),
+        host_state(&t.hosts[0], &host_chat, &[]),
         "the reading client got everything"
     );
     let close = slow.close_code().await;

@@ -20,18 +20,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_relay::config::RelayConfig;
-use ahp_relay::devkit::{DEV_ISSUER, DevKit};
-use ahp_relay::identity::PrincipalKey;
 use ahp_relay::policy::{PolicyConfig, RulePolicy};
-use ahp_relay::simhost::clock::now_iso;
 use ahp_relay::simhost::{SimHost, SimHostConfig};
 use ahp_relay::upstream::dial::dial_stream;
-use common::relay::{TestRelay, scratch_dir};
+use common::relay::{TestRelay, rule};
 use common::*;
 use serde_json::{Value, json};
 
-const ROOT: &str = "ahp-root://";
 /// The `clientId` of the relay's own watch links at the hosts.
 fn watch() -> String {
     ahp_relay::upstream::watch::watch_client_id().to_string()
@@ -41,55 +36,9 @@ const TOOL: &str = "read_tab";
 
 // ─── relays, policies, principals ───────────────────────────────────────────
 
-/// Starts `hosts` and a relay in front of them like [`TestRelay::start`],
-/// letting `tweak` adjust the loaded configuration first (for settings of
-/// the generated `[relay]` table, which `extra` cannot reopen).
-async fn start_relay(
-    hosts: Vec<SimHostConfig>,
-    extra: &str,
-    tweak: impl FnOnce(&mut RelayConfig),
-) -> TestRelay {
-    let mut started: Vec<SimHost> = Vec::new();
-    for cfg in hosts {
-        started.push(start_host(cfg).await);
-    }
-    let kit = DevKit::create(&scratch_dir("tenancy")).expect("dev kit");
-    let pairs: Vec<(String, String)> = started
-        .iter()
-        .map(|h| (h.config().name.clone(), h.url()))
-        .collect();
-    let mut cfg = kit
-        .config("127.0.0.1:0", &pairs, "", extra)
-        .expect("config validates");
-    tweak(&mut cfg);
-    let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
-    let t = TestRelay {
-        relay,
-        hosts: started,
-        kit,
-    };
-    t.wait_hosts_up().await;
-    t
-}
-
 /// Two fast hosts `a` and `b`, one seeded session each.
 fn two_hosts() -> Vec<SimHostConfig> {
     vec![fast_config("a", 1), fast_config("b", 1)]
-}
-
-/// One `[[policy.rules]]` entry; `more` is extra TOML lines for the rule.
-fn rule(
-    name: &str,
-    subjects: &[&str],
-    hosts: &[&str],
-    role: &str,
-    visibility: &str,
-    more: &str,
-) -> String {
-    format!(
-        "\n[[policy.rules]]\nname = \"{name}\"\nsubjects = {subjects:?}\nhosts = {hosts:?}\n\
-         role = \"{role}\"\nvisibility = \"{visibility}\"\n{more}\n"
-    )
 }
 
 /// A rule policy from `[[policy.rules]]` TOML, validated against hosts a, b.
@@ -103,18 +52,6 @@ fn policy(text: &str) -> Arc<RulePolicy> {
         .validate(&[("a", None), ("b", None)])
         .unwrap_or_else(|e| panic!("policy validates: {e:?}\n{text}"));
     Arc::new(RulePolicy::new(&doc.policy))
-}
-
-fn principal(sub: &str) -> PrincipalKey {
-    PrincipalKey {
-        issuer: DEV_ISSUER.into(),
-        subject: sub.into(),
-    }
-}
-
-/// The upstream client id of (`sub`, `client_id`) at the hosts.
-fn upstream(t: &TestRelay, sub: &str, client_id: &str) -> String {
-    t.relay.relay.upstream_id(&principal(sub), client_id)
 }
 
 /// Parsed frames `host` received from upstream client `client`.
@@ -143,11 +80,6 @@ fn without_id(text: &str, id: u64) -> String {
     let needle = format!("\"id\":{id}");
     assert!(text.contains(&needle), "no {needle} in {text}");
     text.replacen(&needle, "\"id\":_", 1)
-}
-
-fn turn(turn_id: &str, text: &str) -> Value {
-    json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-        "message": {"text": text, "origin": {"kind": "user"}}})
 }
 
 fn chat_attachment(resource: &str) -> Value {
@@ -212,11 +144,7 @@ impl Peer {
 
     async fn initialize(&mut self, client_id: &str) -> Value {
         self.client_id = client_id.into();
-        self.call(
-            "initialize",
-            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": client_id}),
-        )
-        .await
+        self.call("initialize", initialize_params(client_id)).await
     }
 
     fn note(&mut self, v: &Value) {
@@ -236,9 +164,7 @@ impl Peer {
     async fn request_raw(&mut self, method: &str, params: Value) -> (u64, String, Value) {
         let id = self.next_id;
         self.next_id += 1;
-        self.ws
-            .send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
+        self.ws.send_json(&request_frame(id, method, params)).await;
         loop {
             let text = self.ws.recv_text().await.unwrap_or_else(|| {
                 panic!("{}: socket closed before the answer to {method}", self.who)
@@ -260,10 +186,7 @@ impl Peer {
     async fn dispatch(&mut self, channel: &str, action: Value) -> i64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.ws
-            .send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
-                "params": {"channel": channel, "clientSeq": seq, "action": action}}))
-            .await;
+        self.ws.dispatch(channel, seq, action).await;
         seq
     }
 
@@ -709,9 +632,13 @@ async fn dispatch_cell(me: &mut Peer, channel: &str, action: Value, wait: bool) 
     (seq, d)
 }
 
-/// Runs every cell of (`role`, `vis`) on a fresh relay.
-async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
-    let mut problems = Vec::new();
+/// One observed cell: the decision, the frames that must not reach a host
+/// unless allowed, and the dispatch's `clientSeq`.
+type Observed = (Decision, Option<Marker>, Option<i64>);
+
+/// A relay in front of hosts a and b where alice (g1), bob (g1) and carol
+/// (g2) each created one session, then alice's rule became (`role`, `vis`).
+async fn matrix_world(role: Role, vis: Vis) -> TestRelay {
     let setup = rule(
         "setup",
         &["alice", "bob", "carol"],
@@ -722,6 +649,7 @@ async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
     );
     let t = TestRelay::start(two_hosts(), &setup).await;
     {
+        // The creators' sockets close before the policy changes.
         let mut alice = Peer::connect(&t, "alice", &["g1"], "creator").await;
         let mut bob = Peer::connect(&t, "bob", &["g1"], "creator").await;
         let mut carol = Peer::connect(&t, "carol", &["g2"], "creator").await;
@@ -738,18 +666,18 @@ async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
     let rules = rule("creators", &["bob", "carol"], &["*"], "operator", "own", "")
         + &rule("subject", &["alice"], &["*"], role.name(), vis.name(), "");
     t.relay.relay.set_policy(policy(&rules));
+    t
+}
 
-    let targets = [
-        Target::verbatim(Obj::Own, 0, "own-s"),
-        Target::verbatim(Obj::Groupmate, 1, "mate-s"),
-        Target::verbatim(Obj::Stranger, 0, "stranger-s"),
-        Target::seeded(Obj::External, 1, "b-1"),
-    ];
-    let mut me = Peer::connect(&t, "alice", &["g1"], "tester").await;
-    let up_me = upstream(&t, "alice", "tester");
-    let tag = format!("{}/{}", role.name(), vis.name());
-
-    // Root and list: exactly the visible sessions of both hosts.
+/// Root and list show exactly the visible sessions of both hosts; returns
+/// what `listSessions` listed and every difference found.
+async fn matrix_listing(
+    me: &mut Peer,
+    vis: Vis,
+    targets: &[Target],
+    tag: &str,
+) -> (Vec<String>, Vec<String>) {
+    let mut problems = Vec::new();
     let root = me.root().await;
     let ext = usize::from(visible(vis, Obj::External));
     let want_active = [Obj::Own, Obj::Groupmate, Obj::Stranger]
@@ -779,143 +707,145 @@ async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
     if listed != want_listed {
         problems.push(format!("{tag}: listSessions {listed:?} != {want_listed:?}"));
     }
+    (listed, problems)
+}
 
-    let mut cells = Vec::new();
-    let mut n = 0;
-    for tg in &targets {
-        for op in OPS {
-            n += 1;
-            let exp = expected(role, vis, tg.obj, op);
-            let host = &t.hosts[tg.host];
-            let (observed, marker, seq) = match op {
-                Op::List => {
-                    let d = if listed.contains(&tg.session) {
-                        Decision::Allowed
-                    } else {
-                        Decision::Invisible
-                    };
-                    (d, None, None)
-                }
-                Op::Subscribe => {
-                    let s = request_cell(
-                        &mut me,
-                        "subscribe",
-                        json!({"channel": tg.session}),
-                        json!({"channel": tg.random_session}),
-                        true,
-                    )
-                    .await;
-                    let c = request_cell(
-                        &mut me,
-                        "subscribe",
-                        json!({"channel": tg.chat}),
-                        json!({"channel": tg.random_chat}),
-                        false,
-                    )
-                    .await;
-                    let d = if s == c {
-                        s
-                    } else {
-                        Decision::Other(format!("session {s:?} but its chat {c:?}"))
-                    };
-                    let m = Marker {
-                        method: "subscribe",
-                        pointer: "/params/channel",
-                        values: vec![json!(tg.host_session), json!(tg.host_chat)],
-                    };
-                    (d, Some(m), None)
-                }
-                Op::TurnStarted => {
-                    let action = turn(&format!("turn-{n}"), "hello");
-                    let (seq, d) =
-                        dispatch_cell(&mut me, &tg.chat, action, exp == Decision::Allowed).await;
-                    (d, None, Some(seq))
-                }
-                Op::TitleChanged => {
-                    let action = json!({"type": "session/titleChanged", "title": format!("t{n}")});
-                    let (seq, d) =
-                        dispatch_cell(&mut me, &tg.session, action, exp == Decision::Allowed).await;
-                    (d, None, Some(seq))
-                }
-                Op::CreateChat => {
-                    let chat = format!("ahp-chat:/cc-{n}");
-                    let mut d = request_cell(
-                        &mut me,
-                        "createChat",
-                        json!({"channel": tg.session, "chat": chat}),
-                        json!({"channel": tg.random_session, "chat": chat}),
-                        true,
-                    )
-                    .await;
-                    if d == Decision::Allowed && host.channel_state(&chat).is_none() {
-                        d = Decision::Other(format!("{chat} answered but not on the host"));
-                    }
-                    let m = Marker {
-                        method: "createChat",
-                        pointer: "/params/chat",
-                        values: vec![json!(chat)],
-                    };
-                    (d, Some(m), None)
-                }
-                Op::CreateTerminal => {
-                    let term = format!("ahp-terminal:/tt-{n}");
-                    let mut d = request_cell(
-                        &mut me,
-                        "createTerminal",
-                        json!({"channel": term, "claim": session_claim(&tg.session, &tg.chat)}),
-                        json!({"channel": term,
-                            "claim": session_claim(&tg.random_session, &tg.random_chat)}),
-                        true,
-                    )
-                    .await;
-                    if d == Decision::Allowed && host.channel_state(&term).is_none() {
-                        d = Decision::Other(format!("{term} answered but not on the host"));
-                    }
-                    let m = Marker {
-                        method: "createTerminal",
-                        pointer: "/params/channel",
-                        values: vec![json!(term)],
-                    };
-                    (d, Some(m), None)
-                }
-                Op::DisposeSession => {
-                    let mut d = request_cell(
-                        &mut me,
-                        "disposeSession",
-                        json!({"channel": tg.session}),
-                        json!({"channel": tg.random_session}),
-                        true,
-                    )
-                    .await;
-                    if d == Decision::Allowed && host.session_uris().contains(&tg.host_session) {
-                        d = Decision::Other("answered but still on the host".into());
-                    }
-                    let m = Marker {
-                        method: "disposeSession",
-                        pointer: "/params/channel",
-                        values: vec![json!(tg.host_session)],
-                    };
-                    (d, Some(m), None)
-                }
+/// `subscribe` of the session and of its chat: both get the same decision.
+async fn subscribe_op(me: &mut Peer, tg: &Target) -> Observed {
+    let s = request_cell(
+        me,
+        "subscribe",
+        json!({"channel": tg.session}),
+        json!({"channel": tg.random_session}),
+        true,
+    )
+    .await;
+    let c = request_cell(
+        me,
+        "subscribe",
+        json!({"channel": tg.chat}),
+        json!({"channel": tg.random_chat}),
+        false,
+    )
+    .await;
+    let d = if s == c {
+        s
+    } else {
+        Decision::Other(format!("session {s:?} but its chat {c:?}"))
+    };
+    let m = Marker {
+        method: "subscribe",
+        pointer: "/params/channel",
+        values: vec![json!(tg.host_session), json!(tg.host_chat)],
+    };
+    (d, Some(m), None)
+}
+
+/// A request on the session (`params`, or `random` for a random URI) whose
+/// success must show at the host (`done`); `marker` names its frames.
+async fn request_op(
+    me: &mut Peer,
+    (params, random): (Value, Value),
+    done: impl FnOnce() -> bool,
+    marker: Marker,
+) -> Observed {
+    let mut d = request_cell(me, marker.method, params, random, true).await;
+    if d == Decision::Allowed && !done() {
+        d = Decision::Other(format!(
+            "{} answered but not done on the host",
+            marker.method
+        ));
+    }
+    (d, Some(marker), None)
+}
+
+/// Runs operation `op` (the `n`th cell) on target `tg`, expecting `exp`.
+async fn matrix_op(
+    me: &mut Peer,
+    host: &SimHost,
+    tg: &Target,
+    op: Op,
+    n: usize,
+    listed: &[String],
+    exp: &Decision,
+) -> Observed {
+    let wait = *exp == Decision::Allowed;
+    match op {
+        Op::List => {
+            let d = if listed.contains(&tg.session) {
+                Decision::Allowed
+            } else {
+                Decision::Invisible
             };
-            cells.push(Cell {
-                role,
-                vis,
-                obj: tg.obj,
-                op,
-                expected: exp,
-                observed,
+            (d, None, None)
+        }
+        Op::Subscribe => subscribe_op(me, tg).await,
+        Op::TurnStarted => {
+            let action = turn_started(&format!("turn-{n}"), "hello");
+            let (seq, d) = dispatch_cell(me, &tg.chat, action, wait).await;
+            (d, None, Some(seq))
+        }
+        Op::TitleChanged => {
+            let action = json!({"type": "session/titleChanged", "title": format!("t{n}")});
+            let (seq, d) = dispatch_cell(me, &tg.session, action, wait).await;
+            (d, None, Some(seq))
+        }
+        Op::CreateChat => {
+            let chat = format!("ahp-chat:/cc-{n}");
+            let params = json!({"channel": tg.session, "chat": chat});
+            let random = json!({"channel": tg.random_session, "chat": chat});
+            let marker = Marker {
+                method: "createChat",
+                pointer: "/params/chat",
+                values: vec![json!(chat)],
+            };
+            request_op(
+                me,
+                (params, random),
+                || host.channel_state(&chat).is_some(),
                 marker,
-                seq,
-            });
+            )
+            .await
+        }
+        Op::CreateTerminal => {
+            let term = format!("ahp-terminal:/tt-{n}");
+            let params = json!({"channel": term, "claim": session_claim(&tg.session, &tg.chat)});
+            let random = json!({"channel": term,
+                "claim": session_claim(&tg.random_session, &tg.random_chat)});
+            let marker = Marker {
+                method: "createTerminal",
+                pointer: "/params/channel",
+                values: vec![json!(term)],
+            };
+            request_op(
+                me,
+                (params, random),
+                || host.channel_state(&term).is_some(),
+                marker,
+            )
+            .await
+        }
+        Op::DisposeSession => {
+            let params = json!({"channel": tg.session});
+            let random = json!({"channel": tg.random_session});
+            let marker = Marker {
+                method: "disposeSession",
+                pointer: "/params/channel",
+                values: vec![json!(tg.host_session)],
+            };
+            let gone = || !host.session_uris().contains(&tg.host_session);
+            request_op(me, (params, random), gone, marker).await
         }
     }
+}
 
-    // Late evidence: no echo came later for an invisible dispatch, and no
-    // refused cell left a trace at any host.
+/// Late evidence against every refused cell: an echo that came after all
+/// for an invisible dispatch, or any of its frames at a host.
+async fn matrix_late_evidence(t: &TestRelay, me: &mut Peer, cells: &mut [Cell]) {
     tokio::time::sleep(Duration::from_millis(150)).await;
     me.settle().await;
     me.drain(Duration::from_millis(50)).await;
+    let up_me = t.upstream_id("alice", "tester");
     let at_hosts: Vec<Value> = t
         .hosts
         .iter()
@@ -946,6 +876,41 @@ async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
             }
         }
     }
+}
+
+/// Runs every cell of (`role`, `vis`) on a fresh relay.
+async fn matrix_relay(role: Role, vis: Vis) -> (Vec<Cell>, Vec<String>) {
+    let t = matrix_world(role, vis).await;
+    let targets = [
+        Target::verbatim(Obj::Own, 0, "own-s"),
+        Target::verbatim(Obj::Groupmate, 1, "mate-s"),
+        Target::verbatim(Obj::Stranger, 0, "stranger-s"),
+        Target::seeded(Obj::External, 1, "b-1"),
+    ];
+    let mut me = Peer::connect(&t, "alice", &["g1"], "tester").await;
+    let tag = format!("{}/{}", role.name(), vis.name());
+    let (listed, problems) = matrix_listing(&mut me, vis, &targets, &tag).await;
+    let mut cells = Vec::new();
+    let mut n = 0;
+    for tg in &targets {
+        for op in OPS {
+            n += 1;
+            let exp = expected(role, vis, tg.obj, op);
+            let host = &t.hosts[tg.host];
+            let (observed, marker, seq) = matrix_op(&mut me, host, tg, op, n, &listed, &exp).await;
+            cells.push(Cell {
+                role,
+                vis,
+                obj: tg.obj,
+                op,
+                expected: exp,
+                observed,
+                marker,
+                seq,
+            });
+        }
+    }
+    matrix_late_evidence(&t, &mut me, &mut cells).await;
     (cells, problems)
 }
 
@@ -1010,27 +975,25 @@ async fn tenancy_matrix_role_visibility_object_operation() {
 
 // ─── 2. S10 ─────────────────────────────────────────────────────────────────
 
-/// S10: bob (visibility own) cannot list, subscribe, fetch turns of,
-/// dispatch to (no echo), create a chat or terminal in, dispose, or learn
-/// the existence of alice's session: every answer is byte-identical (modulo
-/// id) to the one for a random URI, and no frame of his reaches a host. A
-/// viewer who sees the session gets a rejection echo for `chat/turnStarted`,
-/// -32009 for `createChat`, and the host never hears of either.
-#[tokio::test]
-async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
+/// S10's session: alice's, created through the relay on host a.
+const S10_SESSION: &str = "ahp-session:/alice-s";
+
+/// S10's world: alice (visibility own) created [`S10_SESSION`] on host a
+/// and ran a turn in it, bob sees only his own sessions and viewer vic sees
+/// all; the hosts' records are cleared after alice's turn. Returns the
+/// relay, alice (still attached) and her upstream id.
+async fn s10_world() -> (TestRelay, Peer, String) {
     let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
         + &rule("bob", &["bob"], &["*"], "operator", "own", "")
         + &rule("vic", &["vic"], &["*"], "viewer", "all", "");
     let t = TestRelay::start(two_hosts(), &rules).await;
-    let session = "ahp-session:/alice-s";
     let chat = main_chat_of("a", "alice-s");
-    let host_chat = "ahp-chat:/alice-s-main";
     let mut alice = Peer::connect(&t, "alice", &[], "a1").await;
-    create_session(&mut alice, session, "a").await;
-    subscribe_session(&mut alice, session, &chat).await;
+    create_session(&mut alice, S10_SESSION, "a").await;
+    subscribe_session(&mut alice, S10_SESSION, &chat).await;
     subscribe_ok(&mut alice, &chat).await;
     let seq = alice
-        .dispatch(&chat, turn("alice-turn", "private words"))
+        .dispatch(&chat, turn_started("alice-turn", "private words"))
         .await;
     let echo = alice.wait_echo(seq, WAIT).await.expect("alice's turn echo");
     assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
@@ -1040,13 +1003,47 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
                 && v["params"]["action"]["type"] == "chat/turnComplete"
         })
         .await;
-    let up_alice = upstream(&t, "alice", "a1");
+    let up_alice = t.upstream_id("alice", "a1");
     for h in &t.hosts {
         h.clear_record();
     }
+    (t, alice, up_alice)
+}
 
+/// Bob heard nothing of alice's session, and no host got a frame from him
+/// or from anyone but alice and the watch link.
+fn assert_bob_left_no_trace(t: &TestRelay, bob: &Peer, up_alice: &str) {
+    assert!(
+        bob.mentioning("alice-s").is_empty(),
+        "bob heard of alice's session: {:?}",
+        bob.mentioning("alice-s")
+    );
+    let up_bob = t.upstream_id("bob", "b1");
+    for h in &t.hosts {
+        assert!(
+            h.received_from(&up_bob).is_empty(),
+            "bob reached host {}",
+            h.config().name
+        );
+        let foreign = foreign_frames(h, &[up_alice]);
+        assert!(
+            foreign.is_empty(),
+            "host {} got frames: {foreign:?}",
+            h.config().name
+        );
+    }
+}
+
+/// S10 (§4.4 "invisible = nonexistent", §7): bob (visibility own) cannot
+/// list alice's session, see it in the root, or subscribe, fetch turns of,
+/// complete in, create a chat or terminal in, move, or dispose it or its
+/// chat: every answer is byte-identical (modulo id) to the one for a random
+/// URI of either form, and nothing of his reaches a host.
+#[tokio::test]
+async fn s10_an_invisible_session_answers_every_request_like_a_random_uri() {
+    let (t, _alice, up_alice) = s10_world().await;
+    let (session, chat) = (S10_SESSION, main_chat_of("a", "alice-s"));
     let mut bob = Peer::connect(&t, "bob", &[], "b1").await;
-    let up_bob = upstream(&t, "bob", "b1");
     assert_eq!(
         bob.listed().await,
         Vec::<String>::new(),
@@ -1105,20 +1102,32 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
             );
         }
     }
-    // Dispatches get no echo at all, like dispatches to nothing.
+    bob.settle().await;
+    assert_bob_left_no_trace(&t, &bob, &up_alice);
+}
+
+/// S10 (§4.4, §5.3): bob's dispatches to alice's invisible session or chat
+/// get no echo at all, exactly like dispatches to random URIs, and none
+/// reaches a host.
+#[tokio::test]
+async fn s10_dispatches_to_an_invisible_session_get_no_echo() {
+    let (t, _alice, up_alice) = s10_world().await;
+    let (session, chat) = (S10_SESSION, main_chat_of("a", "alice-s"));
+    let mut bob = Peer::connect(&t, "bob", &[], "b1").await;
+    let random_chat = main_chat_of("a", "zz-none2");
     let mut seqs = Vec::new();
     for (channel, action) in [
-        (chat.as_str(), turn("bob-turn", "hi")),
+        (chat.as_str(), turn_started("bob-turn", "hi")),
         (chat.as_str(), json!({"type": "chat/draftChanged"})),
         (
             session,
             json!({"type": "session/titleChanged", "title": "mine now"}),
         ),
         (
-            randoms[0].0,
+            "ahp-session:/zz-none",
             json!({"type": "session/titleChanged", "title": "x"}),
         ),
-        (randoms[1].1.as_str(), turn("bob-turn-2", "hi")),
+        (random_chat.as_str(), turn_started("bob-turn-2", "hi")),
     ] {
         seqs.push(bob.dispatch(channel, action).await);
     }
@@ -1128,35 +1137,27 @@ async fn s10_another_tenants_session_is_indistinguishable_from_nothing() {
     for seq in seqs {
         assert_eq!(bob.echo(seq), None, "an echo for dispatch {seq}");
     }
-    assert!(
-        bob.mentioning("alice-s").is_empty(),
-        "bob heard of alice's session: {:?}",
-        bob.mentioning("alice-s")
-    );
-    for h in &t.hosts {
-        assert!(
-            h.received_from(&up_bob).is_empty(),
-            "bob reached host {}",
-            h.config().name
-        );
-        let foreign = foreign_frames(h, &[&up_alice]);
-        assert!(
-            foreign.is_empty(),
-            "host {} got frames: {foreign:?}",
-            h.config().name
-        );
-    }
+    assert_bob_left_no_trace(&t, &bob, &up_alice);
+}
 
-    // A viewer sees the session but cannot operate it.
+/// S10 (§4.4 "visibility before permission"): viewer vic sees and reads
+/// alice's session but gets a "permission denied" rejection echo (numbered,
+/// the action as dispatched) for `chat/turnStarted` and -32009 for
+/// `createChat`, and the host never hears of either.
+#[tokio::test]
+async fn s10_a_viewer_sees_the_session_but_cannot_operate_it() {
+    let (t, _alice, _) = s10_world().await;
+    let (session, chat) = (S10_SESSION, main_chat_of("a", "alice-s"));
+    let host_chat = "ahp-chat:/alice-s-main";
     let mut vic = Peer::connect(&t, "vic", &[], "v1").await;
-    let up_vic = upstream(&t, "vic", "v1");
+    let up_vic = t.upstream_id("vic", "v1");
     assert!(vic.listed().await.contains(&session.to_string()));
     subscribe_session(&mut vic, session, &chat).await;
     let snap = subscribe_ok(&mut vic, &chat).await;
     let turns_before = snap["state"]["turns"].as_array().map_or(0, Vec::len);
     let fetched = vic.call("fetchTurns", json!({"channel": chat})).await;
     assert!(fetched.get("result").is_some(), "viewers read: {fetched}");
-    let action = turn("vic-turn", "let me in");
+    let action = turn_started("vic-turn", "let me in");
     let seq = vic.dispatch(&chat, action.clone()).await;
     vic.settle().await;
     let echo = vic
@@ -1236,15 +1237,41 @@ async fn refusals(
     answers
 }
 
-/// S10b: attachments, fork sources, move destinations and terminal claims
-/// naming an invisible chat or session, the bare host form of a qualified
-/// URI, or another host's URI are refused (-32602, -32001 where the claim
-/// routes the request, or a rejection echo), an invisible name exactly like
-/// a random one, and reach no host; the same fields naming visible objects
-/// are forwarded. A field the principal sees but may not operate on is
-/// -32009 (or a "permission denied" rejection echo).
-#[tokio::test]
-async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
+/// Chats S10b's bob may not name: alice's (qualified and client-chosen),
+/// random ones of both forms, bare host forms of qualified names, and chats
+/// of host b (his own, a seeded one, alice's).
+const S10B_BAD_CHATS: [&str; 9] = [
+    "ahp-chat:/a~alice-a-main",
+    "ahp-chat:/alice-side",
+    "ahp-chat:/a~zz-none-main",
+    "ahp-chat:/zz-none",
+    "ahp-chat:/a-1-main",
+    "ahp-chat:/bob-a-main",
+    "ahp-chat:/b~bob-b-main",
+    "ahp-chat:/b~b-1-main",
+    "ahp-chat:/b~alice-b-main",
+];
+
+/// Sessions S10b's bob may not name in a field of a request to host a:
+/// alice's, a random one, a bare host form, and sessions of host b.
+const S10B_BAD_SESSIONS: [&str; 6] = [
+    "ahp-session:/alice-a",
+    "ahp-session:/zz-none",
+    "ahp-session:/a-1",
+    "ahp-session:/bob-b",
+    "ahp-session:/b~b-1",
+    "ahp-session:/alice-b",
+];
+
+/// Bob's chat on host a, which his requests and dispatches target.
+const S10B_BOB_CHAT: &str = "ahp-chat:/a~bob-a-main";
+
+/// S10b's world: alice (own) has sessions on a and b and a side chat; bob
+/// (own, with external sessions) has sessions `bob-a` (chat subscribed,
+/// terminal `bob-t` claimed by it) and `bob-b`; vic is a viewer of host a
+/// with `terminals:use`. The hosts' records are cleared afterwards.
+/// Returns the relay, alice and bob.
+async fn s10b_world() -> (TestRelay, Peer, Peer) {
     let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
         + &rule(
             "bob",
@@ -1274,17 +1301,15 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
         .await;
     assert_eq!(side["result"], Value::Null, "{side}");
     let mut bob = Peer::connect(&t, "bob", &[], "b1").await;
-    let up_bob = upstream(&t, "bob", "b1");
     create_session(&mut bob, "ahp-session:/bob-a", "a").await;
     create_session(&mut bob, "ahp-session:/bob-b", "b").await;
-    let bob_chat = main_chat_of("a", "bob-a");
-    subscribe_session(&mut bob, "ahp-session:/bob-a", &bob_chat).await;
-    subscribe_ok(&mut bob, &bob_chat).await;
+    subscribe_session(&mut bob, "ahp-session:/bob-a", S10B_BOB_CHAT).await;
+    subscribe_ok(&mut bob, S10B_BOB_CHAT).await;
     let term = bob
         .call(
             "createTerminal",
             json!({"channel": "ahp-terminal:/bob-t",
-                "claim": session_claim("ahp-session:/bob-a", &bob_chat)}),
+                "claim": session_claim("ahp-session:/bob-a", S10B_BOB_CHAT)}),
         )
         .await;
     assert_eq!(term["result"], Value::Null, "{term}");
@@ -1301,205 +1326,22 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
     for h in &t.hosts {
         h.clear_record();
     }
+    (t, alice, bob)
+}
 
-    let invisible_chat = main_chat_of("a", "alice-a");
-    let random_chat = main_chat_of("a", "zz-none");
-    let bad_chats = [
-        invisible_chat.as_str(),
-        "ahp-chat:/alice-side",
-        random_chat.as_str(),
-        "ahp-chat:/zz-none",
-        "ahp-chat:/a-1-main",
-        "ahp-chat:/bob-a-main",
-        "ahp-chat:/b~bob-b-main",
-        "ahp-chat:/b~b-1-main",
-        "ahp-chat:/b~alice-b-main",
-    ];
-    let bad_sessions = [
-        "ahp-session:/alice-a",
-        "ahp-session:/zz-none",
-        "ahp-session:/a-1",
-        "ahp-session:/bob-b",
-        "ahp-session:/b~b-1",
-        "ahp-session:/alice-b",
-    ];
-    let mut positives = Vec::new();
-
-    // Attachments (read) in a turn on bob's own chat.
-    let mut reasons = Vec::new();
-    for r in bad_chats {
-        let mut action = turn(&format!("t-{}", reasons.len()), "look");
-        action["message"]["attachments"] = json!([chat_attachment(r)]);
-        let seq = bob.dispatch(&bob_chat, action).await;
-        let reason = rejection(&mut bob, seq).await;
-        assert!(
-            reason.starts_with("cannot translate"),
-            "attachment {r}: {reason}"
-        );
-        reasons.push(reason);
-    }
-    assert_eq!(reasons[0], reasons[2], "invisible vs random attachment");
-    assert_eq!(
-        reasons[1], reasons[3],
-        "invisible vs random verbatim attachment"
-    );
-    assert!(reasons[0].contains("unknown URI"), "{}", reasons[0]);
-    let mut ok_turn = turn("t-ok", "look");
-    ok_turn["message"]["attachments"] = json!([chat_attachment("ahp-chat:/a~a-1-main")]);
-    let seq = bob.dispatch(&bob_chat, ok_turn).await;
-    let echo = bob
-        .wait_echo(seq, WAIT)
-        .await
-        .expect("the visible attachment's echo");
-    assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
-    positives.push(seq);
-
-    // Fork sources (read).
-    let answers = refusals(&mut bob, "createChat", &bad_chats, &[-32602], |r| {
-        json!({"channel": "ahp-session:/bob-a", "chat": "ahp-chat:/bob-fork",
-            "source": {"kind": "fork", "chat": r, "turnId": "t-1"}})
-    })
-    .await;
-    assert_eq!(answers[0], answers[2], "invisible vs random fork source");
-    assert_eq!(
-        answers[1], answers[3],
-        "invisible vs random verbatim fork source"
-    );
-    // Control: bob's own chat as the source is forwarded (the simhost
-    // itself refuses forks; counted at the host below).
-    let _ = bob
-        .call(
-            "createChat",
-            json!({"channel": "ahp-session:/bob-a", "chat": "ahp-chat:/bob-fork",
-                "source": {"kind": "fork", "chat": bob_chat, "turnId": "t-1"}}),
-        )
-        .await;
-
-    // Move destinations (operate).
-    let answers = refusals(&mut bob, "moveChat", &bad_sessions, &[-32602], |r| {
-        json!({"channel": bob_chat,
-            "destination": {"kind": "session", "session": r}})
-    })
-    .await;
-    assert_eq!(
-        answers[0], answers[1],
-        "invisible vs random move destination"
-    );
-    let _ = bob
-        .call(
-            "moveChat",
-            json!({"channel": bob_chat,
-                "destination": {"kind": "session", "session": "ahp-session:/a~a-1"}}),
-        )
-        .await;
-
-    // Terminal claims (operate): a bad chat in a claim of bob's session …
-    let answers = refusals(&mut bob, "createTerminal", &bad_chats, &[-32602], |r| {
-        json!({"channel": "ahp-terminal:/bob-t2",
-            "claim": session_claim("ahp-session:/bob-a", r)})
-    })
-    .await;
-    assert_eq!(answers[0], answers[2], "invisible vs random claimed chat");
-    // … and a bad session: routed by the claim, so nonexistent (-32001) when
-    // it names nothing visible, -32602 when its chat is on another host.
-    let codes = [-32001, -32602];
-    let answers = refusals(&mut bob, "createTerminal", &bad_sessions, &codes, |r| {
-        json!({"channel": "ahp-terminal:/bob-t2",
-            "claim": session_claim(r, &bob_chat)})
-    })
-    .await;
-    assert_eq!(
-        answers[0], answers[1],
-        "invisible vs random claimed session"
-    );
-    assert_eq!(
-        answers[0], answers[2],
-        "bare host form vs random claimed session"
-    );
-    assert_eq!(
-        answers[0], answers[5],
-        "invisible on b vs random claimed session"
-    );
-    // `terminal/claimed` on bob's own terminal.
-    let mut reasons = Vec::new();
-    for (s, c) in [
-        ("ahp-session:/alice-a", invisible_chat.as_str()),
-        ("ahp-session:/zz-none", random_chat.as_str()),
-        ("ahp-session:/a-1", "ahp-chat:/a-1-main"),
-        ("ahp-session:/bob-b", "ahp-chat:/b~bob-b-main"),
-        ("ahp-session:/a~a-1", invisible_chat.as_str()),
-    ] {
-        let seq = bob
-            .dispatch(
-                "ahp-terminal:/bob-t",
-                json!({"type": "terminal/claimed", "claim": session_claim(s, c)}),
-            )
-            .await;
-        let reason = rejection(&mut bob, seq).await;
-        assert!(
-            reason.starts_with("cannot translate"),
-            "claim {s} {c}: {reason}"
-        );
-        reasons.push(reason);
-    }
-    assert_eq!(reasons[0], reasons[1], "invisible vs random claim");
-
-    // Visible but not permitted: vic sees everything on a and may use
-    // terminals, but claiming a session needs sessions:operate.
-    let mut vic = Peer::connect(&t, "vic", &[], "v1").await;
-    let up_vic = upstream(&t, "vic", "v1");
-    let denied = vic
-        .call(
-            "createTerminal",
-            json!({"channel": "ahp-terminal:/vic-t",
-                "claim": session_claim("ahp-session:/alice-a", &invisible_chat)}),
-        )
-        .await;
-    assert_eq!(denied["error"]["code"], -32009, "{denied}");
-    assert!(denied["error"].get("data").is_none(), "{denied}");
-    let seq = vic
-        .dispatch(
-            "ahp-terminal:/bob-t",
-            json!({"type": "terminal/claimed",
-                "claim": session_claim("ahp-session:/alice-a", &invisible_chat)}),
-        )
-        .await;
-    let reason = rejection(&mut vic, seq).await;
-    assert!(reason.starts_with("permission denied"), "{reason}");
-    // Host b is invisible to vic: a claim there is a claim of nothing.
-    let (id, text, _) = vic
-        .request_raw(
-            "createTerminal",
-            json!({"channel": "ahp-terminal:/vic-t",
-                "claim": session_claim("ahp-session:/bob-b", &main_chat_of("b", "bob-b"))}),
-        )
-        .await;
-    let (rid, rtext, _) = vic
-        .request_raw(
-            "createTerminal",
-            json!({"channel": "ahp-terminal:/vic-t",
-                "claim": session_claim("ahp-session:/zz-none", &random_chat)}),
-        )
-        .await;
-    assert_eq!(without_id(&text, id), without_id(&rtext, rid));
-
-    // Nothing refused reached a host; the controls did.
+/// Bob's frames at the hosts once everything queued has arrived: none
+/// names a refused object, a dispatch only if it is one of `positives`, a
+/// fork source, move destination or `createTerminal` only in its visible
+/// control form. Returns host a's frames from bob.
+async fn s10b_bob_at_hosts(t: &TestRelay, bob: &mut Peer, positives: &[i64]) -> Vec<Value> {
     tokio::time::sleep(Duration::from_millis(150)).await;
     bob.settle().await;
-    let mut bob_at_hosts: Vec<Value> = Vec::new();
-    for h in &t.hosts {
-        bob_at_hosts.extend(frames_from(h, &up_bob));
-        for f in frames_from(h, &up_vic) {
-            assert!(
-                !matches!(
-                    f["method"].as_str(),
-                    Some("createTerminal" | "dispatchAction")
-                ),
-                "vic's refused operation reached {}: {f}",
-                h.config().name
-            );
-        }
-    }
+    let up_bob = t.upstream_id("bob", "b1");
+    let bob_at_hosts: Vec<Value> = t
+        .hosts
+        .iter()
+        .flat_map(|h| frames_from(h, &up_bob))
+        .collect();
     for f in &bob_at_hosts {
         let text = f.to_string();
         for s in ["alice", "zz-none", "bob-t2", "b-1", "bob-b"] {
@@ -1524,20 +1366,50 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
             _ => {}
         }
     }
-    let host_a = frames_from(&t.hosts[0], &up_bob);
-    let count = |m: &str| host_a.iter().filter(|f| f["method"] == m).count();
+    frames_from(&t.hosts[0], &up_bob)
+}
+
+/// How many of `frames` are `method` requests.
+fn count_method(frames: &[Value], method: &str) -> usize {
+    frames.iter().filter(|f| f["method"] == method).count()
+}
+
+/// S10b (§4.3 "URI fields", §7): a turn whose attachment names an
+/// invisible, bare host-form or other host's chat gets a "cannot
+/// translate" rejection echo (an invisible name exactly like a random one)
+/// and reaches no host; a visible attachment is forwarded in host form.
+#[tokio::test]
+async fn s10b_attachments_must_name_visible_chats_of_the_target_host() {
+    let (t, _alice, mut bob) = s10b_world().await;
+    let mut reasons = Vec::new();
+    for r in S10B_BAD_CHATS {
+        let mut action = turn_started(&format!("t-{}", reasons.len()), "look");
+        action["message"]["attachments"] = json!([chat_attachment(r)]);
+        let seq = bob.dispatch(S10B_BOB_CHAT, action).await;
+        let reason = rejection(&mut bob, seq).await;
+        assert!(
+            reason.starts_with("cannot translate"),
+            "attachment {r}: {reason}"
+        );
+        reasons.push(reason);
+    }
+    assert_eq!(reasons[0], reasons[2], "invisible vs random attachment");
     assert_eq!(
-        count("createChat"),
-        1,
-        "the visible fork source was forwarded"
+        reasons[1], reasons[3],
+        "invisible vs random verbatim attachment"
     );
+    assert!(reasons[0].contains("unknown URI"), "{}", reasons[0]);
+    let mut ok_turn = turn_started("t-ok", "look");
+    ok_turn["message"]["attachments"] = json!([chat_attachment("ahp-chat:/a~a-1-main")]);
+    let seq = bob.dispatch(S10B_BOB_CHAT, ok_turn).await;
+    let echo = bob
+        .wait_echo(seq, WAIT)
+        .await
+        .expect("the visible attachment's echo");
+    assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
+    let host_a = s10b_bob_at_hosts(&t, &mut bob, &[seq]).await;
     assert_eq!(
-        count("moveChat"),
-        1,
-        "the visible move destination was forwarded"
-    );
-    assert_eq!(
-        count("dispatchAction"),
+        count_method(&host_a, "dispatchAction"),
         1,
         "the visible attachment was forwarded"
     );
@@ -1549,6 +1421,203 @@ async fn s10b_uri_fields_must_name_visible_objects_of_the_target_host() {
         attached["params"]["action"]["message"]["attachments"][0]["resource"],
         "ahp-chat:/a-1-main"
     );
+}
+
+/// S10b (§4.3, §7): `createChat` forking from an invisible, bare host-form
+/// or other host's chat is -32602 (an invisible name exactly like a random
+/// one) and reaches no host; bob's own chat as the source is forwarded.
+#[tokio::test]
+async fn s10b_fork_sources_must_name_visible_chats_of_the_target_host() {
+    let (t, _alice, mut bob) = s10b_world().await;
+    let answers = refusals(&mut bob, "createChat", &S10B_BAD_CHATS, &[-32602], |r| {
+        json!({"channel": "ahp-session:/bob-a", "chat": "ahp-chat:/bob-fork",
+            "source": {"kind": "fork", "chat": r, "turnId": "t-1"}})
+    })
+    .await;
+    assert_eq!(answers[0], answers[2], "invisible vs random fork source");
+    assert_eq!(
+        answers[1], answers[3],
+        "invisible vs random verbatim fork source"
+    );
+    // Control: bob's own chat as the source is forwarded (the simhost
+    // itself refuses forks; counted at the host below).
+    let _ = bob
+        .call(
+            "createChat",
+            json!({"channel": "ahp-session:/bob-a", "chat": "ahp-chat:/bob-fork",
+                "source": {"kind": "fork", "chat": S10B_BOB_CHAT, "turnId": "t-1"}}),
+        )
+        .await;
+    let host_a = s10b_bob_at_hosts(&t, &mut bob, &[]).await;
+    assert_eq!(
+        count_method(&host_a, "createChat"),
+        1,
+        "the visible fork source was forwarded"
+    );
+}
+
+/// S10b (§4.3, §7): `moveChat` to an invisible, bare host-form or other
+/// host's session is -32602 (an invisible name exactly like a random one)
+/// and reaches no host; a visible destination is forwarded in host form.
+#[tokio::test]
+async fn s10b_move_destinations_must_name_visible_sessions_of_the_target_host() {
+    let (t, _alice, mut bob) = s10b_world().await;
+    let answers = refusals(&mut bob, "moveChat", &S10B_BAD_SESSIONS, &[-32602], |r| {
+        json!({"channel": S10B_BOB_CHAT,
+            "destination": {"kind": "session", "session": r}})
+    })
+    .await;
+    assert_eq!(
+        answers[0], answers[1],
+        "invisible vs random move destination"
+    );
+    let _ = bob
+        .call(
+            "moveChat",
+            json!({"channel": S10B_BOB_CHAT,
+                "destination": {"kind": "session", "session": "ahp-session:/a~a-1"}}),
+        )
+        .await;
+    let host_a = s10b_bob_at_hosts(&t, &mut bob, &[]).await;
+    assert_eq!(
+        count_method(&host_a, "moveChat"),
+        1,
+        "the visible move destination was forwarded"
+    );
+}
+
+/// S10b (§4.3, §7): terminal claims naming a bad chat are -32602, naming a
+/// bad session -32001 (the claim routes the request: nothing visible) or
+/// -32602 (its chat on another host), `terminal/claimed` with a bad claim
+/// gets a "cannot translate" rejection echo; an invisible name answers
+/// exactly like a random one, and none reaches a host.
+#[tokio::test]
+async fn s10b_terminal_claims_must_name_visible_objects_of_the_target_host() {
+    let (t, _alice, mut bob) = s10b_world().await;
+    // A bad chat in a claim of bob's session …
+    let answers = refusals(
+        &mut bob,
+        "createTerminal",
+        &S10B_BAD_CHATS,
+        &[-32602],
+        |r| {
+            json!({"channel": "ahp-terminal:/bob-t2",
+            "claim": session_claim("ahp-session:/bob-a", r)})
+        },
+    )
+    .await;
+    assert_eq!(answers[0], answers[2], "invisible vs random claimed chat");
+    // … and a bad session.
+    let codes = [-32001, -32602];
+    let answers = refusals(
+        &mut bob,
+        "createTerminal",
+        &S10B_BAD_SESSIONS,
+        &codes,
+        |r| {
+            json!({"channel": "ahp-terminal:/bob-t2",
+            "claim": session_claim(r, S10B_BOB_CHAT)})
+        },
+    )
+    .await;
+    assert_eq!(
+        answers[0], answers[1],
+        "invisible vs random claimed session"
+    );
+    assert_eq!(
+        answers[0], answers[2],
+        "bare host form vs random claimed session"
+    );
+    assert_eq!(
+        answers[0], answers[5],
+        "invisible on b vs random claimed session"
+    );
+    // `terminal/claimed` on bob's own terminal.
+    let (invisible_chat, random_chat) = (S10B_BAD_CHATS[0], S10B_BAD_CHATS[2]);
+    let mut reasons = Vec::new();
+    for (s, c) in [
+        ("ahp-session:/alice-a", invisible_chat),
+        ("ahp-session:/zz-none", random_chat),
+        ("ahp-session:/a-1", "ahp-chat:/a-1-main"),
+        ("ahp-session:/bob-b", "ahp-chat:/b~bob-b-main"),
+        ("ahp-session:/a~a-1", invisible_chat),
+    ] {
+        let seq = bob
+            .dispatch(
+                "ahp-terminal:/bob-t",
+                json!({"type": "terminal/claimed", "claim": session_claim(s, c)}),
+            )
+            .await;
+        let reason = rejection(&mut bob, seq).await;
+        assert!(
+            reason.starts_with("cannot translate"),
+            "claim {s} {c}: {reason}"
+        );
+        reasons.push(reason);
+    }
+    assert_eq!(reasons[0], reasons[1], "invisible vs random claim");
+    s10b_bob_at_hosts(&t, &mut bob, &[]).await;
+}
+
+/// S10b (§4.4 "visibility before permission"): viewer vic sees host a and
+/// may use terminals, but claiming a session needs `sessions:operate`: a
+/// `createTerminal` claiming alice's session is -32009 without `data`, a
+/// `terminal/claimed` naming it a "permission denied" rejection echo; a
+/// claim on host b, invisible to vic, answers like a random one; neither
+/// reaches a host.
+#[tokio::test]
+async fn s10b_a_visible_claim_the_principal_may_not_operate_is_denied() {
+    let (t, _alice, mut bob) = s10b_world().await;
+    let (invisible_chat, random_chat) = (S10B_BAD_CHATS[0], S10B_BAD_CHATS[2]);
+    let mut vic = Peer::connect(&t, "vic", &[], "v1").await;
+    let up_vic = t.upstream_id("vic", "v1");
+    let denied = vic
+        .call(
+            "createTerminal",
+            json!({"channel": "ahp-terminal:/vic-t",
+                "claim": session_claim("ahp-session:/alice-a", invisible_chat)}),
+        )
+        .await;
+    assert_eq!(denied["error"]["code"], -32009, "{denied}");
+    assert!(denied["error"].get("data").is_none(), "{denied}");
+    let seq = vic
+        .dispatch(
+            "ahp-terminal:/bob-t",
+            json!({"type": "terminal/claimed",
+                "claim": session_claim("ahp-session:/alice-a", invisible_chat)}),
+        )
+        .await;
+    let reason = rejection(&mut vic, seq).await;
+    assert!(reason.starts_with("permission denied"), "{reason}");
+    // Host b is invisible to vic: a claim there is a claim of nothing.
+    let (id, text, _) = vic
+        .request_raw(
+            "createTerminal",
+            json!({"channel": "ahp-terminal:/vic-t",
+                "claim": session_claim("ahp-session:/bob-b", &main_chat_of("b", "bob-b"))}),
+        )
+        .await;
+    let (rid, rtext, _) = vic
+        .request_raw(
+            "createTerminal",
+            json!({"channel": "ahp-terminal:/vic-t",
+                "claim": session_claim("ahp-session:/zz-none", random_chat)}),
+        )
+        .await;
+    assert_eq!(without_id(&text, id), without_id(&rtext, rid));
+    s10b_bob_at_hosts(&t, &mut bob, &[]).await;
+    for h in &t.hosts {
+        for f in frames_from(h, &up_vic) {
+            assert!(
+                !matches!(
+                    f["method"].as_str(),
+                    Some("createTerminal" | "dispatchAction")
+                ),
+                "vic's refused operation reached {}: {f}",
+                h.config().name
+            );
+        }
+    }
 }
 
 // ─── 4. S10c ────────────────────────────────────────────────────────────────
@@ -1593,52 +1662,91 @@ async fn logged_action(p: &mut Peer, channel: &str, ty: &str) -> Value {
     env["params"]["action"].clone()
 }
 
-/// S10c: bob and mallory use alice's `clientId` ("same"). The hosts see
-/// three different upstream ids. Bob (visibility own) sees nothing of
-/// alice's: her session, her client-claimed terminal, her tool calls —
-/// every attempt is silent or answers like nothing, and reaches no host.
-/// Mallory sees every session (visibility all) but alice's tool call shows
-/// an opaque contributor, not "same"; his completion of it is rejected by
-/// the host (another upstream client), naming alice's upstream id in
-/// `session/activeClient*` is refused by the relay, and alice's
-/// client-claimed terminal stays invisible to him. Alice then completes
-/// and confirms her own calls.
-#[tokio::test]
-async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
+/// S10c's session of alice on host a, with her client tool call.
+const S10C_SESSION: &str = "ahp-session:/alice-s";
+/// S10c's session of alice on host b, with a host tool call awaiting
+/// confirmation.
+const S10C_CONF_SESSION: &str = "ahp-session:/alice-conf";
+/// S10c's terminal of alice on host a, claimed by her client.
+const S10C_TERM: &str = "ahp-terminal:/alice-term";
+
+/// S10c's world: alice (own), bob (own) and mallory (all) may all use the
+/// `clientId` "same". Alice, connected as "same", has a client tool call
+/// running in [`S10C_SESSION`], a host tool call awaiting confirmation in
+/// [`S10C_CONF_SESSION`] and the client-claimed terminal [`S10C_TERM`].
+struct S10c {
+    t: TestRelay,
+    alice: Peer,
+    /// The `toolCallId` of alice's client tool call.
+    call_id: String,
+    /// The `toolCallId` of the host tool call awaiting confirmation.
+    conf_id: String,
+}
+
+/// The `status` of tool call `id` in `host`'s chat `host_chat`.
+fn tool_status(host: &SimHost, host_chat: &str, id: &str) -> Option<Value> {
+    find_tool_call(&host.channel_state(host_chat).expect("chat"), id).map(|c| c["status"].clone())
+}
+
+/// A successful `chat/toolCallComplete` of S10c's client tool call.
+fn s10c_complete(call_id: &str) -> Value {
+    json!({"type": "chat/toolCallComplete", "turnId": "tool-turn",
+        "toolCallId": call_id, "result": {"success": true, "pastTenseMessage": "Read it"}})
+}
+
+/// The confirmation of S10c's host tool call.
+fn s10c_confirm(conf_id: &str) -> Value {
+    json!({"type": "chat/toolCallConfirmed", "turnId": "conf-turn",
+        "toolCallId": conf_id, "approved": true})
+}
+
+/// Alice creates [`S10C_CONF_SESSION`] on host b and starts a turn whose
+/// host tool call waits for confirmation; returns its `toolCallId`.
+async fn s10c_confirmation_call(alice: &mut Peer) -> String {
+    let conf_chat = main_chat_of("b", "alice-conf");
+    create_session(alice, S10C_CONF_SESSION, "b").await;
+    subscribe_ok(alice, &conf_chat).await;
+    alice
+        .dispatch(&conf_chat, turn_started("conf-turn", "run it"))
+        .await;
+    let conf_start = logged_action(alice, &conf_chat, "chat/toolCallStart").await;
+    let conf_id = conf_start["toolCallId"]
+        .as_str()
+        .expect("toolCallId")
+        .to_string();
+    logged_action(alice, &conf_chat, "chat/toolCallReady").await;
+    conf_id
+}
+
+/// Builds [`S10c`] and checks the hosts hold alice's calls, activeClient
+/// and terminal claim under her upstream id.
+async fn s10c_world() -> S10c {
     let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
         + &rule("bob", &["bob"], &["*"], "operator", "own", "")
         + &rule("mallory", &["mallory"], &["*"], "operator", "all", "");
     let mut b = fast_config("b", 1);
     b.script.tool_confirmation = true;
-    let t = start_relay(vec![fast_config("a", 1), b], &rules, |cfg| {
+    let t = TestRelay::start_tweaked(vec![fast_config("a", 1), b], "", &rules, |cfg| {
         cfg.relay.default_host = Some("a".into());
     })
     .await;
-    let (host_a, host_b) = (&t.hosts[0], &t.hosts[1]);
-    let session = "ahp-session:/alice-s";
+    t.wait_hosts_up().await;
     let chat = main_chat_of("a", "alice-s");
-    let conf_session = "ahp-session:/alice-conf";
-    let conf_chat = main_chat_of("b", "alice-conf");
-    let term = "ahp-terminal:/alice-term";
-    let up_alice = upstream(&t, "alice", "same");
-    let up_bob = upstream(&t, "bob", "same");
-    let up_mallory = upstream(&t, "mallory", "same");
-
     let mut alice = Peer::connect(&t, "alice", &[], "same").await;
-    create_session(&mut alice, session, "a").await;
-    subscribe_session(&mut alice, session, &chat).await;
+    create_session(&mut alice, S10C_SESSION, "a").await;
+    subscribe_session(&mut alice, S10C_SESSION, &chat).await;
     subscribe_ok(&mut alice, &chat).await;
     let created = alice
         .call(
             "createTerminal",
-            json!({"channel": term, "claim": {"kind": "client", "clientId": "same"}}),
+            json!({"channel": S10C_TERM, "claim": {"kind": "client", "clientId": "same"}}),
         )
         .await;
     assert_eq!(created["result"], Value::Null, "{created}");
-    subscribe_ok(&mut alice, term).await;
+    subscribe_ok(&mut alice, S10C_TERM).await;
     let set = alice
         .dispatch(
-            session,
+            S10C_SESSION,
             json!({"type": "session/activeClientSet", "activeClient": {"clientId": "same",
                 "tools": [{"name": TOOL, "title": "Read the open tab"}]}}),
         )
@@ -1651,7 +1759,7 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
     let seq = alice
         .dispatch(
             &chat,
-            turn("tool-turn", &format!("look [client-tool:{TOOL}]")),
+            turn_started("tool-turn", &format!("look [client-tool:{TOOL}]")),
         )
         .await;
     alice.wait_echo(seq, WAIT).await.expect("turn echo");
@@ -1666,50 +1774,88 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
         .expect("toolCallId")
         .to_string();
     logged_action(&mut alice, &chat, "chat/toolCallReady").await;
-    // A host tool waiting for confirmation on b.
-    create_session(&mut alice, conf_session, "b").await;
-    subscribe_ok(&mut alice, &conf_chat).await;
-    alice
-        .dispatch(&conf_chat, turn("conf-turn", "run it"))
-        .await;
-    let conf_start = logged_action(&mut alice, &conf_chat, "chat/toolCallStart").await;
-    let conf_id = conf_start["toolCallId"]
-        .as_str()
-        .expect("toolCallId")
-        .to_string();
-    logged_action(&mut alice, &conf_chat, "chat/toolCallReady").await;
-
-    let running = |id: &str, host: &SimHost, host_chat: &str| {
-        find_tool_call(&host.channel_state(host_chat).expect("chat"), id)
-            .map(|c| c["status"].clone())
-    };
-    assert_eq!(
-        running(&call_id, host_a, "ahp-chat:/alice-s-main"),
-        Some(json!("running"))
-    );
-    assert_eq!(
-        running(&conf_id, host_b, "ahp-chat:/alice-conf-main"),
-        Some(json!("pending-confirmation"))
-    );
-    let host_session = host_a.channel_state(session).expect("alice's session");
-    assert_eq!(
-        host_session["activeClients"][0]["clientId"],
-        up_alice.as_str()
-    );
-    let host_term = host_a.channel_state(term).expect("alice's terminal");
-    assert_eq!(host_term["claim"]["clientId"], up_alice.as_str());
+    let conf_id = s10c_confirmation_call(&mut alice).await;
     let root = alice.root().await;
     assert!(
-        sorted_strings(&root["terminals"], "resource").contains(&term.to_string()),
+        sorted_strings(&root["terminals"], "resource").contains(&S10C_TERM.to_string()),
         "alice sees her terminal: {root}"
     );
+    let w = S10c {
+        t,
+        alice,
+        call_id,
+        conf_id,
+    };
+    s10c_assert_alice_held(&w, "running").await;
+    w
+}
 
-    // Bob, visibility own, same clientId.
-    let mut bob = Peer::connect(&t, "bob", &[], "same").await;
+/// The hosts hold alice's client tool call with `status`, the host tool
+/// call awaiting confirmation, and her activeClient and terminal claim
+/// under her upstream id; her root shows her terminal.
+async fn s10c_assert_alice_held(w: &S10c, status: &str) {
+    let (host_a, host_b) = (&w.t.hosts[0], &w.t.hosts[1]);
+    let up_alice = w.t.upstream_id("alice", "same");
+    assert_eq!(
+        tool_status(host_a, "ahp-chat:/alice-s-main", &w.call_id),
+        Some(json!(status)),
+        "alice's client tool call"
+    );
+    assert_eq!(
+        tool_status(host_b, "ahp-chat:/alice-conf-main", &w.conf_id),
+        Some(json!("pending-confirmation"))
+    );
+    let host_session = host_a.channel_state(S10C_SESSION).expect("alice's session");
+    assert_eq!(
+        sorted_strings(&host_session["activeClients"], "clientId"),
+        std::slice::from_ref(&up_alice)
+    );
+    assert!(
+        host_a
+            .channel_state(S10C_TERM)
+            .is_some_and(|s| s["claim"]["clientId"] == up_alice.as_str()),
+        "alice's terminal keeps its claim"
+    );
+}
+
+/// Alice's client-claimed terminal answers `p` like a random one and is
+/// absent from `p`'s root.
+async fn s10c_assert_terminal_invisible(p: &mut Peer) {
+    let (id, text, _) = p
+        .request_raw("subscribe", json!({"channel": S10C_TERM}))
+        .await;
+    let random = json!({"channel": "ahp-terminal:/zz-term"});
+    assert_eq!(
+        like_random(p, "subscribe", random, id, &text).await,
+        Decision::Invisible,
+        "alice's client-claimed terminal is invisible to {}",
+        p.who
+    );
+    let root = p.root().await;
+    assert!(
+        !root["terminals"].to_string().contains("alice-term"),
+        "{root}"
+    );
+}
+
+/// S10c (§2 B2, §4.4, §7): bob (visibility own) connected with alice's
+/// `clientId` sees nothing of hers: her session, chats and client-claimed
+/// terminal answer like random URIs, his completion, confirmation,
+/// terminal input and claim get no echo, his root shows none of it, and
+/// nothing of his reaches a host.
+#[tokio::test]
+async fn s10c_another_principal_with_the_same_client_id_sees_nothing() {
+    let mut w = s10c_world().await;
+    let (chat, conf_chat) = (
+        main_chat_of("a", "alice-s"),
+        main_chat_of("b", "alice-conf"),
+    );
+    let up_bob = w.t.upstream_id("bob", "same");
+    let mut bob = Peer::connect(&w.t, "bob", &[], "same").await;
     for (method, real, random) in [
         (
             "subscribe",
-            json!({"channel": session}),
+            json!({"channel": S10C_SESSION}),
             json!({"channel": "ahp-session:/zz"}),
         ),
         (
@@ -1719,12 +1865,12 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
         ),
         (
             "subscribe",
-            json!({"channel": term}),
+            json!({"channel": S10C_TERM}),
             json!({"channel": "ahp-terminal:/zz-term"}),
         ),
         (
             "disposeTerminal",
-            json!({"channel": term}),
+            json!({"channel": S10C_TERM}),
             json!({"channel": "ahp-terminal:/zz-term"}),
         ),
         (
@@ -1740,25 +1886,16 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
             Decision::Invisible
         );
     }
-    let complete = json!({"type": "chat/toolCallComplete", "turnId": "tool-turn",
-        "toolCallId": call_id, "result": {"success": true, "pastTenseMessage": "Read it"}});
     let mut silent = Vec::new();
-    silent.push(bob.dispatch(&chat, complete.clone()).await);
+    silent.push(bob.dispatch(&chat, s10c_complete(&w.call_id)).await);
+    silent.push(bob.dispatch(&conf_chat, s10c_confirm(&w.conf_id)).await);
     silent.push(
-        bob.dispatch(
-            &conf_chat,
-            json!({"type": "chat/toolCallConfirmed", "turnId": "conf-turn",
-                "toolCallId": conf_id, "approved": true}),
-        )
-        .await,
-    );
-    silent.push(
-        bob.dispatch(term, json!({"type": "terminal/input", "data": "ls\n"}))
+        bob.dispatch(S10C_TERM, json!({"type": "terminal/input", "data": "ls\n"}))
             .await,
     );
     silent.push(
         bob.dispatch(
-            term,
+            S10C_TERM,
             json!({"type": "terminal/claimed", "claim": {"kind": "client", "clientId": "same"}}),
         )
         .await,
@@ -1771,20 +1908,33 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
     for seq in &silent {
         assert_eq!(bob.echo(*seq), None, "bob got an echo for {seq}");
     }
-    assert!(
-        host_a.received_from(&up_bob).is_empty(),
-        "bob reached host a"
-    );
-    assert!(
-        host_b.received_from(&up_bob).is_empty(),
-        "bob reached host b"
-    );
+    for h in &w.t.hosts {
+        assert!(
+            h.received_from(&up_bob).is_empty(),
+            "bob reached host {}",
+            h.config().name
+        );
+    }
+    s10c_assert_alice_held(&w, "running").await;
+    s10c_alice_completes_her_calls(&mut w).await;
+}
 
-    // Mallory, visibility all, same clientId.
-    let mut mallory = Peer::connect(&t, "mallory", &[], "same").await;
+/// S10c (§2 B2): three principals using one `clientId` are three upstream
+/// clients: the hosts never see "same", and mallory (visibility all) sees
+/// alice's activeClient and tool call contributor only as her opaque
+/// upstream id.
+#[tokio::test]
+async fn s10c_one_client_id_of_three_principals_is_three_upstream_clients() {
+    let w = s10c_world().await;
+    let host_a = &w.t.hosts[0];
+    let chat = main_chat_of("a", "alice-s");
+    let up_alice = w.t.upstream_id("alice", "same");
+    let up_bob = w.t.upstream_id("bob", "same");
+    let up_mallory = w.t.upstream_id("mallory", "same");
     let ids = BTreeSet::from([up_alice.clone(), up_bob.clone(), up_mallory.clone()]);
     assert_eq!(ids.len(), 3, "three principals, three upstream ids");
-    let session_state = subscribe_session(&mut mallory, session, &chat).await;
+    let mut mallory = Peer::connect(&w.t, "mallory", &[], "same").await;
+    let session_state = subscribe_session(&mut mallory, S10C_SESSION, &chat).await;
     assert_eq!(
         session_state["activeClients"][0]["clientId"],
         up_alice.as_str(),
@@ -1798,40 +1948,34 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
         std::slice::from_ref(&up_alice),
         "contributors as mallory sees them"
     );
-    let inits: BTreeSet<String> = host_a
-        .received()
-        .iter()
-        .filter(|f| f.method.as_deref() == Some("initialize"))
-        .filter_map(|f| serde_json::from_str::<Value>(&f.text).ok())
-        .filter_map(|f| f["params"]["clientId"].as_str().map(str::to_string))
-        .collect();
+    let inits: BTreeSet<String> = initialized_ids(host_a).into_iter().collect();
     assert_eq!(
         inits,
         BTreeSet::from([watch(), up_alice.clone(), up_mallory.clone()]),
         "host a saw alice and mallory as two upstream clients, never \"same\""
     );
     assert!(host_a.received_from("same").is_empty());
-    let (id, text, _) = mallory
-        .request_raw("subscribe", json!({"channel": term}))
-        .await;
-    assert_eq!(
-        like_random(
-            &mut mallory,
-            "subscribe",
-            json!({"channel": "ahp-terminal:/zz-term"}),
-            id,
-            &text
-        )
-        .await,
-        Decision::Invisible,
-        "alice's client-claimed terminal is invisible to mallory"
-    );
-    let root = mallory.root().await;
-    assert!(
-        !root["terminals"].to_string().contains("alice-term"),
-        "{root}"
-    );
-    let steal = mallory.dispatch(&chat, complete.clone()).await;
+}
+
+/// S10c (§4.3, §5.7, §7): mallory (visibility all) with alice's `clientId`
+/// cannot see alice's client-claimed terminal (it answers like a random
+/// one, is absent from his root, and his input to it gets no echo); his
+/// completion of her tool call reaches the host, which rejects it (another
+/// upstream client); `session/activeClient*` naming her upstream id is
+/// refused by the relay. Her calls, activeClient and claim stay hers, and
+/// she then completes and confirms them herself.
+#[tokio::test]
+async fn s10c_another_principal_cannot_act_on_the_client_s_calls_or_terminal() {
+    let mut w = s10c_world().await;
+    let chat = main_chat_of("a", "alice-s");
+    let host_a = &w.t.hosts[0];
+    let up_alice = w.t.upstream_id("alice", "same");
+    let up_mallory = w.t.upstream_id("mallory", "same");
+    let mut mallory = Peer::connect(&w.t, "mallory", &[], "same").await;
+    subscribe_session(&mut mallory, S10C_SESSION, &chat).await;
+    subscribe_ok(&mut mallory, &chat).await;
+    s10c_assert_terminal_invisible(&mut mallory).await;
+    let steal = mallory.dispatch(&chat, s10c_complete(&w.call_id)).await;
     let echo = mallory
         .wait_echo(steal, WAIT)
         .await
@@ -1843,20 +1987,18 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
         reason.contains("not contributed by the dispatching client"),
         "the host rejects another client's completion: {echo}"
     );
-    let mut refused = Vec::new();
     for action in [
         json!({"type": "session/activeClientSet", "activeClient": {"clientId": up_alice,
             "tools": [{"name": TOOL}]}}),
         json!({"type": "session/activeClientRemoved", "clientId": up_alice}),
     ] {
-        let seq = mallory.dispatch(session, action).await;
+        let seq = mallory.dispatch(S10C_SESSION, action).await;
         let reason = rejection(&mut mallory, seq).await;
         assert!(reason.starts_with("cannot translate"), "{reason}");
-        refused.push(seq);
     }
     let typed_seq = mallory
         .dispatch(
-            term,
+            S10C_TERM,
             json!({"type": "terminal/input", "data": "rm -rf /\n"}),
         )
         .await;
@@ -1878,54 +2020,53 @@ async fn s10c_the_same_client_id_of_another_principal_is_another_client() {
         "only the completion reached the host: {dispatched:?}"
     );
     assert_eq!(dispatched[0]["params"]["clientSeq"], steal);
-    assert_eq!(
-        running(&call_id, host_a, "ahp-chat:/alice-s-main"),
-        Some(json!("running")),
-        "alice's call is untouched"
-    );
-    let host_session = host_a.channel_state(session).expect("alice's session");
-    assert_eq!(
-        sorted_strings(&host_session["activeClients"], "clientId"),
-        std::slice::from_ref(&up_alice)
-    );
-    assert!(
-        host_a
-            .channel_state(term)
-            .is_some_and(|s| s["claim"]["clientId"] == up_alice.as_str()),
-        "alice's terminal keeps its claim"
-    );
+    s10c_assert_alice_held(&w, "running").await;
+    s10c_alice_completes_her_calls(&mut w).await;
+}
 
-    // Alice's own completion and confirmation go through.
-    let done = alice.dispatch(&chat, complete).await;
-    let echo = alice.wait_echo(done, WAIT).await.expect("completion echo");
+/// Alice's own completion and confirmation go through, and the host
+/// completes her client tool call.
+async fn s10c_alice_completes_her_calls(w: &mut S10c) {
+    let (chat, conf_chat) = (
+        main_chat_of("a", "alice-s"),
+        main_chat_of("b", "alice-conf"),
+    );
+    let done = w.alice.dispatch(&chat, s10c_complete(&w.call_id)).await;
+    let echo = w
+        .alice
+        .wait_echo(done, WAIT)
+        .await
+        .expect("completion echo");
     assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
-    logged_action(&mut alice, &chat, "chat/turnComplete").await;
-    let ok = alice
-        .dispatch(
-            &conf_chat,
-            json!({"type": "chat/toolCallConfirmed", "turnId": "conf-turn",
-                "toolCallId": conf_id, "approved": true}),
-        )
-        .await;
-    let echo = alice.wait_echo(ok, WAIT).await.expect("confirmation echo");
+    logged_action(&mut w.alice, &chat, "chat/turnComplete").await;
+    let ok = w.alice.dispatch(&conf_chat, s10c_confirm(&w.conf_id)).await;
+    let echo = w
+        .alice
+        .wait_echo(ok, WAIT)
+        .await
+        .expect("confirmation echo");
     assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
-    logged_action(&mut alice, &conf_chat, "chat/turnComplete").await;
+    logged_action(&mut w.alice, &conf_chat, "chat/turnComplete").await;
     assert_eq!(
-        running(&call_id, host_a, "ahp-chat:/alice-s-main"),
+        tool_status(&w.t.hosts[0], "ahp-chat:/alice-s-main", &w.call_id),
         Some(json!("completed"))
     );
 }
 
 // ─── 5. visibility everywhere ───────────────────────────────────────────────
 
-/// §6.1, §6.3, §6.4: root state (agents of invisible hosts absent,
-/// terminals filtered, `activeSessions` counting only visible sessions),
-/// `listSessions` and the `root/session*` notifications follow visibility:
-/// bob (own, host a only) hears nothing of alice's session or terminal,
-/// carol (viewer, group g1 like alice) hears of alice's but not of bob's,
-/// dave (admin, all) hears of everything, each notification once.
-#[tokio::test]
-async fn root_and_catalog_notifications_reach_only_who_sees_the_session() {
+/// The seeded terminal of host a, claimed by its seeded (external) session.
+const SEEDED_TERM: &str = "ahp-terminal:/a~1";
+/// Alice's session, chat and terminal in the visibility tests.
+const VIS_MINE: &str = "ahp-session:/alice-1";
+const VIS_MY_TERM: &str = "ahp-terminal:/alice-t";
+/// Bob's session in the visibility tests.
+const VIS_BOBS: &str = "ahp-session:/bob-1";
+
+/// The visibility world: host a (one terminal) and b; alice (own, g1), bob
+/// (own, host a only, g2), carol (viewer, group, g1) and dave (admin, all)
+/// connected and subscribed to the root, in that order.
+async fn visibility_world() -> (TestRelay, [Peer; 4]) {
     let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
         + &rule("bob", &["bob"], &["a"], "operator", "own", "")
         + &rule("carol", &["carol"], &["*"], "viewer", "group", "")
@@ -1933,78 +2074,111 @@ async fn root_and_catalog_notifications_reach_only_who_sees_the_session() {
     let mut a = fast_config("a", 1);
     a.terminals = 1;
     let t = TestRelay::start(vec![a, fast_config("b", 1)], &rules).await;
-    let mut alice = Peer::connect(&t, "alice", &["g1"], "c").await;
-    let mut bob = Peer::connect(&t, "bob", &["g2"], "c").await;
-    let mut carol = Peer::connect(&t, "carol", &["g1"], "c").await;
-    let mut dave = Peer::connect(&t, "dave", &[], "c").await;
-    let seeded_term = "ahp-terminal:/a~1";
+    let mut peers = [
+        Peer::connect(&t, "alice", &["g1"], "c").await,
+        Peer::connect(&t, "bob", &["g2"], "c").await,
+        Peer::connect(&t, "carol", &["g1"], "c").await,
+        Peer::connect(&t, "dave", &[], "c").await,
+    ];
+    for p in peers.iter_mut() {
+        p.root().await;
+    }
+    (t, peers)
+}
 
+/// In the visibility world, alice creates [`VIS_MINE`] with a terminal
+/// claimed by it and runs a turn, bob creates [`VIS_BOBS`]; returns once
+/// dave (who sees everything) heard of all of it and every peer settled.
+async fn visibility_changes(peers: &mut [Peer; 4]) {
+    let [alice, bob, _, dave] = peers;
+    let my_chat = main_chat_of("a", "alice-1");
+    create_session(alice, VIS_MINE, "a").await;
+    subscribe_session(alice, VIS_MINE, &my_chat).await;
+    subscribe_ok(alice, &my_chat).await;
+    let r = alice
+        .call(
+            "createTerminal",
+            json!({"channel": VIS_MY_TERM, "claim": session_claim(VIS_MINE, &my_chat)}),
+        )
+        .await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let seq = alice.dispatch(&my_chat, turn_started("t1", "hello")).await;
+    alice.wait_echo(seq, WAIT).await.expect("turn echo");
+    logged_action(alice, &my_chat, "chat/turnComplete").await;
+    create_session(bob, VIS_BOBS, "a").await;
+    // Dave sees all of it; once he has, everyone else's fan-out is done.
+    dave.wait_for("bob's session added", |v| {
+        v["method"] == "root/sessionAdded" && v["params"]["summary"]["resource"] == VIS_BOBS
+    })
+    .await;
+    dave.wait_for("alice's summary changed", |v| {
+        v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == VIS_MINE
+    })
+    .await;
+    dave.wait_for("alice's terminal", |v| {
+        v["params"]["action"]["type"] == "root/terminalsChanged"
+            && v.to_string().contains(VIS_MY_TERM)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for p in peers.iter_mut() {
+        p.settle().await;
+    }
+}
+
+/// Each peer's fresh root: its agents' providers, its terminals and its
+/// `activeSessions`.
+async fn roots_of(peers: &mut [Peer; 4]) -> (Vec<Vec<String>>, Vec<Vec<String>>, Vec<Value>) {
     let mut roots = Vec::new();
-    for p in [&mut alice, &mut bob, &mut carol, &mut dave] {
+    for p in peers.iter_mut() {
         roots.push(p.root().await);
     }
-    let agents: Vec<Vec<String>> = roots
+    let agents = roots
         .iter()
         .map(|r| sorted_strings(&r["agents"], "provider"))
         .collect();
+    let terminals = roots
+        .iter()
+        .map(|r| sorted_strings(&r["terminals"], "resource"))
+        .collect();
+    let active = roots.iter().map(|r| r["activeSessions"].clone()).collect();
+    (agents, terminals, active)
+}
+
+/// §6.1 (root state follows visibility): the agents of a host bob may not
+/// use are absent from his root, the seeded terminal (claimed by an
+/// external session) shows only to dave, and `activeSessions` counts only
+/// visible sessions.
+#[tokio::test]
+async fn root_state_shows_only_what_the_principal_sees() {
+    let (_t, mut peers) = visibility_world().await;
+    let (agents, terminals, active) = roots_of(&mut peers).await;
     assert_eq!(agents[1], ["sim@a"], "host b is invisible to bob");
     for i in [0, 2, 3] {
         assert_eq!(agents[i], ["sim@a", "sim@b"]);
     }
-    let terminals: Vec<Vec<String>> = roots
-        .iter()
-        .map(|r| sorted_strings(&r["terminals"], "resource"))
-        .collect();
     assert_eq!(
         terminals,
-        [vec![], vec![], vec![], vec![seeded_term.to_string()]],
+        [vec![], vec![], vec![], vec![SEEDED_TERM.to_string()]],
         "the seeded terminal is claimed by an external session"
     );
-    let active: Vec<Value> = roots.iter().map(|r| r["activeSessions"].clone()).collect();
     assert_eq!(active, [json!(0), json!(0), json!(0), json!(2)]);
+}
 
-    let mine = "ahp-session:/alice-1";
-    let my_chat = main_chat_of("a", "alice-1");
-    let my_term = "ahp-terminal:/alice-t";
-    let bobs = "ahp-session:/bob-1";
-    create_session(&mut alice, mine, "a").await;
-    subscribe_session(&mut alice, mine, &my_chat).await;
-    subscribe_ok(&mut alice, &my_chat).await;
-    let r = alice
-        .call(
-            "createTerminal",
-            json!({"channel": my_term, "claim": session_claim(mine, &my_chat)}),
-        )
-        .await;
-    assert_eq!(r["result"], Value::Null, "{r}");
-    let seq = alice.dispatch(&my_chat, turn("t1", "hello")).await;
-    alice.wait_echo(seq, WAIT).await.expect("turn echo");
-    logged_action(&mut alice, &my_chat, "chat/turnComplete").await;
-    create_session(&mut bob, bobs, "a").await;
-
-    // Dave sees all of it; once he has, everyone else's fan-out is done.
-    dave.wait_for("bob's session added", |v| {
-        v["method"] == "root/sessionAdded" && v["params"]["summary"]["resource"] == bobs
-    })
-    .await;
-    dave.wait_for("alice's summary changed", |v| {
-        v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == mine
-    })
-    .await;
-    dave.wait_for("alice's terminal", |v| {
-        v["params"]["action"]["type"] == "root/terminalsChanged" && v.to_string().contains(my_term)
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    for p in [&mut alice, &mut bob, &mut carol, &mut dave] {
-        p.settle().await;
-    }
-
-    for p in [&mut carol, &mut dave] {
+/// §6.3, §6.4: the `root/session*` notifications reach only who sees the
+/// session, each once: bob (own, host a only) hears nothing of alice's
+/// session or terminal, carol (viewer, group g1 like alice) hears of
+/// alice's but not of bob's, dave (admin, all) hears of everything.
+#[tokio::test]
+async fn catalog_notifications_reach_only_who_sees_the_session() {
+    let (_t, mut peers) = visibility_world().await;
+    visibility_changes(&mut peers).await;
+    let [alice, bob, carol, dave] = &mut peers;
+    for p in [&mut *carol, &mut *dave] {
         p.drain(Duration::from_millis(100)).await;
     }
-    assert_eq!(alice.catalog("root/sessionAdded", mine), 1);
-    assert!(alice.catalog("root/sessionSummaryChanged", mine) >= 1);
+    assert_eq!(alice.catalog("root/sessionAdded", VIS_MINE), 1);
+    assert!(alice.catalog("root/sessionSummaryChanged", VIS_MINE) >= 1);
     assert!(
         alice.mentioning("bob-1").is_empty(),
         "{:?}",
@@ -2015,59 +2189,59 @@ async fn root_and_catalog_notifications_reach_only_who_sees_the_session() {
         "bob heard of alice's objects: {:?}",
         bob.mentioning("alice")
     );
-    assert_eq!(bob.catalog("root/sessionAdded", bobs), 1);
-    assert_eq!(carol.catalog("root/sessionAdded", mine), 1);
-    assert!(carol.catalog("root/sessionSummaryChanged", mine) >= 1);
+    assert_eq!(bob.catalog("root/sessionAdded", VIS_BOBS), 1);
+    assert_eq!(carol.catalog("root/sessionAdded", VIS_MINE), 1);
+    assert!(carol.catalog("root/sessionSummaryChanged", VIS_MINE) >= 1);
     assert!(
         carol.mentioning("bob-1").is_empty(),
         "{:?}",
         carol.mentioning("bob-1")
     );
-    assert_eq!(dave.catalog("root/sessionAdded", mine), 1);
-    assert_eq!(dave.catalog("root/sessionAdded", bobs), 1);
+    assert_eq!(dave.catalog("root/sessionAdded", VIS_MINE), 1);
+    assert_eq!(dave.catalog("root/sessionAdded", VIS_BOBS), 1);
     assert_eq!(
-        carol.catalog("root/sessionSummaryChanged", mine),
-        dave.catalog("root/sessionSummaryChanged", mine),
+        carol.catalog("root/sessionSummaryChanged", VIS_MINE),
+        dave.catalog("root/sessionSummaryChanged", VIS_MINE),
         "each summary change once"
     );
+}
 
-    // Fresh views agree with the live ones.
+/// §6.1, §6.4: after the catalog changed, fresh `listSessions` and root
+/// snapshots show each principal exactly its visible sessions and the
+/// terminals claimed for them, and each one's live root actions ended at
+/// the same `activeSessions`.
+#[tokio::test]
+async fn fresh_views_after_catalog_changes_agree_with_the_live_ones() {
+    let (_t, mut peers) = visibility_world().await;
+    visibility_changes(&mut peers).await;
     let mut lists = Vec::new();
-    let mut roots = Vec::new();
-    for p in [&mut alice, &mut bob, &mut carol, &mut dave] {
+    for p in peers.iter_mut() {
         lists.push(p.listed().await);
-        roots.push(p.root().await);
     }
-    assert_eq!(lists[0], [mine]);
-    assert_eq!(lists[1], [bobs]);
-    assert_eq!(lists[2], [mine]);
-    assert_eq!(
-        lists[3],
-        ["ahp-session:/a~a-1", mine, "ahp-session:/b~b-1", bobs]
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect::<Vec<_>>()
-    );
-    let active: Vec<Value> = roots.iter().map(|r| r["activeSessions"].clone()).collect();
+    assert_eq!(lists[0], [VIS_MINE]);
+    assert_eq!(lists[1], [VIS_BOBS]);
+    assert_eq!(lists[2], [VIS_MINE]);
+    let mut all = vec![
+        "ahp-session:/a~a-1",
+        VIS_MINE,
+        "ahp-session:/b~b-1",
+        VIS_BOBS,
+    ];
+    all.sort();
+    assert_eq!(lists[3], all);
+    let (_, terminals, active) = roots_of(&mut peers).await;
     assert_eq!(active, [json!(1), json!(1), json!(1), json!(4)]);
-    let terminals: Vec<Vec<String>> = roots
-        .iter()
-        .map(|r| sorted_strings(&r["terminals"], "resource"))
-        .collect();
     assert_eq!(
         terminals,
         [
-            vec![my_term.to_string()],
+            vec![VIS_MY_TERM.to_string()],
             vec![],
-            vec![my_term.to_string()],
-            vec![my_term.to_string(), seeded_term.to_string()]
+            vec![VIS_MY_TERM.to_string()],
+            vec![VIS_MY_TERM.to_string(), SEEDED_TERM.to_string()]
         ],
         "terminals: claimed for a session one sees"
     );
-    // Live root actions ended where the fresh snapshots are.
-    for (p, want) in [(&alice, 1), (&bob, 1), (&carol, 1), (&dave, 4)] {
+    for (p, want) in peers.iter().zip([1, 1, 1, 4]) {
         let last = p
             .log
             .iter()
@@ -2091,11 +2265,55 @@ async fn reconnect(
     let r = p
         .call(
             "reconnect",
-            json!({"channel": ROOT, "clientId": client_id, "lastSeenServerSeq": last_seen,
-                "subscriptions": subscriptions}),
+            reconnect_params(client_id, last_seen, subscriptions),
         )
         .await;
     (p, r)
+}
+
+/// Bob (visibility all) follows alice's session and chat and his own chat
+/// as client "same", then drops; while he is detached alice runs a turn
+/// and his second client "other" runs one in his chat, and both land in
+/// his detached buffer. Returns alice, his second client and his watermark.
+async fn bob_detached_with_alice_buffered(t: &TestRelay) -> (Peer, Peer, u64) {
+    let (hers, her_chat) = ("ahp-session:/alice-1", main_chat_of("a", "alice-1"));
+    let (his, his_chat) = ("ahp-session:/bob-1", main_chat_of("a", "bob-1"));
+    let mut alice = Peer::connect(t, "alice", &[], "a").await;
+    create_session(&mut alice, hers, "a").await;
+    subscribe_ok(&mut alice, &her_chat).await;
+    let mut bob = Peer::connect(t, "bob", &[], "same").await;
+    create_session(&mut bob, his, "a").await;
+    for c in [hers, her_chat.as_str(), his_chat.as_str()] {
+        subscribe_ok(&mut bob, c).await;
+    }
+    bob.settle().await;
+    let watermark = bob.seen;
+    drop(bob);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let seq = alice
+        .dispatch(&her_chat, turn_started("secret", "alice's secret"))
+        .await;
+    alice.wait_echo(seq, WAIT).await.expect("alice's echo");
+    logged_action(&mut alice, &her_chat, "chat/turnComplete").await;
+    let mut bob2 = Peer::connect(t, "bob", &[], "other").await;
+    subscribe_ok(&mut bob2, &his_chat).await;
+    let seq = bob2
+        .dispatch(&his_chat, turn_started("his-turn", "bob's words"))
+        .await;
+    bob2.wait_echo(seq, WAIT).await.expect("bob's echo");
+    logged_action(&mut bob2, &his_chat, "chat/turnComplete").await;
+    // Precondition: the detached session buffered alice's envelopes (so
+    // only a filter at reply time can keep them out).
+    let detached = t.session("bob", "same");
+    wait_until("alice's turn is in bob's buffer", || {
+        let (frames, _) = detached.lock().buffered_since(watermark);
+        let texts: Vec<&str> = frames.iter().map(|f| f.as_str()).collect();
+        texts.iter().any(|f| f.contains("alice's secret"))
+            && texts.iter().any(|f| f.contains("bob's words"))
+    })
+    .await;
+    (alice, bob2, watermark)
 }
 
 /// §3.5, §5.5, §7.6: bob sees alice's session (visibility all) and follows
@@ -2112,54 +2330,9 @@ async fn reconnect_never_replays_what_the_policy_now_hides() {
         &(alice_rule.clone() + &rule("bob", &["bob"], &["*"], "operator", "all", "")),
     )
     .await;
-    let hers = "ahp-session:/alice-1";
-    let her_chat = main_chat_of("a", "alice-1");
-    let his = "ahp-session:/bob-1";
+    let (hers, her_chat) = ("ahp-session:/alice-1", main_chat_of("a", "alice-1"));
     let his_chat = main_chat_of("a", "bob-1");
-    let mut alice = Peer::connect(&t, "alice", &[], "a").await;
-    create_session(&mut alice, hers, "a").await;
-    subscribe_ok(&mut alice, &her_chat).await;
-    let mut bob = Peer::connect(&t, "bob", &[], "same").await;
-    create_session(&mut bob, his, "a").await;
-    for c in [hers, her_chat.as_str(), his_chat.as_str()] {
-        subscribe_ok(&mut bob, c).await;
-    }
-    bob.settle().await;
-    let watermark = bob.seen;
-    drop(bob);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-
-    let seq = alice
-        .dispatch(&her_chat, turn("secret", "alice's secret"))
-        .await;
-    alice.wait_echo(seq, WAIT).await.expect("alice's echo");
-    logged_action(&mut alice, &her_chat, "chat/turnComplete").await;
-    let mut bob2 = Peer::connect(&t, "bob", &[], "other").await;
-    subscribe_ok(&mut bob2, &his_chat).await;
-    let seq = bob2
-        .dispatch(&his_chat, turn("his-turn", "bob's words"))
-        .await;
-    bob2.wait_echo(seq, WAIT).await.expect("bob's echo");
-    logged_action(&mut bob2, &his_chat, "chat/turnComplete").await;
-    // Precondition: the detached session buffered alice's envelopes (so
-    // only a filter at reply time can keep them out).
-    let detached = t
-        .relay
-        .relay
-        .session_of(&ahp_relay::session::SessionKey {
-            principal: principal("bob"),
-            client_id: "same".into(),
-        })
-        .expect("bob's detached session");
-    wait_until("alice's turn is in bob's buffer", || {
-        let (frames, _) = detached.lock().buffered_since(watermark);
-        let texts: Vec<&str> = frames.iter().map(|f| f.as_str()).collect();
-        texts.iter().any(|f| f.contains("alice's secret"))
-            && texts.iter().any(|f| f.contains("bob's words"))
-    })
-    .await;
-    drop(detached);
-
+    let (_alice, _bob2, watermark) = bob_detached_with_alice_buffered(&t).await;
     t.relay.relay.set_policy(policy(
         &(alice_rule + &rule("bob", &["bob"], &["*"], "operator", "own", "")),
     ));
@@ -2256,7 +2429,9 @@ async fn policy_reload_hiding_a_subscribed_session_resyncs_the_client() {
     assert_eq!(closed.map(|c| c.0), Some(4000), "closed for resync");
     alice.settle().await;
     dave.settle().await;
-    let seq = alice.dispatch(&her_chat, turn("after", "still here")).await;
+    let seq = alice
+        .dispatch(&her_chat, turn_started("after", "still here"))
+        .await;
     alice
         .wait_echo(seq, WAIT)
         .await
@@ -2357,7 +2532,7 @@ async fn s19_per_principal_caps_leave_other_principals_alone() {
         .await;
     assert_eq!(r["error"]["code"], -32603, "{r}");
     assert_eq!(r["error"]["data"]["reason"], "linkLimit", "{r}");
-    let up = upstream(&t, "alice", "c2");
+    let up = t.upstream_id("alice", "c2");
     assert!(
         t.hosts[1].received_from(&up).is_empty(),
         "no link to b was opened"

@@ -104,8 +104,14 @@ impl ClientSession {
     /// Handles a client `authenticate` (params already typed); the answer
     /// comes when the hosts have answered.
     pub(super) fn authenticate(&self, id: &str, params: &Value) -> Result<(), RpcError> {
-        let resource = params.get("resource").and_then(Value::as_str).unwrap_or_default();
-        let token = params.get("token").and_then(Value::as_str).unwrap_or_default();
+        let resource = params
+            .get("resource")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let token = params
+            .get("token")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let expires_in = params.get("expiresIn").and_then(Value::as_u64);
         let hosts = self.token_hosts(resource);
         if hosts.is_empty() {
@@ -122,10 +128,14 @@ impl ClientSession {
         if token.token.is_empty() {
             core.tokens.by_resource.remove(resource);
         } else {
-            core.tokens.by_resource.insert(resource.to_string(), token.clone());
+            core.tokens
+                .by_resource
+                .insert(resource.to_string(), token.clone());
         }
-        let links: Vec<Arc<Link>> =
-            hosts.iter().filter_map(|h| core.links.get(&h.id).cloned()).collect();
+        let links: Vec<Arc<Link>> = hosts
+            .iter()
+            .filter_map(|h| core.links.get(&h.id).cloned())
+            .collect();
         if links.is_empty() {
             self.respond(&mut core, id, "{}");
             return Ok(());

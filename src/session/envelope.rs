@@ -479,7 +479,9 @@ impl ClientSession {
             return;
         };
         if v.pointer("/params/reason").and_then(Value::as_str) == Some("expired")
-            && let Some(resource) = v.pointer("/params/resource/resource").and_then(Value::as_str)
+            && let Some(resource) = v
+                .pointer("/params/resource/resource")
+                .and_then(Value::as_str)
         {
             self.forget_token(resource);
         }

@@ -1,5 +1,9 @@
 //! Helpers shared by the integration tests: start simulated hosts, connect
 //! the official `ahp` client or a raw WebSocket, and wait with timeouts.
+//! `frames` builds the JSON-RPC frames and actions tests write by hand,
+//! `names` the principals and client names, `relay` a relay over TLS in
+//! front of simulated hosts. Every test file uses these rather than its own
+//! copies.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -13,7 +17,12 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+pub mod frames;
+pub mod names;
 pub mod relay;
+
+pub use frames::*;
+pub use names::*;
 
 /// Generous bound for anything a test waits for on loopback.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -103,12 +112,36 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Whether `e` carries an action of wire type `ty` on `channel`.
+pub fn is(e: &ActionEnvelope, channel: &str, ty: &str) -> bool {
+    e.channel == channel && action_type(e) == ty
+}
+
 /// The wire `type` of an envelope's action.
 pub fn action_type(env: &ActionEnvelope) -> String {
     serde_json::to_value(&env.action)
         .ok()
         .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
         .unwrap_or_default()
+}
+
+/// Parsed frames `host` received with `method`, in order.
+pub fn host_frames(host: &SimHost, method: &str) -> Vec<Value> {
+    host.received()
+        .iter()
+        .filter(|f| f.method.as_deref() == Some(method))
+        .map(|f| serde_json::from_str(&f.text).expect("recorded frame is JSON"))
+        .collect()
+}
+
+/// The `clientId` of every `initialize` `host` received, in order (an
+/// `initialize` is recorded before its connection has a clientId, so it is
+/// read from the params).
+pub fn initialized_ids(host: &SimHost) -> Vec<String> {
+    host_frames(host, "initialize")
+        .iter()
+        .filter_map(|f| f["params"]["clientId"].as_str().map(str::to_string))
+        .collect()
 }
 
 /// A raw WebSocket for frames the SDK cannot send or would not parse.
@@ -189,19 +222,21 @@ impl RawWs {
 
     /// Sends a request and returns its response.
     pub async fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
-        self.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
+        self.send_json(&request_frame(id, method, params)).await;
         self.response(&json!(id)).await
+    }
+
+    /// Sends `action` on `channel` as the client's dispatch `client_seq`
+    /// (a notification: nothing answers it but the echo).
+    pub async fn dispatch(&mut self, channel: &str, client_seq: i64, action: Value) {
+        self.send_json(&dispatch_frame(channel, client_seq, action))
+            .await;
     }
 
     /// Initializes this connection as `client_id` with protocol 1.0.0.
     pub async fn initialize(&mut self, client_id: &str) -> Value {
-        self.request(
-            0,
-            "initialize",
-            json!({"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": client_id}),
-        )
-        .await
+        self.request(0, "initialize", initialize_params(client_id))
+            .await
     }
 
     /// Waits for the close frame and returns its code and reason.
@@ -220,7 +255,7 @@ impl RawWs {
     }
 }
 
-// ─── Generic helpers added for the streaming tests ──────────────────────────
+// ─── Subscriptions, envelopes and reducers ──────────────────────────────────
 
 /// Subscribes through the generic `request`, so the snapshot's `state` stays
 /// raw JSON (the SDK's typed `SubscribeResult` goes through the untagged
@@ -266,6 +301,14 @@ pub async fn actions_within(
 pub async fn drain_actions(client: &Client, events: &mut ClientEventStream) -> Vec<ActionEnvelope> {
     client.ping().await.expect("ping answered");
     actions_within(events, Duration::from_millis(30)).await
+}
+
+/// Envelopes still on their way to `client`: a short quiet window (frames
+/// a host sends right after the last awaited one may still be on a link),
+/// then [`drain_actions`].
+pub async fn settle(client: &Client, events: &mut ClientEventStream) -> Vec<ActionEnvelope> {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    drain_actions(client, events).await
 }
 
 fn reduce_json<S>(
@@ -479,6 +522,32 @@ pub fn snapshot_resources(result: &Value) -> Vec<String> {
     r
 }
 
+/// The one snapshot of `uri` in a `snapshot` result.
+pub fn snapshot_of<'a>(result: &'a Value, uri: &str) -> &'a Value {
+    let all: Vec<&Value> = result["snapshots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no snapshots: {result}"))
+        .iter()
+        .filter(|s| s["resource"] == uri)
+        .collect();
+    assert_eq!(all.len(), 1, "exactly one snapshot of {uri}: {result}");
+    all[0]
+}
+
+/// Sends `reconnect` as request `id` on a fresh socket and returns the
+/// response, which must be the very first frame the socket receives (the
+/// answer is the cut, §5.5).
+pub async fn raw_reconnect(ws: &mut RawWs, id: u64, params: Value) -> Value {
+    ws.send_json(&request_frame(id, "reconnect", params)).await;
+    let first = ws.recv_json().await.expect("socket open until the answer");
+    assert_eq!(
+        first.get("id"),
+        Some(&json!(id)),
+        "the reconnect answer is the first frame: {first}"
+    );
+    first
+}
+
 /// Action envelopes from a raw socket until `stop` holds for one (included).
 pub async fn raw_actions_until(
     ws: &mut RawWs,
@@ -515,10 +584,7 @@ pub async fn raw_drain_actions(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
 /// request id `id` (the answer follows every frame queued before it);
 /// asserts the ping's answer is `null`.
 pub async fn frames_before_ping(ws: &mut RawWs, id: u64) -> Vec<Value> {
-    ws.send_json(
-        &json!({"jsonrpc": "2.0", "id": id, "method": "ping", "params": {"channel": "ahp-root://"}}),
-    )
-    .await;
+    ws.send_json(&ping_frame(id)).await;
     let mut out = Vec::new();
     loop {
         let v = ws.recv_json().await.expect("socket open");

@@ -1,6 +1,7 @@
 //! Helpers for relay tests: simulated hosts behind a real relay over TLS,
-//! dev tokens, the official client dialed through the TLS endpoint, and
-//! plain HTTPS requests to that endpoint.
+//! dev tokens, the official client dialed through the TLS endpoint, raw
+//! upgrades, plain HTTPS requests to that endpoint and its metrics, and
+//! policy rules.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,8 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ahp::{Client, ClientConfig};
+use ahp_relay::config::RelayConfig;
 use ahp_relay::devkit::DevKit;
 use ahp_relay::run::RunningRelay;
+use ahp_relay::session::ClientSession;
 use ahp_relay::simhost::{SimHost, SimHostConfig};
 use ahp_relay::upstream::dial::{DialOptions, connect_client, dial_stream};
 use rustls::RootCertStore;
@@ -17,8 +20,12 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
+use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderName, HeaderValue};
+use tokio_tungstenite::{Connector, connect_async_tls_with_config};
 
-use super::WAIT;
+use super::{RawWs, WAIT};
 
 /// A relay with its simulated hosts and dev credentials.
 pub struct TestRelay {
@@ -59,6 +66,18 @@ impl TestRelay {
     /// Starts hosts and relay without waiting for the watch links (for
     /// hosts that are expected never to come up).
     pub async fn start_unchecked(hosts: Vec<SimHostConfig>, auth_extra: &str, extra: &str) -> Self {
+        Self::start_tweaked(hosts, auth_extra, extra, |_| {}).await
+    }
+
+    /// Like [`TestRelay::start_unchecked`], letting `tweak` adjust the
+    /// loaded configuration first (for settings of the generated `[relay]`
+    /// table, which `extra` cannot reopen).
+    pub async fn start_tweaked(
+        hosts: Vec<SimHostConfig>,
+        auth_extra: &str,
+        extra: &str,
+        tweak: impl FnOnce(&mut RelayConfig),
+    ) -> Self {
         let mut started = Vec::new();
         for cfg in hosts {
             started.push(SimHost::start_local(cfg).await.expect("simhost starts"));
@@ -68,9 +87,10 @@ impl TestRelay {
             .iter()
             .map(|h| (h.config().name.clone(), h.url()))
             .collect();
-        let cfg = kit
+        let mut cfg = kit
             .config("127.0.0.1:0", &pairs, auth_extra, extra)
             .expect("config validates");
+        tweak(&mut cfg);
         let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
         Self {
             relay,
@@ -110,6 +130,21 @@ impl TestRelay {
                 .all(|h| h.status() == ahp_relay::upstream::hub::HostStatus::Up)
         })
         .await;
+    }
+
+    /// The relay's session of (`sub`, `client_id`); panics if it has none.
+    pub fn session(&self, sub: &str, client_id: &str) -> Arc<ClientSession> {
+        self.relay
+            .relay
+            .session_of(&super::session_key(sub, client_id))
+            .unwrap_or_else(|| panic!("the relay has the session of {sub}/{client_id}"))
+    }
+
+    /// The upstream client id of (`sub`, `client_id`) at the hosts.
+    pub fn upstream_id(&self, sub: &str, client_id: &str) -> String {
+        self.relay
+            .relay
+            .upstream_id(&super::principal(sub), client_id)
     }
 
     /// `wss://localhost:<port>/`.
@@ -156,12 +191,81 @@ impl TestRelay {
         c
     }
 
+    /// An upgrade to `/<path_and_query>` with `headers`, over TLS trusting the relay's cert.
+    pub async fn upgrade(&self, path_and_query: &str, headers: &[(HeaderName, &str)]) -> Upgrade {
+        let url = format!(
+            "wss://localhost:{}/{path_and_query}",
+            self.relay.addr.port()
+        );
+        let mut req = url.into_client_request().expect("request");
+        for (name, value) in headers {
+            req.headers_mut().append(
+                name.clone(),
+                HeaderValue::from_str(value).expect("header value"),
+            );
+        }
+        let connector = Connector::Rustls(Arc::new(trusting(&self.kit.cert)));
+        let attempt = connect_async_tls_with_config(req, None, true, Some(connector));
+        match tokio::time::timeout(WAIT, attempt)
+            .await
+            .expect("upgrade answered in time")
+        {
+            Ok((ws, resp)) => Upgrade {
+                status: resp.status().as_u16(),
+                headers: resp.headers().clone(),
+                body: Vec::new(),
+                ws: Some(RawWs::from_stream(ws)),
+            },
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Upgrade {
+                status: resp.status().as_u16(),
+                headers: resp.headers().clone(),
+                body: resp.body().clone().unwrap_or_default(),
+                ws: None,
+            },
+            Err(e) => panic!("upgrade failed below HTTP: {e}"),
+        }
+    }
+
+    /// An upgrade carrying `token` as `Authorization: Bearer`.
+    pub async fn upgrade_bearer(&self, token: &str) -> Upgrade {
+        self.upgrade("", &[(AUTHORIZATION, &format!("Bearer {token}"))])
+            .await
+    }
+
     /// A raw TLS WebSocket through the relay as `sub`.
     pub async fn raw(&self, sub: &str) -> super::RawWs {
         let ws = dial_stream(&self.dial_options(Some(self.token(sub))))
             .await
             .expect("raw websocket through the relay");
         super::RawWs::from_stream(ws)
+    }
+}
+
+/// What one upgrade attempt got: the status and headers, the body of a refusal, and the
+/// socket when it was switched.
+pub struct Upgrade {
+    /// The HTTP status (101 when switched).
+    pub status: u16,
+    /// The response headers.
+    pub headers: HeaderMap,
+    /// The body of a refusal (empty when switched).
+    pub body: Vec<u8>,
+    /// The socket, when switched.
+    pub ws: Option<RawWs>,
+}
+
+impl Upgrade {
+    /// The value of header `name`, if present.
+    pub fn header(&self, name: &HeaderName) -> Option<&str> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("ASCII header"))
+    }
+
+    /// The socket; panics unless the upgrade was accepted.
+    pub fn socket(self, what: &str) -> RawWs {
+        assert_eq!(self.status, 101, "{what}: upgrade accepted");
+        self.ws.expect("socket")
     }
 }
 
@@ -248,4 +352,31 @@ pub fn metric(page: &str, name: &str) -> Option<f64> {
     page.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Panics unless every `(series, value)` of `expect` is a sample line of
+/// the Prometheus text `page` with that value (within 1e-9).
+pub fn assert_metrics(page: &str, expect: &[(&str, f64)]) {
+    for (series, value) in expect {
+        let got = metric(page, series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+        assert!(
+            (got - value).abs() < 1e-9,
+            "{series} = {got}, expected {value}"
+        );
+    }
+}
+
+/// One `[[policy.rules]]` entry; `more` is extra TOML lines for the rule.
+pub fn rule(
+    name: &str,
+    subjects: &[&str],
+    hosts: &[&str],
+    role: &str,
+    visibility: &str,
+    more: &str,
+) -> String {
+    format!(
+        "\n[[policy.rules]]\nname = \"{name}\"\nsubjects = {subjects:?}\nhosts = {hosts:?}\n\
+         role = \"{role}\"\nvisibility = \"{visibility}\"\n{more}\n"
+    )
 }
