@@ -160,7 +160,9 @@ pub struct Grant {
     pub visibility: Visibility,
     /// Whether sessions created outside the relay are visible.
     pub external: bool,
-    /// Whether the principal may dispose sessions it does not own (admin).
+    /// Whether the principal holds the admin role here: it may dispose
+    /// sessions it does not own and change host-wide settings
+    /// (`root/configChanged`).
     pub dispose_others: bool,
     /// The name of the first matching rule (for audit lines).
     pub rule: Arc<str>,

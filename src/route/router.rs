@@ -325,7 +325,7 @@ pub fn authorize_dispatch(
     use DispatchRefusal::{Reject, Silent};
     if channel == ahp_types::ROOT_RESOURCE_URI {
         return Err(Reject(
-            "the relay's root channel has no configuration to change".into(),
+            "only root/configChanged may be dispatched to the root channel".into(),
         ));
     }
     let ty = action
@@ -359,4 +359,26 @@ pub fn authorize_dispatch(
         action: host_action,
         action_type: ty.to_string(),
     })
+}
+
+/// The hosts a client `root/configChanged` goes to (issue: a host-wide
+/// setting affects every user of a host, so only hosts on which the caller
+/// holds the admin role, and that are up); a rejection reason when there
+/// is none.
+pub fn root_config_hosts(env: &Env, caller: Caller<'_>) -> Result<Vec<Arc<HostHub>>, String> {
+    let hosts: Vec<Arc<HostHub>> = env
+        .hosts
+        .iter()
+        .filter(|h| h.status() == HostStatus::Up)
+        .filter(|h| {
+            env.access
+                .grant_on(caller.who, h)
+                .is_some_and(|g| g.dispose_others)
+        })
+        .cloned()
+        .collect();
+    if hosts.is_empty() {
+        return Err("root/configChanged needs the admin role on a host".into());
+    }
+    Ok(hosts)
 }

@@ -159,9 +159,9 @@ pub struct SessionCore {
     /// A snapshot `reconnect` is preparing its answer: relay-made envelopes
     /// wait (unnumbered) so nothing reaches the socket before the cut.
     cut_pending: bool,
-    /// Rejection echoes deferred while `cut_pending`: (channel, action,
-    /// clientSeq, reason).
-    deferred: Vec<(String, Value, i64, String)>,
+    /// Relay echoes deferred while `cut_pending`: (channel, action,
+    /// clientSeq, rejection reason if rejected).
+    deferred: Vec<(String, Value, i64, Option<String>)>,
     /// Hosts whose channels a `reconnect` had to omit because the host was
     /// unreachable: when such a host is back, the client is resynchronised.
     pub(super) orphaned: HashSet<String>,
@@ -424,25 +424,46 @@ impl ClientSession {
         client_seq: i64,
         reason: &str,
     ) {
+        self.env.metrics.relay_rejections.inc();
+        self.echo(core, channel, action, client_seq, Some(reason));
+    }
+
+    /// Delivers a relay-made accepted echo of a client dispatch the relay
+    /// answers itself (`root/configChanged`).
+    pub fn accept_dispatch(
+        &self,
+        core: &mut SessionCore,
+        channel: &str,
+        action: &Value,
+        client_seq: i64,
+    ) {
+        self.echo(core, channel, action, client_seq, None);
+    }
+
+    /// Numbers and delivers the echo of the client's dispatch `client_seq`
+    /// (deferred while a snapshot `reconnect` prepares its cut).
+    fn echo(
+        &self,
+        core: &mut SessionCore,
+        channel: &str,
+        action: &Value,
+        client_seq: i64,
+        reason: Option<&str>,
+    ) {
         if core.cut_pending {
-            core.deferred.push((
-                channel.to_string(),
-                action.clone(),
-                client_seq,
-                reason.to_string(),
-            ));
+            let reason = reason.map(str::to_string);
+            let deferred = (channel.to_string(), action.clone(), client_seq, reason);
+            core.deferred.push(deferred);
             return;
         }
-        self.env.metrics.relay_rejections.inc();
         let client = self.key.client_id.clone();
         self.push_envelope(core, |n| {
-            Some(
-                json!({"jsonrpc": "2.0", "method": "action", "params": {
-                    "channel": channel, "action": action, "serverSeq": n,
-                    "origin": {"clientId": client, "clientSeq": client_seq},
-                    "rejectionReason": reason}})
-                .to_string(),
-            )
+            let mut params = json!({"channel": channel, "action": action, "serverSeq": n,
+                "origin": {"clientId": client, "clientSeq": client_seq}});
+            if let (Some(r), Some(o)) = (reason, params.as_object_mut()) {
+                o.insert("rejectionReason".into(), json!(r));
+            }
+            Some(crate::rpc::action_frame(&params))
         });
     }
 
@@ -451,7 +472,7 @@ impl ClientSession {
     pub fn end_cut(&self, core: &mut SessionCore) {
         core.cut_pending = false;
         for (channel, action, client_seq, reason) in std::mem::take(&mut core.deferred) {
-            self.reject_dispatch(core, &channel, &action, client_seq, &reason);
+            self.echo(core, &channel, &action, client_seq, reason.as_deref());
         }
     }
 

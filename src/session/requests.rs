@@ -759,6 +759,11 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
         let mut core = session.lock();
         session.reject_dispatch(&mut core, &channel, &action, client_seq, reason);
     };
+    if channel == ahp_types::ROOT_RESOURCE_URI
+        && action.get("type").and_then(Value::as_str) == Some("root/configChanged")
+    {
+        return root_config(session, client_seq, &action);
+    }
     let target = match router::authorize_dispatch(&session.env, session.caller(), &channel, &action)
     {
         Ok(t) => t,
@@ -819,4 +824,35 @@ fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
                 .to_string();
         link.send(LinkCmd::Frame(frame));
     }
+}
+
+/// A client `root/configChanged`: forwarded to every host on which the
+/// principal is admin (their echoes on the client's links are discarded,
+/// as all root actions there are, §6.2) and answered with one relay echo —
+/// accepted when at least one host took it, else a rejection echo. The
+/// merged root has no `config`, so the accepted echo changes nothing in the
+/// client's root state.
+fn root_config(session: &Arc<ClientSession>, client_seq: i64, action: &Value) {
+    let root = ahp_types::ROOT_RESOURCE_URI;
+    let hosts = match router::root_config_hosts(&session.env, session.caller()) {
+        Ok(h) => h,
+        Err(reason) => {
+            let mut core = session.lock();
+            return session.reject_dispatch(&mut core, root, action, client_seq, &reason);
+        }
+    };
+    let frame = json!({"jsonrpc": "2.0", "method": "dispatchAction",
+        "params": {"channel": root, "clientSeq": client_seq, "action": action}})
+    .to_string();
+    let sent = hosts
+        .iter()
+        .filter_map(|hub| open_link(session, hub).ok())
+        .filter(|link| link.send(LinkCmd::Frame(frame.clone())))
+        .count();
+    let mut core = session.lock();
+    if sent == 0 {
+        let reason = "no host took root/configChanged";
+        return session.reject_dispatch(&mut core, root, action, client_seq, reason);
+    }
+    session.accept_dispatch(&mut core, root, action, client_seq);
 }

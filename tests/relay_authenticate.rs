@@ -1,0 +1,128 @@
+//! `authenticate` through the relay (contract §4.6): a token reaches exactly
+//! the hosts that advertise its protected resource and on which the
+//! principal may operate, over the client's own links; the answer reflects
+//! the hosts' answers; the token is replayed first on a link opened later.
+
+mod common;
+
+use ahp_relay::simhost::{SimHost, SimHostConfig};
+use common::relay::{TestRelay, rule};
+use common::*;
+use serde_json::{Value, json};
+
+const API: &str = "https://api.relay-test.example";
+
+/// A simhost whose agent declares [`API`] as a protected resource.
+fn protected(name: &str) -> SimHostConfig {
+    let mut cfg = fast_config(name, 1);
+    cfg.protected_resources = vec![API.into()];
+    cfg
+}
+
+fn host<'a>(t: &'a TestRelay, name: &str) -> &'a SimHost {
+    t.hosts
+        .iter()
+        .find(|h| h.config().name == name)
+        .expect("host")
+}
+
+/// Subscribes the seeded session of each host in `hosts` (opening a link).
+async fn open_links(ws: &mut RawWs, hosts: &[&str]) {
+    for (i, h) in hosts.iter().enumerate() {
+        let channel = format!("ahp-session:/{h}~{h}-1");
+        let r = ws
+            .request(100 + i as u64, "subscribe", json!({"channel": channel}))
+            .await;
+        assert!(r.get("result").is_some(), "subscribe {channel}: {r}");
+    }
+}
+
+async fn authenticate(ws: &mut RawWs, id: u64, token: &str) -> Value {
+    let params = json!({"channel": "ahp-root://", "resource": API, "token": token,
+        "expiresIn": 3600});
+    ws.request(id, "authenticate", params).await
+}
+
+/// The `authenticate` frames `h` received from upstream client `from`.
+fn tokens_at(t: &TestRelay, h: &str, from: &str) -> Vec<Value> {
+    host(t, h)
+        .received_from(from)
+        .iter()
+        .filter(|f| f.method.as_deref() == Some("authenticate"))
+        .map(|f| serde_json::from_str::<Value>(&f.text).expect("json")["params"].clone())
+        .collect()
+}
+
+/// Alice operates a and c and only views b; a and b declare the resource,
+/// c does not. With links open to all three, her token reaches a alone,
+/// with its remaining lifetime, and the request succeeds.
+#[tokio::test]
+async fn a_token_reaches_exactly_the_permitted_hosts_that_declared_the_resource() {
+    let rules = rule("ops", &["alice"], &["a", "c"], "operator", "all", "")
+        + &rule("view", &["alice"], &["b"], "viewer", "all", "");
+    let hosts = vec![protected("a"), protected("b"), fast_config("c", 1)];
+    let t = TestRelay::start(hosts, &rules).await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("auth-1").await;
+    open_links(&mut ws, &["a", "b", "c"]).await;
+    let r = authenticate(&mut ws, 1, "tok-1").await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let up = t.upstream_id("alice", "auth-1");
+    let at_a = tokens_at(&t, "a", &up);
+    assert_eq!(at_a.len(), 1, "{at_a:?}");
+    assert_eq!(at_a[0]["token"], "tok-1");
+    assert_eq!(at_a[0]["resource"], API);
+    let left = at_a[0]["expiresIn"].as_u64().expect("expiresIn");
+    assert!((3598..=3600).contains(&left), "remaining lifetime {left}");
+    assert!(tokens_at(&t, "b", &up).is_empty(), "a viewer's token");
+    assert!(tokens_at(&t, "c", &up).is_empty(), "c never declared it");
+}
+
+/// A resource no visible host declares is refused with -32602 and reaches
+/// no host.
+#[tokio::test]
+async fn an_undeclared_resource_is_refused() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("auth-2").await;
+    open_links(&mut ws, &["a"]).await;
+    let r = authenticate(&mut ws, 1, "tok").await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let up = t.upstream_id("alice", "auth-2");
+    assert!(tokens_at(&t, "a", &up).is_empty());
+}
+
+/// A token the only receiving host refuses fails the request with the
+/// host's error (-32007 from the simhost for `invalid…` tokens).
+#[tokio::test]
+async fn a_token_every_host_refuses_fails_with_the_hosts_error() {
+    let t = TestRelay::start(vec![protected("a")], "").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("auth-3").await;
+    open_links(&mut ws, &["a"]).await;
+    let r = authenticate(&mut ws, 1, "invalid-token").await;
+    assert_eq!(r["error"]["code"], -32007, "{r}");
+}
+
+/// A token pushed before the session uses host d reaches d first thing on
+/// the link opened later, before the request that opened it.
+#[tokio::test]
+async fn a_link_opened_later_receives_the_token_first() {
+    let t = TestRelay::start(vec![protected("a"), protected("d")], "").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("auth-4").await;
+    open_links(&mut ws, &["a"]).await;
+    let r = authenticate(&mut ws, 1, "tok-4").await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let up = t.upstream_id("alice", "auth-4");
+    assert!(tokens_at(&t, "d", &up).is_empty(), "no link to d yet");
+    open_links(&mut ws, &["d"]).await;
+    let methods: Vec<String> = host(&t, "d")
+        .received_from(&up)
+        .iter()
+        .filter_map(|f| f.method.clone())
+        .filter(|m| m != "ping")
+        .collect();
+    assert_eq!(methods, ["authenticate", "subscribe"], "{methods:?}");
+    assert_eq!(tokens_at(&t, "d", &up)[0]["token"], "tok-4");
+}
