@@ -30,7 +30,8 @@ pub struct Relay {
     pub registry: Arc<Registry>,
     /// Token verification at the upgrade.
     pub auth: Authenticator,
-    watch_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Where watch links send their events (the registry's fan-out).
+    events: mpsc::UnboundedSender<WatchEvent>,
 }
 
 impl std::ops::Deref for Relay {
@@ -51,7 +52,7 @@ impl Relay {
         auth: Authenticator,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<WatchEvent>), String> {
         let keys = Keys::new(&secret)?;
-        let hosts = Hosts::new(&cfg.hosts)?;
+        Hosts::new(&cfg.hosts)?; // every host's settings usable, or no start
         let limits = &cfg.limits;
         let client_limits = WireLimits {
             max_frame_bytes: limits.max_frame_bytes,
@@ -65,7 +66,7 @@ impl Relay {
         let env = Arc::new(Env {
             access: Access::new(policy, store.clone(), keys.clone()),
             cfg: Arc::new(cfg),
-            hosts,
+            hosts: Hosts::default(),
             store,
             keys,
             metrics: Metrics::new().map_err(|e| e.to_string())?,
@@ -73,19 +74,14 @@ impl Relay {
             upstream_limits,
         });
         let registry = Registry::new(env.clone())?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let ping = env.cfg.limits.link_ping();
-        let tasks = env
-            .hosts
-            .iter()
-            .map(|hub| tokio::spawn(crate::upstream::watch::run(hub.clone(), tx.clone(), ping)))
-            .collect();
+        let (events, rx) = mpsc::unbounded_channel();
         let relay = Arc::new(Self {
             env,
             registry,
             auth,
-            watch_tasks: std::sync::Mutex::new(tasks),
+            events,
         });
+        relay.reload_hosts(&relay.env.cfg.hosts.clone());
         Ok((relay, rx))
     }
 
@@ -104,13 +100,13 @@ impl Relay {
         self.env.keys.upstream_id(p, client_id)
     }
 
-    /// Every hub, by id.
-    pub fn hubs(&self) -> impl Iterator<Item = &Arc<HostHub>> {
-        self.env.hosts.iter()
+    /// Every hub now, by id.
+    pub fn hubs(&self) -> impl Iterator<Item = Arc<HostHub>> {
+        self.env.hosts.all().into_iter()
     }
 
     /// The hub of host `id`.
-    pub fn hub(&self, id: &str) -> Option<&Arc<HostHub>> {
+    pub fn hub(&self, id: &str) -> Option<Arc<HostHub>> {
         self.env.hosts.get(id)
     }
 
@@ -131,10 +127,26 @@ impl Relay {
 
     /// Stops every watch link (their host connections close).
     pub fn stop_watch_links(&self) {
-        if let Ok(mut tasks) = self.watch_tasks.lock() {
-            for t in tasks.drain(..) {
-                t.abort();
-            }
+        self.env.hosts.stop_watches();
+    }
+
+    /// Makes the relay's hosts those of `configs` (contract §8.1): added
+    /// hosts' watch links start (their agents and sessions then reach every
+    /// client that may see them, as after any watch link comes up); removed
+    /// or changed hosts leave through [`Registry::hosts_removed`]. Nobody
+    /// else is disconnected.
+    pub fn reload_hosts(&self, configs: &[crate::upstream::hub::HostConfig]) {
+        let events = self.events.clone();
+        let ping = self.env.cfg.limits.link_ping();
+        let start = move |hub: Arc<HostHub>| {
+            tokio::spawn(crate::upstream::watch::run(hub, events.clone(), ping))
+        };
+        let changes = self.env.hosts.apply(configs, &start);
+        for hub in &changes.added {
+            tracing::info!(host = %hub.id, "host added");
+        }
+        if !changes.removed.is_empty() {
+            self.registry.hosts_removed(&changes.removed);
         }
     }
 }

@@ -186,6 +186,8 @@ pub enum Close {
     ResyncHostBack,
     /// 4000: the access policy changed what the client may see.
     ResyncPolicy,
+    /// 4000: a host the client used left the configuration.
+    ResyncHostRemoved,
     /// 4001: the token expired.
     TokenExpired,
     /// 4003: the token was revoked.
@@ -207,7 +209,10 @@ impl Close {
             Close::InvalidUtf8 => 1007,
             Close::FrameTooBig => 1009,
             Close::Restarting => 1012,
-            Close::ResyncHostLost | Close::ResyncHostBack | Close::ResyncPolicy => 4000,
+            Close::ResyncHostLost
+            | Close::ResyncHostBack
+            | Close::ResyncPolicy
+            | Close::ResyncHostRemoved => 4000,
             Close::TokenExpired => 4001,
             Close::TokenRevoked => 4003,
             Close::SlowConsumer => 4008,
@@ -228,6 +233,7 @@ impl Close {
             Close::ResyncHostLost => "resync: lost continuity with a host; reconnect now",
             Close::ResyncHostBack => "resync: a host is back; reconnect now",
             Close::ResyncPolicy => "resync: access policy changed; reconnect now",
+            Close::ResyncHostRemoved => "resync: a host was removed; reconnect now",
             Close::TokenExpired => "token expired: reconnect with a new token",
             Close::TokenRevoked => "token revoked: do not retry with it",
             Close::SlowConsumer => "slow consumer: reconnect after backoff",
@@ -253,6 +259,7 @@ mod close_tests {
             Close::ResyncHostLost,
             Close::ResyncHostBack,
             Close::ResyncPolicy,
+            Close::ResyncHostRemoved,
             Close::TokenExpired,
             Close::TokenRevoked,
             Close::SlowConsumer,

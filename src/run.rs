@@ -139,10 +139,15 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// §3.3). The config file's `[policy]` is reloaded when the file changes
 /// (or on SIGHUP): a valid new policy applies to the next request at once,
 /// and clients that lost sight of a subscribed channel are closed with 4000
-/// (§7.6); an invalid file keeps the previous policy.
+/// (§7.6); its `[[hosts]]` too: added hosts are dialled, removed or changed
+/// ones leave (`Relay::reload_hosts`, §8.1). An invalid file keeps the
+/// previous policy and hosts.
 async fn reload_files(relay: Arc<Relay>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    // The config file is checked every second (one `stat`), so a host added
+    // to it is dialled within seconds; key files are re-read every fifth tick.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
+    let mut ticks = 0u64;
     let stamp = |p: &Option<std::path::PathBuf>| {
         p.as_ref()
             .and_then(|p| std::fs::metadata(p).ok())
@@ -168,7 +173,10 @@ async fn reload_files(relay: Arc<Relay>) {
             tick.tick().await;
             false
         };
-        if let Err(e) = relay.auth.reload() {
+        ticks += 1;
+        if (forced || ticks.is_multiple_of(5))
+            && let Err(e) = relay.auth.reload()
+        {
             tracing::warn!(error = %e, "auth reload failed; keeping the previous keys");
         }
         let now = stamp(&relay.cfg.source);
@@ -182,7 +190,12 @@ async fn reload_files(relay: Arc<Relay>) {
         match RelayConfig::load(&path) {
             Ok(cfg) => {
                 relay.set_policy(Arc::new(crate::policy::RulePolicy::new(&cfg.policy)));
-                tracing::info!(rules = cfg.policy.rules.len(), "policy reloaded");
+                relay.reload_hosts(&cfg.hosts);
+                tracing::info!(
+                    rules = cfg.policy.rules.len(),
+                    hosts = cfg.hosts.len(),
+                    "policy and hosts reloaded"
+                );
             }
             Err(e) => {
                 tracing::warn!(error = %e, "config reload failed; keeping the previous policy")

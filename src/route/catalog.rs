@@ -58,18 +58,14 @@ pub fn list_sessions(
 }
 
 /// One visible host's sorted catalog and where the page starts in it.
-type HostList<'a> = (&'a Arc<HostHub>, Grant, Arc<Vec<IndexEntry>>, usize);
+type HostList = (Arc<HostHub>, Grant, Arc<Vec<IndexEntry>>, usize);
 
 /// The sorted catalog of every host the caller can see, each positioned
 /// strictly after the cursor.
-fn host_lists<'a>(
-    env: &'a Env,
-    caller: Caller<'_>,
-    after: Option<&(i64, String)>,
-) -> Vec<HostList<'a>> {
+fn host_lists(env: &Env, caller: Caller<'_>, after: Option<&(i64, String)>) -> Vec<HostList> {
     let mut lists = Vec::new();
-    for hub in env.hosts.iter() {
-        let Some(grant) = env.access.grant_on(caller.who, hub) else {
+    for hub in env.hosts.all() {
+        let Some(grant) = env.access.grant_on(caller.who, &hub) else {
             continue;
         };
         let index = hub.sorted_catalog(|uri| {
@@ -91,12 +87,12 @@ fn host_lists<'a>(
 /// Merges the per-host lists (k-way, newest first), keeping visible
 /// entries, until the page is full and one more visible entry proves a
 /// next page (`true`).
-fn merge_page<'a>(
+fn merge_page(
     env: &Env,
     caller: Caller<'_>,
-    lists: &mut [HostList<'a>],
+    lists: &mut [HostList],
     limit: usize,
-) -> (Vec<(&'a Arc<HostHub>, IndexEntry)>, bool) {
+) -> (Vec<(Arc<HostHub>, IndexEntry)>, bool) {
     let mut page = Vec::new();
     loop {
         let next = lists
@@ -116,7 +112,7 @@ fn merge_page<'a>(
         if page.len() == limit {
             return (page, true);
         }
-        page.push((*hub, entry));
+        page.push((hub.clone(), entry));
     }
 }
 

@@ -15,7 +15,7 @@ pub fn root_field(env: &Env, field: RootField, caller: Caller<'_>) -> Value {
     let mut items = Vec::new();
     let mut active = 0i64;
     let who = caller.who;
-    for hub in env.hosts.iter() {
+    for hub in &env.hosts.all() {
         let Some(grant) = env.access.grant_on(who, hub) else {
             continue;
         };

@@ -30,7 +30,7 @@ pub fn host_for(
     uri: &str,
 ) -> Result<(Arc<HostHub>, String), RpcError> {
     let (hub, host_uri) = namer::route(env.store.as_ref(), uri)
-        .and_then(|(h, hu)| env.hosts.get(&h).map(|hub| (hub.clone(), hu)))
+        .and_then(|(h, hu)| env.hosts.get(&h).map(|hub| (hub, hu)))
         .ok_or_else(|| not_found(uri))?;
     let who = caller.who;
     let visible = env
@@ -248,7 +248,8 @@ pub fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
 
 /// The host whose agent is the only one `who` can see, if exactly one is.
 pub fn only_agent_host(env: &Env, who: Subject<'_>) -> Option<Arc<HostHub>> {
-    let mut with_agents = env.hosts.iter().filter(|h| {
+    let hubs = env.hosts.all();
+    let mut with_agents = hubs.iter().filter(|h| {
         env.access.grant_on(who, h).is_some()
             && h.read(|v| v.root.as_ref().is_some_and(|r| !r.agents.is_empty()))
     });
@@ -260,6 +261,7 @@ pub fn only_agent_host(env: &Env, who: Subject<'_>) -> Option<Arc<HostHub>> {
 pub fn trigger_characters(env: &Env, who: Subject<'_>) -> Vec<String> {
     let mut all: Vec<String> = env
         .hosts
+        .all()
         .iter()
         .filter(|h| env.access.grant_on(who, h).is_some())
         .flat_map(|h| {
@@ -277,8 +279,8 @@ pub fn trigger_characters(env: &Env, who: Subject<'_>) -> Vec<String> {
 /// The terminal command prefix, only if every up host `who` can see
 /// agrees (§6.6).
 pub fn terminal_command_prefix(env: &Env, who: Subject<'_>) -> Option<String> {
-    let mut prefixes = env
-        .hosts
+    let hubs = env.hosts.all();
+    let mut prefixes = hubs
         .iter()
         .filter(|h| env.access.grant_on(who, h).is_some())
         .filter_map(|h| {
@@ -361,24 +363,25 @@ pub fn authorize_dispatch(
     })
 }
 
-/// The hosts a client `root/configChanged` goes to (issue: a host-wide
-/// setting affects every user of a host, so only hosts on which the caller
-/// holds the admin role, and that are up); a rejection reason when there
-/// is none.
+/// The hosts a client `root/configChanged` goes to: a host-wide setting
+/// affects every user of a host, so only hosts on which the caller holds
+/// the admin role, that are up and whose root has a `config` to change; a
+/// rejection reason when there is none.
 pub fn root_config_hosts(env: &Env, caller: Caller<'_>) -> Result<Vec<Arc<HostHub>>, String> {
     let hosts: Vec<Arc<HostHub>> = env
         .hosts
-        .iter()
+        .all()
+        .into_iter()
         .filter(|h| h.status() == HostStatus::Up)
+        .filter(|h| h.read(|v| v.root.as_ref().is_some_and(|r| r.config.is_some())))
         .filter(|h| {
             env.access
                 .grant_on(caller.who, h)
                 .is_some_and(|g| g.dispose_others)
         })
-        .cloned()
         .collect();
     if hosts.is_empty() {
-        return Err("root/configChanged needs the admin role on a host".into());
+        return Err("root/configChanged needs the admin role on a host with a root config".into());
     }
     Ok(hosts)
 }

@@ -176,7 +176,8 @@ impl ClientSession {
         let who = self.subject();
         self.env
             .hosts
-            .iter()
+            .all()
+            .into_iter()
             .filter(|h| {
                 self.env
                     .access
@@ -184,7 +185,6 @@ impl ClientSession {
                     .is_some_and(|g| g.permits(Permission::SessionsOperate))
                     && advertises(h, resource)
             })
-            .cloned()
             .collect()
     }
 

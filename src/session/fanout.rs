@@ -14,7 +14,7 @@ use crate::names::namer::ToClient;
 use crate::names::translate;
 use crate::route::root;
 use crate::rpc::Close;
-use crate::upstream::hub::HostStatus;
+use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::watch::{RootField, WatchEvent};
 
 impl Registry {
@@ -45,8 +45,11 @@ impl Registry {
                     method,
                     params,
                 } => {
-                    self.fan_catalog(&host, method, params);
-                    self.fan_root(&[RootField::ActiveSessions]);
+                    // A host removed meanwhile has no hub: its events are moot.
+                    if let Some(hub) = self.env.hosts.get(&host) {
+                        self.fan_catalog(&hub, method, params);
+                        self.fan_root(&[RootField::ActiveSessions]);
+                    }
                 }
             }
         }
@@ -121,7 +124,7 @@ impl Registry {
 
     /// Sends a catalog notification to the followers that can see its
     /// session, under the policy in force now (§6.4).
-    fn fan_catalog(&self, host: &str, method: &str, mut params: Value) {
+    fn fan_catalog(&self, hub: &HostHub, method: &str, mut params: Value) {
         let host_session = params
             .get("session")
             .or_else(|| params.pointer("/summary/resource"))
@@ -129,17 +132,14 @@ impl Registry {
             .unwrap_or_default()
             .to_string();
         let namer = ToClient {
-            host,
+            host: &hub.id,
             store: self.env.store.as_ref(),
             identity: None,
         };
         if translate::translate(&mut params, method, &namer).is_err() {
             return;
         }
-        let frame = json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string();
-        let Some(hub) = self.env.hosts.get(host) else {
-            return;
-        };
+        let frame = crate::rpc::notification_frame(method, &params);
         for s in self.followers() {
             let who = s.subject();
             let visible = self
@@ -154,5 +154,36 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// Hosts left the configuration (or were replaced by a changed one,
+    /// contract §8.1): each of their sessions leaves through
+    /// `root/sessionRemoved` to the followers that could see it, every
+    /// client session drops its link to them, clients that followed their
+    /// channels are resynchronised (4000: their `reconnect` reports those
+    /// channels missing), and root followers get the merged root without
+    /// them. Nobody else is disconnected.
+    pub fn hosts_removed(&self, removed: &[Arc<HostHub>]) {
+        for hub in removed {
+            let sessions: Vec<String> = hub.read(|v| v.catalog.keys().cloned().collect());
+            for uri in sessions {
+                let params = json!({"channel": ahp_types::ROOT_RESOURCE_URI, "session": uri});
+                self.fan_catalog(hub, "root/sessionRemoved", params);
+            }
+            let all: Vec<Arc<ClientSession>> = self.sessions.iter().map(|s| s.clone()).collect();
+            for s in all {
+                if s.forget_host(&hub.id) {
+                    let m = &self.env.metrics;
+                    m.resyncs.with_label_values(&["host_removed"]).inc();
+                    s.close(Close::ResyncHostRemoved);
+                }
+            }
+            tracing::info!(host = %hub.id, "host removed");
+        }
+        self.fan_root(&[
+            RootField::Agents,
+            RootField::Terminals,
+            RootField::ActiveSessions,
+        ]);
     }
 }

@@ -78,3 +78,30 @@ impl LinkOwner for ClientSession {
         }
     }
 }
+
+impl ClientSession {
+    /// Host `host` left the configuration: its link closes (requests in
+    /// flight on it fail with `upstreamLost`), its channels are no longer
+    /// followed or baselined. Returns whether the client followed any of
+    /// them while attached (then it must be resynchronised).
+    pub fn forget_host(&self, host: &str) -> bool {
+        let mut core = self.lock();
+        if let Some(link) = core.links.remove(host) {
+            let err = RpcError::upstream_lost(host);
+            self.fail_link_requests_locked(&mut core, link.id, &err);
+        }
+        let lost: Vec<String> = core
+            .chans
+            .remove(host)
+            .into_iter()
+            .flat_map(|m| m.into_values())
+            .map(|c| c.client().to_string())
+            .collect();
+        for c in &lost {
+            core.baselined.remove(c);
+            core.subs.remove(c);
+        }
+        core.registered.retain(|(h, _)| &**h != host);
+        !lost.is_empty() && core.socket_id().is_some()
+    }
+}

@@ -392,7 +392,8 @@ impl ClientSession {
         let gone: Vec<Arc<str>> = self
             .env
             .hosts
-            .iter()
+            .all()
+            .into_iter()
             .filter(|h| self.env.access.grant_on(who, h).is_none())
             .map(|h| h.id.clone())
             .collect();
@@ -552,7 +553,7 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
     let env = &session.env;
     let hub = match p.provider.as_deref() {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| env.hosts.get(h).cloned())
+            .and_then(|(_, h)| env.hosts.get(h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
         None => router::only_agent_host(env, session.subject()).ok_or_else(|| {
             RpcError::invalid_params(
@@ -721,7 +722,7 @@ fn by_provider(
     let env = &session.env;
     let hub = match v.get("provider").and_then(Value::as_str) {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| env.hosts.get(h).cloned())
+            .and_then(|(_, h)| env.hosts.get(h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
         None => router::only_agent_host(env, session.subject())
             .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,

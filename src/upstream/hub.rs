@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use crate::upstream::dial::DialOptions;
 
 /// One upstream host.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
     /// Stable id, `[a-z0-9-]{1,32}`, never `localhost`; appears in URIs.
@@ -332,51 +332,145 @@ fn header_safe(s: &str) -> String {
         .collect()
 }
 
-/// Every configured host's hub, by id (fixed for the relay's life).
+/// Every configured host's hub, by id, and its watch link task. The set
+/// changes only on a config reload ([`Hosts::apply`]); readers take a
+/// snapshot, so no lock is held while a hub is used.
 #[derive(Debug, Default)]
 pub struct Hosts {
-    hubs: BTreeMap<String, Arc<HostHub>>,
+    hubs: RwLock<Arc<BTreeMap<String, Arc<HostHub>>>>,
+    watches: std::sync::Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
 }
 
+/// What a reload changed.
+#[derive(Debug, Default)]
+pub struct HostChanges {
+    /// Hubs that joined (their watch links are starting).
+    pub added: Vec<Arc<HostHub>>,
+    /// Hubs that left (their watch links are stopped).
+    pub removed: Vec<Arc<HostHub>>,
+}
+
+/// Starts the watch link of a hub (given by the relay, which owns the
+/// event channel).
+pub type StartWatch<'a> = &'a dyn Fn(Arc<HostHub>) -> tokio::task::JoinHandle<()>;
+
 impl Hosts {
-    /// Hubs for `configs`.
+    /// Hubs for `configs` (watch links not started yet: see [`Hosts::apply`]).
     pub fn new(configs: &[HostConfig]) -> Result<Self, String> {
         let mut hubs = BTreeMap::new();
         for h in configs {
-            let hub = HostHub::new(h.clone()).map_err(|e| format!("host {}: {e}", h.id))?;
-            hubs.insert(h.id.clone(), Arc::new(hub));
+            hubs.insert(h.id.clone(), Arc::new(new_hub(h)?));
         }
-        Ok(Self { hubs })
+        Ok(Self {
+            hubs: RwLock::new(Arc::new(hubs)),
+            watches: Default::default(),
+        })
+    }
+
+    fn snapshot(&self) -> Arc<BTreeMap<String, Arc<HostHub>>> {
+        self.hubs
+            .read()
+            .map(|h| h.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
     }
 
     /// The hub of host `id`.
-    pub fn get(&self, id: &str) -> Option<&Arc<HostHub>> {
-        self.hubs.get(id)
+    pub fn get(&self, id: &str) -> Option<Arc<HostHub>> {
+        self.snapshot().get(id).cloned()
     }
 
-    /// Every hub, by id.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<HostHub>> {
-        self.hubs.values()
+    /// Every hub now, by id.
+    pub fn all(&self) -> Vec<Arc<HostHub>> {
+        self.snapshot().values().cloned().collect()
     }
 
     /// How many hosts are configured.
     pub fn len(&self) -> usize {
-        self.hubs.len()
+        self.snapshot().len()
     }
 
     /// Whether no host is configured.
     pub fn is_empty(&self) -> bool {
-        self.hubs.is_empty()
+        self.snapshot().is_empty()
     }
 
     /// Host `configured` (`relay.default_host`), or the only host.
     pub fn default_host(&self, configured: Option<&str>) -> Option<Arc<HostHub>> {
+        let hubs = self.snapshot();
         match configured {
-            Some(id) => self.hubs.get(id).cloned(),
-            None if self.hubs.len() == 1 => self.hubs.values().next().cloned(),
+            Some(id) => hubs.get(id).cloned(),
+            None if hubs.len() == 1 => hubs.values().next().cloned(),
             None => None,
         }
     }
+
+    /// Makes the host set equal `configs` (contract §8.1: hosts added and
+    /// removed by reload). Unchanged hosts keep their hub and watch link;
+    /// a host whose configuration changed (URL, credential, label) is
+    /// replaced — removed and added under the same id — so only it is
+    /// re-dialled. Watch links of hubs not yet watched start now.
+    pub fn apply(&self, configs: &[HostConfig], start: StartWatch<'_>) -> HostChanges {
+        let old = self.snapshot();
+        let mut next = BTreeMap::new();
+        let mut changes = HostChanges::default();
+        for cfg in configs {
+            match old.get(&cfg.id) {
+                Some(hub) if hub.cfg == *cfg => {
+                    next.insert(cfg.id.clone(), hub.clone());
+                }
+                _ => match new_hub(cfg) {
+                    Ok(hub) => {
+                        let hub = Arc::new(hub);
+                        next.insert(cfg.id.clone(), hub.clone());
+                        changes.added.push(hub);
+                    }
+                    Err(e) => tracing::warn!(host = %cfg.id, error = %e, "host not added"),
+                },
+            }
+        }
+        for (id, hub) in old.iter() {
+            if next.get(id).is_none_or(|h| !Arc::ptr_eq(h, hub)) {
+                changes.removed.push(hub.clone());
+            }
+        }
+        match self.hubs.write() {
+            Ok(mut h) => *h = Arc::new(next),
+            Err(e) => *e.into_inner() = Arc::new(next),
+        }
+        self.restart_watches(&changes, start);
+        changes
+    }
+
+    /// Stops the watch links of removed hubs and starts those of added ones
+    /// (and of any hub not watched yet).
+    fn restart_watches(&self, changes: &HostChanges, start: StartWatch<'_>) {
+        let Ok(mut watches) = self.watches.lock() else {
+            return;
+        };
+        for hub in &changes.removed {
+            if let Some(task) = watches.remove(&*hub.id) {
+                task.abort();
+            }
+        }
+        for hub in self.all() {
+            watches
+                .entry(hub.id.to_string())
+                .or_insert_with(|| start(hub.clone()));
+        }
+    }
+
+    /// Stops every watch link (their host connections close).
+    pub fn stop_watches(&self) {
+        if let Ok(mut watches) = self.watches.lock() {
+            for (_, task) in watches.drain() {
+                task.abort();
+            }
+        }
+    }
+}
+
+fn new_hub(cfg: &HostConfig) -> Result<HostHub, String> {
+    HostHub::new(cfg.clone()).map_err(|e| format!("host {}: {e}", cfg.id))
 }
 
 #[cfg(test)]
