@@ -395,6 +395,7 @@ impl RawWs {
 }
 
 /// A frame or the end of a socket.
+#[derive(Debug)]
 pub enum Next {
     /// A text frame, parsed.
     Frame(Value),
