@@ -1385,6 +1385,8 @@ fn build(shape: &str, at: &mut Value, base: &str, leaves: &mut Vec<Leaf>, depth:
                 let scheme = scheme_for(path);
                 *slot(at, &segs) = json!(match kind {
                     FieldKind::Uri => format!("{scheme}:/x1"),
+                    FieldKind::UriTemplate => format!("{scheme}:/x1/{{turnId}}"),
+                    FieldKind::Published => "virtual://client/x1".to_string(),
                     FieldKind::Provider => "p".to_string(),
                     FieldKind::ClientId => UP.to_string(),
                 });
@@ -1478,6 +1480,8 @@ fn rewrite_table_round_trips_every_shape() {
         for l in &leaves {
             let want = match l.kind {
                 FieldKind::Uri => format!("{}:/a~x1", l.scheme),
+                FieldKind::UriTemplate => format!("{}:/a~x1/{{turnId}}", l.scheme),
+                FieldKind::Published => "virtual://client/x1".into(),
                 FieldKind::Provider => "p@a".into(),
                 FieldKind::ClientId => OWN.into(),
             };
@@ -1492,7 +1496,9 @@ fn rewrite_table_round_trips_every_shape() {
         translate::translate(&mut back, shape, &to_host(&store, "a"))
             .unwrap_or_else(|e| panic!("{shape}: to host: {e}"));
         assert_eq!(back, host_form, "{shape} does not round-trip");
-        let names_host = leaves.iter().any(|l| l.kind != FieldKind::ClientId);
+        let names_host = leaves
+            .iter()
+            .any(|l| !matches!(l.kind, FieldKind::ClientId | FieldKind::Published));
         let mut elsewhere = client_form.clone();
         assert_eq!(
             translate::translate(&mut elsewhere, shape, &to_host(&store, "b")).is_err(),
@@ -1513,10 +1519,11 @@ fn rewrite_table_fails_closed_on_foreign_names() {
         let (_, client_form, leaves) = rewrite_forms(shape, &store);
         for l in &leaves {
             let refused: Vec<String> = match l.kind {
-                FieldKind::Uri => vec![
+                FieldKind::Uri | FieldKind::UriTemplate => vec![
                     format!("{}:/other~x1", l.scheme),
                     format!("{}:/x1", l.scheme),
                 ],
+                FieldKind::Published => Vec::new(),
                 FieldKind::Provider => vec!["p@other".into(), "p".into()],
                 FieldKind::ClientId => vec!["someone-else".into(), UP.into()],
             };

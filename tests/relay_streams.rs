@@ -15,6 +15,7 @@ mod common;
 use std::time::Duration;
 
 use ahp::{Client, ClientEvent, ClientEventStream, SubscriptionEvent};
+use ahp_relay::simhost::naming;
 use ahp_types::actions::ActionEnvelope;
 use common::relay::TestRelay;
 use common::*;
@@ -769,6 +770,10 @@ async fn root_envelopes_are_numbered_and_reduce_to_a_fresh_snapshot() {
 async fn s18_broadcasting_host_progress_and_catalog_once() {
     let mut cfg = host("v", 1, script(5, 8, 0));
     cfg.vscode_compat = true;
+    // VS Code names: the client derives the default chat from the
+    // qualified session `sim:/v~<uuid>`.
+    let session = format!("sim:/v~{}", naming::seeded_uuid(&cfg, 1));
+    let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
     let t = TestRelay::start(vec![cfg], "").await;
     let mut a = t.raw("alice").await;
     let mut b = t.raw("bob").await;
@@ -778,7 +783,6 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         let sub = raw.request(1, "subscribe", json!({"channel": ROOT})).await;
         assert!(sub.get("result").is_some(), "root subscribe: {sub}");
         // A per-client link to the host, which broadcasts to it too.
-        let (chat, _) = seeded_chat("v", 1);
         let sub = raw.request(2, "subscribe", json!({"channel": chat})).await;
         assert!(sub.get("result").is_some(), "chat subscribe: {sub}");
     }

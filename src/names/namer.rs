@@ -3,7 +3,7 @@
 //! (client → host, fail-closed), used with the rewrite table in
 //! [`super::translate`].
 
-use super::qualify::{self as names, ClientName, UriParts};
+use super::qualify::{self as names, ClientName, Unqualifiable, UriParts};
 use super::store::{UriState, UriStore};
 use super::translate::{FieldKind, Namer};
 
@@ -25,10 +25,17 @@ pub struct ToClient<'a> {
 
 impl Namer for ToClient<'_> {
     fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+        let entry = |base: &str| is_store_entry(self.store, self.host, base);
+        let refused = |e: Unqualifiable| e.to_string();
         Ok(match kind {
-            FieldKind::Uri => names::qualify(self.host, value, |base| {
-                is_store_entry(self.store, self.host, base)
-            }),
+            FieldKind::Uri => names::qualify(self.host, value, entry).map_err(refused)?,
+            FieldKind::UriTemplate => names::map_template(
+                value,
+                |marked| names::qualify(self.host, marked, entry),
+                Unqualifiable,
+            )
+            .map_err(refused)?,
+            FieldKind::Published => value.to_string(),
             FieldKind::Provider => names::qualify_provider(self.host, value),
             FieldKind::ClientId => match self.identity {
                 Some((up, own)) if value == up => own.to_string(),
@@ -54,6 +61,12 @@ impl Namer for ToHost<'_> {
     fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
         match kind {
             FieldKind::Uri => to_host_uri(self.store, self.host, value),
+            FieldKind::UriTemplate => names::map_template(
+                value,
+                |marked| to_host_uri(self.store, self.host, marked),
+                "malformed URI template".into(),
+            ),
+            FieldKind::Published => Ok(value.to_string()),
             FieldKind::Provider => match names::read_provider(value) {
                 Some((p, h)) if h == self.host => Ok(p.to_string()),
                 Some(_) => Err("provider belongs to another host".into()),
@@ -72,16 +85,15 @@ impl Namer for ToHost<'_> {
 }
 
 /// The host form of a client URI bound for `host`, or why it has none.
+/// URIs that are not host names pass unchanged; a bare `file:///p` means
+/// `host`'s file (the request is routed there).
 pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String, String> {
-    if UriParts::parse(uri).is_none() {
-        if uri.starts_with("ahp-") && uri != ahp_types::ROOT_RESOURCE_URI {
-            return Err("unknown URI".into());
-        }
+    if !names::is_host_name(uri) {
         return Ok(uri.to_string());
     }
     match names::read_client_uri(uri) {
         Ok(ClientName::Qualified { host: h, host_uri }) if h == host => {
-            if aliases_store_entry(store, h, &host_uri) {
+            if aliases_store_entry(store, &h, &host_uri) {
                 return Err("unknown URI".into());
             }
             Ok(host_uri)
@@ -90,7 +102,17 @@ pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String
         Ok(ClientName::Verbatim { key }) if is_store_entry(store, host, &key) => {
             Ok(uri.to_string())
         }
+        Ok(ClientName::LocalFile { host_uri }) => Ok(host_uri),
         Ok(ClientName::Verbatim { .. }) | Err(_) => Err("unknown URI".into()),
+    }
+}
+
+/// The store key a host URI would have if a client had chosen it: its own
+/// base, or that of the session an authority-form chat embeds.
+fn store_base(host_uri: &str) -> Option<String> {
+    match names::session_of_chat_uri(host_uri) {
+        Some(session) => UriParts::parse(&session).map(|p| p.base()),
+        None => UriParts::parse(host_uri).map(|p| p.base()),
     }
 }
 
@@ -98,15 +120,16 @@ pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String
 /// that host: such a URI has exactly one name, the verbatim one, so the
 /// qualified spelling is not an alias for it (contract §4.2).
 fn aliases_store_entry(store: &dyn UriStore, host: &str, host_uri: &str) -> bool {
-    UriParts::parse(host_uri).is_some_and(|p| is_store_entry(store, host, &p.base()))
+    store_base(host_uri).is_some_and(|base| is_store_entry(store, host, &base))
 }
 
 /// The host a client channel URI belongs to and its host form; `None` when
-/// the URI is not a host channel the relay knows.
+/// the URI is not a host channel the relay knows (a bare `file:///p` names
+/// no host by itself).
 pub fn route(store: &dyn UriStore, uri: &str) -> Option<(String, String)> {
     match names::read_client_uri(uri).ok()? {
         ClientName::Qualified { host, host_uri } => {
-            (!aliases_store_entry(store, host, &host_uri)).then(|| (host.to_string(), host_uri))
+            (!aliases_store_entry(store, &host, &host_uri)).then_some((host, host_uri))
         }
         ClientName::Verbatim { key } => match store.lookup(&key) {
             Ok(Some(e)) if !matches!(e.state, UriState::Tombstone { .. }) => {
@@ -114,5 +137,6 @@ pub fn route(store: &dyn UriStore, uri: &str) -> Option<(String, String)> {
             }
             _ => None,
         },
+        ClientName::LocalFile { .. } => None,
     }
 }

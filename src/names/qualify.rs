@@ -1,36 +1,56 @@
 //! One client-facing namespace over many hosts (contract §4.2).
 //!
-//! A host's channel URI reaches clients either *verbatim* — when a client
-//! chose it through the relay and the URI store records it for that host —
-//! or *qualified by computation*: the host id is put in front of the first
-//! path segment, `ahp-terminal:/7` from `gpu1` becoming `ahp-terminal:/gpu1~7`
-//! (scheme kept, so reducers chosen by scheme still work; derived URIs such as
-//! `ahp-session:/x/annotations` still derive). Client-chosen ids may not
-//! contain `~`, so the two forms never overlap and no table is needed for
+//! A host's URI reaches clients either *verbatim* — when a client chose it
+//! through the relay and the URI store records it for that host — or
+//! *qualified by computation*, in one of three shapes:
+//!
+//! - **path form** `<scheme>:/<id><rest>`, whatever the scheme (`ahp-*`
+//!   channels, VS Code's provider-scheme sessions `copilot:/<id>`, content
+//!   references `ahp-content:/<id>`): the host id goes in front of the first
+//!   path segment, `ahp-terminal:/7` from `gpu1` becoming `ahp-terminal:/gpu1~7`
+//!   (scheme kept, so reducers chosen by scheme still work; derived URIs such
+//!   as `ahp-session:/x/annotations` still derive);
+//! - **authority-form chats** `ahp-chat://<chat id>/<base64url(session)><rest>`
+//!   (VS Code's `buildChatUri`): the embedded session is qualified inside the
+//!   base64url, so qualification commutes with the derivation a client makes
+//!   from a qualified session URI;
+//! - **host-local files** `file:///p` (or `file://localhost/p`): the host id
+//!   becomes the authority, `file://gpu1/p`.
+//!
+//! External and self-contained URIs (`http`, `https`, `data`, any other URI
+//! with an authority, opaque URIs such as `urn:`) and client-published URIs
+//! (`vscode-agent-client:`) are not host names and pass unchanged. A host URI
+//! of a host-name scheme in none of these shapes (`file://server/share`,
+//! `ahp-chat://x/<not base64url of a session>`, `ahp-foo:opaque`) cannot be
+//! qualified reversibly: [`qualify`] refuses it, and the frame carrying it is
+//! dropped rather than passed bare. Schemes compare case-insensitively and
+//! keep their spelling. Client-chosen ids may not contain `~`, so the
+//! qualified and verbatim forms never overlap and no table is needed for
 //! qualified names: they survive relay restarts by construction.
 
 use std::fmt;
 
-/// Schemes whose URIs name host channels and are qualified per host.
-pub const HOST_SCHEMES: &[&str] = &[
-    "ahp-session",
-    "ahp-chat",
-    "ahp-terminal",
-    "ahp-changeset",
-    "ahp-canvas",
-    "ahp-resource-watch",
-    "ahp-automation",
-    "ahp-automation-run",
-];
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+
+/// Schemes whose URIs are never host names, whatever their shape: external
+/// and self-contained (`http`, `https`, `data`) and client-published
+/// (`vscode-agent-client`, VS Code's wrapper of a client's own files).
+pub const PASS_SCHEMES: &[&str] = &["http", "https", "data", "vscode-agent-client"];
+
+/// Authority-form `ahp-*` URIs that name one object per connection (no
+/// host-assigned part), passed unchanged.
+const SINGLETONS: &[&str] = &["ahp-root", "ahp-automations"];
 
 /// The separator between host id and host-local id in a qualified URI.
 pub const QUALIFIER: char = '~';
 
-/// A host URI split into its parts: `<scheme>:/<head><tail>`, where `head`
-/// is the first path segment and `tail` the rest (empty or starting with `/`).
+/// A path-form URI split into its parts: `<scheme>:/<head><tail>`, where
+/// `head` is the first path segment and `tail` the rest (empty or starting
+/// with `/`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UriParts<'a> {
-    /// Scheme without the colon, e.g. `ahp-chat`.
+    /// Scheme without the colon, as spelled, e.g. `ahp-chat`.
     pub scheme: &'a str,
     /// First path segment (the id).
     pub head: &'a str,
@@ -39,17 +59,13 @@ pub struct UriParts<'a> {
 }
 
 impl<'a> UriParts<'a> {
-    /// Splits `uri` if it is `<host scheme>:/<segment>[/...]`.
+    /// Splits `uri` if it is `<scheme>:/<segment>[/...]` with a scheme that
+    /// names host objects (not `file` nor one of [`PASS_SCHEMES`]).
     pub fn parse(uri: &'a str) -> Option<Self> {
-        let (scheme, rest) = uri.split_once(":/")?;
-        if !HOST_SCHEMES.contains(&scheme) || rest.starts_with('/') {
-            return None;
+        match Shape::of(uri) {
+            Shape::Path(p) => Some(p),
+            _ => None,
         }
-        let (head, tail) = match rest.find('/') {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        (!head.is_empty()).then_some(Self { scheme, head, tail })
     }
 
     /// The URI naming only the first segment (`<scheme>:/<head>`): the key
@@ -59,20 +75,188 @@ impl<'a> UriParts<'a> {
     }
 }
 
+/// The syntactic shape of a URI, before deciding which host it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape<'a> {
+    /// `<scheme>:/<head><tail>`.
+    Path(UriParts<'a>),
+    /// `<scheme>://<chat id>/<b64><tail>` with scheme `ahp-chat`.
+    Chat {
+        scheme: &'a str,
+        chat_id: &'a str,
+        b64: &'a str,
+        tail: &'a str,
+    },
+    /// `<scheme>://<authority><path>` or `<scheme>:/<path>` with scheme
+    /// `file`; `authority` is empty for the single-slash form.
+    File {
+        scheme: &'a str,
+        authority: &'a str,
+        path: &'a str,
+    },
+    /// Not a host name: passes unchanged.
+    External,
+    /// A host-name scheme in a shape the relay cannot qualify reversibly.
+    Unknown,
+}
+
+impl<'a> Shape<'a> {
+    fn of(uri: &'a str) -> Self {
+        let Some((scheme, rest)) = uri.split_once(':') else {
+            return Shape::External;
+        };
+        let valid = scheme
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic())
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'));
+        if !valid || PASS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
+            return Shape::External;
+        }
+        let ahp = scheme.len() >= 4 && scheme[..4].eq_ignore_ascii_case("ahp-");
+        if scheme.eq_ignore_ascii_case("file") {
+            return file_shape(scheme, rest);
+        }
+        if let Some(after) = rest.strip_prefix("//") {
+            if scheme.eq_ignore_ascii_case("ahp-chat") {
+                return chat_shape(scheme, after);
+            }
+            if !ahp || SINGLETONS.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
+                return Shape::External;
+            }
+            return Shape::Unknown;
+        }
+        let Some(path) = rest.strip_prefix('/') else {
+            return if ahp { Shape::Unknown } else { Shape::External };
+        };
+        let (head, tail) = path.split_at(path.find('/').unwrap_or(path.len()));
+        if head.is_empty() {
+            return Shape::Unknown;
+        }
+        Shape::Path(UriParts { scheme, head, tail })
+    }
+}
+
+fn file_shape<'a>(scheme: &'a str, rest: &'a str) -> Shape<'a> {
+    if let Some(after) = rest.strip_prefix("//") {
+        let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+        return Shape::File {
+            scheme,
+            authority,
+            path,
+        };
+    }
+    if rest.starts_with('/') {
+        return Shape::File {
+            scheme,
+            authority: "",
+            path: rest,
+        };
+    }
+    Shape::Unknown
+}
+
+fn chat_shape<'a>(scheme: &'a str, after: &'a str) -> Shape<'a> {
+    let Some((chat_id, path)) = after.split_once('/') else {
+        return Shape::Unknown;
+    };
+    let (b64, tail) = path.split_at(path.find('/').unwrap_or(path.len()));
+    if chat_id.is_empty() || b64.is_empty() {
+        return Shape::Unknown;
+    }
+    Shape::Chat {
+        scheme,
+        chat_id,
+        b64,
+        tail,
+    }
+}
+
+/// The session URI embedded in an authority-form chat URI's segment, if it
+/// is base64url (no padding) of a UTF-8 path-form URI.
+fn embedded_session(b64: &str) -> Option<String> {
+    let bytes = B64.decode(b64).ok()?;
+    let session = String::from_utf8(bytes).ok()?;
+    UriParts::parse(&session).is_some().then_some(session)
+}
+
+fn chat_uri(scheme: &str, chat_id: &str, session: &str, tail: &str) -> String {
+    format!("{scheme}://{chat_id}/{}{tail}", B64.encode(session))
+}
+
+/// The session a chat URI names by construction (authority form only:
+/// `ahp-chat://<chat id>/<b64(session)>`), in the same namespace as the chat
+/// URI (host form in, host form out).
+pub fn session_of_chat_uri(uri: &str) -> Option<String> {
+    match Shape::of(uri) {
+        Shape::Chat { b64, .. } => embedded_session(b64),
+        _ => None,
+    }
+}
+
+/// What kind of channel a URI (host or client form) names, for visibility
+/// and the state shape of its snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelKind {
+    /// `ahp-session:/…`, or a path-form URI of a non-`ahp-` scheme (VS
+    /// Code's provider-scheme sessions `copilot:/<id>`).
+    Session,
+    /// `ahp-chat:/…` or `ahp-chat://<chat id>/<b64(session)>`.
+    Chat,
+    /// `ahp-terminal:/…`.
+    Terminal,
+    /// Any other `ahp-*` channel or URI (changesets, canvases, watches,
+    /// content references, the root, …), files and external URIs.
+    Other,
+}
+
+/// The kind of channel `uri` names (schemes compared case-insensitively).
+pub fn channel_kind(uri: &str) -> ChannelKind {
+    match Shape::of(uri) {
+        Shape::Chat { .. } => ChannelKind::Chat,
+        Shape::Path(p) => {
+            let is = |s: &str| p.scheme.eq_ignore_ascii_case(s);
+            if is("ahp-session") {
+                ChannelKind::Session
+            } else if is("ahp-chat") {
+                ChannelKind::Chat
+            } else if is("ahp-terminal") {
+                ChannelKind::Terminal
+            } else if p.scheme.len() >= 4 && p.scheme[..4].eq_ignore_ascii_case("ahp-") {
+                ChannelKind::Other
+            } else {
+                ChannelKind::Session
+            }
+        }
+        _ => ChannelKind::Other,
+    }
+}
+
 /// Where a client-facing host URI points.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientName<'a> {
-    /// `<scheme>:/<host>~<id>…`: host-assigned name, host given inline.
+pub enum ClientName {
+    /// Qualified: host-assigned name, host given inline (`<scheme>:/<host>~<id>…`,
+    /// a chat embedding such a session, or `file://<host>/p`).
     Qualified {
         /// Host id.
-        host: &'a str,
+        host: String,
         /// The URI as that host knows it.
         host_uri: String,
     },
-    /// `<scheme>:/<id>…` without qualifier: must be a URI-store entry.
+    /// `<scheme>:/<id>…` without qualifier (or a chat embedding one): must
+    /// be a URI-store entry.
     Verbatim {
-        /// The store key (`<scheme>:/<id>`).
+        /// The store key (`<scheme>:/<id>` of the URI, or of the session an
+        /// authority-form chat embeds).
         key: String,
+    },
+    /// `file:///p` (or `file://localhost/p`): a file of whichever host the
+    /// request it appears in is routed to; never a routing key by itself.
+    LocalFile {
+        /// The URI as a host knows it (`file:///p`).
+        host_uri: String,
     },
 }
 
@@ -82,37 +266,166 @@ pub struct NotAHostUri;
 
 impl fmt::Display for NotAHostUri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("not a host channel URI")
+        f.write_str("not a host URI")
     }
 }
 
-/// Reads a client-facing URI: qualified (host inline) or verbatim (store).
-pub fn read_client_uri(uri: &str) -> Result<ClientName<'_>, NotAHostUri> {
-    let parts = UriParts::parse(uri).ok_or(NotAHostUri)?;
-    match parts.head.split_once(QUALIFIER) {
+/// A host URI that cannot be qualified reversibly (contract §4.2): the
+/// frame carrying it is refused, never passed through bare.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a host URI of a shape the relay cannot qualify")]
+pub struct Unqualifiable;
+
+/// Whether `uri` names anything on a host at all (else it passes unchanged
+/// both ways: external, self-contained and client-published URIs).
+pub fn is_host_name(uri: &str) -> bool {
+    !matches!(Shape::of(uri), Shape::External)
+}
+
+/// Reads a client-facing URI: qualified (host inline), verbatim (store) or
+/// a bare local file; `Err` for URIs that are not host names, and for
+/// host-name shapes that are malformed (`ahp-chat:/~x`, `file://a~b/…`).
+pub fn read_client_uri(uri: &str) -> Result<ClientName, NotAHostUri> {
+    match Shape::of(uri) {
+        Shape::Path(p) => read_path(p),
+        Shape::Chat {
+            scheme,
+            chat_id,
+            b64,
+            tail,
+        } => {
+            let session = embedded_session(b64).ok_or(NotAHostUri)?;
+            match read_client_uri(&session)? {
+                ClientName::Qualified { host, host_uri } => Ok(ClientName::Qualified {
+                    host,
+                    host_uri: chat_uri(scheme, chat_id, &host_uri, tail),
+                }),
+                verbatim @ ClientName::Verbatim { .. } => Ok(verbatim),
+                ClientName::LocalFile { .. } => Err(NotAHostUri),
+            }
+        }
+        Shape::File {
+            scheme,
+            authority,
+            path,
+        } => {
+            let host_uri = format!("{scheme}://{path}");
+            if authority.is_empty() || authority.eq_ignore_ascii_case("localhost") {
+                Ok(ClientName::LocalFile { host_uri })
+            } else if valid_host_id(authority) {
+                Ok(ClientName::Qualified {
+                    host: authority.to_string(),
+                    host_uri,
+                })
+            } else {
+                Err(NotAHostUri)
+            }
+        }
+        Shape::External | Shape::Unknown => Err(NotAHostUri),
+    }
+}
+
+fn read_path(p: UriParts<'_>) -> Result<ClientName, NotAHostUri> {
+    match p.head.split_once(QUALIFIER) {
         Some((host, id)) if !host.is_empty() && !id.is_empty() => Ok(ClientName::Qualified {
-            host,
-            host_uri: format!("{}:/{id}{}", parts.scheme, parts.tail),
+            host: host.to_string(),
+            host_uri: format!("{}:/{id}{}", p.scheme, p.tail),
         }),
         Some(_) => Err(NotAHostUri),
-        None => Ok(ClientName::Verbatim { key: parts.base() }),
+        None => Ok(ClientName::Verbatim { key: p.base() }),
     }
 }
 
 /// The client-facing form of host `host`'s URI. `is_store_entry(base)` tells
-/// whether the URI's base is a client-chosen URI the store records for this
-/// host (then the URI is kept verbatim). Non-host URIs pass unchanged.
-pub fn qualify(host: &str, uri: &str, is_store_entry: impl Fn(&str) -> bool) -> String {
-    let Some(parts) = UriParts::parse(uri) else {
-        return uri.to_string();
-    };
-    if is_store_entry(&parts.base()) {
-        return uri.to_string();
+/// whether a path-form URI's base is a client-chosen URI the store records
+/// for this host (then it is kept verbatim). URIs that are not host names
+/// pass unchanged; a host-name URI of a shape that cannot be qualified
+/// reversibly is refused.
+pub fn qualify(
+    host: &str,
+    uri: &str,
+    is_store_entry: impl Fn(&str) -> bool,
+) -> Result<String, Unqualifiable> {
+    match Shape::of(uri) {
+        Shape::External => Ok(uri.to_string()),
+        Shape::Unknown => Err(Unqualifiable),
+        Shape::Path(p) => Ok(qualify_path(host, p, &is_store_entry)),
+        Shape::Chat {
+            scheme,
+            chat_id,
+            b64,
+            tail,
+        } => {
+            let session = embedded_session(b64).ok_or(Unqualifiable)?;
+            let p = UriParts::parse(&session).ok_or(Unqualifiable)?;
+            let client_session = qualify_path(host, p, &is_store_entry);
+            Ok(chat_uri(scheme, chat_id, &client_session, tail))
+        }
+        Shape::File {
+            scheme,
+            authority,
+            path,
+        } => {
+            let local = authority.is_empty() || authority.eq_ignore_ascii_case("localhost");
+            local
+                .then(|| format!("{scheme}://{host}{path}"))
+                .ok_or(Unqualifiable)
+        }
     }
-    format!(
-        "{}:/{host}{QUALIFIER}{}{}",
-        parts.scheme, parts.head, parts.tail
-    )
+}
+
+fn qualify_path(host: &str, p: UriParts<'_>, is_store_entry: &impl Fn(&str) -> bool) -> String {
+    if is_store_entry(&p.base()) {
+        return format!("{}:/{}{}", p.scheme, p.head, p.tail);
+    }
+    format!("{}:/{host}{QUALIFIER}{}{}", p.scheme, p.head, p.tail)
+}
+
+/// Stands for one RFC 6570 expression while a template is qualified: no
+/// `/`, `~`, `{` or `}`, and not something a host writes in a URI.
+const EXPR_MARK: char = '\u{1}';
+
+/// Runs `f` on a URI template with each `{…}` expression replaced by a
+/// marker, then puts the expressions back: qualifying the literal parts
+/// this way commutes with expansion for path-form and `file:` templates
+/// (`ahp-changeset:/s/{turnId}` → `ahp-changeset:/gpu1~s/{turnId}`).
+pub fn map_template<E>(
+    template: &str,
+    f: impl FnOnce(&str) -> Result<String, E>,
+    malformed: E,
+) -> Result<String, E> {
+    if template.contains(EXPR_MARK) {
+        return Err(malformed);
+    }
+    let mut exprs = Vec::new();
+    let mut marked = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(len) = rest[open..].find('}') else {
+            return Err(malformed);
+        };
+        marked.push_str(&rest[..open]);
+        marked.push(EXPR_MARK);
+        exprs.push(&rest[open..open + len + 1]);
+        rest = &rest[open + len + 1..];
+    }
+    marked.push_str(rest);
+    let mapped = f(&marked)?;
+    let mut out = String::with_capacity(mapped.len() + template.len());
+    let mut exprs = exprs.into_iter();
+    for part in mapped.split(EXPR_MARK).enumerate() {
+        if part.0 > 0 {
+            let Some(e) = exprs.next() else {
+                return Err(malformed);
+            };
+            out.push_str(e);
+        }
+        out.push_str(part.1);
+    }
+    match exprs.next() {
+        None => Ok(out),
+        Some(_) => Err(malformed),
+    }
 }
 
 /// Whether `id` is a valid host id: `[a-z0-9-]{1,32}` and not `localhost`.
@@ -136,77 +449,4 @@ pub fn read_provider(client: &str) -> Option<(&str, &str)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn none(_: &str) -> bool {
-        false
-    }
-
-    #[test]
-    fn qualifies_host_assigned_uris_and_keeps_derivation() {
-        assert_eq!(
-            qualify("gpu1", "ahp-terminal:/7", none),
-            "ahp-terminal:/gpu1~7"
-        );
-        assert_eq!(
-            qualify("a", "ahp-session:/s1/annotations", none),
-            "ahp-session:/a~s1/annotations"
-        );
-        assert_eq!(qualify("a", "ahp-root://", none), "ahp-root://");
-        assert_eq!(qualify("a", "file:///x", none), "file:///x");
-        assert_eq!(qualify("a", "https://x/y", none), "https://x/y");
-    }
-
-    #[test]
-    fn store_entries_stay_verbatim() {
-        let store = |base: &str| base == "ahp-session:/mine";
-        assert_eq!(
-            qualify("a", "ahp-session:/mine", store),
-            "ahp-session:/mine"
-        );
-        assert_eq!(
-            qualify("a", "ahp-session:/mine/annotations", store),
-            "ahp-session:/mine/annotations"
-        );
-        assert_eq!(qualify("a", "ahp-chat:/mine", store), "ahp-chat:/a~mine");
-    }
-
-    #[test]
-    fn reads_back_what_it_wrote() {
-        for (host, uri) in [
-            ("gpu1", "ahp-terminal:/7"),
-            ("b", "ahp-session:/s/annotations"),
-        ] {
-            let q = qualify(host, uri, none);
-            assert_eq!(
-                read_client_uri(&q),
-                Ok(ClientName::Qualified {
-                    host,
-                    host_uri: uri.to_string()
-                })
-            );
-        }
-        assert_eq!(
-            read_client_uri("ahp-chat:/mine"),
-            Ok(ClientName::Verbatim {
-                key: "ahp-chat:/mine".into()
-            })
-        );
-        assert_eq!(read_client_uri("ahp-chat:/~x"), Err(NotAHostUri));
-        assert_eq!(read_client_uri("ahp-chat:/h~"), Err(NotAHostUri));
-        assert_eq!(read_client_uri("ahp-root://"), Err(NotAHostUri));
-        assert_eq!(read_client_uri("ahp-chat://x"), Err(NotAHostUri));
-    }
-
-    #[test]
-    fn host_ids_and_providers() {
-        assert!(valid_host_id("gpu-1"));
-        assert!(!valid_host_id("localhost"));
-        assert!(!valid_host_id("GPU"));
-        assert!(!valid_host_id(""));
-        assert_eq!(qualify_provider("b", "copilot"), "copilot@b");
-        assert_eq!(read_provider("co@pilot@b"), Some(("co@pilot", "b")));
-        assert_eq!(read_provider("copilot"), None);
-    }
-}
+mod tests;

@@ -15,8 +15,15 @@ use serde_json::Value;
 /// What a field holds, and so how it is translated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FieldKind {
-    /// A channel or resource URI (host schemes qualified, others kept).
+    /// A channel, resource or file URI a host names (qualified per
+    /// `qualify`, external URIs kept).
     Uri,
+    /// An RFC 6570 URI template (`Changeset.uriTemplate`): its literal part
+    /// is translated so that expansion commutes with qualification.
+    UriTemplate,
+    /// A URI a client published (plugin and automation URIs, contract
+    /// §4.2): never translated, in either direction.
+    Published,
     /// An agent provider id (`copilot` ↔ `copilot@host`).
     Provider,
     /// An AHP client identity (upstream id ↔ the client's own id).
@@ -32,11 +39,12 @@ pub enum Row {
     Nested(&'static str, &'static str),
 }
 
-use FieldKind::{ClientId, Provider, Uri};
+use FieldKind::{ClientId, Provider, Published, Uri, UriTemplate};
 use Row::{Field, Nested};
 
 /// The table. Keys are action types, notification and method names
 /// (`params:<method>`, `result:<method>`) and state shapes (`@Name`).
+/// Every name-bearing field of `ahp-types` 1.0.0 (`ahp/surface.md` §3–4).
 pub const TABLE: &[(&str, &[Row])] = &[
     // ---- state trees -------------------------------------------------------
     (
@@ -44,6 +52,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
         &[
             Field("provider", Provider),
             Field("models[].provider", Provider),
+            Nested("customizations[]", "@Customization"),
         ],
     ),
     (
@@ -68,11 +77,15 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ("@ChatOrigin", &[Field("chat", Uri)]),
     (
         "@ChatSummary",
-        &[Field("resource", Uri), Nested("origin", "@ChatOrigin")],
+        &[
+            Field("resource", Uri),
+            Nested("origin", "@ChatOrigin"),
+            Field("workingDirectories[]", Uri),
+        ],
     ),
     (
         "@SessionOrigin",
-        &[Field("automation", Uri), Field("run", Uri)],
+        &[Field("automation", Published), Field("run", Uri)],
     ),
     (
         "@SessionSummary",
@@ -83,6 +96,8 @@ pub const TABLE: &[(&str, &[Row])] = &[
             Field("defaultChat", Uri),
             Field("annotations.resource", Uri),
             Nested("origin", "@SessionOrigin"),
+            Field("workingDirectories[]", Uri),
+            Field("project.uri", Uri),
         ],
     ),
     (
@@ -93,14 +108,43 @@ pub const TABLE: &[(&str, &[Row])] = &[
             Nested("toolCall", "@ToolCall"),
         ],
     ),
-    ("@Customization", &[Field("clientId", ClientId)]),
+    ("@Enablement", &[Field("uri", Uri)]),
+    (
+        "@Customization",
+        &[
+            Field("uri", Uri),
+            Field("clientId", ClientId),
+            Field("channel", Uri),
+            Nested("enablement[]", "@Enablement"),
+            Nested("children[]", "@ChildCustomization"),
+        ],
+    ),
+    (
+        "@ChildCustomization",
+        &[
+            Field("uri", Uri),
+            Field("channel", Uri),
+            Nested("enablement[]", "@Enablement"),
+        ],
+    ),
+    (
+        "@ClientCustomization",
+        &[
+            Field("uri", Published),
+            Field("clientId", ClientId),
+            Nested("enablement[]", "@Enablement"),
+            Field("children[].uri", Published),
+            Field("children[].channel", Uri),
+        ],
+    ),
     (
         "@ActiveClient",
         &[
             Field("clientId", ClientId),
-            Nested("customizations[]", "@Customization"),
+            Nested("customizations[]", "@ClientCustomization"),
         ],
     ),
+    ("@Changeset", &[Field("uriTemplate", UriTemplate)]),
     (
         "@Session",
         &[
@@ -112,16 +156,48 @@ pub const TABLE: &[(&str, &[Row])] = &[
             Nested("activeClients[]", "@ActiveClient"),
             Nested("inputNeeded[]", "@InputRequest"),
             Nested("customizations[]", "@Customization"),
+            Field("workingDirectories[]", Uri),
+            Field("project.uri", Uri),
+            Nested("changesets[]", "@Changeset"),
         ],
     ),
-    ("@Message", &[Field("attachments[].resource", Uri)]),
+    ("@Attachment", &[Field("uri", Uri), Field("resource", Uri)]),
+    (
+        "@Message",
+        &[
+            Nested("attachments[]", "@Attachment"),
+            Field("agent.uri", Uri),
+        ],
+    ),
     ("@Contributor", &[Field("clientId", ClientId)]),
-    ("@ToolResult", &[Field("content[].resource", Uri)]),
+    (
+        "@FileEditSide",
+        &[Field("uri", Uri), Field("content.uri", Uri)],
+    ),
+    (
+        "@FileEdit",
+        &[
+            Nested("before", "@FileEditSide"),
+            Nested("after", "@FileEditSide"),
+        ],
+    ),
+    (
+        "@ToolResultContent",
+        &[
+            Field("uri", Uri),
+            Field("resource", Uri),
+            Nested("before", "@FileEditSide"),
+            Nested("after", "@FileEditSide"),
+        ],
+    ),
+    ("@ToolResult", &[Nested("content[]", "@ToolResultContent")]),
     (
         "@ToolCall",
         &[
             Nested("contributor", "@Contributor"),
-            Field("content[].resource", Uri),
+            Field("toolInput.uri", Uri),
+            Nested("edits.items[]", "@FileEdit"),
+            Nested("content[]", "@ToolResultContent"),
             Nested("result", "@ToolResult"),
             Nested("userSuggestion", "@Message"),
         ],
@@ -151,9 +227,58 @@ pub const TABLE: &[(&str, &[Row])] = &[
             Nested("draft", "@Message"),
             Nested("backgroundWork[]", "@Work"),
             Field("canvases[].resource", Uri),
+            Field("workingDirectories[]", Uri),
+            Nested("changesets[]", "@Changeset"),
         ],
     ),
-    ("@Terminal", &[Nested("claim", "@Claim")]),
+    ("@Terminal", &[Nested("claim", "@Claim"), Field("cwd", Uri)]),
+    ("@ChangesetState", &[Nested("files[].edit", "@FileEdit")]),
+    (
+        "@Annotation",
+        &[
+            Field("resource", Uri),
+            Field("origin.session", Uri),
+            Field("origin.chat", Uri),
+        ],
+    ),
+    ("@Annotations", &[Nested("annotations[]", "@Annotation")]),
+    ("@ResourceWatch", &[Field("root", Uri)]),
+    (
+        "@AutomationTemplate",
+        &[
+            Field("provider", Provider),
+            Field("workingDirectories[]", Uri),
+            Field("agent.uri", Uri),
+            Nested("customizations[]", "@ClientCustomization"),
+        ],
+    ),
+    (
+        "@RunSummary",
+        &[
+            Field("resource", Uri),
+            Field("automation", Published),
+            Field("primarySession", Uri),
+        ],
+    ),
+    (
+        "@AutomationEntry",
+        &[
+            Field("resource", Published),
+            Nested("definition.session", "@AutomationTemplate"),
+            Nested("runs[]", "@RunSummary"),
+            Nested("customizations[]", "@Customization"),
+        ],
+    ),
+    ("@Automations", &[Nested("entries[]", "@AutomationEntry")]),
+    (
+        "@AutomationRun",
+        &[
+            Field("resource", Uri),
+            Field("automation", Published),
+            Field("sessions[]", Uri),
+            Field("primarySession", Uri),
+        ],
+    ),
     ("@Snapshot", &[Field("resource", Uri)]),
     // ---- actions (payload of `action`, relative to the action object) -------
     ("root/agentsChanged", &[Nested("agents[]", "@Agent")]),
@@ -189,6 +314,24 @@ pub const TABLE: &[(&str, &[Row])] = &[
         "session/customizationUpdated",
         &[Nested("customization", "@Customization")],
     ),
+    (
+        "session/customizationToggled",
+        &[Nested("enablement[]", "@Enablement")],
+    ),
+    ("session/workingDirectorySet", &[Field("directory", Uri)]),
+    (
+        "session/workingDirectoryRemoved",
+        &[Field("directory", Uri)],
+    ),
+    (
+        "session/workingDirectoryReplaced",
+        &[Field("directory", Uri), Field("replacement", Uri)],
+    ),
+    ("session/mcpServerStateChanged", &[Field("channel", Uri)]),
+    (
+        "session/changesetsChanged",
+        &[Nested("changesets[]", "@Changeset")],
+    ),
     ("chat/turnStarted", &[Nested("message", "@Message")]),
     ("chat/responsePart", &[Nested("part", "@Part")]),
     (
@@ -197,7 +340,11 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ),
     (
         "chat/toolCallReady",
-        &[Nested("contributor", "@Contributor")],
+        &[
+            Nested("contributor", "@Contributor"),
+            Field("toolInput.uri", Uri),
+            Nested("edits.items[]", "@FileEdit"),
+        ],
     ),
     (
         "chat/toolCallConfirmed",
@@ -206,14 +353,64 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ("chat/toolCallComplete", &[Nested("result", "@ToolResult")]),
     (
         "chat/toolCallContentChanged",
-        &[Field("content[].resource", Uri)],
+        &[Nested("content[]", "@ToolResultContent")],
     ),
     ("chat/backgroundWorkSet", &[Nested("work", "@Work")]),
     ("chat/canvasesChanged", &[Field("canvases[].resource", Uri)]),
     ("chat/turnsLoaded", &[Nested("turns[]", "@Turn")]),
     ("chat/pendingMessageSet", &[Nested("message", "@Message")]),
     ("chat/draftChanged", &[Nested("draft", "@Message")]),
+    ("chat/workingDirectorySet", &[Field("directory", Uri)]),
+    ("chat/workingDirectoryRemoved", &[Field("directory", Uri)]),
+    (
+        "chat/changesetsChanged",
+        &[Nested("changesets[]", "@Changeset")],
+    ),
     ("terminal/claimed", &[Nested("claim", "@Claim")]),
+    ("terminal/cwdChanged", &[Field("cwd", Uri)]),
+    ("changeset/fileSet", &[Nested("file.edit", "@FileEdit")]),
+    (
+        "changeset/contentChanged",
+        &[Nested("files[].edit", "@FileEdit")],
+    ),
+    ("annotations/set", &[Nested("annotation", "@Annotation")]),
+    (
+        "annotations/updated",
+        &[
+            Field("resource", Uri),
+            Field("origin.session", Uri),
+            Field("origin.chat", Uri),
+        ],
+    ),
+    (
+        "resourceWatch/changed",
+        &[Field("changes.items[].uri", Uri)],
+    ),
+    (
+        "automation/createRequested",
+        &[
+            Field("resource", Published),
+            Nested("definition.session", "@AutomationTemplate"),
+        ],
+    ),
+    (
+        "automation/updateRequested",
+        &[
+            Field("resource", Published),
+            Nested("changes.session", "@AutomationTemplate"),
+        ],
+    ),
+    (
+        "automation/set",
+        &[Nested("automation", "@AutomationEntry")],
+    ),
+    ("automation/removed", &[Field("resource", Published)]),
+    ("automationRun/sessionSet", &[Field("session", Uri)]),
+    ("automationRun/sessionRemoved", &[Field("session", Uri)]),
+    (
+        "automationRun/primarySessionChanged",
+        &[Field("primarySession", Uri)],
+    ),
     // ---- notifications (params) --------------------------------------------
     ("root/sessionAdded", &[Nested("summary", "@SessionSummary")]),
     ("root/sessionRemoved", &[Field("session", Uri)]),
@@ -227,6 +424,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
         &[
             Field("provider", Provider),
             Nested("activeClient", "@ActiveClient"),
+            Field("workingDirectories[]", Uri),
         ],
     ),
     (
@@ -234,6 +432,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
         &[
             Field("source.chat", Uri),
             Nested("initialMessage", "@Message"),
+            Field("workingDirectories[]", Uri),
         ],
     ),
     (
@@ -243,13 +442,64 @@ pub const TABLE: &[(&str, &[Row])] = &[
             Field("destination.after", Uri),
         ],
     ),
-    ("params:createTerminal", &[Nested("claim", "@Claim")]),
+    (
+        "params:createTerminal",
+        &[Nested("claim", "@Claim"), Field("cwd", Uri)],
+    ),
+    (
+        "params:resolveSessionConfig",
+        &[Field("workingDirectory", Uri)],
+    ),
+    (
+        "params:sessionConfigCompletions",
+        &[Field("workingDirectory", Uri)],
+    ),
+    (
+        "params:listAutomationTriggerDefinitions",
+        &[Field("workingDirectories[]", Uri)],
+    ),
+    (
+        "params:invokeChangesetOperation",
+        &[Field("target.resource", Uri)],
+    ),
+    ("params:resourceRead", &[Field("uri", Uri)]),
+    ("params:resourceWrite", &[Field("uri", Uri)]),
+    ("params:resourceList", &[Field("uri", Uri)]),
+    ("params:resourceDelete", &[Field("uri", Uri)]),
+    ("params:resourceResolve", &[Field("uri", Uri)]),
+    ("params:resourceMkdir", &[Field("uri", Uri)]),
+    ("params:resourceRequest", &[Field("uri", Uri)]),
+    (
+        "params:resourceCopy",
+        &[Field("source", Uri), Field("destination", Uri)],
+    ),
+    (
+        "params:resourceMove",
+        &[Field("source", Uri), Field("destination", Uri)],
+    ),
+    ("params:createResourceWatch", &[Field("uri", Uri)]),
+    ("params:runAutomation", &[Field("automation", Published)]),
+    (
+        "params:fetchAutomationRuns",
+        &[Field("automation", Published)],
+    ),
     // ---- results (host → client) --------------------------------------------
     ("result:moveChat", &[Field("session", Uri)]),
     (
         "result:listSessions",
         &[Nested("items[]", "@SessionSummary")],
     ),
+    (
+        "result:completions",
+        &[Nested("items[].attachment", "@Attachment")],
+    ),
+    ("result:resourceResolve", &[Field("uri", Uri)]),
+    ("result:createResourceWatch", &[Field("channel", Uri)]),
+    (
+        "result:invokeChangesetOperation",
+        &[Field("followUp.content.uri", Uri)],
+    ),
+    ("result:runAutomation", &[Field("resource", Uri)]),
 ];
 
 /// The table indexed by shape, built once.
@@ -261,17 +511,30 @@ pub fn rows(shape: &str) -> Option<&'static [Row]> {
     INDEX.get(shape).copied()
 }
 
-/// The state shape a snapshot of `uri` holds, chosen by scheme.
+/// The state shape a snapshot of `uri` holds, chosen by scheme (compared
+/// case-insensitively) and shape: provider-scheme session URIs are
+/// sessions, both chat URI shapes are chats (`qualify::channel_kind`).
 pub fn state_shape(uri: &str) -> Option<&'static str> {
+    use super::qualify::{ChannelKind, UriParts, channel_kind};
     if uri == ahp_types::ROOT_RESOURCE_URI {
         return Some("@Root");
     }
-    let scheme = uri.split_once(':')?.0;
-    match scheme {
-        "ahp-session" => Some("@Session"),
-        "ahp-chat" => Some("@Chat"),
-        "ahp-terminal" => Some("@Terminal"),
-        _ => None,
+    let is = |s: &str| {
+        uri.split_once(':')
+            .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case(s))
+    };
+    match channel_kind(uri) {
+        ChannelKind::Session if UriParts::parse(uri).is_some_and(|p| p.tail == "/annotations") => {
+            Some("@Annotations")
+        }
+        ChannelKind::Session => Some("@Session"),
+        ChannelKind::Chat => Some("@Chat"),
+        ChannelKind::Terminal => Some("@Terminal"),
+        ChannelKind::Other if is("ahp-changeset") => Some("@ChangesetState"),
+        ChannelKind::Other if is("ahp-resource-watch") => Some("@ResourceWatch"),
+        ChannelKind::Other if is("ahp-automation-run") => Some("@AutomationRun"),
+        ChannelKind::Other if is("ahp-automations") => Some("@Automations"),
+        ChannelKind::Other => None,
     }
 }
 

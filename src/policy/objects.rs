@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 
 use super::{Grant, HostRef, Policy, Subject};
 use crate::identity::Keys;
+use crate::names::qualify::{ChannelKind, channel_kind, session_of_chat_uri};
 use crate::names::store::{Owner, UriEntry, UriState, UriStore};
 use crate::upstream::hub::{HostHub, HostStatus};
 
@@ -118,16 +119,20 @@ impl Access {
         hub: &HostHub,
         host_uri: &str,
     ) -> bool {
-        let scheme = host_uri.split_once(':').map_or("", |(s, _)| s);
-        match scheme {
-            "ahp-session" => self.sees_existing_session(who, grant, hub, host_uri),
-            "ahp-chat" => match hub.session_of_chat(host_uri) {
+        // Kinds by shape (provider-scheme sessions, authority-form chats
+        // naming their session), schemes case-insensitive: `names::qualify`.
+        match channel_kind(host_uri) {
+            ChannelKind::Session => self.sees_existing_session(who, grant, hub, host_uri),
+            ChannelKind::Chat => match hub
+                .session_of_chat(host_uri)
+                .or_else(|| session_of_chat_uri(host_uri))
+            {
                 Some(session) => self.sees_existing_session(who, grant, hub, &session),
                 None => self
                     .live_entry(&hub.id, host_uri)
                     .is_some_and(|o| grant.sees(who, Some(&o))),
             },
-            "ahp-terminal" => {
+            ChannelKind::Terminal => {
                 if self
                     .live_entry(&hub.id, host_uri)
                     .is_some_and(|o| who.is(&o))
@@ -139,7 +144,7 @@ impl Access {
                     _ => false,
                 }
             }
-            _ => false,
+            ChannelKind::Other => false,
         }
     }
 

@@ -69,9 +69,12 @@ fn host_lists(env: &Env, caller: Caller<'_>, after: Option<&(i64, String)>) -> V
             continue;
         };
         let index = hub.sorted_catalog(|uri| {
+            // An unqualifiable URI sorts under an empty key; its summary
+            // fails translation and is not listed.
             names::qualify(&hub.id, uri, |base| {
                 is_store_entry(env.store.as_ref(), &hub.id, base)
             })
+            .unwrap_or_default()
         });
         let start = match after {
             None => 0,

@@ -13,6 +13,7 @@ use super::methods::{self, Need};
 use super::{Caller, Env};
 use crate::names::client_uri::validate_client_uri;
 use crate::names::namer::{self, ToHost};
+use crate::names::qualify::{ChannelKind, channel_kind, is_host_name};
 use crate::names::translate::{self, FieldKind, Namer};
 use crate::policy::audit::{self, Decision};
 use crate::policy::table;
@@ -136,10 +137,13 @@ pub fn gate(
     result
 }
 
-/// A client → host namer that authorizes every channel URI it translates
-/// (contract §4.3): the URI must name an object the principal can see on
-/// the target host (else it is as unknown as a URI that names nothing), and
-/// the grant must hold the permission the field implies.
+/// A client → host namer that authorizes every host URI it translates,
+/// whatever its scheme (contract §4.3): a session, chat or terminal must be
+/// one the principal can see on the target host (else it is as unknown as a
+/// URI that names nothing); any host URI — channels, files, content
+/// references, changesets, canvases, watches — needs the permission its
+/// field implies on that host. External and client-published URIs name
+/// nothing on the host and pass.
 struct Authorizing<'a> {
     to_host: ToHost<'a>,
     env: &'a Env,
@@ -157,29 +161,46 @@ impl Namer for Authorizing<'_> {
     fn field(
         &self,
         shape: &str,
-        _path: &str,
+        path: &str,
         kind: FieldKind,
         value: &str,
     ) -> Result<String, String> {
         let host_value = self.to_host.translate(kind, value)?;
-        let channel = ["ahp-session:", "ahp-chat:", "ahp-terminal:"]
-            .iter()
-            .any(|s| host_value.starts_with(s));
-        if kind == FieldKind::Uri && channel {
-            let who = self.caller.who;
-            if !self
+        if !matches!(kind, FieldKind::Uri | FieldKind::UriTemplate) || !is_host_name(&host_value) {
+            return Ok(host_value);
+        }
+        let channel = matches!(
+            channel_kind(&host_value),
+            ChannelKind::Session | ChannelKind::Chat | ChannelKind::Terminal
+        );
+        if channel
+            && !self
                 .env
                 .access
-                .sees_channel(who, self.grant, self.hub, &host_value)
-            {
-                return Err("unknown URI".into());
-            }
-            if !self.grant.permits(table::field_need(shape)) {
-                self.denied.set(true);
-                return Err("permission denied".into());
-            }
+                .sees_channel(self.caller.who, self.grant, self.hub, &host_value)
+        {
+            return Err("unknown URI".into());
+        }
+        if !self.grant.permits(field_need(shape, path)) {
+            self.denied.set(true);
+            return Err("permission denied".into());
         }
         Ok(host_value)
+    }
+}
+
+/// The permission a URI field implies (contract §4.3): operate for targets
+/// (working directories and terminal `cwd`, besides the policy's shapes:
+/// move destinations and terminal claims), read for references.
+fn field_need(shape: &str, path: &str) -> Permission {
+    let last = path.rsplit('.').next().unwrap_or(path);
+    let target = ["workingDirector", "directory", "replacement", "cwd"]
+        .iter()
+        .any(|t| last.starts_with(t));
+    if target {
+        Permission::SessionsOperate
+    } else {
+        table::field_need(shape)
     }
 }
 

@@ -1,0 +1,273 @@
+//! VS Code's URI shapes through the relay (contract §4.2, §4.3): two hosts
+//! whose session ids collide stay distinct; the official client derives a
+//! session's default chat `ahp-chat://default/<b64(session)>` from the
+//! qualified session URI the relay lists, subscribes, runs a turn and
+//! converges with the host — in VS Code mode and in plain mode; host-local
+//! `file:` URIs carry the host in the authority, and a `file:` URI naming no
+//! host or an unknown one never reaches a host.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use ahp_relay::simhost::clock::now_iso;
+use ahp_relay::simhost::config::SimHostConfig;
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use common::relay::TestRelay;
+use common::*;
+use serde_json::{Value, json};
+
+const ROOT: &str = "ahp-root://";
+
+/// Two hosts `a` and `b` whose session (and so chat) URIs collide: the same
+/// `id_seed` in VS Code mode, the same session prefix in plain mode.
+fn twin_hosts(vscode: bool) -> Vec<SimHostConfig> {
+    ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let mut cfg = fast_config(name, 2);
+            cfg.vscode_compat = vscode;
+            cfg.id_seed = Some(42);
+            cfg.session_prefix = "twin".into();
+            cfg
+        })
+        .collect()
+}
+
+/// What a VS Code client computes: `ahp-chat://<chatId>/<b64url-no-pad(session)>`.
+fn derived_chat(session: &str) -> String {
+    format!(
+        "ahp-chat://default/{}",
+        URL_SAFE_NO_PAD.encode(session.as_bytes())
+    )
+}
+
+async fn list(client: &ahp::Client) -> Vec<Value> {
+    let r: Value = client
+        .request("listSessions", json!({"channel": ROOT}))
+        .await
+        .expect("listSessions");
+    r["items"].as_array().expect("items").clone()
+}
+
+/// Splits a qualified path-form URI `<scheme>:/<host>~<id>` into (host, `<scheme>:/<id>`).
+fn unqualify(uri: &str) -> (String, String) {
+    let (scheme, rest) = uri.split_once(":/").expect("path form");
+    let (host, id) = rest.split_once('~').expect("qualified");
+    (host.to_string(), format!("{scheme}:/{id}"))
+}
+
+/// Lists through the relay, checks the URIs are distinct and qualified
+/// while the hosts' own URIs collide, and returns host `b`'s first session
+/// (client form, host form).
+async fn distinct_sessions(t: &TestRelay, client: &ahp::Client, vscode: bool) -> (String, String) {
+    let items = list(client).await;
+    assert_eq!(items.len(), 4, "{items:?}");
+    let uris: BTreeSet<&str> = items
+        .iter()
+        .filter_map(|s| s["resource"].as_str())
+        .collect();
+    assert_eq!(uris.len(), 4, "listed URIs are distinct: {uris:?}");
+    let a: BTreeSet<String> = t.hosts[0].session_uris().into_iter().collect();
+    let b: BTreeSet<String> = t.hosts[1].session_uris().into_iter().collect();
+    assert_eq!(a, b, "the hosts' own session URIs collide");
+    for s in &items {
+        let uri = s["resource"].as_str().expect("resource");
+        let (host, host_uri) = unqualify(uri);
+        assert!(a.contains(&host_uri), "{uri} names a host session");
+        assert!(host == "a" || host == "b", "{uri}");
+        if vscode {
+            assert!(uri.starts_with("sim:/"), "provider-scheme session: {uri}");
+            assert_eq!(s["defaultChat"], derived_chat(uri), "{s}");
+        }
+    }
+    let session = items
+        .iter()
+        .filter_map(|s| s["resource"].as_str())
+        .find(|u| unqualify(u).0 == "b")
+        .expect("a session of host b")
+        .to_string();
+    let host_session = unqualify(&session).1;
+    (session, host_session)
+}
+
+/// The chat the client uses for `session`: derived (VS Code) or listed.
+async fn chat_of(client: &ahp::Client, session: &str, vscode: bool) -> String {
+    if vscode {
+        return derived_chat(session);
+    }
+    list(client)
+        .await
+        .into_iter()
+        .find(|s| s["resource"] == session)
+        .and_then(|s| s["defaultChat"].as_str().map(str::to_string))
+        .expect("listed default chat")
+}
+
+async fn converge_through_relay(vscode: bool) {
+    let t = TestRelay::start(twin_hosts(vscode), "").await;
+    let client = t.client_init("alice", "vs-client").await;
+    let (session, host_session) = distinct_sessions(&t, &client, vscode).await;
+    let chat = chat_of(&client, &session, vscode).await;
+
+    let mut events = client.events();
+    let session_snap = subscribe_raw(&client, &session).await;
+    assert_eq!(session_snap["resource"], session);
+    assert_eq!(
+        session_snap["state"]["defaultChat"], chat,
+        "the session's state names its chat in client form"
+    );
+    let snap = subscribe_raw(&client, &chat).await;
+    assert_eq!(snap["resource"], chat, "{snap}");
+    assert_eq!(snap["state"]["resource"], chat, "{snap}");
+
+    let turn = json!({"type": "chat/turnStarted", "turnId": "vs-t1", "startedAt": now_iso(),
+        "message": {"text": "hello", "origin": {"kind": "user"}}});
+    let action = serde_json::from_value(turn).expect("a StateAction");
+    client
+        .dispatch(chat.clone(), action)
+        .await
+        .expect("dispatch");
+    let live = actions_until(&mut events, |e| {
+        e.channel == chat && action_type(e) == "chat/turnComplete"
+    })
+    .await;
+    assert_strictly_increasing(&live);
+    let started = live
+        .iter()
+        .find(|e| action_type(e) == "chat/turnStarted")
+        .expect("the turn's echo");
+    assert_eq!(started.rejection_reason, None, "the turn was accepted");
+
+    let mut reduced = reduce_chat(&snap["state"], &chat, &live);
+    let host_chat = if vscode {
+        derived_chat(&host_session)
+    } else {
+        unqualify(&chat).1
+    };
+    let host_state = t.hosts[1].channel_state(&host_chat).expect("host b's chat");
+    assert_eq!(reduced["resource"], chat);
+    reduced["resource"] = json!(host_chat);
+    assert_eq!(
+        reduced, host_state,
+        "the client's chat converges with host b's"
+    );
+    let twin = t.hosts[0]
+        .channel_state(&host_chat)
+        .expect("host a's twin chat");
+    assert!(
+        !twin.to_string().contains("vs-t1"),
+        "the turn ran on host b only"
+    );
+}
+
+/// VS Code-mode twins: distinct listed URIs, a derived default chat runs a
+/// turn through the relay and converges.
+#[tokio::test]
+async fn vscode_hosts_with_colliding_ids_stay_distinct_and_converge() {
+    converge_through_relay(true).await;
+}
+
+/// The same flow with plain-mode (spec-shaped) twins.
+#[tokio::test]
+async fn plain_hosts_with_colliding_ids_stay_distinct_and_converge() {
+    converge_through_relay(false).await;
+}
+
+/// `file:` URIs carry the host in the authority both ways; a bare
+/// `file:///p` in a request routed to host H is H's; another host's or an
+/// unknown authority, and a bare `file:` URI in a request that names no
+/// host, are refused and never reach a host.
+#[tokio::test]
+async fn file_uris_name_their_host() {
+    let t = TestRelay::start(twin_hosts(true), "").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("files").await;
+    let create = |channel: &str, dirs: Value| json!({"channel": channel, "provider": "sim@a", "workingDirectories": dirs});
+    let params = create(
+        "ahp-session:/mine-1",
+        json!(["file://a/work/one", "file:///work/two"]),
+    );
+    let r = ws.request(1, "createSession", params).await;
+    assert!(r.get("error").is_none(), "{r}");
+    let host_state = t.hosts[0]
+        .channel_state("ahp-session:/mine-1")
+        .expect("created on host a");
+    assert_eq!(
+        host_state["workingDirectories"],
+        json!(["file:///work/one", "file:///work/two"]),
+        "host a got its own file: URIs"
+    );
+    let items = ws
+        .request(2, "listSessions", json!({"channel": ROOT}))
+        .await;
+    let mine = items["result"]["items"]
+        .as_array()
+        .and_then(|i| i.iter().find(|s| s["resource"] == "ahp-session:/mine-1"))
+        .cloned()
+        .unwrap_or_else(|| panic!("listed: {items}"));
+    assert_eq!(
+        mine["workingDirectories"],
+        json!(["file://a/work/one", "file://a/work/two"]),
+        "clients see host a's files qualified"
+    );
+    let seeded = items["result"]["items"]
+        .as_array()
+        .and_then(|i| {
+            i.iter().find(|s| {
+                s["resource"]
+                    .as_str()
+                    .is_some_and(|u| u.starts_with("sim:/b~"))
+            })
+        })
+        .cloned()
+        .expect("a seeded session of host b");
+    let dirs = seeded["workingDirectories"]
+        .as_array()
+        .expect("seeded working directories");
+    assert!(
+        dirs.iter()
+            .all(|d| d.as_str().is_some_and(|d| d.starts_with("file://b/"))),
+        "{seeded}"
+    );
+
+    t.hosts[0].clear_record();
+    t.hosts[1].clear_record();
+    for (id, dirs) in [
+        (3, json!(["file://b/etc/passwd"])),
+        (4, json!(["file://nohost/etc/passwd"])),
+        (5, json!(["file://Bad_Host/etc/passwd"])),
+    ] {
+        let p = create(&format!("ahp-session:/mine-{id}"), dirs);
+        let r = ws.request(id, "createSession", p).await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+    }
+    let on_b = seeded["resource"].as_str().expect("uri");
+    let r = ws
+        .request(
+            6,
+            "createChat",
+            json!({"channel": on_b, "chat": "ahp-chat:/side-6",
+                   "workingDirectories": ["file://a/etc/passwd"]}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32602, "another host's file: {r}");
+    // Requests that name no host: the file is nobody's.
+    for (id, uri) in [(7, "file:///etc/passwd"), (8, "file://nohost/etc/passwd")] {
+        let r = ws
+            .request(id, "resourceRead", json!({"channel": ROOT, "uri": uri}))
+            .await;
+        assert!(r["error"]["code"].is_i64(), "{uri} refused: {r}");
+        assert!(r.get("result").is_none(), "{uri}: no content: {r}");
+    }
+    for h in &t.hosts {
+        let leaked: Vec<_> = h
+            .received()
+            .into_iter()
+            .filter(|f| f.text.contains("passwd"))
+            .map(|f| f.text.to_string())
+            .collect();
+        assert!(leaked.is_empty(), "reached a host: {leaked:?}");
+    }
+}
