@@ -144,7 +144,14 @@ impl Access {
                     _ => false,
                 }
             }
-            ChannelKind::Other => false,
+            // A resource watch is a receiver-assigned channel with an
+            // unguessable id, made by `createResourceWatch` (files:read).
+            ChannelKind::Other => {
+                host_uri
+                    .get(..19)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("ahp-resource-watch:"))
+                    && grant.permits(super::Permission::FilesRead)
+            }
         }
     }
 

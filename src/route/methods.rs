@@ -37,6 +37,9 @@ pub enum Handling {
     },
     /// Routed by `params.provider` (or to the only visible agent).
     ByProvider,
+    /// Root-scoped, routed by the URI it names (`uri`, or `source` and
+    /// `destination` on one host).
+    ByUri,
     /// Known, but not routed through the relay: -32601.
     NotRouted,
 }
@@ -195,16 +198,66 @@ pub const METHODS: &[Method] = &[
         p(TerminalsUse),
         typed_value::<cmd::DisposeTerminalParams>,
     ),
-    row("resourceRead", H::NotRouted, p(FilesRead), any),
-    row("resourceList", H::NotRouted, p(FilesRead), any),
-    row("resourceResolve", H::NotRouted, p(FilesRead), any),
-    row("resourceRequest", H::NotRouted, p(FilesRead), any),
-    row("createResourceWatch", H::NotRouted, p(FilesRead), any),
-    row("resourceWrite", H::NotRouted, p(FilesWrite), any),
-    row("resourceCopy", H::NotRouted, p(FilesWrite), any),
-    row("resourceMove", H::NotRouted, p(FilesWrite), any),
-    row("resourceDelete", H::NotRouted, p(FilesWrite), any),
-    row("resourceMkdir", H::NotRouted, p(FilesWrite), any),
+    row(
+        "resourceRead",
+        H::ByUri,
+        p(FilesRead),
+        typed_value::<cmd::ResourceReadParams>,
+    ),
+    row(
+        "resourceList",
+        H::ByUri,
+        p(FilesRead),
+        typed_value::<cmd::ResourceListParams>,
+    ),
+    row(
+        "resourceResolve",
+        H::ByUri,
+        p(FilesRead),
+        typed_value::<cmd::ResourceResolveParams>,
+    ),
+    row(
+        "resourceRequest",
+        H::ByUri,
+        p(FilesRead),
+        typed_value::<cmd::ResourceRequestParams>,
+    ),
+    row(
+        "createResourceWatch",
+        H::ByUri,
+        p(FilesRead),
+        typed_value::<cmd::CreateResourceWatchParams>,
+    ),
+    row(
+        "resourceWrite",
+        H::ByUri,
+        p(FilesWrite),
+        typed_value::<cmd::ResourceWriteParams>,
+    ),
+    row(
+        "resourceCopy",
+        H::ByUri,
+        p(FilesWrite),
+        typed_value::<cmd::ResourceCopyParams>,
+    ),
+    row(
+        "resourceMove",
+        H::ByUri,
+        p(FilesWrite),
+        typed_value::<cmd::ResourceMoveParams>,
+    ),
+    row(
+        "resourceDelete",
+        H::ByUri,
+        p(FilesWrite),
+        typed_value::<cmd::ResourceDeleteParams>,
+    ),
+    row(
+        "resourceMkdir",
+        H::ByUri,
+        p(FilesWrite),
+        typed_value::<cmd::ResourceMkdirParams>,
+    ),
 ];
 
 /// The row of `name`; `None` for a method the relay does not know.

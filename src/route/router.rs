@@ -119,7 +119,9 @@ pub fn gate(
         .inc();
     let audited = need != Permission::SessionsRead
         || decision != Decision::Allow
-        || channel.starts_with("ahp-terminal:");
+        || channel.starts_with("ahp-terminal:")
+        || op.starts_with("resource")
+        || op == "createResourceWatch";
     if audited {
         let rule = match &result {
             Ok(g) => g.rule.clone(),
@@ -405,4 +407,45 @@ pub fn root_config_hosts(env: &Env, caller: Caller<'_>) -> Result<Vec<Arc<HostHu
         return Err("root/configChanged needs the admin role on a host with a root config".into());
     }
     Ok(hosts)
+}
+
+/// The host a root-scoped resource command goes to, from the URI it names
+/// (contract §4.3, §7.1): a qualified URI names its host (`file://H/p`,
+/// `ahp-content:/H~id`, a watch or changeset URI), a client-chosen one is
+/// looked up in the store; a host the caller cannot see answers as
+/// nonexistent (-32008). A bare `file:///p` names no host here (the
+/// command has no channel to route it by): -32602 saying how to name one.
+pub fn resource_host(env: &Env, caller: Caller<'_>, uri: &str) -> Result<Arc<HostHub>, RpcError> {
+    use crate::names::qualify::{ClientName, read_client_uri};
+    let host = match read_client_uri(uri) {
+        Ok(ClientName::Qualified { host, .. }) => host,
+        Ok(ClientName::Verbatim { .. }) => namer::route(env.store.as_ref(), uri)
+            .map(|(h, _)| h)
+            .ok_or_else(|| not_found(uri))?,
+        Ok(ClientName::LocalFile { .. }) => {
+            return Err(RpcError::invalid_params(
+                "a file: URI through the relay names its host: file://<host id>/<path>",
+            ));
+        }
+        Err(_) => return Err(RpcError::invalid_params("not a URI of any host")),
+    };
+    let hub = env.hosts.get(&host).ok_or_else(|| not_found(uri))?;
+    if env.access.grant_on(caller.who, &hub).is_none() {
+        return Err(not_found(uri));
+    }
+    Ok(hub)
+}
+
+/// What a resource command on `uri` needs (§7.1): `resourceRead` of a
+/// content reference (any host URI that is not a `file:`) needs only
+/// `sessions:read` — content references reach a client only inside
+/// channels it can read; everything else needs its row's `files:*`.
+pub fn resource_need(method: &str, uri: &str) -> Result<Permission, RpcError> {
+    let file = uri
+        .get(..5)
+        .is_some_and(|s| s.eq_ignore_ascii_case("file:"));
+    if method == "resourceRead" && !file {
+        return Ok(Permission::SessionsRead);
+    }
+    method_permission(method)
 }

@@ -195,6 +195,7 @@ async fn request(
         Handling::Create(Created::Terminal) => create_terminal(&session, id, params),
         Handling::Routed { dispose } => routed(&session, id, method, params, dispose),
         Handling::ByProvider => by_provider(&session, id, method, params),
+        Handling::ByUri => by_uri(&session, id, method, params),
         Handling::Authenticate => session.authenticate(id, &params),
         _ => Err(RpcError::method_not_found(method)),
     };
@@ -856,4 +857,42 @@ fn root_config(session: &Arc<ClientSession>, client_seq: i64, action: &Value) {
         return session.reject_dispatch(&mut core, root, action, client_seq, reason);
     }
     session.accept_dispatch(&mut core, root, action, client_seq);
+}
+
+/// A root-scoped resource command (`resource*`, `createResourceWatch`),
+/// routed by the URI it names; a copy or move must stay on one host
+/// (another host's destination → -32602). Every name in it is translated
+/// and authorized on that host; decisions are audited like writes.
+fn by_uri(
+    session: &Arc<ClientSession>,
+    id: &str,
+    method: &str,
+    params: Value,
+) -> Result<(), RpcError> {
+    let env = &session.env;
+    let caller = session.caller();
+    let uri = params
+        .get("uri")
+        .or_else(|| params.get("source"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let hub = router::resource_host(env, caller, uri)?;
+    if let Some(dest) = params.get("destination").and_then(Value::as_str)
+        && !Arc::ptr_eq(&router::resource_host(env, caller, dest)?, &hub)
+    {
+        return Err(RpcError::invalid_params(
+            "source and destination are on different hosts",
+        ));
+    }
+    let need = router::resource_need(method, uri)?;
+    let root = ahp_types::ROOT_RESOURCE_URI;
+    let grant = match router::gate(env, caller, &hub, method, uri, need) {
+        Ok(g) => g,
+        Err(router::Denied::Invisible) => return Err(router::not_found(uri)),
+        Err(router::Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
+    };
+    let link = open_link(session, &hub)?;
+    let shape = format!("params:{method}");
+    let params = router::to_host(env, caller, &hub, &grant, params, &shape, root)?;
+    forward(session, &link, id, method, params, PendingKind::Plain)
 }
