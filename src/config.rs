@@ -150,7 +150,8 @@ pub struct Limits {
     pub upstream_request_secs: u64,
     /// Largest `listSessions` page.
     pub list_sessions_limit: usize,
-    /// Client sessions (attached or retained) per principal.
+    /// Client sessions (attached or retained) per principal; at the cap a
+    /// new one drops the least recently detached (§3.6).
     pub sessions_per_principal: usize,
     /// Open client connections per principal; more get 429 at the upgrade.
     pub connections_per_principal: usize,
