@@ -26,7 +26,7 @@ async fn admin_paths_live_only_on_the_admin_listener() {
         assert_eq!(https_get(&t, path).await.0, 404, "client listener {path}");
     }
     assert_eq!(https_get(&t, "/").await.0, 426, "client listener /");
-    for path in ["/", "/status", "/metricsx"] {
+    for path in ["/", "/statusx", "/metricsx"] {
         assert_eq!(admin_get(&t, path).await.0, 404, "admin listener {path}");
     }
 }

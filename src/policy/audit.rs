@@ -49,8 +49,9 @@ pub struct Record<'a> {
     pub rule: &'a str,
 }
 
-/// Writes one audit line.
+/// Writes one audit line (a refusal is also kept for the status page).
 pub fn record(r: Record<'_>) {
+    super::recent::note(&r);
     tracing::info!(
         target: TARGET,
         issuer = %r.who.principal.issuer,
