@@ -45,6 +45,13 @@ role = "operator"
 visibility = "own"
 
 [[policy.rules]]
+name = "ops-administers-everything"
+subjects = ["ops"]
+hosts = ["*"]
+role = "admin"
+visibility = "all"
+
+[[policy.rules]]
 name = "carol-watches-buildbox"
 subjects = ["carol"]
 hosts = ["buildbox"]

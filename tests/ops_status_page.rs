@@ -221,3 +221,70 @@ async fn status_page_marks_a_stopped_host_down_live() {
     println!("status page as the browser saw it:\n{down}");
     browser.close().await;
 }
+
+/// `GET path` on the client listener with `token` as bearer header: the
+/// status and body.
+async fn client_get(t: &TestRelay, path: &str, token: Option<&str>) -> (u16, String) {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.relay.addr.port()))
+        .await
+        .expect("connect");
+    let connector =
+        tokio_rustls::TlsConnector::from(Arc::new(common::relay::trusting(&t.kit.cert)));
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("TLS");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.expect("request");
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(common::WAIT, tls.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    (code, body.to_string())
+}
+
+/// On the client listener the status page answers only principals with an
+/// `admin` grant: 401 without a token, 403 for an operator, the data for
+/// the admin.
+#[tokio::test]
+async fn client_listener_status_needs_an_admin_grant() {
+    let policy = r#"
+[[policy.rules]]
+name = "ops-admin"
+subjects = ["ops"]
+hosts = ["*"]
+role = "admin"
+visibility = "all"
+
+[[policy.rules]]
+name = "alice-operator"
+subjects = ["alice"]
+hosts = ["*"]
+role = "operator"
+visibility = "all"
+"#;
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], policy).await;
+    assert_eq!(client_get(&t, "/status.json", None).await.0, 401);
+    let alice = t.token("alice");
+    assert_eq!(client_get(&t, "/status.json", Some(&alice)).await.0, 403);
+    let ops = t.token("ops");
+    let (code, body) = client_get(&t, "/status.json", Some(&ops)).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["hosts"][0]["id"], "alpha", "{v}");
+    assert_eq!(v["hosts"][0]["state"], "up", "{v}");
+    let (code, page) = client_get(&t, "/status", Some(&ops)).await;
+    assert_eq!(code, 200);
+    assert!(page.contains("<title>ahp-relay status</title>"));
+    let (_, metrics) = admin_get(&t, "/metrics").await;
+    assert!(
+        metrics.contains("ahp_relay_auth_failures_total{reason=\"missing_token\"} 1"),
+        "the refused request is counted: {metrics}"
+    );
+}

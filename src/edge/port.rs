@@ -121,6 +121,29 @@ impl RelayPort {
         })
     }
 
+    /// Whether `principal` may see the status page on the client listener:
+    /// an `admin` grant on every configured host (the page shows them all).
+    pub fn is_admin(&self, principal: &Principal) -> bool {
+        let key = crate::identity::PrincipalKey {
+            issuer: principal.issuer.clone(),
+            subject: principal.subject.clone(),
+        };
+        let who = crate::policy::Subject {
+            principal: &key,
+            groups: &principal.groups,
+        };
+        let policy = self.relay.access.policy();
+        let mut hubs = self.relay.hubs().peekable();
+        hubs.peek().is_some()
+            && hubs.all(|h| {
+                let host = crate::policy::HostRef {
+                    id: &h.id,
+                    label: h.cfg.label.as_deref(),
+                };
+                policy.grant(who, host).is_some_and(|g| g.dispose_others)
+            })
+    }
+
     /// Detaches `session` from `socket` (the socket closes or is closing).
     pub fn detach(&self, session: &Arc<ClientSession>, socket: u64) {
         self.relay.registry.detach(session, socket);

@@ -1,7 +1,10 @@
 //! The status page (issue 13): `/status` (plain HTML and a little script),
 //! `/status.json` (the same data once) and `/status/feed` (a WebSocket that
 //! pushes the data as JSON whenever it changed, checked every
-//! [`FEED_EVERY`]). Served on the admin listener; the data comes from
+//! [`FEED_EVERY`]). Served on the admin listener, and on the client
+//! listener to principals with an `admin` grant on every host
+//! ([`for_admins`]: the token as for an upgrade — header, `bearer`
+//! sub-protocol, or query where allowed; no cookie). The data comes from
 //! [`RelayPort::status`], read-only, and holds no URL, credential, clientId
 //! or message text.
 
@@ -18,6 +21,42 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 
 use super::layers::{Body, Resp, text};
 use super::port::RelayPort;
+use crate::auth::{Principal, TokenSource};
+
+/// Whether `path` is one of the status page's.
+pub fn is_status_path(path: &str) -> bool {
+    matches!(path, "/status" | "/status.json" | "/status/feed")
+}
+
+/// A status path on the client listener, for an authenticated `principal`:
+/// 403 without an `admin` grant on every host.
+pub fn for_admins(
+    port: &RelayPort,
+    principal: &Principal,
+    source: TokenSource,
+    mut req: Request<Incoming>,
+) -> Resp {
+    if !port.is_admin(principal) {
+        return text(
+            StatusCode::FORBIDDEN,
+            "the status page needs an admin grant\n",
+        );
+    }
+    match req.uri().path() {
+        "/status" => page(),
+        "/status.json" => json(port),
+        _ => {
+            let mut r = feed(port, &mut req);
+            if source == TokenSource::Subprotocol && r.status() == StatusCode::SWITCHING_PROTOCOLS {
+                r.headers_mut().insert(
+                    header::SEC_WEBSOCKET_PROTOCOL,
+                    HeaderValue::from_static("bearer"),
+                );
+            }
+            r
+        }
+    }
+}
 
 /// How often the feed checks for changes.
 pub const FEED_EVERY: Duration = Duration::from_millis(500);
