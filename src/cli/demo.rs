@@ -85,6 +85,35 @@ fn export(kit: &DevKit, vars: &[(&str, String)]) -> Result<std::path::PathBuf, S
     Ok(env_file)
 }
 
+/// What to try next, printed after the variables.
+fn print_usage(url: &str, host_count: usize, env_file: &std::path::Path, admin_url: &str) {
+    println!();
+    println!(
+        "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
+        host_count
+    );
+    // The path of this binary: after `cargo run` it is not on PATH.
+    let bin = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "ahp-relay".into());
+    println!("In another terminal: source {} — then:", env_file.display());
+    println!("  {bin} client sessions");
+    println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
+    println!(
+        "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all)."
+    );
+    println!(
+        "  AHP_RELAY_TOKEN=$({bin} token --sub bob) {bin} client sessions    # bob: only his own"
+    );
+    println!(
+        "  AHP_RELAY_TOKEN=$({bin} token --sub carol) {bin} client sessions  # carol: buildbox, read-only"
+    );
+    println!(
+        "Status page: {admin}status (the ADMIN token is an `admin` principal's).",
+        admin = admin_url
+    );
+}
+
 async fn demo(args: DemoArgs) -> Result<(), String> {
     let script = AgentScript::from(&args.script);
     let mut hosts = Vec::new();
@@ -132,31 +161,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         ),
     ];
     let env_file = export(&kit, &vars)?;
-    println!();
-    println!(
-        "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
-        hosts.len()
-    );
-    // The path of this binary: after `cargo run` it is not on PATH.
-    let bin = std::env::current_exe()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "ahp-relay".into());
-    println!("In another terminal: source {} — then:", env_file.display());
-    println!("  {bin} client sessions");
-    println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
-    println!(
-        "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all)."
-    );
-    println!(
-        "  AHP_RELAY_TOKEN=$({bin} token --sub bob) {bin} client sessions    # bob: only his own"
-    );
-    println!(
-        "  AHP_RELAY_TOKEN=$({bin} token --sub carol) {bin} client sessions  # carol: buildbox, read-only"
-    );
-    println!(
-        "Status page: {admin}status (the ADMIN token is an `admin` principal's).",
-        admin = vars[5].1
-    );
+    print_usage(&url, hosts.len(), &env_file, &vars[5].1);
     println!("Press Ctrl-C to stop.");
     super::serve::wait_for_shutdown().await;
     running.stop();
