@@ -268,6 +268,13 @@ subjects = ["alice"]
 hosts = ["*"]
 role = "operator"
 visibility = "all"
+
+[[policy.rules]]
+name = "carol-viewer"
+subjects = ["carol"]
+hosts = ["*"]
+role = "viewer"
+visibility = "all"
 "#;
     let t = TestRelay::start(vec![fast_config("alpha", 1)], policy).await;
     assert_eq!(client_get(&t, "/status.json", None).await.0, 401);
@@ -286,5 +293,68 @@ visibility = "all"
     assert!(
         metrics.contains("ahp_relay_auth_failures_total{reason=\"missing_token\"} 1"),
         "the refused request is counted: {metrics}"
+    );
+}
+
+/// A refusal shows among the recent denials (no message text); host frames
+/// and a `reconnect` land in the latency histograms.
+#[tokio::test]
+async fn denials_and_latency_histograms() {
+    let policy = r#"
+[[policy.rules]]
+name = "carol-viewer"
+subjects = ["carol"]
+hosts = ["*"]
+role = "viewer"
+visibility = "all"
+"#;
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], policy).await;
+    let mut ws = t.raw("carol").await;
+    ws.initialize("c").await;
+    let read = ws
+        .request(
+            1,
+            "subscribe",
+            json!({"channel": "ahp-chat:/alpha~alpha-1-main"}),
+        )
+        .await;
+    assert!(read.get("result").is_some(), "{read}");
+    let create = ws
+        .request(
+            2,
+            "createSession",
+            json!({"channel": "ahp-session:/mine", "provider": "sim@alpha"}),
+        )
+        .await;
+    assert_eq!(create["error"]["code"], -32009, "{create}");
+    let mut other = t.raw("carol").await;
+    let gone = other
+        .request(
+            3,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "never", "lastSeenServerSeq": 0,
+                   "subscriptions": []}),
+        )
+        .await;
+    assert_eq!(gone["error"]["code"], -32008, "{gone}");
+
+    let (_, body) = admin_get(&t, "/status.json").await;
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    let denial = v["denials"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["subject"] == "carol").cloned())
+        .expect("carol's refusal is listed");
+    assert_eq!(denial["operation"], "createSession", "{denial}");
+    assert_eq!(denial["decision"], "deny", "{denial}");
+    assert_eq!(v["reconnects"]["not_found"], 1, "{v}");
+    let (_, metrics) = admin_get(&t, "/metrics").await;
+    let frames = common::relay::metric(
+        &metrics,
+        "ahp_relay_host_frame_latency_seconds_count{host=\"alpha\"}",
+    );
+    assert!(frames.is_some_and(|n| n >= 1.0), "{metrics}");
+    assert_eq!(
+        common::relay::metric(&metrics, "ahp_relay_reconnect_duration_seconds_count"),
+        Some(1.0)
     );
 }

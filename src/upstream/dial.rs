@@ -628,6 +628,35 @@ mod tests {
     }
 
     #[test]
+    fn the_query_token_is_added_encoded_and_kept_out_of_errors() {
+        let o = opts("ws://h:1/ahp?x=1");
+        let mut request = upgrade_request(&o).unwrap();
+        add_query_token(&mut request, "a b&c=d").unwrap();
+        assert_eq!(
+            request.uri().path_and_query().unwrap().as_str(),
+            "/ahp?x=1&tkn=a%20b%26c%3Dd"
+        );
+        let mut bare = upgrade_request(&opts("ws://h:1")).unwrap();
+        add_query_token(&mut bare, "t").unwrap();
+        assert_eq!(bare.uri().path_and_query().unwrap().as_str(), "/?tkn=t");
+        let err = DialError::Timeout {
+            url: "ws://h:1/?tkn=secret".into(),
+            timeout: Duration::from_secs(1),
+        }
+        .for_host("gpu1")
+        .to_string();
+        assert_eq!(err, "host gpu1: connecting timed out after 1s");
+        let shown = format!(
+            "{:?}",
+            Credentials {
+                query_token: Some("secret".into()),
+                client_cert: None
+            }
+        );
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
     fn insecure_and_default_tls_configs_build() {
         let mut o = opts("wss://h/");
         let none = Credentials::default();
