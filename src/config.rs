@@ -334,6 +334,12 @@ impl RelayConfig {
             if plain && !h.allow_plaintext {
                 return bad(format!("host {}: ws:// needs allow_plaintext = true", h.id));
             }
+            if h.client_cert_file.is_some() != h.client_key_file.is_some() {
+                return bad(format!(
+                    "host {}: client_cert_file and client_key_file go together",
+                    h.id
+                ));
+            }
         }
         if let Some(d) = &self.relay.default_host
             && !self.hosts.iter().any(|h| &h.id == d)

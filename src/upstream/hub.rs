@@ -545,6 +545,26 @@ mod tests {
     }
 
     #[test]
+    fn credential_files_are_checked_at_start() {
+        let cfg = |cert: Option<&str>, key: Option<&str>| HostConfig {
+            id: "h".into(),
+            label: None,
+            url: "wss://h/".into(),
+            allow_plaintext: false,
+            token_file: None,
+            query_token_file: None,
+            client_cert_file: cert.map(PathBuf::from),
+            client_key_file: key.map(PathBuf::from),
+            ca_file: None,
+        };
+        let half = HostHub::new(cfg(Some("/etc/hostname"), None)).err();
+        assert!(half.is_some_and(|e| e.to_string().contains("go together")));
+        let missing = HostHub::new(cfg(Some("/nonexistent/c"), Some("/nonexistent/k")));
+        assert!(missing.is_err());
+        assert!(HostHub::new(cfg(None, None)).is_ok());
+    }
+
+    #[test]
     fn header_values_are_visible_ascii() {
         assert_eq!(header_safe("https://idp/x"), "https://idp/x");
         assert_eq!(header_safe("a b%é"), "a%20b%25%C3%A9");
