@@ -165,7 +165,8 @@ pub struct Limits {
     pub upstream_request_secs: u64,
     /// Largest `listSessions` page.
     pub list_sessions_limit: usize,
-    /// Client sessions (attached or retained) per principal.
+    /// Client sessions (attached or retained) per principal; at the cap a
+    /// new one drops the least recently detached (§3.6).
     pub sessions_per_principal: usize,
     /// Open client connections per principal; more get 429 at the upgrade.
     pub connections_per_principal: usize,
@@ -354,6 +355,12 @@ impl RelayConfig {
             }
             if plain && !h.allow_plaintext {
                 return bad(format!("host {}: ws:// needs allow_plaintext = true", h.id));
+            }
+            if h.client_cert_file.is_some() != h.client_key_file.is_some() {
+                return bad(format!(
+                    "host {}: client_cert_file and client_key_file go together",
+                    h.id
+                ));
             }
         }
         if let Some(d) = &self.relay.default_host

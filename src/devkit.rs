@@ -46,6 +46,13 @@ role = "operator"
 visibility = "own"
 
 [[policy.rules]]
+name = "ops-administers-everything"
+subjects = ["ops"]
+hosts = ["*"]
+role = "admin"
+visibility = "all"
+
+[[policy.rules]]
 name = "carol-watches-buildbox"
 subjects = ["carol"]
 hosts = ["buildbox"]

@@ -3,8 +3,8 @@
 //! — never a principal, clientId or URI.
 
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 /// Every metric the relay exports.
@@ -70,6 +70,15 @@ pub struct Metrics {
     /// WebSocket upgrades refused before authentication, by reason
     /// (`replay_memory`: 503 under global memory pressure).
     pub upgrades_refused: IntCounterVec,
+    /// Detached sessions dropped to make room for a new session of the same
+    /// principal at `sessions_per_principal` (contract §3.6).
+    pub sessions_evicted: IntCounter,
+    /// Relay-added latency per host, in seconds: from a host frame read on
+    /// a per-client link until it is queued for the client's socket writer
+    /// (rewritten, numbered, buffered). Labels are configured host ids only.
+    pub host_latency: HistogramVec,
+    /// Time to answer a client `reconnect`, in seconds.
+    pub reconnect_seconds: Histogram,
 }
 
 /// Registers metrics named `ahp_relay_<name>` in one registry.
@@ -210,6 +219,46 @@ impl LinkMetrics {
     }
 }
 
+/// Operations: the fair session cap and latency histograms.
+struct OpsMetrics {
+    sessions_evicted: IntCounter,
+    host_latency: HistogramVec,
+    reconnect_seconds: Histogram,
+}
+
+/// Buckets for latencies the relay adds (seconds): 50 µs to 2.5 s.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5,
+];
+
+impl OpsMetrics {
+    fn new(r: &Registrar) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            sessions_evicted: r.counter(
+                "sessions_evicted_total",
+                "detached sessions dropped for a new session of the same principal at its cap",
+            )?,
+            host_latency: r.register(HistogramVec::new(
+                HistogramOpts::new(
+                    "ahp_relay_host_frame_latency_seconds",
+                    "relay-added latency from a host frame read to its client write queue",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["host"],
+            )?)?,
+            reconnect_seconds: r.register(Histogram::with_opts(
+                HistogramOpts::new(
+                    "ahp_relay_reconnect_duration_seconds",
+                    "time to answer a client reconnect",
+                )
+                .buckets(vec![
+                    0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ]),
+            )?)?,
+        })
+    }
+}
+
 /// Client requests, delivery and closes decided by the session.
 struct SessionMetrics {
     client_requests: IntCounterVec,
@@ -262,6 +311,7 @@ impl Metrics {
         let session = SessionMetrics::new(&r)?;
         let links = LinkMetrics::new(&r)?;
         let replay = ReplayMetrics::new(&r)?;
+        let ops = OpsMetrics::new(&r)?;
         Ok(Self {
             connections: edge.connections,
             connections_open: edge.connections_open,
@@ -290,6 +340,9 @@ impl Metrics {
             replay_sizes: replay.replay_sizes,
             pressure_dropped_buffers: replay.pressure_dropped_buffers,
             pressure_freed_bytes: replay.pressure_freed_bytes,
+            sessions_evicted: ops.sessions_evicted,
+            host_latency: ops.host_latency,
+            reconnect_seconds: ops.reconnect_seconds,
             registry: r.registry,
         })
     }

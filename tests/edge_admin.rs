@@ -22,11 +22,11 @@ async fn admin_paths_live_only_on_the_admin_listener() {
     let (status, page) = admin_get(&t, "/metrics").await;
     assert_eq!(status, 200);
     assert!(page.contains("ahp_relay_connections_open 0"), "{page}");
-    for path in ["/healthz", "/readyz", "/metrics", "/status", "/x?tkn=abc"] {
+    for path in ["/healthz", "/readyz", "/metrics", "/x?tkn=abc"] {
         assert_eq!(https_get(&t, path).await.0, 404, "client listener {path}");
     }
     assert_eq!(https_get(&t, "/").await.0, 426, "client listener /");
-    for path in ["/", "/status", "/metricsx"] {
+    for path in ["/", "/statusx", "/metricsx"] {
         assert_eq!(admin_get(&t, path).await.0, 404, "admin listener {path}");
     }
 }

@@ -80,6 +80,39 @@ pub async fn run(args: DemoArgs) -> ExitCode {
     }
 }
 
+/// A 12-hour dev token for `sub` (group `dev`).
+fn demo_token(kit: &DevKit, sub: &str, jti: &str) -> Result<String, String> {
+    kit.token(sub, &["dev"], Duration::from_secs(12 * 3600), Some(jti))
+        .map_err(|e| e.to_string())
+}
+
+/// Prints `vars` as `NAME=value` lines and writes them as `export` lines to
+/// the kit's `env` file, whose path it returns.
+fn export(kit: &DevKit, vars: &[(&str, String)]) -> Result<std::path::PathBuf, String> {
+    let mut exports = String::new();
+    for (name, value) in vars {
+        println!("{name}={value}");
+        exports.push_str(&format!("export {name}={value}\n"));
+    }
+    let env_file = kit.dir.join("env");
+    std::fs::write(&env_file, exports).map_err(|e| e.to_string())?;
+    Ok(env_file)
+}
+
+/// What to try next, printed after the variables.
+fn print_usage(
+    url: &str,
+    host_count: usize,
+    env_file: &std::path::Path,
+    admin_url: &str,
+    vscode_compat: bool,
+) {
+    println!();
+    println!("ahp-relay demo: the relay at {url} in front of {host_count} simulated hosts.");
+    print_hints(env_file, vscode_compat);
+    println!("Status page: {admin_url}status (the ADMIN token is an `admin` principal's).");
+}
+
 async fn demo(args: DemoArgs) -> Result<(), String> {
     let script = AgentScript::from(&args.script);
     let mut hosts = Vec::new();
@@ -109,36 +142,25 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?;
     let running = crate::run::start(cfg).await.map_err(|e| e.to_string())?;
-    let token = kit
-        .token(
-            "alice",
-            &["dev"],
-            Duration::from_secs(12 * 3600),
-            Some("demo-token"),
-        )
-        .map_err(|e| e.to_string())?;
     let url = format!("wss://localhost:{}/", running.addr.port());
     let host_list: Vec<String> = pairs.iter().map(|(id, u)| format!("{id}={u}")).collect();
     let vars = [
         ("AHP_RELAY_URL", url.clone()),
-        ("AHP_RELAY_TOKEN", token),
+        ("AHP_RELAY_TOKEN", demo_token(&kit, "alice", "demo-token")?),
         ("AHP_RELAY_CA", kit.cert.display().to_string()),
         ("AHP_RELAY_DEV_KEY", kit.dev_key.display().to_string()),
         ("AHP_RELAY_HOSTS", host_list.join(",")),
+        (
+            "AHP_RELAY_ADMIN_URL",
+            format!("http://{}/", running.admin_addr()),
+        ),
+        (
+            "AHP_RELAY_ADMIN_TOKEN",
+            demo_token(&kit, "ops", "demo-admin-token")?,
+        ),
     ];
-    let mut exports = String::new();
-    for (name, value) in &vars {
-        println!("{name}={value}");
-        exports.push_str(&format!("export {name}={value}\n"));
-    }
-    let env_file = kit.dir.join("env");
-    std::fs::write(&env_file, exports).map_err(|e| e.to_string())?;
-    println!();
-    println!(
-        "ahp-relay demo: the relay at {url} in front of {} simulated hosts.",
-        hosts.len()
-    );
-    print_hints(&env_file, args.vscode_compat);
+    let env_file = export(&kit, &vars)?;
+    print_usage(&url, hosts.len(), &env_file, &vars[5].1, args.vscode_compat);
     println!("Press Ctrl-C to stop.");
     super::serve::wait_for_shutdown().await;
     running.stop();

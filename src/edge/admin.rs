@@ -1,5 +1,6 @@
 //! The admin listener (plain HTTP, loopback by default): `/healthz`,
-//! `/readyz` and `/metrics` (contract §8.2), apart from the client
+//! `/readyz` and `/metrics` (contract §8.2) and the status page (`status`:
+//! `/status`, `/status.json`, `/status/feed`), apart from the client
 //! listener so that probes and scraping never share a port, a rate limit or
 //! an ingress route with clients.
 //!
@@ -70,8 +71,11 @@ pub struct AdminRoutes {
 
 impl AdminRoutes {
     /// The answer to `req`.
-    pub fn answer(&self, req: &Request<Incoming>) -> Resp {
+    pub fn answer(&self, mut req: Request<Incoming>) -> Resp {
         match req.uri().path() {
+            "/status" => super::status::page(),
+            "/status.json" => super::status::json(&self.port),
+            "/status/feed" => super::status::feed(&self.port, &mut req),
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" if self.ready.load(Ordering::Relaxed) && self.store.healthy() => {
                 text(StatusCode::OK, "ready\n")
@@ -103,6 +107,6 @@ impl tower::Service<Request<Incoming>> for AdminRoutes {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        std::future::ready(Ok(self.answer(&req)))
+        std::future::ready(Ok(self.answer(req)))
     }
 }

@@ -264,6 +264,11 @@ impl Around for WebSocketOnly {
         S::Future: Send,
     {
         let headers = req.headers();
+        if super::status::is_status_path(req.uri().path()) {
+            // The status page for admins (`status::for_admins`), also a
+            // plain GET: its token is checked like an upgrade's.
+            return call(next, req).await;
+        }
         let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).cloned() else {
             return if req.uri().path() == "/" {
                 text(

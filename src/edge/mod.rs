@@ -1,6 +1,6 @@
 //! The edge: TLS, HTTP/1.1, the WebSocket upgrade with authentication
 //! before any byte reaches a host, the admin listener (health, readiness,
-//! metrics), and the client socket loop. Cross-cutting concerns are tower
+//! metrics, the status page), and the client socket loop. Cross-cutting concerns are tower
 //! layers (`layers`); everything the edge uses of the relay goes through
 //! `port`.
 
@@ -10,6 +10,7 @@ pub mod limiter;
 pub mod port;
 pub mod proxy;
 pub mod server;
+pub mod status;
 pub mod tls;
 pub mod upgrade;
 pub mod ws;

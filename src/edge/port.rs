@@ -95,6 +95,55 @@ impl RelayPort {
         }
     }
 
+    /// What the status page shows: hosts, client sessions per principal,
+    /// reconnect outcomes and recent denials (read-only; no URL,
+    /// credential, clientId or message text).
+    pub fn status(&self) -> serde_json::Value {
+        let m = self.metrics();
+        let outcome = |o: &str| {
+            m.reconnects
+                .get_metric_with_label_values(&[o])
+                .map_or(0, |c| c.get())
+        };
+        let (replay, snapshot) = (outcome("replay"), outcome("snapshot"));
+        let ratio = if replay + snapshot == 0 {
+            0.0
+        } else {
+            snapshot as f64 / (replay + snapshot) as f64
+        };
+        let hosts: Vec<_> = self.relay.hubs().map(|h| h.row()).collect();
+        serde_json::json!({
+            "hosts": hosts,
+            "principals": self.relay.registry.status_rows(),
+            "reconnects": {"replay": replay, "snapshot": snapshot,
+                "not_found": outcome("not_found"), "snapshot_fallback_ratio": ratio},
+            "denials": crate::policy::recent::denials(),
+        })
+    }
+
+    /// Whether `principal` may see the status page on the client listener:
+    /// an `admin` grant on every configured host (the page shows them all).
+    pub fn is_admin(&self, principal: &Principal) -> bool {
+        let key = crate::identity::PrincipalKey {
+            issuer: principal.issuer.clone(),
+            subject: principal.subject.clone(),
+        };
+        let who = crate::policy::Subject {
+            principal: &key,
+            groups: &principal.groups,
+        };
+        let policy = self.relay.access.policy();
+        let mut hubs = self.relay.hubs().peekable();
+        hubs.peek().is_some()
+            && hubs.all(|h| {
+                let host = crate::policy::HostRef {
+                    id: &h.id,
+                    label: h.cfg.label.as_deref(),
+                };
+                policy.grant(who, host).is_some_and(|g| g.dispose_others)
+            })
+    }
+
     /// Detaches `session` from `socket` (the socket closes or is closing).
     pub fn detach(&self, session: &Arc<ClientSession>, socket: u64) {
         self.relay.registry.detach(session, socket);

@@ -21,6 +21,12 @@ use crate::config::Limits;
 /// principal's connection cap, else 101 with the socket served in its own
 /// task.
 pub fn handle(port: &RelayPort, mut req: Request<Incoming>) -> Resp {
+    if super::status::is_status_path(req.uri().path()) {
+        return match authenticate(port, &req) {
+            Ok((principal, source)) => super::status::for_admins(port, &principal, source, req),
+            Err(e) => auth_refusal(&e),
+        };
+    }
     let Some(WsKey(key)) = req.extensions().get::<WsKey>().cloned() else {
         return text(StatusCode::BAD_REQUEST, "a WebSocket upgrade is required\n");
     };

@@ -179,6 +179,8 @@ pub fn line(r: &Record<'_>, max: usize) -> String {
 
 /// Writes one audit line.
 pub fn record(r: Record<'_>) {
+    // A refusal is also kept for the status page's recent denials.
+    super::recent::note(&r);
     // Nothing is serialized when no subscriber takes audit lines.
     if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
         return;

@@ -17,6 +17,7 @@
 
 pub mod audit;
 pub mod objects;
+pub mod recent;
 pub mod rules;
 pub mod table;
 

@@ -49,7 +49,13 @@ impl LinkOwner for ClientSession {
     }
 
     fn on_host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply {
-        self.host_frame(host, link, text)
+        let started = std::time::Instant::now();
+        let reply = self.host_frame(host, link, text);
+        let latency = &self.env.metrics.host_latency;
+        latency
+            .with_label_values(&[&*host.id])
+            .observe(started.elapsed().as_secs_f64());
+        reply
     }
 
     fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64) {

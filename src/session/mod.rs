@@ -17,6 +17,7 @@ pub mod reconnect;
 pub mod registry;
 pub mod requests;
 pub mod sequence;
+pub mod status;
 pub mod tool_calls;
 
 use std::collections::{HashMap, HashSet};

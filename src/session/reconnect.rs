@@ -35,13 +35,20 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     }
     let (p, _) = typed::<ReconnectParams>(params)?;
     let registry = conn.registry.clone();
+    let started = std::time::Instant::now();
     let outcome = |label: &str| {
         let m = &registry.env.metrics;
         m.reconnects.with_label_values(&[label]).inc();
     };
+    // The duration covers the whole answer, the snapshot settle included.
+    let took = || {
+        let m = &registry.env.metrics;
+        m.reconnect_seconds.observe(started.elapsed().as_secs_f64());
+    };
     let key = conn.session_key(&p.client_id);
     let Some(session) = registry.session_of(&key) else {
         outcome("not_found");
+        took();
         return Err(RpcError::not_found(
             "no session for this clientId: initialize again",
         ));
@@ -56,6 +63,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         &requested,
     ) else {
         outcome("replay");
+        took();
         return Ok(());
     };
     outcome("snapshot");
@@ -72,6 +80,8 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         return Ok(());
     }
     answer_snapshots(&session, &mut core, id, &requested, adopted);
+    drop(core);
+    took();
     Ok(())
 }
 

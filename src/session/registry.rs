@@ -171,20 +171,27 @@ impl Registry {
         self.next_socket.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Registers a session, superseding (4009) one with the same key.
+    /// Registers a session, superseding (4009) one with the same key. At
+    /// `sessions_per_principal` (contract §3.6) the principal's least
+    /// recently detached session is dropped to make room (its next
+    /// `reconnect` gets `NotFound`); only when every one of its sessions is
+    /// attached does the new one fail with -32603 `sessionLimit`.
     pub fn attach(&self, session: Arc<ClientSession>) -> Result<(), RpcError> {
-        let same_principal = self
-            .sessions
-            .iter()
-            .filter(|s| s.key().principal == session.key.principal)
-            .count();
-        if same_principal >= self.env.cfg.limits.sessions_per_principal
-            && !self.sessions.contains_key(&session.key)
-        {
-            return Err(RpcError::internal(
-                "too many client sessions for this principal",
-                Some(json!({"reason": "sessionLimit", "retryable": true})),
-            ));
+        if !self.sessions.contains_key(&session.key) {
+            let mine: Vec<Arc<ClientSession>> = self
+                .sessions
+                .iter()
+                .filter(|s| s.key().principal == session.key.principal)
+                .map(|s| s.clone())
+                .collect();
+            if mine.len() >= self.env.cfg.limits.sessions_per_principal
+                && !self.evict_least_recently_detached(&mine)
+            {
+                return Err(RpcError::internal(
+                    "too many client sessions for this principal",
+                    Some(json!({"reason": "sessionLimit", "retryable": true})),
+                ));
+            }
         }
         session.lock().account_replay_memory(self.memory.clone());
         if let Some(old) = self.sessions.insert(session.key.clone(), session) {
@@ -192,6 +199,25 @@ impl Registry {
             old.shut();
         }
         Ok(())
+    }
+
+    /// Drops the detached session among `mine` that detached longest ago
+    /// (one never seen detaching, e.g. superseded, counts as oldest);
+    /// false if all of them are attached.
+    fn evict_least_recently_detached(&self, mine: &[Arc<ClientSession>]) -> bool {
+        let victim = mine
+            .iter()
+            .filter(|s| s.lock().socket_id().is_none())
+            .min_by_key(|s| self.detached.get(&s.key).map_or(0, |d| d.order + 1));
+        let Some(victim) = victim else {
+            return false;
+        };
+        self.sessions
+            .remove_if(&victim.key, |_, v| Arc::ptr_eq(v, victim));
+        self.detached.remove(&victim.key);
+        victim.shut();
+        self.env.metrics.sessions_evicted.inc();
+        true
     }
 
     /// Removes a session when its socket closes (only if it is still the

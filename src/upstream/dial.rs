@@ -14,7 +14,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -51,6 +51,30 @@ impl fmt::Debug for DialOptions {
             .field("insecure", &self.insecure)
             .field("connect_timeout", &self.connect_timeout)
             .field("extra_headers", &self.extra_headers)
+            .finish()
+    }
+}
+
+/// Credentials a relay presents to a host besides the bearer token of
+/// [`DialOptions`]; the caller reads them from their files at dial time.
+/// Never logged: `Debug` shows only whether each is set.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    /// Sent as the `tkn` query parameter of the upgrade request (VS Code's
+    /// agent host connection token). Errors never show the URL with it.
+    pub query_token: Option<String>,
+    /// PEM client certificate chain and private key files for mutual TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field(
+                "query_token",
+                &self.query_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("client_cert", &self.client_cert.is_some())
             .finish()
     }
 }
@@ -132,9 +156,56 @@ pub enum DialError {
         /// The limit that was exceeded.
         timeout: Duration,
     },
+    /// The mTLS client certificate or key could not be loaded.
+    #[error("invalid client certificate or key {}: {reason}", path.display())]
+    ClientCert {
+        /// The certificate or key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A credential file could not be read.
+    #[error("cannot read the {what} file {}: {source}", path.display())]
+    CredentialUnreadable {
+        /// Which credential (`token`, `query token`).
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A configured host could not be reached: names the host id only,
+    /// never its URL (which may carry a query) or a credential.
+    #[error("host {host}: {reason}")]
+    Host {
+        /// The host id.
+        host: String,
+        /// What failed, without the URL.
+        reason: String,
+    },
     /// The `ahp::Client` could not be started on the new transport.
     #[error("cannot start the AHP client: {0}")]
     Client(#[source] ahp::ClientError),
+}
+
+impl DialError {
+    /// This error for host `host`: [`DialError::Host`] with a reason that
+    /// leaves out the URL (a host's URL may carry a query token).
+    pub fn for_host(self, host: &str) -> DialError {
+        let reason = match self {
+            DialError::BadUrl { reason, .. } => format!("invalid URL: {reason}"),
+            DialError::Connect { source, .. } => format!("cannot connect: {source}"),
+            DialError::Tls { reason, .. } => format!("TLS handshake failed: {reason}"),
+            DialError::Handshake { reason, .. } => format!("WebSocket handshake failed: {reason}"),
+            DialError::Timeout { timeout, .. } => format!("connecting timed out after {timeout:?}"),
+            DialError::Host { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        DialError::Host {
+            host: host.to_string(),
+            reason,
+        }
+    }
 }
 
 /// Open a WebSocket to `opts.url` and wrap it as an AHP transport.
@@ -157,8 +228,21 @@ pub type WsStream =
 /// Like [`dial`] but returns the raw WebSocket, for callers that frame
 /// JSON-RPC themselves (the relay's upstream links). Same guarantees.
 pub async fn dial_stream(opts: &DialOptions) -> Result<WsStream, DialError> {
-    let request = upgrade_request(opts)?;
-    let connector = connector_for(&request, opts)?;
+    dial_stream_with(opts, &Credentials::default()).await
+}
+
+/// [`dial_stream`] presenting `creds` too: the `tkn` query parameter is
+/// added to the request (not to `opts.url`, which errors show) and the
+/// client certificate to the TLS handshake.
+pub async fn dial_stream_with(
+    opts: &DialOptions,
+    creds: &Credentials,
+) -> Result<WsStream, DialError> {
+    let mut request = upgrade_request(opts)?;
+    if let Some(token) = &creds.query_token {
+        add_query_token(&mut request, token)?;
+    }
+    let connector = connector_for(&request, opts, creds)?;
     let handshake = connect_async_tls_with_config(request, None, true, Some(connector));
     match tokio::time::timeout(opts.connect_timeout, handshake).await {
         Err(_) => Err(DialError::Timeout {
@@ -217,34 +301,97 @@ fn upgrade_request(opts: &DialOptions) -> Result<Request, DialError> {
     Ok(request)
 }
 
+/// Appends `tkn=<token>` (percent-encoded) to the request's query.
+fn add_query_token(request: &mut Request, token: &str) -> Result<(), DialError> {
+    let encoded: String = token
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let uri = request.uri();
+    let path = uri.path();
+    let query = match uri.query() {
+        Some(q) if !q.is_empty() => format!("{q}&tkn={encoded}"),
+        _ => format!("tkn={encoded}"),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(
+        format!("{path}?{query}")
+            .parse()
+            .map_err(|_| DialError::InvalidToken)?,
+    );
+    *request.uri_mut() = http::Uri::from_parts(parts).map_err(|_| DialError::InvalidToken)?;
+    Ok(())
+}
+
 /// The connector matching the request scheme: plain for `ws`, rustls for `wss`.
-fn connector_for(request: &Request, opts: &DialOptions) -> Result<Connector, DialError> {
+fn connector_for(
+    request: &Request,
+    opts: &DialOptions,
+    creds: &Credentials,
+) -> Result<Connector, DialError> {
     if request.uri().scheme_str() == Some("wss") {
-        Ok(Connector::Rustls(Arc::new(tls_config(opts)?)))
+        Ok(Connector::Rustls(Arc::new(tls_config(opts, creds)?)))
     } else {
         Ok(Connector::Plain)
     }
 }
 
-/// rustls client config (ring provider) with the trust policy from `opts`.
-fn tls_config(opts: &DialOptions) -> Result<rustls::ClientConfig, DialError> {
+/// rustls client config (ring provider) with the trust policy from `opts`
+/// and the client certificate of `creds`, if any.
+fn tls_config(opts: &DialOptions, creds: &Credentials) -> Result<rustls::ClientConfig, DialError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(DialError::TlsConfig)?;
-    let config = if opts.insecure {
+    let builder = if opts.insecure {
         builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCert { provider }))
-            .with_no_client_auth()
     } else {
         let roots = match &opts.ca_file {
             Some(path) => roots_from_pem_file(path)?,
             None => webpki_root_store(),
         };
-        builder.with_root_certificates(roots).with_no_client_auth()
+        builder.with_root_certificates(roots)
     };
-    Ok(config)
+    match &creds.client_cert {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
+            let (chain, key) = client_identity(cert, key)?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| DialError::ClientCert {
+                    path: cert.clone(),
+                    reason: e.to_string(),
+                })
+        }
+    }
+}
+
+/// The certificate chain of `cert` and the private key of `key` (PEM).
+fn client_identity(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), DialError> {
+    let bad = |path: &Path, reason: String| DialError::ClientCert {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(cert, e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, e.to_string()))?;
+    if chain.is_empty() {
+        return Err(bad(cert, "no certificate".into()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, e.to_string()))?;
+    Ok((chain, key))
 }
 
 /// The Mozilla root set shipped by `webpki-roots`.
@@ -481,11 +628,41 @@ mod tests {
     }
 
     #[test]
+    fn the_query_token_is_added_encoded_and_kept_out_of_errors() {
+        let o = opts("ws://h:1/ahp?x=1");
+        let mut request = upgrade_request(&o).unwrap();
+        add_query_token(&mut request, "a b&c=d").unwrap();
+        assert_eq!(
+            request.uri().path_and_query().unwrap().as_str(),
+            "/ahp?x=1&tkn=a%20b%26c%3Dd"
+        );
+        let mut bare = upgrade_request(&opts("ws://h:1")).unwrap();
+        add_query_token(&mut bare, "t").unwrap();
+        assert_eq!(bare.uri().path_and_query().unwrap().as_str(), "/?tkn=t");
+        let err = DialError::Timeout {
+            url: "ws://h:1/?tkn=secret".into(),
+            timeout: Duration::from_secs(1),
+        }
+        .for_host("gpu1")
+        .to_string();
+        assert_eq!(err, "host gpu1: connecting timed out after 1s");
+        let shown = format!(
+            "{:?}",
+            Credentials {
+                query_token: Some("secret".into()),
+                client_cert: None
+            }
+        );
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
     fn insecure_and_default_tls_configs_build() {
         let mut o = opts("wss://h/");
-        assert!(tls_config(&o).is_ok());
+        let none = Credentials::default();
+        assert!(tls_config(&o, &none).is_ok());
         o.insecure = true;
         o.ca_file = Some(PathBuf::from("/nonexistent"));
-        assert!(tls_config(&o).is_ok(), "insecure ignores --ca");
+        assert!(tls_config(&o, &none).is_ok(), "insecure ignores --ca");
     }
 }

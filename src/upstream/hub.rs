@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::upstream::dial::DialOptions;
+use crate::upstream::dial::{Credentials, DialError, DialOptions, WsStream, dial_stream_with};
 
 /// One upstream host.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -27,9 +27,21 @@ pub struct HostConfig {
     /// Allow a `ws://` URL.
     #[serde(default)]
     pub allow_plaintext: bool,
-    /// Bearer token file sent to the host as `Authorization: Bearer`.
+    /// Bearer token file sent to the host as `Authorization: Bearer`
+    /// (read again at every dial).
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// Token file sent as the `tkn` query parameter (VS Code's agent host
+    /// connection token; read again at every dial).
+    #[serde(default)]
+    pub query_token_file: Option<PathBuf>,
+    /// PEM client certificate chain for mutual TLS (with `client_key_file`;
+    /// read again at every dial).
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of `client_cert_file`.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
     /// PEM CA to verify the host's certificate (default: webpki roots).
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
@@ -90,8 +102,6 @@ pub struct HostHub {
     pub id: Arc<str>,
     /// The host's configuration.
     pub cfg: HostConfig,
-    /// Upstream bearer token, read once from `token_file`.
-    token: Option<String>,
     view: RwLock<WatchView>,
     /// Signalled whenever the catalog changes (creates wait on it).
     pub catalog_changed: Notify,
@@ -100,6 +110,37 @@ pub struct HostHub {
     /// The catalog sorted for `listSessions`, with the catalog version it
     /// was built from (rebuilt on first use after a change).
     index: std::sync::Mutex<Option<(u64, Arc<Vec<IndexEntry>>)>>,
+    /// What the status page shows besides the view: RTT, protocol, last error.
+    ops: std::sync::Mutex<HostOps>,
+}
+
+/// Operational facts about a host, noted by its links for the status page.
+#[derive(Debug, Clone, Default)]
+struct HostOps {
+    rtt: Option<Duration>,
+    protocol: Option<String>,
+    last_error: Option<String>,
+}
+
+/// One host as the status page shows it (no URL, no credential).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostRow {
+    /// The host id.
+    pub id: String,
+    /// The label (the id when none is configured).
+    pub label: String,
+    /// `connecting`, `up`, `unreachable` or `incompatible`.
+    pub state: &'static str,
+    /// The last measured round trip of the watch link, in milliseconds.
+    pub rtt_ms: Option<f64>,
+    /// The protocol version the host negotiated with the watch link.
+    pub protocol: Option<String>,
+    /// Sessions in the host's catalog.
+    pub sessions: usize,
+    /// Per-client links open to it.
+    pub links: usize,
+    /// The last dial or link failure (names the host id, never its URL).
+    pub last_error: Option<String>,
 }
 
 /// One session of a host's catalog in `listSessions` order.
@@ -119,16 +160,30 @@ pub const USER_ISSUER_HEADER: &str = "ahp-relay-user-issuer";
 pub const USER_SUBJECT_HEADER: &str = "ahp-relay-user-subject";
 
 impl HostHub {
-    /// A hub for `cfg`; reads the upstream token file if configured.
+    /// A hub for `cfg`; checks that its credential files can be read now
+    /// (they are read again at every dial, so a rotated file is used by
+    /// the next connection) and that a client certificate has its key.
     pub fn new(cfg: HostConfig) -> std::io::Result<Self> {
-        let token = match &cfg.token_file {
-            Some(p) => Some(std::fs::read_to_string(p)?.trim().to_string()),
-            None => None,
-        };
+        if cfg.client_cert_file.is_some() != cfg.client_key_file.is_some() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "client_cert_file and client_key_file go together",
+            ));
+        }
+        for file in [
+            &cfg.token_file,
+            &cfg.query_token_file,
+            &cfg.client_cert_file,
+            &cfg.client_key_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            std::fs::metadata(file).and_then(|_| std::fs::File::open(file))?;
+        }
         Ok(Self {
             id: cfg.id.as_str().into(),
             cfg,
-            token,
             view: RwLock::new(WatchView {
                 status: HostStatus::Connecting,
                 root: None,
@@ -141,11 +196,38 @@ impl HostHub {
             catalog_changed: Notify::new(),
             links: std::sync::atomic::AtomicUsize::new(0),
             index: std::sync::Mutex::new(None),
+            ops: std::sync::Mutex::new(HostOps::default()),
         })
     }
 
-    /// Dial options for a link; `user` adds the end user's (issuer, subject)
-    /// as percent-encoded handshake headers. The user's JWT is never sent.
+    /// Opens a WebSocket to the host with its credentials, read from their
+    /// files now; `user` as in [`HostHub::dial_options`]. The outcome is
+    /// noted for the status page; an error names the host id, never its
+    /// URL or a credential.
+    pub async fn dial(&self, user: Option<(&str, &str)>) -> Result<WsStream, DialError> {
+        let result = async {
+            let mut opts = self.dial_options(user);
+            opts.token = read_secret("token", self.cfg.token_file.as_deref()).await?;
+            let creds = Credentials {
+                query_token: read_secret("query token", self.cfg.query_token_file.as_deref())
+                    .await?,
+                client_cert: self
+                    .cfg
+                    .client_cert_file
+                    .clone()
+                    .zip(self.cfg.client_key_file.clone()),
+            };
+            dial_stream_with(&opts, &creds).await
+        }
+        .await
+        .map_err(|e| e.for_host(&self.id));
+        self.note_error(result.as_ref().err().map(ToString::to_string));
+        result
+    }
+
+    /// Dial options for a link, without credentials (see [`HostHub::dial`]);
+    /// `user` adds the end user's (issuer, subject) as percent-encoded
+    /// handshake headers. The user's JWT is never sent.
     pub fn dial_options(&self, user: Option<(&str, &str)>) -> DialOptions {
         let mut extra_headers = Vec::new();
         if let Some((iss, sub)) = user {
@@ -154,11 +236,45 @@ impl HostHub {
         }
         DialOptions {
             url: self.cfg.url.clone(),
-            token: self.token.clone(),
+            token: None,
             ca_file: self.cfg.ca_file.clone(),
             insecure: false,
             connect_timeout: Duration::from_secs(10),
             extra_headers,
+        }
+    }
+
+    /// Notes a round trip of the watch link (a request and its answer).
+    pub fn note_rtt(&self, rtt: Duration) {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner()).rtt = Some(rtt);
+    }
+
+    /// Notes the protocol version the host negotiated.
+    pub fn note_protocol(&self, version: &str) {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner()).protocol = Some(version.to_string());
+    }
+
+    /// Notes the last failure reaching the host (`None` once reached again).
+    pub fn note_error(&self, error: Option<String>) {
+        self.ops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_error = error;
+    }
+
+    /// The host as the status page shows it.
+    pub fn row(&self) -> HostRow {
+        let ops = self.ops.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (status, sessions) = self.read(|v| (v.status, v.catalog.len()));
+        HostRow {
+            id: self.id.to_string(),
+            label: self.label().to_string(),
+            state: status.label(),
+            rtt_ms: ops.rtt.map(|d| d.as_secs_f64() * 1000.0),
+            protocol: ops.protocol,
+            sessions,
+            links: self.links.load(std::sync::atomic::Ordering::Relaxed),
+            last_error: ops.last_error,
         }
     }
 
@@ -316,6 +432,22 @@ fn chat_uris(summary: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The trimmed content of credential file `path`, if one is configured.
+async fn read_secret(
+    what: &'static str,
+    path: Option<&std::path::Path>,
+) -> Result<Option<String>, DialError> {
+    let Some(path) = path else { return Ok(None) };
+    match tokio::fs::read_to_string(path).await {
+        Ok(s) => Ok(Some(s.trim().to_string())),
+        Err(source) => Err(DialError::CredentialUnreadable {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// Percent-encodes bytes outside visible ASCII so any issuer or subject is a
@@ -504,6 +636,26 @@ mod tests {
         assert!(v.chats.contains_key("ahp-chat:/c"));
         v.remove_session("ahp-session:/s");
         assert!(v.chats.is_empty() && v.catalog.is_empty());
+    }
+
+    #[test]
+    fn credential_files_are_checked_at_start() {
+        let cfg = |cert: Option<&str>, key: Option<&str>| HostConfig {
+            id: "h".into(),
+            label: None,
+            url: "wss://h/".into(),
+            allow_plaintext: false,
+            token_file: None,
+            query_token_file: None,
+            client_cert_file: cert.map(PathBuf::from),
+            client_key_file: key.map(PathBuf::from),
+            ca_file: None,
+        };
+        let half = HostHub::new(cfg(Some("/etc/hostname"), None)).err();
+        assert!(half.is_some_and(|e| e.to_string().contains("go together")));
+        let missing = HostHub::new(cfg(Some("/nonexistent/c"), Some("/nonexistent/k")));
+        assert!(missing.is_err());
+        assert!(HostHub::new(cfg(None, None)).is_ok());
     }
 
     #[test]

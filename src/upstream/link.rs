@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::dial::{WsStream, dial_stream};
+use super::dial::WsStream;
 use super::hub::HostHub;
 
 /// What the link must do after a host frame was handled.
@@ -171,9 +171,9 @@ impl Ends {
         self.owner.upgrade()
     }
 
-    fn dial_options(&self) -> super::dial::DialOptions {
+    async fn dial(&self) -> Result<WsStream, super::dial::DialError> {
         let (issuer, subject) = &self.spec.user;
-        self.host.dial_options(Some((issuer, subject)))
+        self.host.dial(Some((issuer, subject))).await
     }
 }
 
@@ -304,7 +304,7 @@ async fn resume(ends: &Ends) -> Option<WsStream> {
             "channel": ahp_types::ROOT_RESOURCE_URI, "clientId": ends.spec.upstream_id,
             "lastSeenServerSeq": watermark, "subscriptions": channels}),
         );
-        let Ok(mut ws) = dial_stream(&ends.dial_options()).await else {
+        let Ok(mut ws) = ends.dial().await else {
             continue;
         };
         let (answer, early) = ask(&mut ws, &request).await?;
@@ -383,7 +383,7 @@ async fn opened(ends: &Ends, channels: &[String]) -> Option<(WsStream, Vec<Strin
         "channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": [ends.spec.version],
         "clientId": ends.spec.upstream_id, "initialSubscriptions": subs}),
     );
-    let mut ws = match dial_stream(&ends.dial_options()).await {
+    let mut ws = match ends.dial().await {
         Ok(ws) => ws,
         Err(e) => {
             tracing::warn!(host = %host.id, error = %e, "link cannot reach host");

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::hub::{HostHub, HostStatus};
-use crate::upstream::dial::{WsStream, dial_stream};
+use crate::upstream::dial::WsStream;
 
 /// The upstream client id of this process's watch links: `r1.watch.` and
 /// 8 random hex digits, so two relays (replicas, or an old and a new one
@@ -99,6 +99,7 @@ pub async fn run(
             }
             Err(Failure::Other(why)) => {
                 tracing::warn!(host = %hub.id, %why, "watch link failed");
+                hub.note_error(Some(why));
                 if hub.status() == HostStatus::Up {
                     // A link that was up dropped: redial soon, whatever
                     // earlier failures grew the backoff to.
@@ -206,12 +207,15 @@ async fn session(
     events: &mpsc::UnboundedSender<WatchEvent>,
     ping_after: Duration,
 ) -> Result<(), Failure> {
-    let ws = dial_stream(&hub.dial_options(None))
-        .await
-        .map_err(|e| e.to_string())?;
+    let ws = hub.dial(None).await.map_err(|e| e.to_string())?;
     let mut rpc = Rpc { ws, next_id: 0 };
     let mut held = Vec::new();
+    let asked = std::time::Instant::now();
     let init = initialize(&mut rpc, &mut held).await?;
+    hub.note_rtt(asked.elapsed());
+    if let Some(version) = init.get("protocolVersion").and_then(Value::as_str) {
+        hub.note_protocol(version);
+    }
     let catalog = fetch_catalog(&mut rpc, &mut held).await?;
     mirror(hub, events, &init, catalog)?;
     for v in held {
@@ -223,7 +227,9 @@ async fn session(
             Err(_) => {
                 let mut later = Vec::new();
                 let ping = json!({"channel": ahp_types::ROOT_RESOURCE_URI});
+                let asked = std::time::Instant::now();
                 rpc.request("ping", ping, &mut later).await?;
+                hub.note_rtt(asked.elapsed());
                 for v in later {
                     on_frame(hub, events, &mut rpc, v).await?;
                 }

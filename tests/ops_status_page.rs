@@ -1,0 +1,360 @@
+//! The status page in a real headless browser (Debian `chromium`, driven
+//! over the DevTools protocol): it loads from the admin listener, shows the
+//! simhosts, and marks one down within 5 s of stopping it, live. A
+//! screenshot of that state goes to `target/ops-status-page.png`; the page
+//! text as the browser saw it is printed.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::fast_config;
+use common::relay::{TestRelay, admin_get};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio_tungstenite::tungstenite::Message;
+
+/// The browser binary: `$AHP_RELAY_CHROMIUM`, else `chromium` on the PATH
+/// (`.ci/run` installs it).
+fn chromium() -> String {
+    std::env::var("AHP_RELAY_CHROMIUM").unwrap_or_else(|_| "chromium".into())
+}
+
+/// A headless browser and a DevTools session attached to one page.
+struct Browser {
+    child: Child,
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    session: String,
+    next_id: u64,
+    _profile: PathBuf,
+}
+
+impl Browser {
+    /// Starts chromium and opens `url` in a new page.
+    async fn open(url: &str) -> Self {
+        let profile = common::relay::scratch_dir("chromium");
+        let mut child = Command::new(chromium())
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--window-size=1200,900",
+                "--remote-debugging-port=0",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("about:blank")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromium starts (install the `chromium` package; .ci/run does)");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let mut lines = BufReader::new(stderr).lines();
+        let endpoint = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(at) = line.find("ws://") {
+                    return line[at..].trim().to_string();
+                }
+            }
+            panic!("chromium exited without a DevTools endpoint");
+        })
+        .await
+        .expect("DevTools endpoint in time");
+        // Keep draining stderr so the browser never blocks on it.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (ws, _) = tokio_tungstenite::connect_async(endpoint.as_str())
+            .await
+            .expect("DevTools socket");
+        let mut b = Browser {
+            child,
+            ws,
+            session: String::new(),
+            next_id: 0,
+            _profile: profile,
+        };
+        let target = b.call("Target.createTarget", json!({"url": url})).await;
+        let target = target["targetId"].as_str().expect("targetId").to_string();
+        let attached = b
+            .call(
+                "Target.attachToTarget",
+                json!({"targetId": target, "flatten": true}),
+            )
+            .await;
+        b.session = attached["sessionId"].as_str().expect("sessionId").into();
+        b
+    }
+
+    /// One DevTools command (on the page once attached); its result.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut msg = json!({"id": id, "method": method, "params": params});
+        if !self.session.is_empty() {
+            msg["sessionId"] = json!(self.session);
+        }
+        self.ws
+            .send(Message::text(msg.to_string()))
+            .await
+            .expect("DevTools send");
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(20), self.ws.next())
+                .await
+                .expect("DevTools answer in time")
+                .expect("DevTools socket open")
+                .expect("DevTools frame");
+            let Message::Text(t) = frame else { continue };
+            let v: Value = serde_json::from_str(t.as_str()).expect("DevTools JSON");
+            if v["id"] == json!(id) {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// The page's visible text.
+    async fn text(&mut self) -> String {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": "document.body ? document.body.innerText : ''",
+                       "returnByValue": true}),
+            )
+            .await;
+        r["result"]["value"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Polls the page text until `cond` holds, at most `within`.
+    async fn text_until(&mut self, within: Duration, cond: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let text = self.text().await;
+            if cond(&text) {
+                return text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "page never showed the expected state; it shows:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Writes a PNG screenshot of the page to `path`.
+    async fn screenshot(&mut self, path: &std::path::Path) {
+        let shot = self
+            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().expect("screenshot data"))
+            .expect("base64 PNG");
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        std::fs::write(path, png).expect("screenshot written");
+    }
+
+    async fn close(mut self) {
+        let _ = self.call("Browser.close", json!({})).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+/// The row of host `id` in the page text (tab-separated table cells).
+fn host_row<'a>(text: &'a str, id: &str) -> Option<&'a str> {
+    text.lines()
+        .find(|l| l.split('\t').next().map(str::trim) == Some(id))
+}
+
+#[tokio::test]
+async fn status_page_marks_a_stopped_host_down_live() {
+    let mut t = TestRelay::start(vec![fast_config("alpha", 2), fast_config("beta", 1)], "").await;
+    let _client = t.client_init("alice", "window-1").await;
+    let (code, body) = admin_get(&t, "/status").await;
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("/status/feed"),
+        "the page opens the live feed"
+    );
+
+    let url = format!("http://{}/status", t.relay.admin_addr());
+    let mut browser = Browser::open(&url).await;
+    let up = browser
+        .text_until(common::WAIT, |text| {
+            ["alpha", "beta"]
+                .iter()
+                .all(|id| host_row(text, id).is_some_and(|r| r.contains("\tup\t")))
+                && text.contains("alice")
+        })
+        .await;
+    assert!(up.contains("live"), "{up}");
+
+    let beta = t.hosts.pop().expect("beta");
+    let beta_addr = beta.addr().to_string();
+    beta.drop_connections();
+    drop(beta);
+    let down = browser
+        .text_until(Duration::from_secs(5), |text| {
+            host_row(text, "beta").is_some_and(|r| r.contains("unreachable"))
+        })
+        .await;
+    let alpha = host_row(&down, "alpha").expect("alpha row");
+    assert!(alpha.contains("\tup\t"), "{alpha}");
+    assert!(
+        !down.contains(&beta_addr),
+        "the page never shows a host URL: {down}"
+    );
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(|p| p.join("ops-status-page.png"))
+        .expect("target dir");
+    browser.screenshot(&shot).await;
+    println!("status page as the browser saw it:\n{down}");
+    browser.close().await;
+}
+
+/// `GET path` on the client listener with `token` as bearer header: the
+/// status and body.
+async fn client_get(t: &TestRelay, path: &str, token: Option<&str>) -> (u16, String) {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", t.relay.addr.port()))
+        .await
+        .expect("connect");
+    let connector =
+        tokio_rustls::TlsConnector::from(Arc::new(common::relay::trusting(&t.kit.cert)));
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("TLS");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.expect("request");
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(common::WAIT, tls.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    (code, body.to_string())
+}
+
+/// On the client listener the status page answers only principals with an
+/// `admin` grant: 401 without a token, 403 for an operator, the data for
+/// the admin.
+#[tokio::test]
+async fn client_listener_status_needs_an_admin_grant() {
+    let policy = r#"
+[[policy.rules]]
+name = "ops-admin"
+subjects = ["ops"]
+hosts = ["*"]
+role = "admin"
+visibility = "all"
+
+[[policy.rules]]
+name = "alice-operator"
+subjects = ["alice"]
+hosts = ["*"]
+role = "operator"
+visibility = "all"
+
+[[policy.rules]]
+name = "carol-viewer"
+subjects = ["carol"]
+hosts = ["*"]
+role = "viewer"
+visibility = "all"
+"#;
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], policy).await;
+    assert_eq!(client_get(&t, "/status.json", None).await.0, 401);
+    let alice = t.token("alice");
+    assert_eq!(client_get(&t, "/status.json", Some(&alice)).await.0, 403);
+    let ops = t.token("ops");
+    let (code, body) = client_get(&t, "/status.json", Some(&ops)).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["hosts"][0]["id"], "alpha", "{v}");
+    assert_eq!(v["hosts"][0]["state"], "up", "{v}");
+    let (code, page) = client_get(&t, "/status", Some(&ops)).await;
+    assert_eq!(code, 200);
+    assert!(page.contains("<title>ahp-relay status</title>"));
+    let (_, metrics) = admin_get(&t, "/metrics").await;
+    assert!(
+        metrics.contains("ahp_relay_auth_failures_total{reason=\"missing_token\"} 1"),
+        "the refused request is counted: {metrics}"
+    );
+}
+
+/// A refusal shows among the recent denials (no message text); host frames
+/// and a `reconnect` land in the latency histograms.
+#[tokio::test]
+async fn denials_and_latency_histograms() {
+    let policy = r#"
+[[policy.rules]]
+name = "carol-viewer"
+subjects = ["carol"]
+hosts = ["*"]
+role = "viewer"
+visibility = "all"
+"#;
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], policy).await;
+    let mut ws = t.raw("carol").await;
+    ws.initialize("c").await;
+    let read = ws
+        .request(
+            1,
+            "subscribe",
+            json!({"channel": "ahp-chat:/alpha~alpha-1-main"}),
+        )
+        .await;
+    assert!(read.get("result").is_some(), "{read}");
+    let create = ws
+        .request(
+            2,
+            "createSession",
+            json!({"channel": "ahp-session:/mine", "provider": "sim@alpha"}),
+        )
+        .await;
+    assert_eq!(create["error"]["code"], -32009, "{create}");
+    let mut other = t.raw("carol").await;
+    let gone = other
+        .request(
+            3,
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "never", "lastSeenServerSeq": 0,
+                   "subscriptions": []}),
+        )
+        .await;
+    assert_eq!(gone["error"]["code"], -32008, "{gone}");
+
+    let (_, body) = admin_get(&t, "/status.json").await;
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    let denial = v["denials"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["subject"] == "carol").cloned())
+        .expect("carol's refusal is listed");
+    assert_eq!(denial["operation"], "createSession", "{denial}");
+    assert_eq!(denial["decision"], "deny", "{denial}");
+    assert_eq!(v["reconnects"]["not_found"], 1, "{v}");
+    let (_, metrics) = admin_get(&t, "/metrics").await;
+    let frames = common::relay::metric(
+        &metrics,
+        "ahp_relay_host_frame_latency_seconds_count{host=\"alpha\"}",
+    );
+    assert!(frames.is_some_and(|n| n >= 1.0), "{metrics}");
+    assert_eq!(
+        common::relay::metric(&metrics, "ahp_relay_reconnect_duration_seconds_count"),
+        Some(1.0)
+    );
+}
