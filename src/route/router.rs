@@ -449,3 +449,37 @@ pub fn resource_need(method: &str, uri: &str) -> Result<Permission, RpcError> {
     }
     method_permission(method)
 }
+
+/// The host of a client-claimed terminal (no session names one): the host
+/// its `cwd` names (`file://<host>/…`), else the only host the caller can
+/// see, else `relay.default_host`, else -32602 saying how to name one.
+pub fn client_terminal_host(
+    env: &Env,
+    caller: Caller<'_>,
+    cwd: Option<&str>,
+) -> Result<Arc<HostHub>, RpcError> {
+    if let Some(cwd) = cwd
+        && let Ok(crate::names::qualify::ClientName::Qualified { .. }) =
+            crate::names::qualify::read_client_uri(cwd)
+    {
+        return resource_host(env, caller, cwd);
+    }
+    let visible: Vec<Arc<HostHub>> = env
+        .hosts
+        .all()
+        .into_iter()
+        .filter(|h| env.access.grant_on(caller.who, h).is_some())
+        .collect();
+    if let [only] = visible.as_slice() {
+        return Ok(only.clone());
+    }
+    env.hosts
+        .default_host(env.cfg.relay.default_host.as_deref())
+        .ok_or_else(|| {
+            RpcError::invalid_params(
+                "cannot choose a host for a client-claimed terminal: give cwd as \
+                 file://<host id>/<path>, claim a session, or configure relay.default_host",
+            )
+        })
+}
+

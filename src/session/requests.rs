@@ -625,9 +625,9 @@ fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Res
         ahp_types::state::TerminalClaim::Session(c) => {
             router::target_of(&session.env, session.caller(), &c.session, "createTerminal")?.0
         }
-        ahp_types::state::TerminalClaim::Client(_) => env.hosts.default_host(env.cfg.relay.default_host.as_deref()).ok_or_else(|| {
-            RpcError::invalid_params("cannot choose a host for a client-claimed terminal: claim a session, or configure relay.default_host")
-        })?,
+        ahp_types::state::TerminalClaim::Client(_) => {
+            router::client_terminal_host(env, session.caller(), p.cwd.as_deref())?
+        }
     };
     let (link, grant) = link_for(session, &hub, "createTerminal", &p.channel, || {
         router::not_found(&p.channel)
