@@ -70,6 +70,11 @@ pub struct Metrics {
     /// WebSocket upgrades refused before authentication, by reason
     /// (`replay_memory`: 503 under global memory pressure).
     pub upgrades_refused: IntCounterVec,
+    /// Requests, frames and connections stopped by a §3.6 limit or a §4.2
+    /// create check, by limit (`subscriptions`, `pending`, `rate`, `idle`,
+    /// `request_timeout`, `quota`, `host_object`, `link_queue`,
+    /// `upstream_frame`).
+    pub limit_hits: IntCounterVec,
 }
 
 /// Registers metrics named `ahp_relay_<name>` in one registry.
@@ -290,6 +295,11 @@ impl Metrics {
             replay_sizes: replay.replay_sizes,
             pressure_dropped_buffers: replay.pressure_dropped_buffers,
             pressure_freed_bytes: replay.pressure_freed_bytes,
+            limit_hits: r.counter_vec(
+                "limit_hits_total",
+                "requests, frames or connections stopped by a limit",
+                "limit",
+            )?,
             registry: r.registry,
         })
     }

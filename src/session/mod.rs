@@ -10,6 +10,7 @@
 pub mod buffer;
 pub mod envelope;
 mod fanout;
+mod limits;
 mod links;
 pub mod outbox;
 pub mod reconnect;

@@ -537,3 +537,17 @@ pub async fn raw_settle(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
     tokio::time::sleep(Duration::from_millis(150)).await;
     raw_drain_actions(ws, id).await
 }
+
+impl RawWs {
+    /// Sends `frames` as text frames with one flush: on loopback they leave
+    /// in one TCP write, so the relay reads them back to back.
+    pub async fn send_at_once(&mut self, frames: &[Value]) {
+        for f in frames {
+            self.ws
+                .feed(Message::text(f.to_string()))
+                .await
+                .expect("feed text");
+        }
+        self.ws.flush().await.expect("flush");
+    }
+}
