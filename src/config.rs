@@ -295,10 +295,16 @@ impl Limits {
         }
         let at_least_one = [
             ("subscriptions_per_session", self.subscriptions_per_session),
-            ("pending_requests_per_connection", self.pending_requests_per_connection),
+            (
+                "pending_requests_per_connection",
+                self.pending_requests_per_connection,
+            ),
             ("upstream_max_frame_bytes", self.upstream_max_frame_bytes),
             ("link_queue_frames", self.link_queue_frames),
-            ("reservations_per_principal", self.reservations_per_principal),
+            (
+                "reservations_per_principal",
+                self.reservations_per_principal,
+            ),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));

@@ -214,8 +214,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;
     let store: Arc<dyn crate::names::store::UriStore> = Arc::new(store);
     let purge_every = Duration::from_secs(cfg.limits.store_purge_secs.max(1));
-    let (relay, events) =
-        Relay::new(cfg, secret, store.clone(), auth).map_err(StartError::Load)?;
+    let (relay, events) = Relay::new(cfg, secret, store.clone(), auth).map_err(StartError::Load)?;
     let edge = Edge::new(relay.clone(), tls);
     let tasks = vec![
         tokio::spawn(relay.registry.clone().run_fanout(events)),

@@ -115,9 +115,17 @@ async fn a_terminal_create_cannot_adopt_the_hosts_terminal() {
     let claim = json!({"kind": "client", "clientId": "bob-c"});
     let squat = "ahp-terminal:/1";
     bob.send_at_once(&[
-        request(1, "createTerminal", json!({"channel": squat, "claim": claim})),
+        request(
+            1,
+            "createTerminal",
+            json!({"channel": squat, "claim": claim}),
+        ),
         request(2, "subscribe", json!({"channel": squat})),
-        dispatch(squat, 1, json!({"type": "terminal/input", "data": "echo pwned\n"})),
+        dispatch(
+            squat,
+            1,
+            json!({"type": "terminal/input", "data": "echo pwned\n"}),
+        ),
         request(3, "ping", json!({"channel": "ahp-root://"})),
     ])
     .await;
@@ -133,17 +141,28 @@ async fn a_terminal_create_cannot_adopt_the_hosts_terminal() {
     // creator too subscribes only once the host accepted the create.
     let mine = "ahp-terminal:/bob-t";
     let created = bob
-        .request(4, "createTerminal", json!({"channel": mine, "claim": claim}))
+        .request(
+            4,
+            "createTerminal",
+            json!({"channel": mine, "claim": claim}),
+        )
         .await;
     assert_eq!(created["result"], Value::Null, "{created}");
     bob.send_at_once(&[
         request(5, "subscribe", json!({"channel": mine})),
-        dispatch(mine, 2, json!({"type": "terminal/input", "data": "echo mine\n"})),
+        dispatch(
+            mine,
+            2,
+            json!({"type": "terminal/input", "data": "echo mine\n"}),
+        ),
     ])
     .await;
     let mut frames = frames;
     frames.extend(until_response(&mut bob, 5).await);
-    assert!(answer(&frames, 5)["result"]["snapshot"].is_object(), "{frames:?}");
+    assert!(
+        answer(&frames, 5)["result"]["snapshot"].is_object(),
+        "{frames:?}"
+    );
     // Frames to one host are forwarded in order: once bob's own input is
     // applied, an input forwarded before it would have been too.
     let bob_up = upstream(&t, "bob", "bob-c");
@@ -178,9 +197,17 @@ async fn a_session_create_cannot_adopt_an_external_session() {
     let mut bob = t.raw("bob").await;
     bob.initialize("bob-c").await;
     bob.send_at_once(&[
-        request(1, "createSession", json!({"channel": external, "provider": "sim@a"})),
+        request(
+            1,
+            "createSession",
+            json!({"channel": external, "provider": "sim@a"}),
+        ),
         request(2, "subscribe", json!({"channel": external})),
-        dispatch(external, 1, json!({"type": "session/titleChanged", "title": "pwned"})),
+        dispatch(
+            external,
+            1,
+            json!({"type": "session/titleChanged", "title": "pwned"}),
+        ),
         request(3, "ping", json!({"channel": "ahp-root://"})),
     ])
     .await;
@@ -192,17 +219,27 @@ async fn a_session_create_cannot_adopt_an_external_session() {
     alice.initialize("alice-c").await;
     let mine = "ahp-session:/alice-s";
     let created = alice
-        .request(1, "createSession", json!({"channel": mine, "provider": "sim@a"}))
+        .request(
+            1,
+            "createSession",
+            json!({"channel": mine, "provider": "sim@a"}),
+        )
         .await;
     assert_eq!(created["result"], Value::Null, "{created}");
-    let sub = alice.request(2, "subscribe", json!({"channel": mine})).await;
+    let sub = alice
+        .request(2, "subscribe", json!({"channel": mine}))
+        .await;
     assert!(sub["result"]["snapshot"].is_object(), "{sub}");
 
     // Bob's own session works the same way, and after it the host has
     // seen nothing of the rename.
     let own = "ahp-session:/bob-s";
     let created = bob
-        .request(4, "createSession", json!({"channel": own, "provider": "sim@a"}))
+        .request(
+            4,
+            "createSession",
+            json!({"channel": own, "provider": "sim@a"}),
+        )
         .await;
     assert_eq!(created["result"], Value::Null, "{created}");
     let bob_up = upstream(&t, "bob", "bob-c");

@@ -615,8 +615,12 @@ mod tests {
     fn quota_counts_live_entries_of_one_principal() {
         let store = RedbStore::open_in_memory().unwrap();
         let alice = owner();
-        store.reserve_within("ahp-chat:/1", "a", &alice, 1, 2).unwrap();
-        store.reserve_within("ahp-chat:/2", "a", &alice, 1, 2).unwrap();
+        store
+            .reserve_within("ahp-chat:/1", "a", &alice, 1, 2)
+            .unwrap();
+        store
+            .reserve_within("ahp-chat:/2", "a", &alice, 1, 2)
+            .unwrap();
         assert_eq!(
             store.reserve_within("ahp-chat:/3", "a", &alice, 1, 2),
             Err(StoreError::Quota { max: 2 })
@@ -625,10 +629,14 @@ mod tests {
             subject: "bob".into(),
             ..alice.clone()
         };
-        store.reserve_within("ahp-chat:/3", "a", &bob, 1, 2).unwrap();
+        store
+            .reserve_within("ahp-chat:/3", "a", &bob, 1, 2)
+            .unwrap();
         // A tombstone frees a place in the quota (the name stays taken).
         store.tombstone("ahp-chat:/1", 2, 100).unwrap();
-        store.reserve_within("ahp-chat:/4", "a", &alice, 3, 2).unwrap();
+        store
+            .reserve_within("ahp-chat:/4", "a", &alice, 3, 2)
+            .unwrap();
         assert_eq!(store.lookup("ahp-chat:/3").unwrap().unwrap().owner, bob);
     }
 

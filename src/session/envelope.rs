@@ -107,6 +107,9 @@ impl ClientSession {
         let ((host, host_id), link) = {
             let mut core = self.lock();
             let Some((host, host_id)) = core.host_requests.remove(&n) else {
+                // A response to an id the relay never sent (or already
+                // answered): dropped, counted.
+                self.env.metrics.client_notifications_dropped.inc();
                 return;
             };
             let link = core.links.get(&host).cloned();

@@ -50,7 +50,12 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     let requested = match super::limits::dedup_capped(p.subscriptions, cap) {
         Ok(r) => r,
         Err(e) => {
-            registry.env.metrics.limit_hits.with_label_values(&["subscriptions"]).inc();
+            registry
+                .env
+                .metrics
+                .limit_hits
+                .with_label_values(&["subscriptions"])
+                .inc();
             return Err(e);
         }
     };

@@ -922,6 +922,10 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
         action: action.clone(),
         client_seq,
     }) {
+        if link.is_busy() {
+            session.limit_hit("link_queue");
+            return reject(&format!("host {} busy: retry", target.hub.id));
+        }
         return reject(&format!("host {} unavailable", target.hub.id));
     }
     let registration = (target.hub.id.clone(), target.host_channel);

@@ -186,12 +186,7 @@ impl Ends {
     }
 }
 
-async fn run(
-    ends: Ends,
-    mut rx: mpsc::Receiver<LinkCmd>,
-    ids: Arc<AtomicU64>,
-    baseline: Baseline,
-) {
+async fn run(ends: Ends, mut rx: mpsc::Receiver<LinkCmd>, ids: Arc<AtomicU64>, baseline: Baseline) {
     let Some((mut ws, early, server_seq)) = open(&ends, baseline).await else {
         fail(&ends, &mut rx, false);
         return;
@@ -279,11 +274,7 @@ async fn pump(
 
 /// Writes `first` and everything else already queued, then flushes once;
 /// `false` if the connection failed.
-async fn write_queued(
-    ws: &mut WsStream,
-    first: LinkCmd,
-    rx: &mut mpsc::Receiver<LinkCmd>,
-) -> bool {
+async fn write_queued(ws: &mut WsStream, first: LinkCmd, rx: &mut mpsc::Receiver<LinkCmd>) -> bool {
     let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = first;
     if ws.feed(Message::text(f)).await.is_err() {
         return false;

@@ -551,3 +551,17 @@ impl RawWs {
         self.ws.flush().await.expect("flush");
     }
 }
+
+impl RawWs {
+    /// Sends a text frame whose payload is `bytes` as they are (e.g. not
+    /// UTF-8), bypassing the library's own checks.
+    pub async fn send_text_bytes(&mut self, bytes: Vec<u8>) {
+        use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+        let frame = Frame::message(bytes, OpCode::Data(Data::Text), true);
+        self.ws
+            .send(Message::Frame(frame))
+            .await
+            .expect("send raw text frame");
+    }
+}
