@@ -133,6 +133,10 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 .inc();
             let id = id.raw.to_string();
             let Some(_channel) = frame.channel() else {
+                env.metrics
+                    .bad_client_frames
+                    .with_label_values(&["no_channel"])
+                    .inc();
                 conn.reply(
                     &id,
                     Err(RpcError::invalid_params(
