@@ -196,15 +196,18 @@ pub struct Limits {
     /// beyond it -32603 `reason = "pendingLimit"`.
     pub pending_requests_per_connection: usize,
     /// Sustained client frames per second on one connection (token bucket;
-    /// 0 disables). A request over it gets -32603 `reason = "rateLimited"`,
-    /// a `dispatchAction` a rejection echo, other frames are dropped.
+    /// 0 disables; responses to host requests are not counted). A request
+    /// over it gets -32603 `reason = "rateLimited"`, a `dispatchAction` a
+    /// rejection echo, another notification is dropped.
     pub requests_per_second: u32,
     /// Burst the token bucket allows above `requests_per_second`.
     pub request_burst: u32,
     /// Seconds without any client frame (AHP `ping` included) after which
     /// the socket is closed with 1000 and an idle reason; 0 disables.
     pub client_idle_secs: u64,
-    /// Largest frame accepted from a host (a bigger one drops that link).
+    /// Largest frame accepted from a host, at most 64 MiB (the WebSocket
+    /// layer's message cap); a bigger one is dropped and counted, and the
+    /// request it answered times out.
     pub upstream_max_frame_bytes: usize,
     /// Frames queued for one link (client → host) before further requests
     /// get -32603 `reason = "hostBusy"` and dispatches a rejection echo.
@@ -308,6 +311,11 @@ impl Limits {
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));
+        }
+        if self.upstream_max_frame_bytes > 64 << 20 {
+            return bad(
+                "upstream_max_frame_bytes must be at most 67108864 (64 MiB, the WebSocket layer's message cap)",
+            );
         }
         if self.store_purge_secs == 0 {
             return bad("store_purge_secs must be at least 1");

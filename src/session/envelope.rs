@@ -380,7 +380,10 @@ impl ClientSession {
         {
             let ttl = self.env.cfg.relay.tombstone_ttl_secs;
             let now = crate::identity::unix_now();
-            let _ = self.env.store.tombstone(key, now, ttl);
+            // Off the runtime (an fsync): the name is taken before and after,
+            // so nothing waits for this write.
+            let (store, key) = (self.env.store.clone(), key.to_string());
+            tokio::task::spawn_blocking(move || store.tombstone(&key, now, ttl));
         }
         self.answer_plain(core, a);
     }

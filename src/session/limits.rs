@@ -117,8 +117,8 @@ impl ClientSession {
     /// Fails forwarded request `n` of link `link` with -32603
     /// `reason = "timeout"` if it is still unanswered, removing its pending
     /// entry (a late answer then finds none and is dropped). A subscribe
-    /// stops holding its channel; a create keeps its pending store entry,
-    /// which grants nothing, since the host may still have created it.
+    /// stops holding its channel; a create releases its store entry (on a
+    /// blocking thread).
     fn expire_request(&self, link: u64, n: u64, host: &str) {
         let mut core = self.lock();
         let Some(p) = core.pending.remove(&(link, n)) else {
@@ -141,6 +141,16 @@ impl ClientSession {
                 {
                     m.remove(&host_channel);
                 }
+                self.respond_error(&mut core, &p.client_id, &err);
+            }
+            PendingKind::Create { store_key, .. } => {
+                // As for a request lost with its link: the name is freed; if
+                // the host made the object after all, it lists it, and a
+                // create of that URI is refused (`refuse_host_object`).
+                let store = self.env.store.clone();
+                tokio::task::spawn_blocking(move || {
+                    let _ = store.release(&store_key);
+                });
                 self.respond_error(&mut core, &p.client_id, &err);
             }
             _ => self.respond_error(&mut core, &p.client_id, &err),

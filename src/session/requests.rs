@@ -122,7 +122,13 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
             return;
         }
     };
-    if !conn.bucket.take() {
+    // Responses answer requests the relay sent (bounded by them) and are
+    // never rate-limited: dropping one would fail a host's request.
+    let answer = matches!(
+        frame.kind,
+        FrameKind::Response { .. } | FrameKind::ErrorResponse { .. }
+    );
+    if !answer && !conn.bucket.take() {
         return over_rate(conn, text, &frame.kind);
     }
     match &frame.kind {
@@ -178,8 +184,8 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
 }
 
 /// A frame over the connection's rate (§3.6): a request gets -32603
-/// `reason = "rateLimited"`, a `dispatchAction` a rejection echo, anything
-/// else is dropped; each is counted.
+/// `reason = "rateLimited"`, a `dispatchAction` a rejection echo, another
+/// notification is dropped; each is counted.
 fn over_rate(conn: &Conn, text: &str, kind: &FrameKind<'_>) {
     let env = &conn.registry.env;
     env.metrics.limit_hits.with_label_values(&["rate"]).inc();
@@ -536,10 +542,10 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         return Ok(());
     }
     let (hub, host_uri) = router::host_for(&session.env, session.caller(), &p.channel)?;
+    session.check_subscription(&p.channel)?;
     let (link, grant) = link_for(session, &hub, "subscribe", &p.channel, || {
         router::not_found(&p.channel)
     })?;
-    session.check_subscription(&p.channel)?;
     let params = router::to_host(
         &session.env,
         session.caller(),
