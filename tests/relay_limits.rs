@@ -363,3 +363,46 @@ async fn create_quota_and_tombstone_purge() {
     .await;
     purge.abort();
 }
+
+/// A create the host does not answer in time gets -32603 `timeout` and
+/// frees its name; when the host then makes the object after all, it lists
+/// it, and a second create of that URI is refused like the host would
+/// (-32003) instead of adopting it.
+#[tokio::test]
+async fn a_timed_out_create_never_leaves_an_adoptable_name() {
+    let t = start("upstream_request_secs = 1").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("c").await;
+    let r = ws
+        .request(1, "subscribe", json!({"channel": session(1)}))
+        .await;
+    assert!(r["result"]["snapshot"].is_object(), "link open: {r}");
+    t.hosts[0].set_stalled(true);
+    let uri = "ahp-session:/late";
+    let r = ws
+        .request(
+            2,
+            "createSession",
+            json!({"channel": uri, "provider": "sim@a"}),
+        )
+        .await;
+    assert_eq!(reason(&r), "timeout", "{r}");
+    let relay = t.relay.relay.clone();
+    wait_until("the timed-out create's name is released", || {
+        relay.store.lookup(uri).ok().flatten().is_none()
+    })
+    .await;
+    t.hosts[0].set_stalled(false);
+    wait_until("the host lists the late session", || {
+        relay.hubs().any(|h| h.has_session(uri))
+    })
+    .await;
+    let r = ws
+        .request(
+            3,
+            "createSession",
+            json!({"channel": uri, "provider": "sim@a"}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32003, "{r}");
+}
