@@ -73,7 +73,7 @@ pub struct Metrics {
     /// Requests, frames and connections stopped by a §3.6 limit or a §4.2
     /// create check, by limit (`subscriptions`, `pending`, `rate`, `idle`,
     /// `request_timeout`, `quota`, `host_object`, `link_queue`,
-    /// `upstream_frame`).
+    /// `client_frame`).
     pub limit_hits: IntCounterVec,
 }
 

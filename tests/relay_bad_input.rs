@@ -211,3 +211,27 @@ async fn wait_until_metric(t: &TestRelay, name: &str, at_least: f64) {
     }
     panic!("{name} never reached {at_least}");
 }
+
+/// Frames towards the client obey the same `max_frame_bytes` (both ways):
+/// a snapshot answer over it becomes -32603 `tooLarge` and the socket stays
+/// usable. (A frame of another kind over it closes the socket with 1009.)
+#[tokio::test]
+async fn relay_frames_over_the_client_limit_are_not_sent() {
+    let t = TestRelay::start(
+        vec![fast_config("a", 2)],
+        "\n[limits]\nmax_frame_bytes = 350\n",
+    )
+    .await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("c").await;
+    let r = ws
+        .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+        .await;
+    let text = r.to_string();
+    assert!(text.len() <= 350, "{text}");
+    assert_eq!(r["error"]["data"]["reason"], "tooLarge", "{r}");
+    let r = ws.request(2, "ping", json!({"channel": ROOT})).await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let m = "ahp_relay_limit_hits_total{limit=\"client_frame\"}";
+    assert!(metric_of(&t, m).await >= 1.0);
+}
