@@ -203,6 +203,36 @@ pub struct Limits {
     pub replay_memory_resume_percent: u8,
     /// `Retry-After` seconds of a 503 refused for replay memory.
     pub replay_memory_retry_after_secs: u64,
+    /// Channels one client session may follow (`subscribe`,
+    /// `initialSubscriptions`, `reconnect.subscriptions`, de-duplicated);
+    /// beyond it a `subscribe` gets -32603 `reason = "subscriptionLimit"`
+    /// and an `initialize`/`reconnect` listing more gets -32602.
+    pub subscriptions_per_session: usize,
+    /// Forwarded requests of one connection awaiting a host's answer;
+    /// beyond it -32603 `reason = "pendingLimit"`.
+    pub pending_requests_per_connection: usize,
+    /// Sustained client frames per second on one connection (token bucket;
+    /// 0 disables; responses to host requests are not counted). A request
+    /// over it gets -32603 `reason = "rateLimited"`, a `dispatchAction` a
+    /// rejection echo, another notification is dropped.
+    pub requests_per_second: u32,
+    /// Burst the token bucket allows above `requests_per_second`.
+    pub request_burst: u32,
+    /// Seconds without any client frame (AHP `ping` included) after which
+    /// the socket is closed with 1000 and an idle reason; 0 disables.
+    pub client_idle_secs: u64,
+    /// Largest frame accepted from a host, at most 64 MiB (the WebSocket
+    /// layer's message cap); a bigger one is dropped and counted, and the
+    /// request it answered times out.
+    pub upstream_max_frame_bytes: usize,
+    /// Frames queued for one link (client → host) before further requests
+    /// get -32603 `reason = "hostBusy"` and dispatches a rejection echo.
+    pub link_queue_frames: usize,
+    /// Live (pending or confirmed) client-chosen URIs one principal may
+    /// hold in the store; beyond it a create gets -32603 `reason = "quota"`.
+    pub reservations_per_principal: usize,
+    /// Seconds between purges of expired tombstones from the store.
+    pub store_purge_secs: u64,
 }
 
 impl Default for Limits {
@@ -232,6 +262,15 @@ impl Default for Limits {
             replay_memory_bytes: 256 * 1024 * 1024,
             replay_memory_resume_percent: 75,
             replay_memory_retry_after_secs: 10,
+            subscriptions_per_session: 512,
+            pending_requests_per_connection: 256,
+            requests_per_second: 100,
+            request_burst: 200,
+            client_idle_secs: 300,
+            upstream_max_frame_bytes: 64 * 1024 * 1024,
+            link_queue_frames: 1024,
+            reservations_per_principal: 1000,
+            store_purge_secs: 3600,
         }
     }
 }
@@ -272,6 +311,30 @@ impl Limits {
         }
         if self.replay_memory_retry_after_secs == 0 {
             return bad("replay_memory_retry_after_secs must be at least 1");
+        }
+        let at_least_one = [
+            ("subscriptions_per_session", self.subscriptions_per_session),
+            (
+                "pending_requests_per_connection",
+                self.pending_requests_per_connection,
+            ),
+            ("upstream_max_frame_bytes", self.upstream_max_frame_bytes),
+            ("link_queue_frames", self.link_queue_frames),
+            (
+                "reservations_per_principal",
+                self.reservations_per_principal,
+            ),
+        ];
+        if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
+            return bad(&format!("{name} must be at least 1"));
+        }
+        if self.upstream_max_frame_bytes > 64 << 20 {
+            return bad(
+                "upstream_max_frame_bytes must be at most 67108864 (64 MiB, the WebSocket layer's message cap)",
+            );
+        }
+        if self.store_purge_secs == 0 {
+            return bad("store_purge_secs must be at least 1");
         }
         Ok(())
     }

@@ -79,6 +79,11 @@ pub struct Metrics {
     pub host_latency: HistogramVec,
     /// Time to answer a client `reconnect`, in seconds.
     pub reconnect_seconds: Histogram,
+    /// Requests, frames and connections stopped by a §3.6 limit or a §4.2
+    /// create check, by limit (`subscriptions`, `pending`, `rate`, `idle`,
+    /// `request_timeout`, `quota`, `host_object`, `link_queue`,
+    /// `client_frame`).
+    pub limit_hits: IntCounterVec,
 }
 
 /// Registers metrics named `ahp_relay_<name>` in one registry.
@@ -343,6 +348,11 @@ impl Metrics {
             sessions_evicted: ops.sessions_evicted,
             host_latency: ops.host_latency,
             reconnect_seconds: ops.reconnect_seconds,
+            limit_hits: r.counter_vec(
+                "limit_hits_total",
+                "requests, frames or connections stopped by a limit",
+                "limit",
+            )?,
             registry: r.registry,
         })
     }

@@ -59,7 +59,7 @@ impl Relay {
             max_depth: limits.max_json_depth,
         };
         let upstream_limits = WireLimits {
-            max_frame_bytes: 64 * 1024 * 1024,
+            max_frame_bytes: limits.upstream_max_frame_bytes,
             max_depth: 256,
         };
         let policy: Arc<dyn Policy> = Arc::new(RulePolicy::new(&cfg.policy));

@@ -103,6 +103,15 @@ impl RpcError {
             Some(json!({"reason": "upstreamLost", "host": host, "retryable": true})),
         )
     }
+    /// -32603 for a request stopped by a relay limit (§3.6); `data.reason`
+    /// names the limit (`rateLimited`, `pendingLimit`, `subscriptionLimit`,
+    /// `timeout`, `quota`, `hostBusy`).
+    pub fn limited(reason: &str, message: impl Into<String>, retryable: bool) -> Self {
+        Self::internal(
+            message,
+            Some(json!({"reason": reason, "retryable": retryable})),
+        )
+    }
     /// Any code and message (e.g. relaying a host's error).
     pub fn with_code(code: i32, message: impl Into<String>, data: Option<Value>) -> Self {
         Self {
@@ -168,6 +177,8 @@ pub fn action_frame(params: &Value) -> String {
 /// reason text, so a code never travels with a drifting explanation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Close {
+    /// 1000: no client frame (not even `ping`) for `limits.client_idle_secs`.
+    Idle,
     /// 1002: the client offered no protocol version the relay speaks.
     UnsupportedVersion,
     /// 1002: a WebSocket protocol violation.
@@ -204,6 +215,7 @@ impl Close {
     /// The WebSocket close code.
     pub fn code(self) -> u16 {
         match self {
+            Close::Idle => 1000,
             Close::UnsupportedVersion | Close::WsProtocol => 1002,
             Close::BinaryFrame => 1003,
             Close::InvalidUtf8 => 1007,
@@ -224,6 +236,7 @@ impl Close {
     /// The close reason: what happened and what the client should do.
     pub fn reason(self) -> &'static str {
         match self {
+            Close::Idle => "idle: no frame within the idle timeout; ping to stay connected",
             Close::UnsupportedVersion => "unsupported protocol version",
             Close::WsProtocol => "protocol error",
             Close::BinaryFrame => "binary frames are not supported",
@@ -250,6 +263,7 @@ mod close_tests {
     #[test]
     fn every_reason_fits_a_close_frame_and_codes_are_in_range() {
         for c in [
+            Close::Idle,
             Close::UnsupportedVersion,
             Close::WsProtocol,
             Close::BinaryFrame,

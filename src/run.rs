@@ -225,8 +225,9 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     };
     let (listener, addr) = bind(cfg.listen.addr).await?;
     let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;
-    let (relay, events) =
-        Relay::new(cfg, secret, Arc::new(store), auth).map_err(StartError::Load)?;
+    let store: Arc<dyn crate::names::store::UriStore> = Arc::new(store);
+    let purge_every = Duration::from_secs(cfg.limits.store_purge_secs.max(1));
+    let (relay, events) = Relay::new(cfg, secret, store.clone(), auth).map_err(StartError::Load)?;
     let edge = Edge::new(relay.clone(), tls);
     let tasks = vec![
         tokio::spawn(relay.registry.clone().run_fanout(events)),
@@ -234,6 +235,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         tokio::spawn(edge.clone().serve_admin(admin)),
         tokio::spawn(reload_files(relay.clone())),
         tokio::spawn(relay.registry.clone().sweep_idle_links()),
+        tokio::spawn(crate::names::store::purge_expired_every(store, purge_every)),
     ];
     tracing::info!(%addr, hosts = relay.hubs().count(), "relay listening");
     Ok(RunningRelay {

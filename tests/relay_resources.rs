@@ -53,10 +53,22 @@ async fn files_without_a_host_or_on_an_unknown_host_are_refused() {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
     let mut ws = t.raw("alice").await;
     ws.initialize("files-2").await;
-    let r = call(&mut ws, 1, "resourceRead", json!({"uri": "file:///etc/passwd"})).await;
+    let r = call(
+        &mut ws,
+        1,
+        "resourceRead",
+        json!({"uri": "file:///etc/passwd"}),
+    )
+    .await;
     assert_eq!(r["error"]["code"], -32602, "{r}");
     assert!(r.get("result").is_none());
-    let r = call(&mut ws, 2, "resourceRead", json!({"uri": "file://nohost/etc/passwd"})).await;
+    let r = call(
+        &mut ws,
+        2,
+        "resourceRead",
+        json!({"uri": "file://nohost/etc/passwd"}),
+    )
+    .await;
     assert_eq!(r["error"]["code"], -32008, "{r}");
     assert!(host_frames(&t.hosts[0], "resourceRead").is_empty());
 }

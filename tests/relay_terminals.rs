@@ -41,9 +41,18 @@ async fn a_client_claimed_terminal_goes_to_the_host_its_cwd_names() {
         "claim": {"kind": "client", "clientId": "term-1"}, "cwd": cwd});
     let r = ws.request(1, "createTerminal", params).await;
     assert!(r.get("result").is_some(), "{r}");
-    assert_eq!(host_frames(&t.hosts[1], "createTerminal").len(), 1, "created on b");
-    assert!(host_frames(&t.hosts[0], "createTerminal").is_empty(), "not on a");
-    let sub = ws.request(2, "subscribe", json!({"channel": channel})).await;
+    assert_eq!(
+        host_frames(&t.hosts[1], "createTerminal").len(),
+        1,
+        "created on b"
+    );
+    assert!(
+        host_frames(&t.hosts[0], "createTerminal").is_empty(),
+        "not on a"
+    );
+    let sub = ws
+        .request(2, "subscribe", json!({"channel": channel}))
+        .await;
     assert!(sub["result"]["snapshot"].is_object(), "{sub}");
     let input = json!({"type": "terminal/input", "data": "echo hi\n"});
     ws.dispatch(channel, 1, input).await;
@@ -51,7 +60,9 @@ async fn a_client_claimed_terminal_goes_to_the_host_its_cwd_names() {
     assert_eq!(data["data"], "echo hi\n", "{data}");
     let mut bob = t.raw("bob").await;
     bob.initialize("term-bob").await;
-    let r = bob.request(1, "subscribe", json!({"channel": channel})).await;
+    let r = bob
+        .request(1, "subscribe", json!({"channel": channel}))
+        .await;
     assert_eq!(r["error"]["code"], -32008, "invisible to bob: {r}");
 }
 

@@ -85,14 +85,7 @@ impl RelayPort {
         out: Outbox,
         kill: watch::Sender<Option<Close>>,
     ) -> Conn {
-        Conn {
-            registry: self.relay.registry.clone(),
-            principal,
-            socket: self.relay.registry.next_socket(),
-            out,
-            kill,
-            session: None,
-        }
+        Conn::new(self.relay.registry.clone(), principal, out, kill)
     }
 
     /// What the status page shows: hosts, client sessions per principal,

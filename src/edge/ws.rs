@@ -84,6 +84,10 @@ async fn read_loop<S>(
     let mut revocation_check = tokio::time::interval(REVOCATION_CHECK);
     let mut closing: Option<tokio::time::Instant> = None;
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    // Client idle timeout (§3.6): any text frame, AHP `ping` included, resets it.
+    let idle_after = Duration::from_secs(port.limits().client_idle_secs);
+    let idle = tokio::time::sleep(idle_after);
+    tokio::pin!(idle);
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(closing.unwrap_or(far)), if closing.is_some() => break,
@@ -94,11 +98,18 @@ async fn read_loop<S>(
                 }
             }
             msg = stream.next() => match msg {
-                Some(Ok(Message::Text(t))) if closing.is_none() => on_client_frame(conn, t.as_str()).await,
+                Some(Ok(Message::Text(t))) if closing.is_none() => {
+                    idle.as_mut().reset(tokio::time::Instant::now() + idle_after);
+                    on_client_frame(conn, t.as_str()).await
+                }
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Err(_)) if closing.is_some() => break,
                 other => if refuse_frame(port, conn, other, closing.is_some()) { break },
             },
+            _ = &mut idle, if closing.is_none() && !idle_after.is_zero() => {
+                port.metrics().limit_hits.with_label_values(&["idle"]).inc();
+                conn.kill.send_replace(Some(Close::Idle));
+            }
             _ = &mut expiry, if closing.is_none() => {
                 conn.kill.send_replace(Some(Close::TokenExpired));
             }

@@ -33,6 +33,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
 
 use redb::backends::InMemoryBackend;
@@ -114,6 +115,12 @@ pub enum StoreError {
     /// The URI has no entry in a state that allows the operation.
     #[error("URI has no entry in a state that allows this operation")]
     NotFound,
+    /// The owner already holds `max` live (pending or confirmed) entries.
+    #[error("the owner already holds {max} live URIs")]
+    Quota {
+        /// The quota in force.
+        max: usize,
+    },
     /// The store could not be read or written (I/O, lock, corruption); creates must be refused.
     #[error("URI store unavailable: {0}")]
     Unavailable(String),
@@ -134,6 +141,18 @@ pub trait UriStore: Send + Sync {
     /// Fails with [`StoreError::Taken`] if any entry exists other than a tombstone with
     /// `until <= now` (which it replaces). Of concurrent reserves of one URI exactly one succeeds.
     fn reserve(&self, uri: &str, host: &str, owner: &Owner, now: u64) -> Result<(), StoreError>;
+
+    /// [`UriStore::reserve`], refused with [`StoreError::Quota`] when `owner` (issuer and
+    /// subject) already holds `max_live` pending or confirmed entries; the count and the insert
+    /// are one atomic step.
+    fn reserve_within(
+        &self,
+        uri: &str,
+        host: &str,
+        owner: &Owner,
+        now: u64,
+        max_live: usize,
+    ) -> Result<(), StoreError>;
 
     /// Marks a pending entry [`UriState::Confirmed`]; confirming a confirmed entry is a no-op.
     /// [`StoreError::NotFound`] if there is no entry or it is a tombstone.
@@ -172,6 +191,9 @@ pub struct RedbStore {
     /// Held from the start of a write transaction until the mirror reflects its commit, so the
     /// mirror receives commits in commit order.
     writer: Mutex<()>,
+    /// Set when a commit failed and cleared by the next one that succeeds: what `health`
+    /// reports without opening a write transaction.
+    write_failed: AtomicBool,
 }
 
 impl RedbStore {
@@ -244,6 +266,7 @@ impl RedbStore {
             db,
             mirror: RwLock::new(mirror),
             writer: Mutex::new(()),
+            write_failed: AtomicBool::new(false),
         })
     }
 
@@ -278,7 +301,7 @@ impl RedbStore {
             };
             next
         };
-        txn.commit().map_err(unavailable)?;
+        self.committed(txn.commit())?;
         let mut mirror = self.mirror.write().unwrap_or_else(PoisonError::into_inner);
         match next {
             Some(entry) => mirror.insert(uri.to_owned(), entry),
@@ -288,10 +311,51 @@ impl RedbStore {
     }
 }
 
+impl RedbStore {
+    /// Records whether a commit succeeded (for `health`).
+    fn committed(&self, result: Result<(), redb::CommitError>) -> Result<(), StoreError> {
+        self.write_failed.store(result.is_err(), Ordering::Relaxed);
+        result.map_err(unavailable)
+    }
+
+    /// Pending and confirmed entries of `owner`'s issuer and subject (a scan of the mirror).
+    fn live_of(&self, owner: &Owner) -> usize {
+        let mirror = self.mirror.read().unwrap_or_else(PoisonError::into_inner);
+        mirror
+            .values()
+            .filter(|e| !matches!(e.state, UriState::Tombstone { .. }))
+            .filter(|e| e.owner.issuer == owner.issuer && e.owner.subject == owner.subject)
+            .count()
+    }
+}
+
 impl UriStore for RedbStore {
     fn reserve(&self, uri: &str, host: &str, owner: &Owner, now: u64) -> Result<(), StoreError> {
         self.update(uri, |current| match current {
             Some(entry) if !is_expired(&entry, now) => Err(StoreError::Taken { host: entry.host }),
+            _ => Ok(Some(UriEntry {
+                uri: uri.to_owned(),
+                host: host.to_owned(),
+                state: UriState::Pending,
+                owner: owner.clone(),
+                created_at: now,
+            })),
+        })
+    }
+
+    fn reserve_within(
+        &self,
+        uri: &str,
+        host: &str,
+        owner: &Owner,
+        now: u64,
+        max_live: usize,
+    ) -> Result<(), StoreError> {
+        self.update(uri, |current| match current {
+            Some(entry) if !is_expired(&entry, now) => Err(StoreError::Taken { host: entry.host }),
+            // `update` holds the writer lock, so the mirror cannot change between this count and
+            // the commit.
+            _ if self.live_of(owner) >= max_live => Err(StoreError::Quota { max: max_live }),
             _ => Ok(Some(UriEntry {
                 uri: uri.to_owned(),
                 host: host.to_owned(),
@@ -370,7 +434,7 @@ impl UriStore for RedbStore {
         if expired.is_empty() {
             return Ok(0);
         }
-        txn.commit().map_err(unavailable)?;
+        self.committed(txn.commit())?;
         let mut mirror = self.mirror.write().unwrap_or_else(PoisonError::into_inner);
         for uri in &expired {
             mirror.remove(uri);
@@ -379,9 +443,35 @@ impl UriStore for RedbStore {
     }
 
     fn health(&self) -> Result<(), StoreError> {
-        // A write transaction is refused once a commit has failed on I/O, which reads cannot see.
-        let txn = self.db.begin_write().map_err(unavailable)?;
-        txn.abort().map_err(unavailable)
+        // A read transaction: it never waits for a writer (redb readers run beside the one
+        // writer) and takes no lock a create could be queued behind; a failed commit is
+        // remembered by `committed` until one succeeds.
+        if self.write_failed.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable("the last write failed".into()));
+        }
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        txn.open_table(URIS).map_err(unavailable)?;
+        Ok(())
+    }
+}
+
+/// Purges expired tombstones every `every` (contract §7.4: a disposed name is free again after
+/// `tombstone_ttl`), each purge on a blocking thread; runs until its task is dropped.
+pub async fn purge_expired_every(store: std::sync::Arc<dyn UriStore>, every: std::time::Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let s = store.clone();
+        match tokio::task::spawn_blocking(move || s.purge_expired(now)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::info!(purged = n, "expired tombstones purged"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "tombstone purge failed"),
+            Err(e) => tracing::warn!(error = %e, "tombstone purge did not run"),
+        }
     }
 }
 
@@ -519,6 +609,35 @@ mod tests {
             .collect();
         assert_eq!(names, ["uris_v2"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn quota_counts_live_entries_of_one_principal() {
+        let store = RedbStore::open_in_memory().unwrap();
+        let alice = owner();
+        store
+            .reserve_within("ahp-chat:/1", "a", &alice, 1, 2)
+            .unwrap();
+        store
+            .reserve_within("ahp-chat:/2", "a", &alice, 1, 2)
+            .unwrap();
+        assert_eq!(
+            store.reserve_within("ahp-chat:/3", "a", &alice, 1, 2),
+            Err(StoreError::Quota { max: 2 })
+        );
+        let bob = Owner {
+            subject: "bob".into(),
+            ..alice.clone()
+        };
+        store
+            .reserve_within("ahp-chat:/3", "a", &bob, 1, 2)
+            .unwrap();
+        // A tombstone frees a place in the quota (the name stays taken).
+        store.tombstone("ahp-chat:/1", 2, 100).unwrap();
+        store
+            .reserve_within("ahp-chat:/4", "a", &alice, 3, 2)
+            .unwrap();
+        assert_eq!(store.lookup("ahp-chat:/3").unwrap().unwrap().owner, bob);
     }
 
     #[test]

@@ -76,11 +76,21 @@ impl Access {
         self.entry_on(host, uri).map(|e| e.owner)
     }
 
-    /// The creator of a live store entry for `uri` on `host` (a create in
-    /// flight or confirmed, not yet in the catalog perhaps).
+    /// The creator of a confirmed store entry for `uri` on `host` (the host
+    /// accepted the create; not yet in the catalog perhaps). A pending entry
+    /// grants nothing (§4.2): until the host answers, the name may still be
+    /// an object the host already had, which a create must never adopt.
     fn live_entry(&self, host: &str, uri: &str) -> Option<Owner> {
         self.entry_on(host, uri)
-            .filter(|e| !matches!(e.state, UriState::Tombstone { .. }))
+            .filter(|e| e.state == UriState::Confirmed)
+            .map(|e| e.owner)
+    }
+
+    /// The creator of a settled (confirmed or disposed) entry: what makes an
+    /// existing session visible to its creator; a pending entry does not.
+    fn settled_owner(&self, host: &str, uri: &str) -> Option<Owner> {
+        self.entry_on(host, uri)
+            .filter(|e| e.state != UriState::Pending)
             .map(|e| e.owner)
     }
 
@@ -163,7 +173,8 @@ impl Access {
         host_uri: &str,
     ) -> bool {
         if hub.has_session(host_uri) {
-            return self.sees_session(who, grant, hub, host_uri);
+            return grant.sees_everything()
+                || grant.sees(who, self.settled_owner(&hub.id, host_uri).as_ref());
         }
         self.live_entry(&hub.id, host_uri)
             .is_some_and(|o| grant.sees(who, Some(&o)))

@@ -482,4 +482,3 @@ pub fn client_terminal_host(
             )
         })
 }
-

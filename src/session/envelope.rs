@@ -107,6 +107,9 @@ impl ClientSession {
         let ((host, host_id), link) = {
             let mut core = self.lock();
             let Some((host, host_id)) = core.host_requests.remove(&n) else {
+                // A response to an id the relay never sent (or already
+                // answered): dropped, counted.
+                self.env.metrics.client_notifications_dropped.inc();
                 return;
             };
             let link = core.links.get(&host).cloned();
@@ -380,7 +383,10 @@ impl ClientSession {
         {
             let ttl = self.env.cfg.relay.tombstone_ttl_secs;
             let now = crate::identity::unix_now();
-            let _ = self.env.store.tombstone(key, now, ttl);
+            // Off the runtime (an fsync): the name is taken before and after,
+            // so nothing waits for this write.
+            let (store, key) = (self.env.store.clone(), key.to_string());
+            tokio::task::spawn_blocking(move || store.tombstone(&key, now, ttl));
         }
         self.answer_plain(core, a);
     }

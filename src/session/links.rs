@@ -23,6 +23,7 @@ impl ClientSession {
             ),
             ping_after: limits.link_ping(),
             ping_timeout: limits.link_ping_timeout(),
+            queue_frames: limits.link_queue_frames,
         };
         self.env.metrics.links_opened.inc();
         let owner: Weak<dyn LinkOwner> = Arc::downgrade(self) as Weak<dyn LinkOwner>;

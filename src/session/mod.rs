@@ -11,6 +11,7 @@ mod authenticate;
 pub mod buffer;
 pub mod envelope;
 mod fanout;
+mod limits;
 mod links;
 pub mod outbox;
 pub mod reconnect;
@@ -368,11 +369,20 @@ impl ClientSession {
 
     /// Queues a frame for the client. A client whose queue is full is closed
     /// with 4008 (slow consumer) rather than stalling a link or the relay.
+    /// A frame over `limits.max_frame_bytes` (the limit holds both ways,
+    /// §3.6) is never sent: the client is closed with 1009 and the frame
+    /// counted in `limit_hits_total{limit="client_frame"}`.
     pub fn push(&self, core: &mut SessionCore, frame: impl Into<Utf8Bytes>) {
         let Some(socket) = &core.socket else {
             return;
         };
-        match socket.out.try_send(frame.into()) {
+        let frame = frame.into();
+        if frame.len() > self.env.cfg.limits.max_frame_bytes {
+            self.limit_hit("client_frame");
+            self.close_locked(core, Close::FrameTooBig);
+            return;
+        }
+        match socket.out.try_send(frame) {
             Ok(()) => {}
             Err(outbox::Refused::Full) => {
                 self.env.metrics.slow_consumer_closes.inc();
@@ -477,12 +487,20 @@ impl ClientSession {
         }
     }
 
-    /// Answers a client request with `result` (serialized JSON).
+    /// Answers a client request with `result` (serialized JSON); a result
+    /// over `limits.max_frame_bytes` becomes -32603 `reason = "tooLarge"`.
     pub fn respond(&self, core: &mut SessionCore, id: &str, result: &str) {
-        self.push(
-            core,
-            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#),
-        );
+        let frame = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#);
+        if frame.len() > self.env.cfg.limits.max_frame_bytes {
+            self.limit_hit("client_frame");
+            let err = crate::rpc::RpcError::limited(
+                "tooLarge",
+                "the answer exceeds the frame limit: ask for less",
+                false,
+            );
+            return self.respond_error(core, id, &err);
+        }
+        self.push(core, frame);
     }
 
     /// Answers a client request with an error.

@@ -53,7 +53,19 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
             "no session for this clientId: initialize again",
         ));
     };
-    let requested = dedup(p.subscriptions);
+    let cap = registry.env.cfg.limits.subscriptions_per_session;
+    let requested = match super::limits::dedup_capped(p.subscriptions, cap) {
+        Ok(r) => r,
+        Err(e) => {
+            registry
+                .env
+                .metrics
+                .limit_hits
+                .with_label_values(&["subscriptions"])
+                .inc();
+            return Err(e);
+        }
+    };
     conn.session = Some(session.clone());
     let Some(generation) = replay_or_cut(
         &session,
@@ -83,16 +95,6 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     drop(core);
     took();
     Ok(())
-}
-
-/// The requested channels in order, each once (a set, so a frame full of
-/// subscriptions costs linear time).
-fn dedup(subscriptions: Vec<String>) -> Vec<String> {
-    let mut seen = HashSet::with_capacity(subscriptions.len());
-    subscriptions
-        .into_iter()
-        .filter(|c| seen.insert(c.clone()))
-        .collect()
 }
 
 /// Attaches `socket` and answers with `replay` when the buffer proves

@@ -15,6 +15,7 @@ use ahp_types::errors::ahp_error_codes;
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
+use super::limits::{self, RateBucket, dedup_capped};
 use super::{Chan, ClientSession, Pending, PendingKind, PrincipalKey, SessionKey};
 use crate::auth::Principal;
 use crate::names::qualify as names;
@@ -45,9 +46,31 @@ pub struct Conn {
     pub kill: watch::Sender<Option<Close>>,
     /// The session, once `initialize` succeeded on this socket.
     pub session: Option<Arc<ClientSession>>,
+    /// This socket's frame rate (§3.6 requests per second).
+    bucket: RateBucket,
 }
 
 impl Conn {
+    /// A connection of `principal` before `initialize`, writing to `out`.
+    pub fn new(
+        registry: Arc<super::Registry>,
+        principal: Principal,
+        out: super::outbox::Outbox,
+        kill: watch::Sender<Option<Close>>,
+    ) -> Self {
+        let limits = &registry.env.cfg.limits;
+        let bucket = RateBucket::new(limits.requests_per_second, limits.request_burst);
+        Self {
+            socket: registry.next_socket(),
+            registry,
+            principal,
+            out,
+            kill,
+            session: None,
+            bucket,
+        }
+    }
+
     /// The session key of `client_id` for this socket's principal.
     pub fn session_key(&self, client_id: &str) -> SessionKey {
         SessionKey {
@@ -99,6 +122,15 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
             return;
         }
     };
+    // Responses answer requests the relay sent (bounded by them) and are
+    // never rate-limited: dropping one would fail a host's request.
+    let answer = matches!(
+        frame.kind,
+        FrameKind::Response { .. } | FrameKind::ErrorResponse { .. }
+    );
+    if !answer && !conn.bucket.take() {
+        return over_rate(conn, text, &frame.kind);
+    }
     match &frame.kind {
         FrameKind::Request { id, method } => {
             env.metrics
@@ -107,6 +139,10 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 .inc();
             let id = id.raw.to_string();
             let Some(_channel) = frame.channel() else {
+                env.metrics
+                    .bad_client_frames
+                    .with_label_values(&["no_channel"])
+                    .inc();
                 conn.reply(
                     &id,
                     Err(RpcError::invalid_params(
@@ -144,6 +180,38 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 _ => env.metrics.client_notifications_dropped.inc(),
             }
         }
+    }
+}
+
+/// A frame over the connection's rate (§3.6): a request gets -32603
+/// `reason = "rateLimited"`, a `dispatchAction` a rejection echo, another
+/// notification is dropped; each is counted.
+fn over_rate(conn: &Conn, text: &str, kind: &FrameKind<'_>) {
+    let env = &conn.registry.env;
+    env.metrics.limit_hits.with_label_values(&["rate"]).inc();
+    match kind {
+        FrameKind::Request { id, .. } => {
+            let err = RpcError::limited(
+                "rateLimited",
+                "too many requests on this connection: retry after backoff",
+                true,
+            );
+            conn.send(err.frame(id.raw));
+        }
+        FrameKind::Notification { method } if method.as_ref() == "dispatchAction" => {
+            let params = params_of(text);
+            let (Some(session), Some(channel), Some(seq)) = (
+                conn.session.as_ref(),
+                params.get("channel").and_then(Value::as_str),
+                params.get("clientSeq").and_then(Value::as_i64),
+            ) else {
+                return;
+            };
+            let action = params.get("action").cloned().unwrap_or(Value::Null);
+            let mut core = session.lock();
+            session.reject_dispatch(&mut core, channel, &action, seq, "rate limited");
+        }
+        _ => {}
     }
 }
 
@@ -190,9 +258,9 @@ async fn request(
             return Some(list);
         }
         Handling::Subscribe => subscribe(&session, id, params),
-        Handling::Create(Created::Session) => create_session(&session, id, params),
-        Handling::Create(Created::Chat) => create_chat(&session, id, params),
-        Handling::Create(Created::Terminal) => create_terminal(&session, id, params),
+        Handling::Create(Created::Session) => create_session(&session, id, params).await,
+        Handling::Create(Created::Chat) => create_chat(&session, id, params).await,
+        Handling::Create(Created::Terminal) => create_terminal(&session, id, params).await,
         Handling::Routed { dispose } => routed(&session, id, method, params, dispose),
         Handling::ByProvider => by_provider(&session, id, method, params),
         Handling::ByUri => by_uri(&session, id, method, params),
@@ -226,6 +294,8 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
             "clientId must be 1 to 256 characters",
         ));
     }
+    let cap = conn.registry.env.cfg.limits.subscriptions_per_session;
+    let wanted = dedup_capped(p.initial_subscriptions.unwrap_or_default(), cap)?;
     let registry = conn.registry.clone();
     let key = conn.session_key(&p.client_id);
     let session = Arc::new(ClientSession::new(
@@ -237,7 +307,6 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     ));
     registry.attach(session.clone())?;
     conn.session = Some(session.clone());
-    let wanted = p.initial_subscriptions.unwrap_or_default();
     let taken = initial_snapshots(&session, &wanted).await;
     let mut core = session.lock();
     if !core.answers_on(conn.socket) {
@@ -414,9 +483,14 @@ impl ClientSession {
     }
 }
 
-/// Sends a request on `link` and records what its answer needs.
+/// Sends a request on `link` and records what its answer needs; the answer
+/// must come within `limits.upstream_request_secs` (else -32603 `timeout`).
+/// Refused with -32603 when the session already awaits
+/// `limits.pending_requests_per_connection` answers (`initialSubscriptions`
+/// aside: they are capped by the subscription limit) or the link's queue
+/// is full (`hostBusy`).
 fn forward(
-    session: &ClientSession,
+    session: &Arc<ClientSession>,
     link: &Link,
     id: &str,
     method: &str,
@@ -424,19 +498,34 @@ fn forward(
     kind: PendingKind,
 ) -> Result<(), RpcError> {
     let n = link.next_id();
-    let frame = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params}).to_string();
-    session.lock().pending.insert(
-        (link.id, n),
-        Pending {
-            client_id: id.to_string(),
-            method: method.to_string(),
-            kind,
-        },
-    );
+    let frame = crate::rpc::request_frame(n, method, &params);
+    {
+        let mut core = session.lock();
+        if !matches!(kind, PendingKind::Initial { .. }) {
+            session.check_pending(&core)?;
+        }
+        core.pending.insert(
+            (link.id, n),
+            Pending {
+                client_id: id.to_string(),
+                method: method.to_string(),
+                kind,
+            },
+        );
+    }
     if !link.send(LinkCmd::Frame(frame)) {
         session.lock().pending.remove(&(link.id, n));
+        if link.is_busy() {
+            session.limit_hit("link_queue");
+            return Err(RpcError::limited(
+                "hostBusy",
+                format!("host {} is not reading fast enough: retry", link.host.id),
+                true,
+            ));
+        }
         return Err(RpcError::host_unavailable(&link.host.id));
     }
+    limits::expire_after(session, link.id, n, link.host.id.clone());
     Ok(())
 }
 
@@ -453,6 +542,7 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         return Ok(());
     }
     let (hub, host_uri) = router::host_for(&session.env, session.caller(), &p.channel)?;
+    session.check_subscription(&p.channel)?;
     let (link, grant) = link_for(session, &hub, "subscribe", &p.channel, || {
         router::not_found(&p.channel)
     })?;
@@ -523,24 +613,69 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
     Ok((hub, host_uri, channel.to_string(), rx))
 }
 
+/// A create never adopts an object the host already has (§4.2): a URI the
+/// host lists — a catalog session, a chat of a listed session, a root
+/// terminal — is refused with the code the host itself would give (-32003
+/// for sessions, -32010 otherwise) before anything is reserved, so no
+/// store entry ever names a host object its creator did not make.
+fn refuse_host_object(session: &ClientSession, hub: &HostHub, uri: &str) -> Result<(), RpcError> {
+    let scheme = uri.split_once(':').map_or("", |(s, _)| s);
+    let exists = match scheme {
+        "ahp-session" => hub.has_session(uri),
+        "ahp-chat" => hub.session_of_chat(uri).is_some(),
+        "ahp-terminal" => hub.terminal_claim(uri).is_some(),
+        _ => false,
+    };
+    if !exists {
+        return Ok(());
+    }
+    session.limit_hit("host_object");
+    Err(if scheme == "ahp-session" {
+        RpcError::session_exists(uri)
+    } else {
+        RpcError::already_exists(uri)
+    })
+}
+
 /// Reserves a client-chosen URI (checked by [`check_client_uri`]) in the
-/// store for `host`.
-fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Result<(), RpcError> {
+/// store for `host`, after [`refuse_host_object`]. The write (an fsync) runs
+/// on a blocking thread, never on a runtime worker; it is durable before
+/// the create is forwarded. At `limits.reservations_per_principal` live
+/// entries the create gets -32603 `reason = "quota"`.
+async fn reserve(
+    session: &ClientSession,
+    hub: &HostHub,
+    uri: &str,
+    scheme: &str,
+) -> Result<(), RpcError> {
+    refuse_host_object(session, hub, uri)?;
     let owner = Owner {
         issuer: session.key.principal.issuer.clone(),
         subject: session.key.principal.subject.clone(),
         groups: session.subject().groups.to_vec(),
     };
-    match session
-        .env
-        .store
-        .reserve(uri, host, &owner, crate::identity::unix_now())
-    {
+    let store = session.env.store.clone();
+    let max = session.env.cfg.limits.reservations_per_principal;
+    let (u, host) = (uri.to_string(), hub.id.to_string());
+    let now = crate::identity::unix_now();
+    let written =
+        tokio::task::spawn_blocking(move || store.reserve_within(&u, &host, &owner, now, max))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string())));
+    match written {
         Ok(()) => Ok(()),
         Err(StoreError::Taken { .. }) if scheme == "ahp-session" => {
             Err(RpcError::session_exists(uri))
         }
         Err(StoreError::Taken { .. }) => Err(RpcError::already_exists(uri)),
+        Err(StoreError::Quota { max }) => {
+            session.limit_hit("quota");
+            Err(RpcError::limited(
+                "quota",
+                format!("at most {max} live created URIs per principal: dispose some first"),
+                false,
+            ))
+        }
         Err(e) => Err(RpcError::internal(
             format!("URI store unavailable: {e}"),
             Some(json!({"reason": "storeUnavailable", "retryable": true})),
@@ -548,7 +683,21 @@ fn reserve(session: &ClientSession, uri: &str, scheme: &str, host: &str) -> Resu
     }
 }
 
-fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
+/// Frees a reservation whose create never reached the host, on a blocking
+/// thread.
+fn release_later(session: &ClientSession, uri: &str) {
+    let store = session.env.store.clone();
+    let uri = uri.to_string();
+    tokio::task::spawn_blocking(move || {
+        let _ = store.release(&uri);
+    });
+}
+
+async fn create_session(
+    session: &Arc<ClientSession>,
+    id: &str,
+    params: Value,
+) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateSessionParams>(params)?;
     router::check_client_uri(&p.channel, "ahp-session")?;
     let env = &session.env;
@@ -580,17 +729,20 @@ fn create_session(session: &Arc<ClientSession>, id: &str, params: Value) -> Resu
             json!(format!("{}:{token}", session.upstream_id)),
         );
     }
-    reserve(session, &p.channel, "ahp-session", &hub.id)?;
+    reserve(session, &hub, &p.channel, "ahp-session").await?;
     let kind = PendingKind::Create {
         store_key: p.channel.clone(),
         await_catalog: Some(p.channel.clone()),
     };
-    forward(session, &link, id, "createSession", params, kind).inspect_err(|_| {
-        let _ = env.store.release(&p.channel);
-    })
+    forward(session, &link, id, "createSession", params, kind)
+        .inspect_err(|_| release_later(session, &p.channel))
 }
 
-fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
+async fn create_chat(
+    session: &Arc<ClientSession>,
+    id: &str,
+    params: Value,
+) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateChatParams>(params)?;
     router::check_client_uri(&p.chat, "ahp-chat")?;
     let (hub, host_session) =
@@ -607,17 +759,20 @@ fn create_chat(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<
         "params:createChat",
         &host_session,
     )?;
-    reserve(session, &p.chat, "ahp-chat", &hub.id)?;
+    reserve(session, &hub, &p.chat, "ahp-chat").await?;
     let kind = PendingKind::Create {
         store_key: p.chat.clone(),
         await_catalog: None,
     };
-    forward(session, &link, id, "createChat", params, kind).inspect_err(|_| {
-        let _ = session.env.store.release(&p.chat);
-    })
+    forward(session, &link, id, "createChat", params, kind)
+        .inspect_err(|_| release_later(session, &p.chat))
 }
 
-fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<(), RpcError> {
+async fn create_terminal(
+    session: &Arc<ClientSession>,
+    id: &str,
+    params: Value,
+) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateTerminalParams>(params)?;
     router::check_client_uri(&p.channel, "ahp-terminal")?;
     let env = &session.env;
@@ -641,14 +796,13 @@ fn create_terminal(session: &Arc<ClientSession>, id: &str, params: Value) -> Res
         "params:createTerminal",
         &p.channel,
     )?;
-    reserve(session, &p.channel, "ahp-terminal", &hub.id)?;
+    reserve(session, &hub, &p.channel, "ahp-terminal").await?;
     let kind = PendingKind::Create {
         store_key: p.channel.clone(),
         await_catalog: None,
     };
-    forward(session, &link, id, "createTerminal", params, kind).inspect_err(|_| {
-        let _ = env.store.release(&p.channel);
-    })
+    forward(session, &link, id, "createTerminal", params, kind)
+        .inspect_err(|_| release_later(session, &p.channel))
 }
 
 /// A request routed by its channel, params translated along `params:<method>`.
@@ -783,6 +937,10 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
         action: action.clone(),
         client_seq,
     }) {
+        if link.is_busy() {
+            session.limit_hit("link_queue");
+            return reject(&format!("host {} busy: retry", target.hub.id));
+        }
         return reject(&format!("host {} unavailable", target.hub.id));
     }
     let registration = (target.hub.id.clone(), target.host_channel);

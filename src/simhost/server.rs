@@ -167,6 +167,17 @@ impl SimHost {
         self.shared.stalled.send_replace(stalled);
     }
 
+    /// Fault: sends `text` as it is (garbage, a frame of any size) to every
+    /// connection of `client_id`; returns how many got it.
+    pub fn send_raw(&self, client_id: &str, text: &str) -> usize {
+        let core = self.shared.lock();
+        let conns = core.conns_of(client_id);
+        for conn in &conns {
+            core.send(*conn, text.to_string());
+        }
+        conns.len()
+    }
+
     /// Sends a host → client request (e.g. `resourceRead` of a
     /// client-published URI) to the first connection of `client_id` and
     /// waits up to `within` for its answer (the whole response object).

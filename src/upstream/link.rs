@@ -44,6 +44,8 @@ pub struct LinkSpec {
     pub ping_after: Duration,
     /// Silence after a ping after which the host is declared dead.
     pub ping_timeout: Duration,
+    /// Commands queued towards the host before [`Link::send`] refuses more.
+    pub queue_frames: usize,
 }
 
 /// The narrow interface through which a link reports to its owner (the
@@ -93,7 +95,7 @@ pub struct Link {
     pub id: u64,
     /// The host.
     pub host: Arc<HostHub>,
-    tx: mpsc::UnboundedSender<LinkCmd>,
+    tx: mpsc::Sender<LinkCmd>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -127,7 +129,7 @@ impl Link {
         host: Arc<HostHub>,
         baseline: Baseline,
     ) -> Arc<Self> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(spec.queue_frames.max(1));
         let next_id = Arc::new(AtomicU64::new(1));
         let link = Arc::new(Self {
             id: NEXT_LINK.fetch_add(1, Ordering::Relaxed),
@@ -152,9 +154,16 @@ impl Link {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Queues a frame; `false` if the link task has ended.
+    /// Queues a frame; `false` if the link task has ended or its queue
+    /// (`LinkSpec::queue_frames`) is full ([`Link::is_busy`]).
     pub fn send(&self, cmd: LinkCmd) -> bool {
-        self.tx.send(cmd).is_ok()
+        self.tx.try_send(cmd).is_ok()
+    }
+
+    /// Whether the link is alive but its queue is full (the host reads
+    /// slower than this client writes).
+    pub fn is_busy(&self) -> bool {
+        !self.tx.is_closed() && self.tx.capacity() == 0
     }
 }
 
@@ -177,12 +186,7 @@ impl Ends {
     }
 }
 
-async fn run(
-    ends: Ends,
-    mut rx: mpsc::UnboundedReceiver<LinkCmd>,
-    ids: Arc<AtomicU64>,
-    baseline: Baseline,
-) {
+async fn run(ends: Ends, mut rx: mpsc::Receiver<LinkCmd>, ids: Arc<AtomicU64>, baseline: Baseline) {
     let Some((mut ws, early, server_seq)) = open(&ends, baseline).await else {
         fail(&ends, &mut rx, false);
         return;
@@ -218,7 +222,7 @@ async fn run(
 /// client resynchronised (§5.8) instead of waiting on a half-open socket.
 async fn pump(
     ends: &Ends,
-    rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
+    rx: &mut mpsc::Receiver<LinkCmd>,
     ids: &AtomicU64,
     ws: &mut WsStream,
 ) -> bool {
@@ -270,11 +274,7 @@ async fn pump(
 
 /// Writes `first` and everything else already queued, then flushes once;
 /// `false` if the connection failed.
-async fn write_queued(
-    ws: &mut WsStream,
-    first: LinkCmd,
-    rx: &mut mpsc::UnboundedReceiver<LinkCmd>,
-) -> bool {
+async fn write_queued(ws: &mut WsStream, first: LinkCmd, rx: &mut mpsc::Receiver<LinkCmd>) -> bool {
     let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = first;
     if ws.feed(Message::text(f)).await.is_err() {
         return false;
@@ -399,7 +399,7 @@ async fn opened(ends: &Ends, channels: &[String]) -> Option<(WsStream, Vec<Strin
 }
 
 /// Reports the link down with what is still queued on it.
-fn fail(ends: &Ends, rx: &mut mpsc::UnboundedReceiver<LinkCmd>, was_up: bool) {
+fn fail(ends: &Ends, rx: &mut mpsc::Receiver<LinkCmd>, was_up: bool) {
     rx.close();
     let mut unsent = Vec::new();
     while let Ok(cmd) = rx.try_recv() {

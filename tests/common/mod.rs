@@ -604,3 +604,31 @@ pub async fn raw_settle(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
     tokio::time::sleep(Duration::from_millis(150)).await;
     raw_drain_actions(ws, id).await
 }
+
+impl RawWs {
+    /// Sends `frames` as text frames with one flush: on loopback they leave
+    /// in one TCP write, so the relay reads them back to back.
+    pub async fn send_at_once(&mut self, frames: &[Value]) {
+        for f in frames {
+            self.ws
+                .feed(Message::text(f.to_string()))
+                .await
+                .expect("feed text");
+        }
+        self.ws.flush().await.expect("flush");
+    }
+}
+
+impl RawWs {
+    /// Sends a text frame whose payload is `bytes` as they are (e.g. not
+    /// UTF-8), bypassing the library's own checks.
+    pub async fn send_text_bytes(&mut self, bytes: Vec<u8>) {
+        use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+        let frame = Frame::message(bytes, OpCode::Data(Data::Text), true);
+        self.ws
+            .send(Message::Frame(frame))
+            .await
+            .expect("send raw text frame");
+    }
+}
