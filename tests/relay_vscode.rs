@@ -296,6 +296,15 @@ async fn vscode_client_creates_a_derived_chat() {
     let snap = subscribe_raw(&client, &chat).await;
     assert_eq!(snap["state"]["resource"], chat, "{snap}");
 
+    // An unknown provider-scheme session answers like any unknown session.
+    let r: Result<Value, _> = client
+        .request("subscribe", json!({"channel": "sim:/a~no-such-session"}))
+        .await;
+    match r {
+        Err(ahp::ClientError::Rpc(e)) => assert_eq!(e.code, -32001, "{e:?}"),
+        other => panic!("subscribed to nothing: {other:?}"),
+    }
+
     let other = list(&client)
         .await
         .into_iter()

@@ -76,9 +76,12 @@ pub fn target_of(
     })
 }
 
-/// The §4.4 answer for a channel that does not exist (or is invisible).
+/// The §4.4 answer for a channel that does not exist (or is invisible):
+/// -32001 for sessions of every shape (VS Code's `copilot:/…` too), -32008
+/// otherwise, always the same message.
 pub fn not_found(uri: &str) -> RpcError {
-    RpcError::nonexistent(uri)
+    let session = channel_kind(uri) == ChannelKind::Session;
+    RpcError::nonexistent(if session { "ahp-session:" } else { uri })
 }
 
 /// What the routed `method` needs on its host, from the one table.
@@ -121,7 +124,7 @@ pub fn gate(
         .inc();
     let audited = need != Permission::SessionsRead
         || decision != Decision::Allow
-        || channel.starts_with("ahp-terminal:");
+        || channel_kind(channel) == ChannelKind::Terminal;
     if audited {
         let rule = match &result {
             Ok(g) => g.rule.clone(),
