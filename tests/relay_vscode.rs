@@ -271,3 +271,52 @@ async fn file_uris_name_their_host() {
         assert!(leaked.is_empty(), "reached a host: {leaked:?}");
     }
 }
+
+/// A chat a VS Code client names itself, `ahp-chat://<id>/<b64(session)>`
+/// of a listed (qualified) session, is created on that session's host in
+/// the host's form and subscribed through the relay; one naming another
+/// session than the request's is refused.
+#[tokio::test]
+async fn vscode_client_creates_a_derived_chat() {
+    let t = TestRelay::start(twin_hosts(true), "").await;
+    let client = t.client_init("alice", "vs-chats").await;
+    let (session, host_session) = distinct_sessions(&t, &client, true).await;
+    let b64 = |s: &str| URL_SAFE_NO_PAD.encode(s.as_bytes());
+    let chat = format!("ahp-chat://side-1/{}", b64(&session));
+    let r: Result<Value, _> = client
+        .request("createChat", json!({"channel": session, "chat": chat}))
+        .await;
+    assert!(r.is_ok(), "createChat: {r:?}");
+    let host_chat = format!("ahp-chat://side-1/{}", b64(&host_session));
+    assert!(
+        t.hosts[1].channel_state(&host_chat).is_some(),
+        "created on host b in its own form"
+    );
+    assert!(t.hosts[0].channel_state(&host_chat).is_none(), "not on a");
+    let snap = subscribe_raw(&client, &chat).await;
+    assert_eq!(snap["state"]["resource"], chat, "{snap}");
+
+    // An unknown provider-scheme session answers like any unknown session.
+    let r: Result<Value, _> = client
+        .request("subscribe", json!({"channel": "sim:/a~no-such-session"}))
+        .await;
+    match r {
+        Err(ahp::ClientError::Rpc(e)) => assert_eq!(e.code, -32001, "{e:?}"),
+        other => panic!("subscribed to nothing: {other:?}"),
+    }
+
+    let other = list(&client)
+        .await
+        .into_iter()
+        .filter_map(|s| s["resource"].as_str().map(str::to_string))
+        .find(|u| *u != session)
+        .expect("another session");
+    let wrong = format!("ahp-chat://side-2/{}", b64(&other));
+    let r: Result<Value, _> = client
+        .request("createChat", json!({"channel": session, "chat": wrong}))
+        .await;
+    match r {
+        Err(ahp::ClientError::Rpc(e)) => assert_eq!(e.code, -32602, "{e:?}"),
+        other => panic!("a chat of another session was accepted: {other:?}"),
+    }
+}

@@ -196,6 +196,21 @@ pub fn session_of_chat_uri(uri: &str) -> Option<String> {
     }
 }
 
+/// For an authority-form chat URI `ahp-chat://<chat id>/<b64(s)><rest>`,
+/// the same chat of session `session` instead of `s` (another namespace's
+/// spelling of the same chat); `None` for other URIs.
+pub fn chat_for_session(chat: &str, session: &str) -> Option<String> {
+    match Shape::of(chat) {
+        Shape::Chat {
+            scheme,
+            chat_id,
+            tail,
+            ..
+        } => Some(chat_uri(scheme, chat_id, session, tail)),
+        _ => None,
+    }
+}
+
 /// What kind of channel a URI (host or client form) names, for visibility
 /// and the state shape of its snapshots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

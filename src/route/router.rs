@@ -13,7 +13,9 @@ use super::methods::{self, Need};
 use super::{Caller, Env};
 use crate::names::client_uri::validate_client_uri;
 use crate::names::namer::{self, ToHost};
-use crate::names::qualify::{ChannelKind, channel_kind, is_host_name};
+use crate::names::qualify::{
+    ChannelKind, channel_kind, chat_for_session, is_host_name, session_of_chat_uri,
+};
 use crate::names::translate::{self, FieldKind, Namer};
 use crate::policy::audit::{self, Decision};
 use crate::policy::table;
@@ -74,9 +76,12 @@ pub fn target_of(
     })
 }
 
-/// The §4.4 answer for a channel that does not exist (or is invisible).
+/// The §4.4 answer for a channel that does not exist (or is invisible):
+/// -32001 for sessions of every shape (VS Code's `copilot:/…` too), -32008
+/// otherwise, always the same message.
 pub fn not_found(uri: &str) -> RpcError {
-    RpcError::nonexistent(uri)
+    let session = channel_kind(uri) == ChannelKind::Session;
+    RpcError::nonexistent(if session { "ahp-session:" } else { uri })
 }
 
 /// What the routed `method` needs on its host, from the one table.
@@ -119,7 +124,7 @@ pub fn gate(
         .inc();
     let audited = need != Permission::SessionsRead
         || decision != Decision::Allow
-        || channel.starts_with("ahp-terminal:")
+        || channel_kind(channel) == ChannelKind::Terminal
         || op.starts_with("resource")
         || op == "createResourceWatch";
     if audited {
@@ -267,6 +272,29 @@ pub fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
         )));
     }
     Ok(())
+}
+
+/// Whether a client-chosen chat URI is VS Code's derived form of a chat of
+/// `session` (client form): `ahp-chat://<id>/<b64(session)>`, `<id>` in
+/// `[A-Za-z0-9._-]{1,128}`, nothing after. Such a URI is named by its
+/// session (qualified or verbatim), so it needs no store entry: its host
+/// form is computed ([`derived_chat_host_form`]).
+pub fn is_derived_chat(chat: &str, session: &str) -> bool {
+    let Some(rest) = chat.strip_prefix("ahp-chat://") else {
+        return false;
+    };
+    let Some((id, b64)) = rest.split_once('/') else {
+        return false;
+    };
+    !b64.contains('/')
+        && validate_client_uri(&format!("ahp-chat:/{id}")).is_ok()
+        && session_of_chat_uri(chat).as_deref() == Some(session)
+}
+
+/// The host form of a derived chat URI ([`is_derived_chat`]) of a session
+/// whose host form is `host_session`.
+pub fn derived_chat_host_form(chat: &str, host_session: &str) -> Option<String> {
+    chat_for_session(chat, host_session)
 }
 
 /// The host whose agent is the only one `who` can see, if exactly one is.

@@ -744,13 +744,16 @@ async fn create_chat(
     params: Value,
 ) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateChatParams>(params)?;
-    router::check_client_uri(&p.chat, "ahp-chat")?;
+    let derived = router::is_derived_chat(&p.chat, &p.channel);
+    if !derived {
+        router::check_client_uri(&p.chat, "ahp-chat")?;
+    }
     let (hub, host_session) =
         router::target_of(&session.env, session.caller(), &p.channel, "createChat")?;
     let (link, grant) = link_for(session, &hub, "createChat", &p.channel, || {
         router::not_found(&p.channel)
     })?;
-    let params = router::to_host(
+    let mut params = router::to_host(
         &session.env,
         session.caller(),
         &hub,
@@ -759,6 +762,15 @@ async fn create_chat(
         "params:createChat",
         &host_session,
     )?;
+    // A derived chat (`ahp-chat://<id>/<b64(session)>`) is named by its
+    // session: no store entry, its host form is computed.
+    if derived {
+        let host_chat = router::derived_chat_host_form(&p.chat, &host_session);
+        if let Some(o) = params.as_object_mut() {
+            o.insert("chat".into(), json!(host_chat));
+        }
+        return forward(session, &link, id, "createChat", params, PendingKind::Plain);
+    }
     reserve(session, &hub, &p.chat, "ahp-chat").await?;
     let kind = PendingKind::Create {
         store_key: p.chat.clone(),

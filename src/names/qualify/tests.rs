@@ -205,3 +205,13 @@ fn host_ids_and_providers() {
     assert_eq!(read_provider("co@pilot@b"), Some(("co@pilot", "b")));
     assert_eq!(read_provider("copilot"), None);
 }
+
+#[test]
+fn chats_move_between_namespaces_with_their_session() {
+    let client = format!("ahp-chat://side-1/{}", b64("copilot:/h~s"));
+    assert_eq!(
+        chat_for_session(&client, "copilot:/s"),
+        Some(format!("ahp-chat://side-1/{}", b64("copilot:/s")))
+    );
+    assert_eq!(chat_for_session("ahp-chat:/x", "copilot:/s"), None);
+}
