@@ -35,7 +35,6 @@ use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
 use ahp_relay::upstream::dial::{DialOptions, WsStream, dial_stream};
 use futures_util::{SinkExt, StreamExt};
 use memchr::memmem;
-use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -275,6 +274,7 @@ fn clock_ticks() -> u64 {
 struct RelayProc {
     child: Child,
     pid: String,
+    admin_port: u16,
     url: String,
     kit: DevKit,
     tls: bool,
@@ -301,6 +301,14 @@ impl RelayProc {
         let kit = DevKit::create(&dir).map_err(bad)?;
         kit.config("127.0.0.1:0", hosts, "", extra).map_err(bad)?;
         let mut config = dir.join("relay.toml");
+        // A known admin port: `/metrics` is served on the admin listener,
+        // whose address `serve` does not print.
+        let admin_port = free_port()?;
+        let text = std::fs::read_to_string(&config)?.replace(
+            "admin_addr = \"127.0.0.1:0\"",
+            &format!("admin_addr = \"127.0.0.1:{admin_port}\""),
+        );
+        std::fs::write(&config, text)?;
         if !tls {
             let text = std::fs::read_to_string(&config)?;
             let text = text
@@ -350,6 +358,7 @@ impl RelayProc {
         let mut me = RelayProc {
             child,
             pid,
+            admin_port,
             url: String::new(),
             kit,
             tls,
@@ -385,37 +394,10 @@ impl RelayProc {
         out.trim_end().to_string()
     }
 
-    fn port(&self) -> Result<u16> {
-        self.url
-            .trim_end_matches('/')
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| format!("no port in {}", self.url).into())
-    }
-
-    /// `GET path` on the relay's listener: status line and body.
+    /// `GET path` on the relay's admin listener: status line and body.
     async fn get(&self, path: &str) -> Result<String> {
-        let tcp = TcpStream::connect(("127.0.0.1", self.port()?)).await?;
-        if !self.tls {
-            return http_get(tcp, path).await;
-        }
-        let pem = std::fs::read(&self.kit.cert)?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
-            roots.add(cert.map_err(bad)?).map_err(bad)?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(bad)?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").map_err(bad)?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await?;
-        http_get(tls, path).await
+        let tcp = TcpStream::connect(("127.0.0.1", self.admin_port)).await?;
+        http_get(tcp, path).await
     }
 
     /// Waits until `/metrics` reports `hosts` watch links up.
@@ -1899,14 +1881,8 @@ fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
     for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
         let s = &t.series[k];
         println!(
-            "   {name:<10} {:>15} {:>9} {:>7} {:>12} {:>9} {:>6}   {}",
-            "path",
-            "deltas/s",
-            "ratio",
-            "runs, k/s",
-            "CPU/1M",
-            "frame",
-            "cores: host/clients/proxy"
+            "   {name:<10} {:>15} {:>9} {:>7} {:>12} {:>9} {:>6}   cores: host/clients/proxy",
+            "path", "deltas/s", "ratio", "runs, k/s", "CPU/1M", "frame",
         );
         for (p, path) in t.paths.iter().enumerate() {
             let cpu = s[p].relay_ms_per_m();
