@@ -8,6 +8,10 @@
 //! load source is not slowed by the clients and each side's CPU is known.
 //! Clients are raw WebSockets (tokio-tungstenite) that count frames without
 //! decoding them, so the client side stays cheap and equal on both paths.
+//! Sections 1–2 load with the simhost's streaming mode (`[stream:<n>]`,
+//! pre-rendered deltas) and compare, when installed, nginx and HAProxy as
+//! TLS WebSocket proxies in front of the same kind of host
+//! (`apt-get install -y nginx haproxy`; the bench says so when missing).
 //! Every figure is a median of several runs; targets are printed next to them
 //! and marked met / NOT MET as measured.
 //!
@@ -31,7 +35,6 @@ use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
 use ahp_relay::upstream::dial::{DialOptions, WsStream, dial_stream};
 use futures_util::{SinkExt, StreamExt};
 use memchr::memmem;
-use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -63,10 +66,10 @@ struct Settings {
     /// Rounds of each throughput configuration (median reported).
     rounds: usize,
     /// Deltas of the one-stream turn.
-    one_stream_deltas: u32,
+    one_stream_deltas: u64,
     /// Concurrent streams of the many-stream case, and deltas each.
     many_streams: usize,
-    many_deltas: u32,
+    many_deltas: u64,
     /// Latency runs per path, and seconds of paced streaming each.
     latency_runs: usize,
     latency_secs: f64,
@@ -93,9 +96,9 @@ impl Settings {
             Self {
                 quick,
                 rounds: 3,
-                one_stream_deltas: 15_000,
+                one_stream_deltas: 300_000,
                 many_streams: 50,
-                many_deltas: 400,
+                many_deltas: 6_000,
                 latency_runs: 2,
                 latency_secs: 1.0,
                 idle_clients: 200,
@@ -108,10 +111,10 @@ impl Settings {
         } else {
             Self {
                 quick,
-                rounds: 7,
-                one_stream_deltas: 50_000,
+                rounds: 5,
+                one_stream_deltas: 1_000_000,
                 many_streams: 50,
-                many_deltas: 2_000,
+                many_deltas: 20_000,
                 latency_runs: 3,
                 latency_secs: 2.5,
                 idle_clients: 1000,
@@ -271,6 +274,7 @@ fn clock_ticks() -> u64 {
 struct RelayProc {
     child: Child,
     pid: String,
+    admin_port: u16,
     url: String,
     kit: DevKit,
     tls: bool,
@@ -297,6 +301,14 @@ impl RelayProc {
         let kit = DevKit::create(&dir).map_err(bad)?;
         kit.config("127.0.0.1:0", hosts, "", extra).map_err(bad)?;
         let mut config = dir.join("relay.toml");
+        // A known admin port: `/metrics` is served on the admin listener,
+        // whose address `serve` does not print.
+        let admin_port = free_port()?;
+        let text = std::fs::read_to_string(&config)?.replace(
+            "admin_addr = \"127.0.0.1:0\"",
+            &format!("admin_addr = \"127.0.0.1:{admin_port}\""),
+        );
+        std::fs::write(&config, text)?;
         if !tls {
             let text = std::fs::read_to_string(&config)?;
             let text = text
@@ -346,6 +358,7 @@ impl RelayProc {
         let mut me = RelayProc {
             child,
             pid,
+            admin_port,
             url: String::new(),
             kit,
             tls,
@@ -381,37 +394,10 @@ impl RelayProc {
         out.trim_end().to_string()
     }
 
-    fn port(&self) -> Result<u16> {
-        self.url
-            .trim_end_matches('/')
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| format!("no port in {}", self.url).into())
-    }
-
-    /// `GET path` on the relay's listener: status line and body.
+    /// `GET path` on the relay's admin listener: status line and body.
     async fn get(&self, path: &str) -> Result<String> {
-        let tcp = TcpStream::connect(("127.0.0.1", self.port()?)).await?;
-        if !self.tls {
-            return http_get(tcp, path).await;
-        }
-        let pem = std::fs::read(&self.kit.cert)?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
-            roots.add(cert.map_err(bad)?).map_err(bad)?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(bad)?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").map_err(bad)?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await?;
-        http_get(tls, path).await
+        let tcp = TcpStream::connect(("127.0.0.1", self.admin_port)).await?;
+        http_get(tcp, path).await
     }
 
     /// Waits until `/metrics` reports `hosts` watch links up.
@@ -467,6 +453,161 @@ async fn http_get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> Re
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut buf)).await;
     Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// A process whose CPU a run measures (the relay, or a peer proxy).
+trait Measured: Sync {
+    fn cpu(&self) -> Cpu;
+    fn last_log(&self) -> String;
+}
+
+impl Measured for RelayProc {
+    fn cpu(&self) -> Cpu {
+        RelayProc::cpu(self)
+    }
+    fn last_log(&self) -> String {
+        RelayProc::last_log(self)
+    }
+}
+
+/// nginx or HAProxy as a TLS WebSocket proxy in front of one simhost, run
+/// from a config in a scratch directory with the relay's dev certificate.
+struct Peer {
+    child: Child,
+    pid: String,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// The peers the bench compares with, and how to install them.
+const PEERS: [&str; 2] = ["nginx", "haproxy"];
+const PEER_INSTALL: &str = "apt-get install -y nginx haproxy";
+
+fn installed(cmd: &str) -> bool {
+    Command::new(cmd)
+        .arg("-v")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Peer {
+    /// Starts `kind` (`nginx` or `haproxy`) proxying `wss://127.0.0.1:<port>/`
+    /// to `host` (a `ws://` URL), with `cert`/`key` (PEM).
+    async fn start(
+        kind: &str,
+        host: &str,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Self> {
+        let dir = scratch_dir(kind);
+        std::fs::create_dir_all(&dir)?;
+        let port = free_port()?;
+        let upstream = host.trim_start_matches("ws://").trim_end_matches('/');
+        let (cert, key) = (cert.display(), key.display());
+        let d = dir.display();
+        let mut cmd = if kind == "nginx" {
+            let conf = format!(
+                "worker_processes 2; pid {d}/nginx.pid; error_log {d}/error.log warn;\n\
+                 events {{ worker_connections 4096; }}\n\
+                 http {{ access_log off; client_body_temp_path {d}; proxy_temp_path {d};\n\
+                 server {{ listen 127.0.0.1:{port} ssl; ssl_certificate {cert}; ssl_certificate_key {key};\n\
+                 ssl_protocols TLSv1.3;\n\
+                 location / {{ proxy_pass http://{upstream}; proxy_http_version 1.1;\n\
+                 proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection upgrade;\n\
+                 proxy_buffering off; proxy_read_timeout 3600s; proxy_send_timeout 3600s; }} }} }}\n"
+            );
+            std::fs::write(dir.join("nginx.conf"), conf)?;
+            let mut c = Command::new("nginx");
+            c.arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf"));
+            c.arg("-e")
+                .arg(dir.join("error.log"))
+                .arg("-g")
+                .arg("daemon off;");
+            c
+        } else {
+            let pem = dir.join("both.pem");
+            let mut both = std::fs::read(cert.to_string())?;
+            both.extend(std::fs::read(key.to_string())?);
+            std::fs::write(&pem, both)?;
+            let conf = format!(
+                "global\n  nbthread 2\n  ssl-default-bind-options ssl-min-ver TLSv1.3\n\
+                 defaults\n  mode http\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n  timeout tunnel 1h\n\
+                 frontend f\n  bind 127.0.0.1:{port} ssl crt {}\n  default_backend b\n\
+                 backend b\n  server s1 {upstream}\n",
+                pem.display()
+            );
+            std::fs::write(dir.join("haproxy.cfg"), conf)?;
+            let mut c = Command::new("haproxy");
+            c.arg("-db").arg("-f").arg(dir.join("haproxy.cfg"));
+            c
+        };
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let pid = child.id().to_string();
+        let peer = Peer {
+            child,
+            pid,
+            port,
+            dir,
+        };
+        let deadline = Instant::now() + WAIT;
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("{kind} did not listen: {}", peer.last_log()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(peer)
+    }
+
+    fn endpoint(&self, label: &'static str, ca: &std::path::Path) -> Endpoint {
+        Endpoint {
+            label,
+            url: format!("wss://127.0.0.1:{}/", self.port),
+            ca: Some(ca.to_path_buf()),
+            kit: None,
+            qualify: false,
+        }
+    }
+}
+
+impl Measured for Peer {
+    /// The process and its worker processes (nginx forks its workers).
+    fn cpu(&self) -> Cpu {
+        let mut all = Cpu::read(&self.pid);
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid))
+            .unwrap_or_default();
+        for child in children.split_whitespace() {
+            let c = Cpu::read(child);
+            all.sched_ns += c.sched_ns;
+            all.stat_ticks += c.stat_ticks;
+            all.sys_ticks += c.sys_ticks;
+        }
+        all
+    }
+    fn last_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: nginx's master then stops its workers too.
+        let _ = Command::new("kill").arg("-TERM").arg(&self.pid).status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 // ─── clients ────────────────────────────────────────────────────────────────
@@ -602,13 +743,19 @@ impl Conn {
         .await
     }
 
-    /// Dispatches `chat/turnStarted` on `chat` (the agent then streams).
-    async fn start_turn(&mut self, chat: &str, turn_id: &str) -> Result<()> {
+    /// Dispatches `chat/turnStarted` on `chat`: the agent then streams its
+    /// script, or with `stream` that many pre-rendered deltas (the simhost's
+    /// load mode, `[stream:<n>]`).
+    async fn start_turn(&mut self, chat: &str, turn_id: &str, stream: Option<u64>) -> Result<()> {
+        let text = match stream {
+            Some(n) => format!("benchmark [stream:{n}]"),
+            None => "benchmark turn".to_string(),
+        };
         self.send(
             &json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {
             "channel": chat, "clientSeq": 1,
             "action": {"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
-                "message": {"text": "benchmark turn", "origin": {"kind": "user"}}}}}),
+                "message": {"text": text, "origin": {"kind": "user"}}}}}),
         )
         .await
     }
@@ -769,10 +916,8 @@ struct StreamRun {
 
 async fn stream_run(
     ep: &Endpoint,
-    relay: Option<&RelayProc>,
-    host: &str,
-    first_chat: usize,
-    streams: usize,
+    relay: Option<&dyn Measured>,
+    (host, first_chat, streams, deltas): (&str, usize, usize, u64),
     tag: &str,
     ticks: u64,
 ) -> Result<StreamRun> {
@@ -788,7 +933,7 @@ async fn stream_run(
     }
     let conns = join_all(tasks).await?;
     let tls = conns.first().and_then(|(c, _)| c.tls_info());
-    let relay_before = relay.map(RelayProc::cpu);
+    let relay_before = relay.map(|r| r.cpu());
     let host_before = Cpu::threads("simhost");
     let client_before = Cpu::threads("client");
     let start = Instant::now();
@@ -796,14 +941,14 @@ async fn stream_run(
     for (i, (mut c, chat)) in conns.into_iter().enumerate() {
         let turn = format!("{tag}-turn-{i}");
         tasks.push(tokio::spawn(async move {
-            c.start_turn(&chat, &turn).await?;
+            c.start_turn(&chat, &turn, Some(deltas)).await?;
             let s = c.read_turn(false).await?;
             Ok((c, s))
         }));
     }
     let done = join_all(tasks).await?;
     let wall = start.elapsed();
-    let relay_after = relay.map(RelayProc::cpu);
+    let relay_after = relay.map(|r| r.cpu());
     let host_after = Cpu::threads("simhost");
     let client_after = Cpu::threads("client");
     let mut deltas = 0;
@@ -945,90 +1090,144 @@ impl Series {
 }
 
 struct Throughput {
-    /// [one stream, many streams] × [direct, relay TLS, relay plain].
-    series: [[Series; 3]; 2],
+    /// [one stream, many streams] × paths ([`PATHS`], peers if installed).
+    series: [Vec<Series>; 2],
+    /// The paths measured, in [`PATHS`] order.
+    paths: Vec<&'static str>,
     errors: Vec<String>,
+    /// Runs that ended with the client closed or cut off, per path.
+    disconnects: Vec<usize>,
 }
 
-const PATHS: [&str; 3] = ["direct ws://", "relay wss://", "relay ws://"];
+const PATHS: [&str; 5] = [
+    "direct ws://",
+    "relay wss://",
+    "relay ws://",
+    "nginx wss://",
+    "haproxy wss://",
+];
+
+/// The two simhosts (one stream, many streams) of one path.
+async fn host_pair(tag: &str, s: &Settings) -> Result<[SimHost; 2]> {
+    Ok([
+        start_host(&format!("one-{tag}"), s.rounds, script(1, 0)).await?,
+        start_host(
+            &format!("many-{tag}"),
+            s.rounds * s.many_streams,
+            script(1, 0),
+        )
+        .await?,
+    ])
+}
 
 async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
     // Each path gets its own pair of identical simhosts: a host serves one
     // relay's watch link only (two relays in front of one host would take
     // turns superseding each other's watch link, which uses a fixed clientId).
-    let mut one = Vec::new();
-    let mut many = Vec::new();
-    for tag in ["d", "t", "p"] {
-        one.push(
-            start_host(
-                &format!("one-{tag}"),
-                s.rounds,
-                script(s.one_stream_deltas, 0),
-            )
-            .await?,
-        );
-        many.push(
-            start_host(
-                &format!("many-{tag}"),
-                s.rounds * s.many_streams,
-                script(s.many_deltas, 0),
-            )
-            .await?,
-        );
+    let peers: Vec<&str> = PEERS.into_iter().filter(|p| installed(p)).collect();
+    let mut hosts = Vec::new();
+    for tag in ["d", "t", "p", "n", "h"].iter().take(3 + peers.len()) {
+        hosts.push(host_pair(tag, s).await?);
     }
-    let tls = RelayProc::start("tput-tls", &[pair(&one[1]), pair(&many[1])], true, "").await?;
-    let plain = RelayProc::start("tput-plain", &[pair(&one[2]), pair(&many[2])], false, "").await?;
-    let eps = [
-        (
-            [
-                Endpoint::direct("direct", &one[0]),
-                Endpoint::direct("direct", &many[0]),
-            ],
-            None,
-        ),
+    let both = |h: &[SimHost; 2]| [pair(&h[0]), pair(&h[1])];
+    let tls = RelayProc::start("tput-tls", &both(&hosts[1]), true, "").await?;
+    let plain = RelayProc::start("tput-plain", &both(&hosts[2]), false, "").await?;
+    let (cert, key) = (tls.kit.cert.clone(), tls.kit.key.clone());
+    let mut proxies = Vec::new();
+    for (i, kind) in peers.iter().enumerate() {
+        let h = &hosts[3 + i];
+        proxies.push([
+            Peer::start(kind, &h[0].url(), &cert, &key).await?,
+            Peer::start(kind, &h[1].url(), &cert, &key).await?,
+        ]);
+    }
+    let direct = |h: &[SimHost; 2]| {
+        [
+            Endpoint::direct("direct", &h[0]),
+            Endpoint::direct("direct", &h[1]),
+        ]
+    };
+    type Path<'a> = ([Endpoint; 2], [Option<&'a dyn Measured>; 2]);
+    let mut eps: Vec<Path> = vec![
+        (direct(&hosts[0]), [None, None]),
         (
             [tls.endpoint("relay-tls"), tls.endpoint("relay-tls")],
-            Some(&tls),
+            [Some(&tls), Some(&tls)],
         ),
         (
             [plain.endpoint("relay-plain"), plain.endpoint("relay-plain")],
-            Some(&plain),
+            [Some(&plain), Some(&plain)],
         ),
     ];
+    for (i, p) in proxies.iter().enumerate() {
+        let label = if peers[i] == "nginx" {
+            "nginx"
+        } else {
+            "haproxy"
+        };
+        eps.push((
+            [p[0].endpoint(label, &cert), p[1].endpoint(label, &cert)],
+            [Some(&p[0]), Some(&p[1])],
+        ));
+    }
+    let n = eps.len();
     let mut out = Throughput {
-        series: Default::default(),
+        series: [
+            (0..n).map(|_| Series::default()).collect(),
+            (0..n).map(|_| Series::default()).collect(),
+        ],
+        paths: PATHS[..n].to_vec(),
         errors: Vec::new(),
+        disconnects: vec![0; n],
     };
     for round in 0..s.rounds {
-        for k in 0..3 {
+        for k in 0..n {
             // Rotate the order so no path always runs first.
-            let p = (k + round) % 3;
-            let ([ep_one, ep_many], relay) = &eps[p];
-            let name = |h: &[SimHost]| h[p].config().name.clone();
-            let tag = format!("r{round}-{}-one", ep_one.label);
-            match stream_run(ep_one, *relay, &name(&one), round + 1, 1, &tag, ticks).await {
-                Ok(r) => out.series[0][p].push(round, r),
-                Err(e) => out.errors.push(failure(&tag, &e, *relay)),
-            }
-            let tag = format!("r{round}-{}-many", ep_many.label);
-            let first = round * s.many_streams + 1;
-            let streams = s.many_streams;
-            match stream_run(ep_many, *relay, &name(&many), first, streams, &tag, ticks).await {
-                Ok(r) => out.series[1][p].push(round, r),
-                Err(e) => out.errors.push(failure(&tag, &e, *relay)),
+            let p = (k + round) % n;
+            let ([ep_one, ep_many], [m_one, m_many]) = &eps[p];
+            let name = |i: usize| hosts[p][i].config().name.clone();
+            let runs = [
+                (
+                    ep_one,
+                    *m_one,
+                    (name(0), round + 1, 1, s.one_stream_deltas),
+                    "one",
+                ),
+                (
+                    ep_many,
+                    *m_many,
+                    (
+                        name(1),
+                        round * s.many_streams + 1,
+                        s.many_streams,
+                        s.many_deltas,
+                    ),
+                    "many",
+                ),
+            ];
+            for (k, (ep, m, (host, first, streams, deltas), what)) in runs.into_iter().enumerate() {
+                let tag = format!("r{round}-{}-{what}", ep.label);
+                match stream_run(ep, m, (&host, first, streams, deltas), &tag, ticks).await {
+                    Ok(r) => out.series[k][p].push(round, r),
+                    Err(e) => {
+                        out.disconnects[p] += 1;
+                        out.errors.push(failure(&tag, &e, m));
+                    }
+                }
             }
         }
     }
-    drop((tls, plain));
-    for h in one.into_iter().chain(many) {
-        stop_host(h).await;
+    drop((tls, plain, proxies));
+    for [a, b] in hosts {
+        stop_host(a).await;
+        stop_host(b).await;
     }
     Ok(out)
 }
 
 /// A failed run, with what the relay logged last.
-fn failure(tag: &str, e: &BoxError, relay: Option<&RelayProc>) -> String {
-    let log = relay.map(RelayProc::last_log).unwrap_or_default();
+fn failure(tag: &str, e: &BoxError, relay: Option<&dyn Measured>) -> String {
+    let log = relay.map(|r| r.last_log()).unwrap_or_default();
     let log: Vec<&str> = log.lines().rev().take(4).collect();
     if log.is_empty() {
         format!("{tag}: {e}")
@@ -1111,7 +1310,7 @@ async fn latency_run(
                     s
                 })
             });
-            r.start_turn(&chat, &turn).await?;
+            r.start_turn(&chat, &turn, None).await?;
             let relayed = r.read_turn(true).await?;
             r.hang_up();
             let direct = match observed {
@@ -1201,7 +1400,8 @@ async fn latency(s: &Settings) -> Result<Latency> {
     let cal_host = start_host("cal", 1, script(1000, DELTA_RATE)).await?;
     let cal_ep = Endpoint::direct("direct", &cal_host);
     let mut c = cal_ep.subscriber("cal", &cal_ep.chat("cal", 1)).await?;
-    c.start_turn(&cal_ep.chat("cal", 1), "cal-turn").await?;
+    c.start_turn(&cal_ep.chat("cal", 1), "cal-turn", None)
+        .await?;
     let st = c.read_turn(false).await?;
     c.close().await;
     stop_host(cal_host).await;
@@ -1252,7 +1452,7 @@ async fn latency(s: &Settings) -> Result<Latency> {
             next_chat[h] += level.streams.div_ceil(LATENCY_HOSTS);
             match r {
                 Ok(r) => level.runs.push(r),
-                Err(e) => errors.push(failure(&tag, &e, Some(relay))),
+                Err(e) => errors.push(failure(&tag, &e, Some(&**relay as &dyn Measured))),
             }
         }
     }
@@ -1477,7 +1677,7 @@ struct Replay {
 /// returns the watermark after which exactly `keep` envelopes follow.
 async fn fill(ep: &Endpoint, sub: &str, chat: &str, keep: usize) -> Result<u64> {
     let mut c = ep.subscriber(sub, chat).await?;
-    c.start_turn(chat, &format!("{sub}-turn")).await?;
+    c.start_turn(chat, &format!("{sub}-turn"), None).await?;
     let mut seqs = Vec::new();
     loop {
         let frame = c.recv().await?;
@@ -1644,96 +1844,126 @@ fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
         "1. Throughput of relayed chat/delta envelopes (deltas/s received, all streams, median of runs)"
     );
     println!(
-        "   direct = clients → simhost over plain ws://; relay wss:// = clients ─TLS─ relay ─ws─ simhost;"
+        "   The load source is the simhost's streaming mode ([stream:<n>]: pre-rendered ~320-byte deltas,"
     );
     println!(
-        "   relay ws:// = the same relay listening without TLS (listen.plaintext), to show the TLS share."
+        "   flat out, paced only by TCP). direct = clients → simhost over plain ws://; relay wss:// ="
     );
     println!(
-        "   The simhost streams each turn flat out (delta_rate 0: a yield between deltas); every stream is"
+        "   clients ─TLS─ relay ─ws─ simhost; relay ws:// = the relay without TLS; nginx / haproxy wss:// ="
     );
     println!(
-        "   its own client connection (its own principal through the relay) on its own fresh chat. Paths"
+        "   the same simhost behind that proxy terminating TLS 1.3 with the relay's certificate. Paths take"
     );
     println!(
-        "   take turns within each round; ratio = median over rounds of relay ÷ direct in the same round."
+        "   turns within each round; ratio = median over rounds of path ÷ direct in the same round."
     );
-    if let Some(tls) = t.series[0][1].runs.first().and_then(|r| r.tls.clone()) {
+    if let Some(d) = t.series[0].first().map(Series::rate) {
+        println!(
+            "   Load source, direct, one stream: {d:.0} actions/s (§10: ≥ 1M/s so the host is not the limit)."
+        );
+    }
+    let missing: Vec<&str> = PEERS.into_iter().filter(|p| !installed(p)).collect();
+    if !missing.is_empty() {
+        println!(
+            "   Not installed, so not compared: {} ({PEER_INSTALL}).",
+            missing.join(", ")
+        );
+    }
+    if let Some(tls) = t.series[0]
+        .get(1)
+        .and_then(|s| s.runs.first())
+        .and_then(|r| r.tls.clone())
+    {
         println!("   Client ↔ relay TLS: {tls}, ECDSA P-256 self-signed certificate.");
     }
     let targets = [0.85, 0.80];
     for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
         let s = &t.series[k];
         println!(
-            "   {name:<10} {:>13} {:>9} {:>7} {:>12} {:>6}   {:>25}",
-            "path", "deltas/s", "ratio", "runs, k/s", "frame", "cores busy: host/clients/relay"
+            "   {name:<10} {:>15} {:>9} {:>7} {:>12} {:>9} {:>6}   cores: host/clients/proxy",
+            "path", "deltas/s", "ratio", "runs, k/s", "CPU/1M", "frame",
         );
-        for (p, path) in PATHS.iter().enumerate() {
-            let r = s[p].rate();
-            let (h, c, rl) = s[p].cores();
-            let relay = if rl.is_finite() {
-                format!("{rl:.2}")
+        for (p, path) in t.paths.iter().enumerate() {
+            let cpu = s[p].relay_ms_per_m();
+            let cpu = if cpu.is_finite() {
+                format!("{cpu:.0} ms")
             } else {
                 "-".into()
             };
+            let (h, c, rl) = s[p].cores();
+            let (hm, cm) = s[p].host_client_ms_per_m();
             println!(
-                "   {:<10} {path:>13} {r:>9.0} {:>6.2}x {:>12} {:>5.0}B   {h:>10.2} / {c:.2} / {relay}",
+                "   {:<10} {path:>15} {:>9.0} {:>6.2}x {:>12} {cpu:>9} {:>5.0}B   {h:.2} / {c:.2} / {rl:.2}  (host {hm:.0}, clients {cm:.0} ms/1M)",
                 "",
+                s[p].rate(),
                 s[p].ratio_to(&s[0]),
                 s[p].spread(),
-                s[p].frame_bytes()
+                s[p].frame_bytes(),
             );
         }
         let ratio = s[1].ratio_to(&s[0]);
+        let peer = |i: usize| s.get(i).map(|x| x.ratio_to(&s[0]));
+        let peers = match (peer(3), peer(4)) {
+            (Some(n), Some(h)) => format!("nginx {n:.2}×, haproxy {h:.2}×"),
+            (Some(n), None) => format!("nginx {n:.2}×"),
+            _ => "-".into(),
+        };
+        let ahead = peer(3).is_none_or(|n| ratio >= n);
         rows.push(row(
             &format!("throughput, {name}, relay wss:// ÷ direct"),
-            &format!("≥ {:.2}×", targets[k]),
-            format!("{ratio:.2}×"),
-            ratio.is_finite().then_some(ratio >= targets[k]),
+            &format!("≥ {:.2}×, ≥ nginx", targets[k]),
+            format!("{ratio:.2}× ({peers})"),
+            ratio.is_finite().then_some(ratio >= targets[k] && ahead),
+        ));
+        let ms = s[1].relay_ms_per_m();
+        let peer_ms = |i: usize| s.get(i).map(Series::relay_ms_per_m);
+        let peers = match (peer_ms(3), peer_ms(4)) {
+            (Some(n), Some(h)) => format!("nginx {n:.0}, haproxy {h:.0}"),
+            (Some(n), None) => format!("nginx {n:.0}"),
+            _ => "-".into(),
+        };
+        rows.push(row(
+            &format!("relay CPU per 1M actions over TLS, {name}"),
+            "≤ 450 ms",
+            format!("{ms:.0} ms ({peers})"),
+            ms.is_finite().then_some(ms <= 450.0),
         ));
     }
     for e in &t.errors {
         println!("   run failed: {e}");
     }
+    let relay_drops = t.disconnects.get(1).copied().unwrap_or(0);
+    let others: Vec<String> = t
+        .paths
+        .iter()
+        .zip(&t.disconnects)
+        .filter(|(p, _)| !p.starts_with("relay wss"))
+        .map(|(p, d)| format!("{} {d}", p.split(' ').next().unwrap_or(p)))
+        .collect();
+    rows.push(row(
+        "disconnected runs at max rate, relay wss://",
+        "0",
+        format!("{relay_drops} ({})", others.join(", ")),
+        Some(relay_drops == 0),
+    ));
     println!();
     println!(
-        "2. CPU per million relayed actions (every action envelope the clients received in the run)"
+        "2. CPU per million relayed actions: the relay's (or the proxy's, all its processes) CPU ="
     );
     println!(
-        "   The relay is its own process: its CPU = the sum of /proc/<pid>/task/*/schedstat run time (ns)"
-    );
-    println!(
-        "   over the run [in brackets: utime+stime of /proc/<pid>/stat, 10 ms ticks, as a cross-check]."
-    );
-    println!(
-        "   No host share has to be subtracted; for context, the simhost's and the clients' threads (this"
-    );
-    println!(
-        "   process, told apart by thread name) per 1M in each path — the clients' rise is their TLS cost."
+        "   the sum of /proc/<pid>/task/*/schedstat run time over the run, ÷ actions received."
     );
     for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
         let s = &t.series[k];
-        let hc: Vec<(f64, f64)> = s.iter().map(Series::host_client_ms_per_m).collect();
-        println!(
-            "   {name:<10} relay wss:// {:>5.0} ms [{:.0}], {:.0}% of it in the kernel;  relay ws:// {:>5.0} ms [{:.0}], {:.0}% kernel",
-            s[1].relay_ms_per_m(),
-            s[1].relay_tick_ms_per_m(),
-            100.0 * s[1].relay_kernel_share(),
-            s[2].relay_ms_per_m(),
-            s[2].relay_tick_ms_per_m(),
-            100.0 * s[2].relay_kernel_share(),
-        );
-        println!(
-            "   {:<10} context: simhost {:.0} / {:.0} / {:.0} ms, clients {:.0} / {:.0} / {:.0} ms (direct / via wss:// / via ws://)",
-            "", hc[0].0, hc[1].0, hc[2].0, hc[0].1, hc[1].1, hc[2].1,
-        );
-        let ms = s[1].relay_ms_per_m();
-        rows.push(row(
-            &format!("relay CPU per 1M actions over TLS, {name}"),
-            "≤ 450 ms",
-            format!("{ms:.0} ms"),
-            ms.is_finite().then_some(ms <= 450.0),
-        ));
+        for (p, path) in t.paths.iter().enumerate().skip(1) {
+            println!(
+                "   {name:<10} {path:>15} {:>6.0} ms [{:.0} ticks-ms], {:.0}% in the kernel",
+                s[p].relay_ms_per_m(),
+                s[p].relay_tick_ms_per_m(),
+                100.0 * s[p].relay_kernel_share(),
+            );
+        }
     }
     println!();
 }

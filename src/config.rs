@@ -153,10 +153,16 @@ pub struct Limits {
     pub max_json_depth: usize,
     /// Seconds to complete TLS + HTTP upgrade.
     pub handshake_timeout_secs: u64,
-    /// Frames queued towards one client before it is closed as slow (4008).
+    /// Frames queued towards one client at which its links stop reading
+    /// from their hosts (§5.9); frames that cannot wait (fan-out, answers)
+    /// may take the queue to twice this, beyond which the client gets 4008.
     pub client_queue_frames: usize,
-    /// Bytes queued towards one client before it is closed as slow (4008).
+    /// Bytes queued towards one client at which its links stop reading
+    /// (same rule as `client_queue_frames`).
     pub client_queue_bytes: usize,
+    /// Seconds a client's queue may stay full (its links paused) before the
+    /// client is closed with 4008 (§5.9).
+    pub slow_client_secs: u64,
     /// Envelopes kept per client session for replay.
     pub replay_buffer_envelopes: usize,
     /// Bytes kept per client session for replay.
@@ -243,6 +249,7 @@ impl Default for Limits {
             handshake_timeout_secs: 10,
             client_queue_frames: 8192,
             client_queue_bytes: 8 * 1024 * 1024,
+            slow_client_secs: 30,
             replay_buffer_envelopes: 4096,
             replay_buffer_bytes: 4 * 1024 * 1024,
             upstream_request_secs: 30,

@@ -974,20 +974,22 @@ async fn rejections_are_numbered_and_attributed() {
 
 // ─── slow consumer ──────────────────────────────────────────────────────────
 
-/// §5.9: a client that stops reading is closed with 4008 once its queue is
-/// over the frame bound, while another client of the same host receives the
-/// whole turn in order.
+/// §5.9: a client that stops reading is closed with 4008 once its queue has
+/// stayed over the frame bound for `slow_client_secs`, while another client
+/// of the same host receives the whole turn in order.
 #[tokio::test]
 async fn slow_consumer_is_closed_others_unaffected() {
-    slow_consumer_case("\n[limits]\nclient_queue_frames = 16\n").await;
+    slow_consumer_case("\n[limits]\nclient_queue_frames = 16\nslow_client_secs = 1\n").await;
 }
 
 /// §5.9: the same with the byte bound (256 KiB = 4 frames of 64 KiB) and a
 /// frame bound too large to matter.
 #[tokio::test]
 async fn slow_consumer_is_closed_by_the_byte_bound() {
-    slow_consumer_case("\n[limits]\nclient_queue_frames = 100000\nclient_queue_bytes = 262144\n")
-        .await;
+    slow_consumer_case(
+        "\n[limits]\nclient_queue_frames = 100000\nclient_queue_bytes = 262144\nslow_client_secs = 1\n",
+    )
+    .await;
 }
 
 async fn slow_consumer_case(limits: &str) {

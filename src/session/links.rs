@@ -5,8 +5,10 @@
 
 use std::sync::{Arc, Weak};
 
+use futures_util::future::BoxFuture;
+
 use super::ClientSession;
-use crate::rpc::RpcError;
+use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
 use crate::upstream::link::{Baseline, Link, LinkCmd, LinkOwner, LinkReply, LinkSpec};
 
@@ -24,6 +26,7 @@ impl ClientSession {
             ping_after: limits.link_ping(),
             ping_timeout: limits.link_ping_timeout(),
             queue_frames: limits.link_queue_frames,
+            stall_after: std::time::Duration::from_secs(limits.slow_client_secs),
         };
         self.env.metrics.links_opened.inc();
         let owner: Weak<dyn LinkOwner> = Arc::downgrade(self) as Weak<dyn LinkOwner>;
@@ -82,6 +85,22 @@ impl LinkOwner for ClientSession {
             {
                 self.reject_dispatch(&mut core, &client_channel, &action, client_seq, &reason);
             }
+        }
+    }
+
+    fn room(&self) -> Option<BoxFuture<'static, ()>> {
+        let core = self.lock();
+        let out = &core.socket.as_ref()?.out;
+        (!out.has_room()).then(|| out.room())
+    }
+
+    fn on_stalled(&self, host: &Arc<HostHub>) {
+        let mut core = self.lock();
+        let full = core.socket.as_ref().is_some_and(|s| !s.out.has_room());
+        if full {
+            tracing::info!(host = %host.id, "client queue full for slow_client_secs: closed 4008");
+            self.env.metrics.slow_consumer_closes.inc();
+            self.close_locked(&mut core, Close::SlowConsumer);
         }
     }
 }

@@ -367,11 +367,13 @@ impl ClientSession {
         root
     }
 
-    /// Queues a frame for the client. A client whose queue is full is closed
-    /// with 4008 (slow consumer) rather than stalling a link or the relay.
-    /// A frame over `limits.max_frame_bytes` (the limit holds both ways,
-    /// §3.6) is never sent: the client is closed with 1009 and the frame
-    /// counted in `limit_hits_total{limit="client_frame"}`.
+    /// Queues a frame for the client. Links pause at the queue's bounds
+    /// (§5.9, [`outbox`]); a frame that would take the queue past twice its
+    /// bounds closes the client with 4008 (slow consumer) rather than
+    /// stalling the watch link, a host or the relay. A frame over
+    /// `limits.max_frame_bytes` (the limit holds both ways, §3.6) is never
+    /// sent: the client is closed with 1009 and the frame counted in
+    /// `limit_hits_total{limit="client_frame"}`.
     pub fn push(&self, core: &mut SessionCore, frame: impl Into<Utf8Bytes>) {
         let Some(socket) = &core.socket else {
             return;

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -46,6 +47,9 @@ pub struct LinkSpec {
     pub ping_timeout: Duration,
     /// Commands queued towards the host before [`Link::send`] refuses more.
     pub queue_frames: usize,
+    /// How long the owner may have no room before it is told it stalled
+    /// ([`LinkOwner::on_stalled`], §5.9 `slow_client_secs`).
+    pub stall_after: Duration,
 }
 
 /// The narrow interface through which a link reports to its owner (the
@@ -66,6 +70,13 @@ pub trait LinkOwner: Send + Sync + 'static {
     /// The link failed to open (`was_up` false) or is gone for good;
     /// `unsent` holds what was queued and never written.
     fn on_link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool, unsent: Vec<LinkCmd>);
+    /// `None` when the owner can take another host frame now; otherwise a
+    /// future resolving when it can. The link reads nothing from the host
+    /// meanwhile, so the host feels TCP backpressure (§5.9).
+    fn room(&self) -> Option<BoxFuture<'static, ()>>;
+    /// The owner has had no room for [`LinkSpec::stall_after`]: it closes its
+    /// client (4008), after which it has room again (it buffers for replay).
+    fn on_stalled(&self, host: &Arc<HostHub>);
 }
 
 /// What a session asks its link to write.
@@ -220,6 +231,9 @@ async fn run(ends: Ends, mut rx: mpsc::Receiver<LinkCmd>, ids: Arc<AtomicU64>, b
 /// from the host it sends an AHP `ping`; a host that then stays silent for
 /// `ping_timeout` is declared dead (`true`), so the link is resumed or its
 /// client resynchronised (§5.8) instead of waiting on a half-open socket.
+/// While the owner has no room the link reads nothing from the host (and
+/// does not ping: the silence is its own); after `stall_after` without room
+/// the owner is told it stalled (§5.9).
 async fn pump(
     ends: &Ends,
     rx: &mut mpsc::Receiver<LinkCmd>,
@@ -229,8 +243,18 @@ async fn pump(
     let (ping_after, ping_timeout) = (ends.spec.ping_after, ends.spec.ping_timeout);
     let mut heard = tokio::time::Instant::now();
     let mut pinged = false;
+    let mut paused: Option<(BoxFuture<'static, ()>, tokio::time::Instant)> = None;
     loop {
+        if paused.is_none() {
+            let Some(owner) = ends.owner() else {
+                return false;
+            };
+            paused = owner
+                .room()
+                .map(|f| (f, tokio::time::Instant::now() + ends.spec.stall_after));
+        }
         let deadline = heard + ping_after + if pinged { ping_timeout } else { Duration::ZERO };
+        let stall = paused.as_ref().map(|(_, at)| *at);
         tokio::select! {
             cmd = rx.recv() => {
                 let Some(cmd) = cmd else {
@@ -239,7 +263,17 @@ async fn pump(
                 };
                 if !write_queued(ws, cmd, rx).await { return true; }
             }
-            _ = tokio::time::sleep_until(deadline) => {
+            () = room(&mut paused) => {
+                paused = None;
+                heard = tokio::time::Instant::now();
+            }
+            _ = tokio::time::sleep_until(stall.unwrap_or(deadline)), if stall.is_some() => {
+                paused = None;
+                heard = tokio::time::Instant::now();
+                let Some(owner) = ends.owner() else { return false };
+                owner.on_stalled(&ends.host);
+            }
+            _ = tokio::time::sleep_until(deadline), if paused.is_none() => {
                 if pinged {
                     tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
                     return true;
@@ -252,23 +286,45 @@ async fn pump(
                 if ws.send(Message::text(ping)).await.is_err() { return true; }
                 pinged = true;
             }
-            msg = ws.next() => {
+            msg = ws.next(), if paused.is_none() => {
                 heard = tokio::time::Instant::now();
                 pinged = false;
-                match msg {
-                    Some(Ok(Message::Text(t))) => {
-                        let Some(owner) = ends.owner() else { return false };
-                        if let LinkReply::ToHost(reply) = owner.on_host_frame(&ends.host, ends.link_id, t.as_str())
-                            && ws.send(Message::text(reply)).await.is_err()
-                        {
-                            return true;
-                        }
-                    }
-                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return true,
-                    Some(Ok(_)) => {}
-                }
+                if let Some(end) = host_message(ends, ws, msg).await { return end; }
             }
         }
+    }
+}
+
+/// Hands one message from the host to the owner and writes its reply;
+/// `Some` when [`pump`] must end with that value.
+async fn host_message(
+    ends: &Ends,
+    ws: &mut WsStream,
+    msg: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+) -> Option<bool> {
+    match msg {
+        Some(Ok(Message::Text(t))) => {
+            let Some(owner) = ends.owner() else {
+                return Some(false);
+            };
+            if let LinkReply::ToHost(reply) =
+                owner.on_host_frame(&ends.host, ends.link_id, t.as_str())
+                && ws.send(Message::text(reply)).await.is_err()
+            {
+                return Some(true);
+            }
+            None
+        }
+        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Some(true),
+        Some(Ok(_)) => None,
+    }
+}
+
+/// Waits on the owner's room future, forever when there is none.
+async fn room(paused: &mut Option<(BoxFuture<'static, ()>, tokio::time::Instant)>) {
+    match paused {
+        Some((wait, _)) => wait.await,
+        None => std::future::pending().await,
     }
 }
 
