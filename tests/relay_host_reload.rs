@@ -39,9 +39,15 @@ fn remove_host(t: &TestRelay, id: &str) {
     std::fs::write(&path, format!("{}{}", &text[..start], &text[end..])).expect("write");
 }
 
-/// Frames until one satisfies `want` (panics after 10 s or on close).
-async fn frame_where(ws: &mut RawWs, what: &str, want: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+/// Frames until one satisfies `want` within `secs` (panics after that or
+/// on close).
+async fn frame_where(
+    ws: &mut RawWs,
+    what: &str,
+    secs: u64,
+    want: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match ws.next_within(left).await {
@@ -61,14 +67,15 @@ async fn follower(t: &TestRelay, client_id: &str) -> RawWs {
 }
 
 /// A host added to the config of a running relay reaches a connected root
-/// follower as a root action with its agent, and its sessions are listed.
+/// follower as a root action with its agent within 5 s of the file change
+/// (the operational promise), and its sessions are listed.
 #[tokio::test]
 async fn an_added_host_appears_in_a_connected_clients_root() {
     let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
     let mut ws = follower(&t, "reload-1").await;
     let b = SimHost::start_local(fast_config("b", 2)).await.expect("b");
     add_host(&t, "b", &b.url());
-    let added = frame_where(&mut ws, "b's agent", |f| {
+    let added = frame_where(&mut ws, "b's agent", 5, |f| {
         f["params"]["action"]["type"] == "root/agentsChanged"
             && f["params"]["action"]["agents"].as_array().is_some_and(|a| {
                 a.iter()
@@ -115,7 +122,7 @@ async fn a_removed_host_resyncs_only_its_subscribers() {
         Some(4000),
         "the host's subscriber resyncs"
     );
-    let removed = frame_where(&mut watcher, "a's session removed", |f| {
+    let removed = frame_where(&mut watcher, "a's session removed", 10, |f| {
         f["method"] == "root/sessionRemoved"
     })
     .await;

@@ -77,7 +77,8 @@ async fn files_without_a_host_or_on_an_unknown_host_are_refused() {
 /// forwarded; a copy across hosts is refused with -32602.
 #[tokio::test]
 async fn files_need_their_permission_and_stay_on_one_host() {
-    let rules = rule("view", &["carol"], &["*"], "viewer", "all", "");
+    let rules = rule("view", &["carol"], &["*"], "viewer", "all", "")
+        + &rule("admin", &["alice"], &["*"], "admin", "all", "");
     let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], &rules).await;
     let mut ws = t.raw("carol").await;
     ws.initialize("files-3").await;

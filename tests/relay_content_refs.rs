@@ -1,0 +1,84 @@
+//! Content references through the relay (contract §4.3, §7.1): a large
+//! tool output a host holds as `ahp-content:/<id>` reaches the client
+//! qualified with its host, and `resourceRead` of it goes to that host only
+//! — two hosts numbering their references alike stay distinct — with no
+//! more than `sessions:read` (a viewer can read what it can see).
+
+mod common;
+
+use common::relay::{TestRelay, rule};
+use common::*;
+use serde_json::{Value, json};
+
+fn host_with_refs(name: &str) -> ahp_relay::simhost::SimHostConfig {
+    let mut cfg = fast_config(name, 1);
+    cfg.inline_output_max = 1000;
+    cfg
+}
+
+/// Runs a turn on `chat` whose tool output is `bytes` long and returns the
+/// content reference its `chat/toolCallComplete` carries.
+async fn tool_output_ref(ws: &mut RawWs, chat: &str, seq: i64, bytes: usize) -> String {
+    let turn = json!({"type": "chat/turnStarted", "turnId": format!("t{seq}"),
+        "startedAt": ahp_relay::simhost::clock::now_iso(),
+        "message": {"text": format!("build [tool-output:{bytes}]"), "origin": {"kind": "user"}}});
+    ws.dispatch(chat, seq, turn).await;
+    loop {
+        let f = ws
+            .recv_json()
+            .await
+            .expect("frames until the tool completes");
+        let action = &f["params"]["action"];
+        if f["params"]["channel"] == chat && action["type"] == "chat/toolCallComplete" {
+            let content: &Value = &action["result"]["content"][0];
+            assert_eq!(content["type"], "resource", "{content}");
+            return content["uri"].as_str().expect("uri").to_string();
+        }
+    }
+}
+
+/// Each host's reference is qualified with its host and read from it
+/// alone; a viewer (sessions:read only) reads it too.
+#[tokio::test]
+async fn a_content_reference_is_read_from_its_own_host() {
+    let rules = rule("ops", &["alice"], &["*"], "operator", "all", "")
+        + &rule("view", &["carol"], &["*"], "viewer", "all", "");
+    let t = TestRelay::start(vec![host_with_refs("a"), host_with_refs("b")], &rules).await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("refs-1").await;
+    let mut refs = Vec::new();
+    for (i, h) in ["a", "b"].iter().enumerate() {
+        let (chat, _) = seeded_chat(h, 1);
+        let r = ws
+            .request(10 + i as u64, "subscribe", json!({"channel": chat}))
+            .await;
+        assert!(r.get("result").is_some(), "{r}");
+        refs.push(tool_output_ref(&mut ws, &chat, i as i64 + 1, 5000).await);
+    }
+    assert!(refs[0].starts_with("ahp-content:/a~"), "{refs:?}");
+    assert!(refs[1].starts_with("ahp-content:/b~"), "{refs:?}");
+    let read = json!({"channel": "ahp-root://", "uri": refs[1]});
+    let r = ws.request(20, "resourceRead", read.clone()).await;
+    assert_eq!(
+        r["result"]["data"].as_str().map(str::len),
+        Some(5000),
+        "{r}"
+    );
+    assert_eq!(
+        host_frames(&t.hosts[1], "resourceRead").len(),
+        1,
+        "read on b"
+    );
+    assert!(
+        host_frames(&t.hosts[0], "resourceRead").is_empty(),
+        "not on a"
+    );
+    let mut carol = t.raw("carol").await;
+    carol.initialize("refs-viewer").await;
+    let r = carol.request(1, "resourceRead", read).await;
+    assert_eq!(
+        r["result"]["data"].as_str().map(str::len),
+        Some(5000),
+        "{r}"
+    );
+}
