@@ -580,16 +580,7 @@ impl ClientSession {
             return; // an older link, already replaced
         }
         core.links.remove(&host.id);
-        let lost: Vec<String> = core
-            .chans
-            .remove(&host.id)
-            .into_iter()
-            .flat_map(|m| m.into_values())
-            .map(|c| c.client().to_string())
-            .collect();
-        for c in &lost {
-            core.baselined.remove(c);
-        }
+        let lost = core.lose_host_channels(&host.id);
         let attached = core.socket_id();
         drop(core);
         if let (true, false, Some(socket)) = (was_up, lost.is_empty(), attached) {

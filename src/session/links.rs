@@ -116,15 +116,8 @@ impl ClientSession {
             let err = RpcError::upstream_lost(host);
             self.fail_link_requests_locked(&mut core, link.id, &err);
         }
-        let lost: Vec<String> = core
-            .chans
-            .remove(host)
-            .into_iter()
-            .flat_map(|m| m.into_values())
-            .map(|c| c.client().to_string())
-            .collect();
+        let lost = core.lose_host_channels(host);
         for c in &lost {
-            core.baselined.remove(c);
             core.subs.remove(c);
         }
         core.registered.retain(|(h, _)| &**h != host);

@@ -214,6 +214,23 @@ impl SessionCore {
         self.socket.as_ref().map(|s| s.id)
     }
 
+    /// Stops following every channel of `host` (its link is gone): they
+    /// lose their baseline, so a `reconnect` gets snapshots for them.
+    /// Returns their client forms.
+    pub(super) fn lose_host_channels(&mut self, host: &str) -> Vec<String> {
+        let lost: Vec<String> = self
+            .chans
+            .remove(host)
+            .into_iter()
+            .flat_map(|m| m.into_values())
+            .map(|c| c.client().to_string())
+            .collect();
+        for c in &lost {
+            self.baselined.remove(c);
+        }
+        lost
+    }
+
     /// The session's S0.
     pub fn s0(&self) -> u64 {
         self.s0

@@ -70,10 +70,7 @@ pub fn handle_request(
         "fetchTurns" => fetch_turns(core, params),
         "createTerminal" => create_terminal(core, conn, params),
         "disposeTerminal" => dispose_terminal(core, params),
-        "completions" => match core.state.chats.contains_key(&channel_param(params)?) {
-            true => Ok(r#"{"items":[]}"#.into()),
-            false => Err(RpcError::not_found("chat not found")),
-        },
+        "completions" => completions(core, params),
         "authenticate" => super::auth::authenticate(shared, core, conn, params),
         other => Err(RpcError::method_not_found(other)),
     }
@@ -562,6 +559,19 @@ fn dispose_terminal(core: &mut HostCore, params: &Value) -> Result<String, RpcEr
     forget_channels(core, std::slice::from_ref(&uri));
     emit_terminals(core);
     Ok("null".into())
+}
+
+/// `completions` on a known chat: one item, a resource attachment naming
+/// the host's sandbox folder (`file:` URI), so a client can accept it into
+/// a message and the host can recognise its own file.
+fn completions(core: &HostCore, params: &Value) -> Result<String, RpcError> {
+    if !core.state.chats.contains_key(&channel_param(params)?) {
+        return Err(RpcError::not_found("chat not found"));
+    }
+    let uri = super::files::file_uri(&core.files.root);
+    let item = serde_json::json!({"insertText": "#sandbox", "attachment": {
+        "type": "resource", "label": "sandbox", "uri": uri, "displayKind": "directory"}});
+    Ok(serde_json::json!({"items": [item]}).to_string())
 }
 
 #[cfg(test)]
