@@ -139,7 +139,9 @@ impl Relay {
         let events = self.events.clone();
         let ping = self.env.cfg.limits.link_ping();
         let start = move |hub: Arc<HostHub>| {
-            tokio::spawn(crate::upstream::watch::run(hub, events.clone(), ping))
+            let span = tracing::info_span!("watch", host = %hub.id);
+            let watch = crate::upstream::watch::run(hub, events.clone(), ping);
+            tokio::spawn(tracing::Instrument::instrument(watch, span))
         };
         let changes = self.env.hosts.apply(configs, &start);
         for hub in &changes.added {

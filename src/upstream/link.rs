@@ -149,13 +149,20 @@ impl Link {
             next_id: next_id.clone(),
         });
         host.links.fetch_add(1, Ordering::Relaxed);
+        // Every log line of the link names its host, link and upstream id
+        // (a pseudonym: never the client's own id or the user's token).
+        let span = tracing::info_span!("link", host = %host.id, link = link.id,
+            upstream = %spec.upstream_id);
         let ends = Ends {
             owner,
             spec,
             host,
             link_id: link.id,
         };
-        tokio::spawn(run(ends, rx, next_id, baseline));
+        tokio::spawn(tracing::Instrument::instrument(
+            run(ends, rx, next_id, baseline),
+            span,
+        ));
         link
     }
 
