@@ -64,15 +64,7 @@ fn assert_hidden_host_untouched(t: &TestRelay) {
 #[tokio::test]
 async fn a_swapped_policy_decides_listing_and_root() {
     let (t, mut ws) = policy_world().await;
-    let list = ws
-        .request(1, "listSessions", json!({"channel": "ahp-root://"}))
-        .await;
-    let uris: Vec<&str> = list["result"]["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .filter_map(|s| s["resource"].as_str())
-        .collect();
+    let uris = listed_uris(&mut ws, 1).await;
     assert_eq!(uris, ["ahp-session:/a~a-1"], "b's sessions are invisible");
     let root = ws
         .request(2, "subscribe", json!({"channel": "ahp-root://"}))

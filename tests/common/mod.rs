@@ -632,3 +632,17 @@ impl RawWs {
             .expect("send raw text frame");
     }
 }
+
+/// The session URIs a `listSessions` (request `id`) on the raw socket
+/// returns, in list order.
+pub async fn listed_uris(ws: &mut RawWs, id: u64) -> Vec<String> {
+    let list = ws
+        .request(id, "listSessions", json!({"channel": "ahp-root://"}))
+        .await;
+    list["result"]["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("listSessions answered no items: {list}"))
+        .iter()
+        .filter_map(|s| s["resource"].as_str().map(str::to_string))
+        .collect()
+}
