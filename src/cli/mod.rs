@@ -62,14 +62,16 @@ impl Cli {
 /// bare JSON objects, one per line, in either format.
 pub fn init_tracing(format: LogFormat) {
     use tracing_subscriber::Layer as _;
-    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-        .and(tracing_subscriber::filter::filter_fn(|m| {
-            m.target() != crate::policy::audit::TARGET
-        }));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Audit lines only through their own layer. A directive (not a filter
+    // function) keeps the filter's level hint, which caps `log` records.
+    let filter = match format!("{}=off", crate::policy::audit::TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs = match format {
         // Colour only on a terminal: container and file logs stay plain text.
@@ -83,6 +85,25 @@ pub fn init_tracing(format: LogFormat) {
         .with(logs)
         .with(crate::policy::audit::layer(std::io::stderr))
         .try_init();
+    cap_log_records();
+}
+
+/// Caps the `log` crate's maximum level at the most verbose level any
+/// `tracing` filter lets through. `try_init` installs the `log` → `tracing`
+/// bridge with the maximum set to TRACE, so every `log::trace!` of the
+/// WebSocket library (several per frame) would build a record, cross the
+/// bridge and only then be filtered out; capped, it costs one comparison.
+fn cap_log_records() {
+    use tracing::level_filters::LevelFilter;
+    let level = match LevelFilter::current() {
+        LevelFilter::OFF => log::LevelFilter::Off,
+        LevelFilter::ERROR => log::LevelFilter::Error,
+        LevelFilter::WARN => log::LevelFilter::Warn,
+        LevelFilter::INFO => log::LevelFilter::Info,
+        LevelFilter::DEBUG => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    };
+    log::set_max_level(level);
 }
 
 /// Tells the operator something outside of `tracing` events (the listening

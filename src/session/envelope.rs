@@ -17,8 +17,8 @@ use crate::names::namer::ToClient;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
-use crate::upstream::link::LinkReply;
 use crate::wire::{self, Edit, EditValue, Frame, FrameKind};
+use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// Requests a host may send to its client (AHP `ServerCommandMap`).
 pub const HOST_REQUESTS: &[&str] = &[
@@ -38,38 +38,72 @@ pub const HOST_REQUESTS: &[&str] = &[
 const CLIENT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl ClientSession {
-    /// Handles one frame from `host`'s link.
-    pub(super) fn host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply {
-        let frame = match wire::classify(text, &self.env.upstream_limits) {
-            Ok(f) => f,
-            Err(e) => {
-                self.env.metrics.upstream_bad_frames.inc();
-                tracing::warn!(host = %host.id, error = %e, "host sent an unreadable frame");
-                return LinkReply::None;
+    /// Handles frames read together from `host`'s link, in order. Runs of
+    /// action envelopes (nearly all the traffic) are handled under one
+    /// session lock; other frames take it themselves. Answers to write back
+    /// to the host are pushed to `replies`.
+    pub(super) fn host_frames(
+        &self,
+        host: &Arc<HostHub>,
+        link: u64,
+        frames: &[Utf8Bytes],
+        replies: &mut Vec<String>,
+    ) {
+        let mut core: Option<MutexGuard<'_, SessionCore>> = None;
+        for text in frames {
+            let text = text.as_str();
+            let frame = match wire::classify(text, &self.env.upstream_limits) {
+                Ok(f) => f,
+                Err(e) => {
+                    self.env.metrics.upstream_bad_frames.inc();
+                    tracing::warn!(host = %host.id, error = %e, "host sent an unreadable frame");
+                    continue;
+                }
+            };
+            if let FrameKind::Notification { method } = &frame.kind
+                && method == "action"
+            {
+                let core = core.get_or_insert_with(|| self.lock());
+                self.on_envelope(core, host, link, text, &frame);
+                continue;
             }
-        };
+            core = None;
+            if let Some(reply) = self.host_frame(host, link, text, &frame) {
+                replies.push(reply);
+            }
+        }
+    }
+
+    /// Handles one frame from `host`'s link other than an action envelope;
+    /// returns a frame to write back to the host.
+    fn host_frame(
+        &self,
+        host: &Arc<HostHub>,
+        link: u64,
+        text: &str,
+        frame: &Frame<'_>,
+    ) -> Option<String> {
         match &frame.kind {
             FrameKind::Notification { method } => {
                 match method.as_ref() {
-                    "action" => self.on_envelope(host, link, text, &frame),
                     "root/progress" => self.on_progress(host, text),
                     "auth/required" => self.on_auth_required(host, text),
                     _ => {} // root/session* come from the watch link alone
                 }
-                LinkReply::None
+                None
             }
             FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. } => {
                 if let Some(n) = id.as_u64() {
                     self.on_response(host, link, n, text);
                 }
-                LinkReply::None
+                None
             }
             FrameKind::Request { id, method } => {
                 if HOST_REQUESTS.contains(&method.as_ref()) {
                     self.forward_host_request(host, id.raw, text);
-                    LinkReply::None
+                    None
                 } else {
-                    LinkReply::ToHost(RpcError::method_not_found(method).frame(id.raw))
+                    Some(RpcError::method_not_found(method).frame(id.raw))
                 }
             }
         }
@@ -134,11 +168,17 @@ impl ClientSession {
         }
     }
 
-    fn on_envelope(&self, host: &Arc<HostHub>, link: u64, text: &str, frame: &Frame<'_>) {
+    fn on_envelope(
+        &self,
+        core: &mut SessionCore,
+        host: &Arc<HostHub>,
+        link: u64,
+        text: &str,
+        frame: &Frame<'_>,
+    ) {
         let (Some(channel), Some(seq)) = (frame.channel(), frame.params.server_seq.as_ref()) else {
             return;
         };
-        let mut core = self.lock();
         // Only the host's current link speaks for its channels: a link being
         // replaced by re-baselining may still deliver a few frames.
         if core.links.get(&host.id).map(|l| l.id) != Some(link) {
@@ -163,7 +203,7 @@ impl ClientSession {
             Chan::Holding { held, .. } => held.push((seq.value, text.to_string())),
             Chan::Live { client } => {
                 let client = client.clone();
-                self.deliver(&mut core, host, text, frame, &client);
+                self.deliver(core, host, text, frame, &client);
             }
         }
     }

@@ -5,12 +5,12 @@
 
 use std::sync::{Arc, Weak};
 
-use futures_util::future::BoxFuture;
+use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 use super::ClientSession;
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
-use crate::upstream::link::{Baseline, Link, LinkCmd, LinkOwner, LinkReply, LinkSpec};
+use crate::upstream::link::{Baseline, Link, LinkCmd, LinkOwner, LinkSpec, Room};
 
 impl ClientSession {
     /// Opens a new link to `hub` for this session (counted in metrics).
@@ -52,14 +52,19 @@ impl LinkOwner for ClientSession {
         self.lock().watermarks.insert(link, server_seq);
     }
 
-    fn on_host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply {
+    fn on_host_frames(
+        &self,
+        host: &Arc<HostHub>,
+        link: u64,
+        frames: &[Utf8Bytes],
+        replies: &mut Vec<String>,
+    ) {
         let started = std::time::Instant::now();
-        let reply = self.host_frame(host, link, text);
+        self.host_frames(host, link, frames, replies);
         let latency = &self.env.metrics.host_latency;
         latency
             .with_label_values(&[&*host.id])
             .observe(started.elapsed().as_secs_f64());
-        reply
     }
 
     fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64) {
@@ -88,10 +93,19 @@ impl LinkOwner for ClientSession {
         }
     }
 
-    fn room(&self) -> Option<BoxFuture<'static, ()>> {
+    fn room(&self) -> Room {
         let core = self.lock();
-        let out = &core.socket.as_ref()?.out;
-        (!out.has_room()).then(|| out.room())
+        let Some(socket) = &core.socket else {
+            // Detached: frames go to the replay buffer, bounded on its own.
+            return Room::Take {
+                frames: usize::MAX,
+                bytes: usize::MAX,
+            };
+        };
+        match socket.out.allowance() {
+            Some((frames, bytes)) => Room::Take { frames, bytes },
+            None => Room::Wait(socket.out.room()),
+        }
     }
 
     fn on_stalled(&self, host: &Arc<HostHub>) {

@@ -116,6 +116,19 @@ impl Outbox {
         self.shared.has_room()
     }
 
+    /// How many frames and bytes may be queued before the bounds are
+    /// reached (unbounded once the writer is gone); `None` when the queue
+    /// is at a bound already.
+    pub fn allowance(&self) -> Option<(usize, usize)> {
+        let s = &self.shared;
+        if s.closed.load(Ordering::SeqCst) {
+            return Some((usize::MAX, usize::MAX));
+        }
+        let frames = s.max_frames.saturating_sub(s.frames.load(Ordering::SeqCst));
+        let bytes = s.max_bytes.saturating_sub(s.bytes.load(Ordering::SeqCst));
+        (frames > 0 && bytes > 0).then_some((frames, bytes))
+    }
+
     /// Resolves once [`Outbox::has_room`] holds.
     pub fn room(&self) -> BoxFuture<'static, ()> {
         let shared = self.shared.clone();

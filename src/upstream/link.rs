@@ -15,22 +15,35 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt as _, SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 use super::dial::WsStream;
 use super::hub::HostHub;
 
-/// What the link must do after a host frame was handled.
-#[derive(Debug, PartialEq, Eq)]
-pub enum LinkReply {
-    /// Nothing.
-    None,
-    /// Write this frame back to the host (an answer to a host request).
-    ToHost(String),
+/// Whether a link may read from its host now (§5.9).
+pub enum Room {
+    /// Up to `frames` frames and about `bytes` bytes (the frame that crosses
+    /// the byte allowance is still taken).
+    Take {
+        /// Frames the owner can take now.
+        frames: usize,
+        /// Bytes the owner can take now.
+        bytes: usize,
+    },
+    /// None now: the future resolves when there is room. The link reads
+    /// nothing from the host meanwhile, so the host feels TCP backpressure.
+    Wait(BoxFuture<'static, ()>),
 }
+
+/// Most frames a link hands its owner at once. Frames already read from
+/// the host's socket are taken together (one owner call, one session lock,
+/// one wake-up of the client's writer) instead of one by one.
+const BATCH_FRAMES: usize = 64;
+/// Most bytes of one batch (the frame that crosses it is still taken).
+const BATCH_BYTES: usize = 256 * 1024;
 
 /// Who a link speaks for, fixed when it opens.
 #[derive(Debug, Clone)]
@@ -59,8 +72,15 @@ pub trait LinkOwner: Send + Sync + 'static {
     /// Link `link` to `host` initialized; `server_seq` is the host's
     /// `InitializeResult.serverSeq` (the link's first watermark, §5.8).
     fn on_link_up(&self, host: &Arc<HostHub>, link: u64, server_seq: u64);
-    /// One text frame from the host.
-    fn on_host_frame(&self, host: &Arc<HostHub>, link: u64, text: &str) -> LinkReply;
+    /// Text frames from the host, in the order read; frames to write back
+    /// to the host (answers to its requests) are pushed to `replies`.
+    fn on_host_frames(
+        &self,
+        host: &Arc<HostHub>,
+        link: u64,
+        frames: &[Utf8Bytes],
+        replies: &mut Vec<String>,
+    );
     /// The connection dropped; a resume will be tried. Requests in flight on
     /// it can no longer be answered.
     fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64);
@@ -70,10 +90,8 @@ pub trait LinkOwner: Send + Sync + 'static {
     /// The link failed to open (`was_up` false) or is gone for good;
     /// `unsent` holds what was queued and never written.
     fn on_link_down(&self, host: &Arc<HostHub>, link: u64, was_up: bool, unsent: Vec<LinkCmd>);
-    /// `None` when the owner can take another host frame now; otherwise a
-    /// future resolving when it can. The link reads nothing from the host
-    /// meanwhile, so the host feels TCP backpressure (§5.9).
-    fn room(&self) -> Option<BoxFuture<'static, ()>>;
+    /// How much the link may read from its host now (§5.9).
+    fn room(&self) -> Room;
     /// The owner has had no room for [`LinkSpec::stall_after`]: it closes its
     /// client (4008), after which it has room again (it buffers for replay).
     fn on_stalled(&self, host: &Arc<HostHub>);
@@ -211,9 +229,7 @@ async fn run(ends: Ends, mut rx: mpsc::Receiver<LinkCmd>, ids: Arc<AtomicU64>, b
     };
     let Some(owner) = ends.owner() else { return };
     owner.on_link_up(&ends.host, ends.link_id, server_seq);
-    for text in early {
-        let _ = owner.on_host_frame(&ends.host, ends.link_id, &text);
-    }
+    hand_over(&*owner, &ends, early);
     drop(owner);
     loop {
         if !pump(&ends, &mut rx, &ids, &mut ws).await {
@@ -247,20 +263,28 @@ async fn pump(
     ids: &AtomicU64,
     ws: &mut WsStream,
 ) -> bool {
-    let (ping_after, ping_timeout) = (ends.spec.ping_after, ends.spec.ping_timeout);
-    let mut heard = tokio::time::Instant::now();
-    let mut pinged = false;
+    let mut heard = Heard::new(ends.spec.ping_after, ends.spec.ping_timeout);
     let mut paused: Option<(BoxFuture<'static, ()>, tokio::time::Instant)> = None;
+    let mut allowance = (1, 1);
+    let mut batch = Batch::default();
+    // One ping timer for the link, moved only when it fires: frames just
+    // note when they were heard, so reading costs no timer per frame.
+    let ping = tokio::time::sleep(ends.spec.ping_after);
+    tokio::pin!(ping);
     loop {
         if paused.is_none() {
             let Some(owner) = ends.owner() else {
                 return false;
             };
-            paused = owner
-                .room()
-                .map(|f| (f, tokio::time::Instant::now() + ends.spec.stall_after));
+            match owner.room() {
+                Room::Take { frames, bytes } => {
+                    allowance = (frames.clamp(1, BATCH_FRAMES), bytes.clamp(1, BATCH_BYTES));
+                }
+                Room::Wait(wait) => {
+                    paused = Some((wait, tokio::time::Instant::now() + ends.spec.stall_after));
+                }
+            }
         }
-        let deadline = heard + ping_after + if pinged { ping_timeout } else { Duration::ZERO };
         let stall = paused.as_ref().map(|(_, at)| *at);
         tokio::select! {
             cmd = rx.recv() => {
@@ -272,59 +296,166 @@ async fn pump(
             }
             () = room(&mut paused) => {
                 paused = None;
-                heard = tokio::time::Instant::now();
+                heard.now();
             }
-            _ = tokio::time::sleep_until(stall.unwrap_or(deadline)), if stall.is_some() => {
+            _ = tokio::time::sleep_until(stall.unwrap_or_else(tokio::time::Instant::now)), if stall.is_some() => {
                 paused = None;
-                heard = tokio::time::Instant::now();
+                heard.now();
                 let Some(owner) = ends.owner() else { return false };
                 owner.on_stalled(&ends.host);
             }
-            _ = tokio::time::sleep_until(deadline), if paused.is_none() => {
-                if pinged {
-                    tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
-                    return true;
+            () = &mut ping, if paused.is_none() => {
+                match heard.due() {
+                    Due::Later(at) => ping.as_mut().reset(at),
+                    Due::Dead => {
+                        tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
+                        return true;
+                    }
+                    Due::Ping => {
+                        // An id from the link's own counter: no pending request
+                        // has it, so the answer is ignored.
+                        let ping_id = ids.fetch_add(1, Ordering::Relaxed);
+                        let frame = crate::rpc::request_frame(ping_id, "ping",
+                            &json!({"channel": ahp_types::ROOT_RESOURCE_URI}));
+                        if ws.send(Message::text(frame)).await.is_err() { return true; }
+                        ping.as_mut().reset(heard.pinged());
+                    }
                 }
-                // An id from the link's own counter: no pending request has it,
-                // so the answer is ignored.
-                let ping_id = ids.fetch_add(1, Ordering::Relaxed);
-                let ping = crate::rpc::request_frame(ping_id, "ping",
-                    &json!({"channel": ahp_types::ROOT_RESOURCE_URI}));
-                if ws.send(Message::text(ping)).await.is_err() { return true; }
-                pinged = true;
             }
             msg = ws.next(), if paused.is_none() => {
-                heard = tokio::time::Instant::now();
-                pinged = false;
-                if let Some(end) = host_message(ends, ws, msg).await { return end; }
+                heard.now();
+                if let Some(end) = host_messages(ends, ws, msg, allowance, &mut batch).await {
+                    return end;
+                }
             }
         }
     }
 }
 
-/// Hands one message from the host to the owner and writes its reply;
-/// `Some` when [`pump`] must end with that value.
-async fn host_message(
+/// When the host was last heard from, and whether it was pinged since.
+struct Heard {
+    at: tokio::time::Instant,
+    pinged: bool,
+    ping_after: Duration,
+    ping_timeout: Duration,
+}
+
+/// What the ping timer finds when it fires.
+enum Due {
+    /// The host was heard from since: fire again at this instant.
+    Later(tokio::time::Instant),
+    /// Silent for `ping_after`: ping it.
+    Ping,
+    /// Silent for `ping_timeout` after a ping: the connection is dead.
+    Dead,
+}
+
+impl Heard {
+    fn new(ping_after: Duration, ping_timeout: Duration) -> Self {
+        Self {
+            at: tokio::time::Instant::now(),
+            pinged: false,
+            ping_after,
+            ping_timeout,
+        }
+    }
+
+    /// The host was heard from (or the silence was the link's own).
+    fn now(&mut self) {
+        self.at = tokio::time::Instant::now();
+        self.pinged = false;
+    }
+
+    fn due(&self) -> Due {
+        let wait = self.ping_after
+            + if self.pinged {
+                self.ping_timeout
+            } else {
+                Duration::ZERO
+            };
+        let at = self.at + wait;
+        if at > tokio::time::Instant::now() {
+            Due::Later(at)
+        } else if self.pinged {
+            Due::Dead
+        } else {
+            Due::Ping
+        }
+    }
+
+    /// A ping was sent; returns when the host must have answered.
+    fn pinged(&mut self) -> tokio::time::Instant {
+        self.pinged = true;
+        self.at + self.ping_after + self.ping_timeout
+    }
+}
+
+/// Host frames read together, and the answers the owner wants written back.
+#[derive(Default)]
+struct Batch {
+    frames: Vec<Utf8Bytes>,
+    bytes: usize,
+    replies: Vec<String>,
+}
+
+/// Hands `first` and every text frame already read from the host (up to
+/// `allowance` frames and bytes, without waiting) to the owner in one call,
+/// then writes its replies; `Some` when [`pump`] must end with that value.
+async fn host_messages(
     ends: &Ends,
     ws: &mut WsStream,
-    msg: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+    first: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+    (max_frames, max_bytes): (usize, usize),
+    batch: &mut Batch,
 ) -> Option<bool> {
-    match msg {
+    let mut end = match first {
         Some(Ok(Message::Text(t))) => {
-            let Some(owner) = ends.owner() else {
-                return Some(false);
-            };
-            if let LinkReply::ToHost(reply) =
-                owner.on_host_frame(&ends.host, ends.link_id, t.as_str())
-                && ws.send(Message::text(reply)).await.is_err()
-            {
-                return Some(true);
-            }
+            batch.bytes = t.len();
+            batch.frames.push(t);
             None
         }
-        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Some(true),
-        Some(Ok(_)) => None,
+        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Some(true),
+        Some(Ok(_)) => return None,
+    };
+    while end.is_none() && batch.frames.len() < max_frames && batch.bytes < max_bytes {
+        match ws.next().now_or_never() {
+            None => break,
+            Some(Some(Ok(Message::Text(t)))) => {
+                batch.bytes += t.len();
+                batch.frames.push(t);
+            }
+            Some(Some(Ok(Message::Close(_))) | None | Some(Err(_))) => end = Some(true),
+            Some(Some(Ok(_))) => {}
+        }
     }
+    let Some(owner) = ends.owner() else {
+        return Some(false);
+    };
+    owner.on_host_frames(&ends.host, ends.link_id, &batch.frames, &mut batch.replies);
+    drop(owner);
+    batch.frames.clear();
+    if !batch.replies.is_empty() {
+        for reply in batch.replies.drain(..) {
+            if ws.feed(Message::text(reply)).await.is_err() {
+                return Some(true);
+            }
+        }
+        if ws.flush().await.is_err() {
+            return Some(true);
+        }
+    }
+    end
+}
+
+/// Hands frames read outside the pump (before `initialize` was answered,
+/// or replayed by an upstream `reconnect`) to `owner`; their replies are
+/// dropped (the host asked before the link was up).
+fn hand_over(owner: &dyn LinkOwner, ends: &Ends, frames: Vec<String>) {
+    if frames.is_empty() {
+        return;
+    }
+    let frames: Vec<Utf8Bytes> = frames.into_iter().map(Utf8Bytes::from).collect();
+    owner.on_host_frames(&ends.host, ends.link_id, &frames, &mut Vec::new());
 }
 
 /// Waits on the owner's room future, forever when there is none.
@@ -381,13 +512,9 @@ async fn resume(ends: &Ends) -> Option<WsStream> {
             return None;
         };
         let owner = ends.owner()?;
-        for env in actions {
-            let frame = crate::rpc::action_frame(&env);
-            let _ = owner.on_host_frame(host, ends.link_id, &frame);
-        }
-        for text in early {
-            let _ = owner.on_host_frame(host, ends.link_id, &text);
-        }
+        let replayed = actions.iter().map(crate::rpc::action_frame).collect();
+        hand_over(&*owner, ends, replayed);
+        hand_over(&*owner, ends, early);
         tracing::info!(host = %host.id, "link resumed by upstream replay");
         return Some(ws);
     }
