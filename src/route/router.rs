@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::methods::{self, Need};
 use super::{Caller, Env};
-use crate::names::client_uri::validate_client_uri;
+use crate::names::client_uri::{validate_client_session_uri, validate_client_uri};
 use crate::names::namer::{self, ToHost};
 use crate::names::qualify::{
     ChannelKind, channel_kind, chat_for_session, is_host_name, session_of_chat_uri,
@@ -272,6 +272,17 @@ pub fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
         )));
     }
     Ok(())
+}
+
+/// Checks a client-chosen session URI: `ahp-session:/<id>` or VS Code's
+/// `<provider>:/<id>` (its client names a new session itself, contract
+/// §4.2), id in `[A-Za-z0-9._-]{1,128}`; it keeps its exact form.
+pub fn check_client_session_uri(uri: &str) -> Result<(), RpcError> {
+    validate_client_session_uri(uri).map(|_| ()).map_err(|e| {
+        RpcError::invalid_params(format!(
+            "{uri}: {e} (a session is ahp-session:/<id> or <provider>:/<id>)"
+        ))
+    })
 }
 
 /// Whether a client-chosen chat URI is VS Code's derived form of a chat of

@@ -619,18 +619,19 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
 /// for sessions, -32010 otherwise) before anything is reserved, so no
 /// store entry ever names a host object its creator did not make.
 fn refuse_host_object(session: &ClientSession, hub: &HostHub, uri: &str) -> Result<(), RpcError> {
-    let scheme = uri.split_once(':').map_or("", |(s, _)| s);
-    let exists = match scheme {
-        "ahp-session" => hub.has_session(uri),
-        "ahp-chat" => hub.session_of_chat(uri).is_some(),
-        "ahp-terminal" => hub.terminal_claim(uri).is_some(),
-        _ => false,
+    use crate::names::qualify::{ChannelKind, channel_kind};
+    let kind = channel_kind(uri);
+    let exists = match kind {
+        ChannelKind::Session => hub.has_session(uri),
+        ChannelKind::Chat => hub.session_of_chat(uri).is_some(),
+        ChannelKind::Terminal => hub.terminal_claim(uri).is_some(),
+        ChannelKind::Other => false,
     };
     if !exists {
         return Ok(());
     }
     session.limit_hit("host_object");
-    Err(if scheme == "ahp-session" {
+    Err(if kind == ChannelKind::Session {
         RpcError::session_exists(uri)
     } else {
         RpcError::already_exists(uri)
@@ -699,7 +700,7 @@ async fn create_session(
     params: Value,
 ) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateSessionParams>(params)?;
-    router::check_client_uri(&p.channel, "ahp-session")?;
+    router::check_client_session_uri(&p.channel)?;
     let env = &session.env;
     let hub = match p.provider.as_deref() {
         Some(provider) => names::read_provider(provider)
