@@ -1046,7 +1046,9 @@ fn by_uri(
         .get("uri")
         .or_else(|| params.get("source"))
         .and_then(Value::as_str)
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .to_string();
+    let uri = uri.as_str();
     let hub = router::resource_host(env, caller, uri)?;
     if let Some(dest) = params.get("destination").and_then(Value::as_str)
         && !Arc::ptr_eq(&router::resource_host(env, caller, dest)?, &hub)
@@ -1055,15 +1057,7 @@ fn by_uri(
             "source and destination are on different hosts",
         ));
     }
-    let need = router::resource_need(method, uri)?;
-    let root = ahp_types::ROOT_RESOURCE_URI;
-    let grant = match router::gate(env, caller, &hub, method, uri, need) {
-        Ok(g) => g,
-        Err(router::Denied::Invisible) => return Err(router::not_found(uri)),
-        Err(router::Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
-    };
+    let params = router::resource_to_host(env, caller, &hub, method, uri, params)?;
     let link = open_link(session, &hub)?;
-    let shape = format!("params:{method}");
-    let params = router::to_host(env, caller, &hub, &grant, params, &shape, root)?;
     forward(session, &link, id, method, params, PendingKind::Plain)
 }
