@@ -1,9 +1,12 @@
 //! What a principal can see (contract §4.4, §6.1, §7.2): hosts through
 //! their grant; sessions through their creator (the URI store) or the
 //! external-sessions rule; chats through the session that lists them;
-//! terminals through their claim or their creator. An object that does not
-//! exist is invisible too, so "invisible" and "nonexistent" are one answer,
-//! decided without contacting any host.
+//! terminals through their claim or their creator; every other URI a
+//! client names through what it belongs to (`sees_named`, `OWNERS`: a
+//! session it derives from, a canvas's chat, or having been shown to the
+//! client). An object that does not exist is invisible too, so
+//! "invisible" and "nonexistent" are one answer, decided without
+//! contacting any host.
 
 use serde_json::Value;
 

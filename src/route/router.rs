@@ -526,11 +526,12 @@ pub fn resource_host(env: &Env, caller: Caller<'_>, uri: &str) -> Result<Arc<Hos
 /// Authorizes the root-scoped resource command `method` on its target
 /// `uri` (client form) on `hub` and translates its `params` (contract
 /// §7.1, §4.4). `resourceRead` of a host object the client was shown in a
-/// channel it can read — a content reference — needs only `sessions:read`;
-/// anything else needs its row's `files:*`. An object the caller may not
-/// name — one whose session or chat it cannot see, or one never shown to
-/// it without `files:*` — answers as nonexistent (-32008): whether it
-/// exists is never revealed. A file it may not read or write: -32009.
+/// channel it can read — a content reference — needs only `sessions:read`
+/// (`methods::ON_SHOWN_OBJECT`); anything else needs its row's `files:*`.
+/// An object the caller may not name — one whose session or chat it cannot
+/// see, or one never shown to it without `files:*` — answers as
+/// nonexistent (-32008): whether it exists is never revealed. A file it may
+/// not read or write: -32009.
 pub fn resource_to_host(
     env: &Env,
     caller: Caller<'_>,
@@ -554,10 +555,10 @@ pub fn resource_to_host(
     if !visible && owner != UriOwner::Shown {
         return Err(not_found(uri));
     }
-    let need = if method == "resourceRead" && visible && !file {
-        Permission::SessionsRead
-    } else {
-        method_permission(method)?
+    let shown_need = methods::need_on_shown(method).filter(|_| visible && !file);
+    let need = match shown_need {
+        Some(p) => p,
+        None => method_permission(method)?,
     };
     let grant = match gate(env, caller, hub, method, uri, need) {
         Ok(g) => g,
