@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::relay::{TestRelay, rule};
+use common::relay::{TestRelay, admin_get, metric, rule};
 use common::*;
 use serde_json::{Value, json};
 
@@ -169,5 +169,47 @@ async fn a_content_reference_is_readable_only_where_it_was_shown() {
         r["result"]["data"].as_str().map(str::len),
         Some(5000),
         "{r}"
+    );
+}
+
+/// The note of shown references is bounded (`limits.seen_refs_per_session`):
+/// with room for one, a second reference pushes the first out — counted —
+/// and the viewer can no longer read the first with `sessions:read` alone.
+#[tokio::test]
+async fn the_note_of_shown_references_is_bounded_and_counted() {
+    let rules = rule(
+        "op",
+        &["alice"],
+        &["*"],
+        "viewer",
+        "all",
+        "permissions = [\"sessions:operate\"]",
+    );
+    let t = TestRelay::start_tweaked(vec![host_with_refs("a")], "", &rules, |c| {
+        c.limits.seen_refs_per_session = 1;
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("refs-bounded").await;
+    let (chat, _) = seeded_chat("a", 1);
+    let r = ws.request(1, "subscribe", json!({"channel": chat})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let first = tool_output_ref(&mut ws, &chat, 1, 3000).await;
+    let second = tool_output_ref(&mut ws, &chat, 2, 4000).await;
+    assert_ne!(first, second);
+    let read = |uri: &str| json!({"channel": "ahp-root://", "uri": uri});
+    let r = ws.request(2, "resourceRead", read(&second)).await;
+    assert_eq!(
+        r["result"]["data"].as_str().map(str::len),
+        Some(4000),
+        "{r}"
+    );
+    let r = ws.request(3, "resourceRead", read(&first)).await;
+    assert_eq!(r["error"]["code"], -32008, "forgotten: {r}");
+    let (_, page) = admin_get(&t, "/metrics").await;
+    assert!(
+        metric(&page, "ahp_relay_limit_hits_total{limit=\"seen_refs\"}") >= Some(1.0),
+        "the eviction is counted"
     );
 }

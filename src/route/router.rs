@@ -48,10 +48,7 @@ pub fn host_for(
                     .sees_named(who, &g, &hub, &host_uri, caller.seen.contains(uri)))
     });
     if !visible {
-        env.metrics
-            .acl_decisions
-            .with_label_values(&[Decision::Invisible.label()])
-            .inc();
+        count_invisible(env);
         return Err(not_found(uri));
     }
     Ok((hub, host_uri))
@@ -187,9 +184,20 @@ struct Authorizing<'a> {
 
 impl Authorizing<'_> {
     fn refuse(&self, why: Refusal, text: &str) -> Result<String, String> {
+        if why == Refusal::Invisible {
+            count_invisible(self.env);
+        }
         self.refusal.set(why);
         Err(text.into())
     }
+}
+
+/// Counts a decision that something the caller named is invisible to it.
+fn count_invisible(env: &Env) {
+    env.metrics
+        .acl_decisions
+        .with_label_values(&[Decision::Invisible.label()])
+        .inc();
 }
 
 impl Namer for Authorizing<'_> {
@@ -553,6 +561,7 @@ pub fn resource_to_host(
         .access
         .sees_named(caller.who, &grant, hub, &host_uri, shown);
     if !visible && owner != UriOwner::Shown {
+        count_invisible(env);
         return Err(not_found(uri));
     }
     let shown_need = methods::need_on_shown(method).filter(|_| visible && !file);
