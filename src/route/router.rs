@@ -16,6 +16,7 @@ use crate::names::namer::{self, ToHost};
 use crate::names::qualify::{
     ChannelKind, channel_kind, chat_for_session, is_host_name, session_of_chat_uri,
 };
+use crate::names::seen::is_object;
 use crate::names::translate::{self, FieldKind, Namer};
 use crate::policy::audit::{self, Decision};
 use crate::policy::objects::{UriOwner, owner_of_uri};
@@ -220,7 +221,9 @@ impl Namer for Authorizing<'_> {
         if !uri || !is_host_name(&host_value) {
             return Ok(host_value);
         }
-        let shown = self.target == Some(value) || self.caller.seen.contains(value);
+        // Only host objects are decided by the note: no lookup for others.
+        let shown = self.target == Some(value)
+            || (is_object(&host_value) && self.caller.seen.contains(value));
         let access = &self.env.access;
         if !access.sees_named(self.caller.who, self.grant, self.hub, &host_value, shown) {
             return match owner_of_uri(&host_value) {
