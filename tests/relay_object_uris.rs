@@ -100,8 +100,9 @@ async fn a_resource_watch_is_its_creators() {
 }
 
 /// A turn whose attachment names a changeset of one's own session (VS
-/// Code's `<session>/changeset/session`) is forwarded; the same attachment
-/// in bob's turn — a changeset of a session he cannot see — gets a
+/// Code's `<session>/changeset/session`) or a canvas of one's own chat (VS
+/// Code's `ahp-canvas:/<b64url(chat)>/<id>`) is forwarded; the same
+/// attachments in bob's turn — objects of a session he cannot see — get a
 /// rejection echo like a random URI's, and so does a spec-shaped
 /// `ahp-changeset:` URI no channel ever showed him; nothing reaches a host.
 #[tokio::test]
@@ -123,6 +124,21 @@ async fn a_changeset_uri_belongs_to_its_session() {
         .into_iter()
         .any(|f| f.text.contains(changeset));
     assert!(host_turn, "the host received alice's attachment");
+    raw_actions_until(&mut alice, |e| {
+        e.channel == a_chat && action_type(e) == "chat/turnComplete"
+    })
+    .await;
+    // VS Code's canvas of her chat, `ahp-canvas:/<b64url(chat)>/<id>`
+    // (qualified by its host), is hers too.
+    let canvas = format!(
+        "ahp-canvas:/a~{}/1",
+        URL_SAFE_NO_PAD.encode(a_chat.as_bytes())
+    );
+    let echo = turn_with(&mut alice, &a_chat, 2, &canvas).await;
+    assert!(
+        echo["params"].get("rejectionReason").is_none(),
+        "alice's attachment of her chat's canvas: {echo}"
+    );
 
     let mut bob = t.raw("bob").await;
     bob.initialize("cs-bob").await;
@@ -136,6 +152,7 @@ async fn a_changeset_uri_belongs_to_its_session() {
             "sim:/0a11ce00-0000-4000-8000-000000000009/changeset/session",
         ),
         (3, "ahp-changeset:/a~alice-turn-1"),
+        (4, canvas.as_str()),
     ] {
         let echo = turn_with(&mut bob, &b_chat, seq, uri).await;
         let reason = echo["params"]["rejectionReason"]
@@ -146,10 +163,11 @@ async fn a_changeset_uri_belongs_to_its_session() {
     }
     assert_eq!(reasons[0], reasons[1], "alice's changeset vs a random one");
     assert!(reasons[2].contains("unknown URI"), "{}", reasons[2]);
+    assert_eq!(reasons[0], reasons[3], "alice's canvas as her changeset");
     let leaked = t.hosts[0]
         .received()
         .into_iter()
-        .any(|f| f.text.contains("changeset"));
+        .any(|f| f.text.contains("changeset") || f.text.contains("ahp-canvas"));
     assert!(!leaked, "no refused attachment reached the host");
 }
 
