@@ -239,6 +239,11 @@ pub struct Limits {
     pub reservations_per_principal: usize,
     /// Seconds between purges of expired tombstones from the store.
     pub store_purge_secs: u64,
+    /// Host object references (content references, changesets, canvases,
+    /// resource watches) one client session remembers having received
+    /// inside a channel it can read (§7.1); the oldest is forgotten first,
+    /// counted in `limit_hits_total{limit="seen_refs"}`.
+    pub seen_refs_per_session: usize,
 }
 
 impl Default for Limits {
@@ -278,6 +283,7 @@ impl Default for Limits {
             link_queue_frames: 1024,
             reservations_per_principal: 1000,
             store_purge_secs: 3600,
+            seen_refs_per_session: 4096,
         }
     }
 }
@@ -331,6 +337,7 @@ impl Limits {
                 "reservations_per_principal",
                 self.reservations_per_principal,
             ),
+            ("seen_refs_per_session", self.seen_refs_per_session),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));

@@ -56,7 +56,7 @@ fn sample(path: &str) -> String {
 
 fn host_value(path: &str, kind: FieldKind) -> String {
     match kind {
-        FieldKind::Uri => sample(path),
+        FieldKind::Uri | FieldKind::Ref => sample(path),
         FieldKind::UriTemplate => "ahp-changeset:/s1/{turnId}".into(),
         FieldKind::Published => "file:///Users/me/plugin".into(),
         FieldKind::Provider => "copilot".into(),
@@ -66,7 +66,9 @@ fn host_value(path: &str, kind: FieldKind) -> String {
 
 fn client_value(path: &str, kind: FieldKind) -> String {
     match kind {
-        FieldKind::Uri => qualify::qualify("a", &sample(path), |_| false).expect("qualifiable"),
+        FieldKind::Uri | FieldKind::Ref => {
+            qualify::qualify("a", &sample(path), |_| false).expect("qualifiable")
+        }
         FieldKind::UriTemplate => "ahp-changeset:/a~s1/{turnId}".into(),
         FieldKind::Published => "file:///Users/me/plugin".into(),
         FieldKind::Provider => "copilot@a".into(),

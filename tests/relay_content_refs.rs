@@ -2,11 +2,12 @@
 //! tool output a host holds as `ahp-content:/<id>` reaches the client
 //! qualified with its host, and `resourceRead` of it goes to that host only
 //! — two hosts numbering their references alike stay distinct — with no
-//! more than `sessions:read` (a viewer can read what it can see).
+//! more than `sessions:read` where the reference reached the client inside
+//! a channel it can read; anywhere else it is as unknown as a random URI.
 
 mod common;
 
-use common::relay::{TestRelay, rule};
+use common::relay::{TestRelay, admin_get, metric, rule};
 use common::*;
 use serde_json::{Value, json};
 
@@ -75,10 +76,140 @@ async fn a_content_reference_is_read_from_its_own_host() {
     );
     let mut carol = t.raw("carol").await;
     carol.initialize("refs-viewer").await;
-    let r = carol.request(1, "resourceRead", read).await;
+    let (chat_b, _) = seeded_chat("b", 1);
+    let r = carol
+        .request(1, "subscribe", json!({"channel": chat_b}))
+        .await;
+    assert!(
+        r.to_string().contains(&refs[1]),
+        "the chat's state shows the reference: {r}"
+    );
+    let r = carol.request(2, "resourceRead", read).await;
     assert_eq!(
         r["result"]["data"].as_str().map(str::len),
         Some(5000),
         "{r}"
+    );
+}
+
+/// Tenancy of a content reference (§7.1): readable with `sessions:read`
+/// only by clients it was shown to inside a channel they can read. Bob
+/// (same host, `sessions:read` without `files:read`, cannot see alice's
+/// session) sending the URI gets -32008 and no bytes, as for a random URI;
+/// carol, who may read alice's session, gets the same -32008 until the
+/// reference reaches her in its chat, and then reads it.
+#[tokio::test]
+async fn a_content_reference_is_readable_only_where_it_was_shown() {
+    let rules = rule(
+        "alice",
+        &["alice"],
+        &["*"],
+        "viewer",
+        "own",
+        "permissions = [\"sessions:operate\"]",
+    ) + &rule("bob", &["bob"], &["*"], "viewer", "own", "")
+        + &rule("carol", &["carol"], &["*"], "viewer", "all", "");
+    let t = TestRelay::start(vec![host_with_refs("a")], &rules).await;
+    let mut alice = t.raw("alice").await;
+    alice.initialize("tenant-alice").await;
+    let session = "ahp-session:/alice-refs";
+    let r = alice
+        .request(
+            1,
+            "createSession",
+            json!({"channel": session, "provider": "sim@a"}),
+        )
+        .await;
+    assert!(r.get("error").is_none(), "{r}");
+    let r = alice
+        .request(2, "subscribe", json!({"channel": session}))
+        .await;
+    let chat = r["result"]["snapshot"]["state"]["defaultChat"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a default chat: {r}"))
+        .to_string();
+    let r = alice
+        .request(3, "subscribe", json!({"channel": chat}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let content = tool_output_ref(&mut alice, &chat, 1, 5000).await;
+    assert!(content.starts_with("ahp-content:/a~"), "{content}");
+    let read = json!({"channel": "ahp-root://", "uri": content});
+    let r = alice.request(4, "resourceRead", read.clone()).await;
+    assert_eq!(
+        r["result"]["data"].as_str().map(str::len),
+        Some(5000),
+        "{r}"
+    );
+
+    let mut bob = t.raw("bob").await;
+    bob.initialize("tenant-bob").await;
+    let r = bob.request(1, "resourceRead", read.clone()).await;
+    assert_eq!(r["error"]["code"], -32008, "{r}");
+    assert!(r.get("result").is_none(), "no bytes for bob: {r}");
+    let random = json!({"channel": "ahp-root://", "uri": "ahp-content:/a~no-such-ref"});
+    let r2 = bob.request(2, "resourceRead", random).await;
+    assert_eq!(r["error"], r2["error"], "the same answer as a random URI");
+    assert_eq!(
+        host_frames(&t.hosts[0], "resourceRead").len(),
+        1,
+        "only alice's read reached the host"
+    );
+
+    let mut carol = t.raw("carol").await;
+    carol.initialize("tenant-carol").await;
+    let r = carol.request(1, "resourceRead", read.clone()).await;
+    assert_eq!(r["error"]["code"], -32008, "not shown to carol yet: {r}");
+    let r = carol
+        .request(2, "subscribe", json!({"channel": chat}))
+        .await;
+    assert!(r.to_string().contains(&content), "shown in the chat: {r}");
+    let r = carol.request(3, "resourceRead", read).await;
+    assert_eq!(
+        r["result"]["data"].as_str().map(str::len),
+        Some(5000),
+        "{r}"
+    );
+}
+
+/// The note of shown references is bounded (`limits.seen_refs_per_session`):
+/// with room for one, a second reference pushes the first out — counted —
+/// and the viewer can no longer read the first with `sessions:read` alone.
+#[tokio::test]
+async fn the_note_of_shown_references_is_bounded_and_counted() {
+    let rules = rule(
+        "op",
+        &["alice"],
+        &["*"],
+        "viewer",
+        "all",
+        "permissions = [\"sessions:operate\"]",
+    );
+    let t = TestRelay::start_tweaked(vec![host_with_refs("a")], "", &rules, |c| {
+        c.limits.seen_refs_per_session = 1;
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("refs-bounded").await;
+    let (chat, _) = seeded_chat("a", 1);
+    let r = ws.request(1, "subscribe", json!({"channel": chat})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let first = tool_output_ref(&mut ws, &chat, 1, 3000).await;
+    let second = tool_output_ref(&mut ws, &chat, 2, 4000).await;
+    assert_ne!(first, second);
+    let read = |uri: &str| json!({"channel": "ahp-root://", "uri": uri});
+    let r = ws.request(2, "resourceRead", read(&second)).await;
+    assert_eq!(
+        r["result"]["data"].as_str().map(str::len),
+        Some(4000),
+        "{r}"
+    );
+    let r = ws.request(3, "resourceRead", read(&first)).await;
+    assert_eq!(r["error"]["code"], -32008, "forgotten: {r}");
+    let (_, page) = admin_get(&t, "/metrics").await;
+    assert!(
+        metric(&page, "ahp_relay_limit_hits_total{limit=\"seen_refs\"}") >= Some(1.0),
+        "the eviction is counted"
     );
 }

@@ -1384,7 +1384,7 @@ fn build(shape: &str, at: &mut Value, base: &str, leaves: &mut Vec<Leaf>, depth:
                 let segs = segments(path);
                 let scheme = scheme_for(path);
                 *slot(at, &segs) = json!(match kind {
-                    FieldKind::Uri => format!("{scheme}:/x1"),
+                    FieldKind::Uri | FieldKind::Ref => format!("{scheme}:/x1"),
                     FieldKind::UriTemplate => format!("{scheme}:/x1/{{turnId}}"),
                     FieldKind::Published => "virtual://client/x1".to_string(),
                     FieldKind::Provider => "p".to_string(),
@@ -1479,7 +1479,7 @@ fn rewrite_table_round_trips_every_shape() {
         leaf_count += leaves.len();
         for l in &leaves {
             let want = match l.kind {
-                FieldKind::Uri => format!("{}:/a~x1", l.scheme),
+                FieldKind::Uri | FieldKind::Ref => format!("{}:/a~x1", l.scheme),
                 FieldKind::UriTemplate => format!("{}:/a~x1/{{turnId}}", l.scheme),
                 FieldKind::Published => "virtual://client/x1".into(),
                 FieldKind::Provider => "p@a".into(),
@@ -1519,7 +1519,7 @@ fn rewrite_table_fails_closed_on_foreign_names() {
         let (_, client_form, leaves) = rewrite_forms(shape, &store);
         for l in &leaves {
             let refused: Vec<String> = match l.kind {
-                FieldKind::Uri | FieldKind::UriTemplate => vec![
+                FieldKind::Uri | FieldKind::Ref | FieldKind::UriTemplate => vec![
                     format!("{}:/other~x1", l.scheme),
                     format!("{}:/x1", l.scheme),
                 ],

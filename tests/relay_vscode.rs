@@ -320,3 +320,87 @@ async fn vscode_client_creates_a_derived_chat() {
         other => panic!("a chat of another session was accepted: {other:?}"),
     }
 }
+
+/// VS Code's client names a new session itself, `<provider>:/<uuid>`
+/// (`AgentSession.uri`), and computes its default chat: through the relay
+/// the URI is reserved for its creator, created on the provider's host in
+/// exactly that form (not on the twin), listed verbatim, taken by no one
+/// else, and its default chat subscribes and runs a turn — against two
+/// hosts whose own ids collide, in VS Code mode and in plain mode.
+async fn client_named_provider_session(vscode: bool) {
+    let t = TestRelay::start(twin_hosts(vscode), "").await;
+    let client = t.client_init("alice", "vs-create").await;
+    let session = "sim:/3f2a9c4e-0d1b-4c6e-9a7f-5b8d2e1c0a93";
+    let created: Result<Value, _> = client
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "sim@b"}),
+        )
+        .await;
+    assert!(created.is_ok(), "createSession: {created:?}");
+    assert!(
+        t.hosts[1].channel_state(session).is_some(),
+        "host b has the session in the client's form"
+    );
+    assert!(t.hosts[0].channel_state(session).is_none(), "not host a");
+    let listed: Vec<String> = list(&client)
+        .await
+        .iter()
+        .filter_map(|s| s["resource"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        listed.iter().any(|u| u == session),
+        "listed verbatim: {listed:?}"
+    );
+
+    let session_snap = subscribe_raw(&client, session).await;
+    let chat = session_snap["state"]["defaultChat"]
+        .as_str()
+        .expect("a default chat")
+        .to_string();
+    if vscode {
+        assert_eq!(chat, derived_chat(session), "what the client computes");
+    }
+    let mut events = client.events();
+    let snap = subscribe_raw(&client, &chat).await;
+    assert_eq!(snap["state"]["resource"], chat, "{snap}");
+    let turn = json!({"type": "chat/turnStarted", "turnId": "own-t1", "startedAt": now_iso(),
+        "message": {"text": "hello", "origin": {"kind": "user"}}});
+    let action = serde_json::from_value(turn).expect("a StateAction");
+    client
+        .dispatch(chat.clone(), action)
+        .await
+        .expect("dispatch");
+    let live = actions_until(&mut events, |e| {
+        e.channel == chat && action_type(e) == "chat/turnComplete"
+    })
+    .await;
+    let started = live
+        .iter()
+        .find(|e| action_type(e) == "chat/turnStarted")
+        .expect("the turn's echo");
+    assert_eq!(started.rejection_reason, None, "the turn was accepted");
+
+    let bob = t.client_init("bob", "vs-create-bob").await;
+    let r: Result<Value, _> = bob
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "sim@a"}),
+        )
+        .await;
+    match r {
+        Err(ahp::ClientError::Rpc(e)) => assert_eq!(e.code, -32003, "{e:?}"),
+        other => panic!("the name was taken twice: {other:?}"),
+    }
+    assert!(t.hosts[0].channel_state(session).is_none(), "never on a");
+}
+
+#[tokio::test]
+async fn vscode_client_names_its_own_session() {
+    client_named_provider_session(true).await;
+}
+
+#[tokio::test]
+async fn plain_host_takes_a_client_named_provider_session() {
+    client_named_provider_session(false).await;
+}

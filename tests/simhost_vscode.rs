@@ -129,7 +129,9 @@ async fn clients_create_sessions_and_chats_in_vs_code_shapes() {
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
 }
 
-/// Plain mode keeps the spec's shapes and refuses VS Code's.
+/// Plain mode keeps the spec's shapes for the names it assigns, and takes
+/// a session URI a client chooses in its provider's scheme (VS Code's
+/// client names new sessions `<provider>:/<uuid>`), not another provider's.
 #[tokio::test]
 async fn plain_mode_keeps_spec_shapes() {
     let host = start_host(fast_config("plainshape", 1)).await;
@@ -139,9 +141,13 @@ async fn plain_mode_keeps_spec_shapes() {
     assert_eq!(items[0]["resource"], "ahp-session:/plainshape-1");
     assert_eq!(items[0]["defaultChat"], "ahp-chat:/plainshape-1-main");
     let refused = ws
-        .request(2, "createSession", json!({"channel": "sim:/abc"}))
+        .request(2, "createSession", json!({"channel": "other:/abc"}))
         .await;
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    let created = ws
+        .request(3, "createSession", json!({"channel": "sim:/abc"}))
+        .await;
+    assert!(created.get("error").is_none(), "{created}");
 }
 
 /// `root/configChanged` from a client (clientSeq 0) is accepted and shows

@@ -5,7 +5,11 @@
 //! (`<scheme>:/<host>~<id>`), never contain a path separator, an escape or anything a URI library
 //! could normalise into another string. The only accepted form is `<scheme>:/<id>` with `<scheme>`
 //! one of `ahp-session`, `ahp-chat`, `ahp-terminal` and `<id>` matching `[A-Za-z0-9._-]{1,128}`,
-//! compared byte for byte (no case folding, no percent-decoding).
+//! compared byte for byte (no case folding, no percent-decoding). A session may also be named in
+//! VS Code's shape `<provider>:/<id>` (its client computes `AgentSession.uri(provider, uuid)`),
+//! with `<provider>` a lowercase scheme `[a-z][a-z0-9.+-]{0,31}` that names no other kind of
+//! object: not `ahp-*`, `file` or a scheme that is never a host name (`http`, …) —
+//! [`validate_client_session_uri`].
 
 use thiserror::Error;
 
@@ -71,6 +75,43 @@ pub fn validate_client_uri(uri: &str) -> Result<ClientUri<'_>, ClientUriError> {
         return Err(ClientUriError::InvalidIdByte { offset });
     }
     Ok(ClientUri { scheme, id })
+}
+
+/// The longest accepted provider scheme of a client-chosen session URI.
+pub const MAX_PROVIDER_SCHEME_LEN: usize = 32;
+
+/// Accepts a client-chosen session URI: `ahp-session:/<id>` as [`validate_client_uri`] does, or
+/// VS Code's `<provider>:/<id>` (see the module doc) with the same id grammar. The host receives
+/// it unchanged, so a provider-scheme session keeps the shape VS Code's own host gives it.
+pub fn validate_client_session_uri(uri: &str) -> Result<ClientUri<'_>, ClientUriError> {
+    let (scheme, rest) = uri.split_once(':').ok_or(ClientUriError::UnknownScheme)?;
+    if scheme == "ahp-session" || !provider_scheme(scheme) {
+        return validate_client_uri(uri).and_then(|u| {
+            (u.scheme == "ahp-session")
+                .then_some(u)
+                .ok_or(ClientUriError::UnknownScheme)
+        });
+    }
+    let id = validate_client_uri(&format!("ahp-session:{rest}"))?
+        .id
+        .len();
+    Ok(ClientUri {
+        scheme,
+        id: &rest[rest.len() - id..],
+    })
+}
+
+/// Whether `scheme` can name a provider's sessions: lowercase, at most
+/// [`MAX_PROVIDER_SCHEME_LEN`] bytes, and no scheme that names something else.
+fn provider_scheme(scheme: &str) -> bool {
+    let mut bytes = scheme.bytes();
+    let first = bytes.next().is_some_and(|b| b.is_ascii_lowercase());
+    first
+        && scheme.len() <= MAX_PROVIDER_SCHEME_LEN
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+.-".contains(&b))
+        && !scheme.starts_with("ahp-")
+        && scheme != "file"
+        && !super::qualify::PASS_SCHEMES.contains(&scheme)
 }
 
 #[cfg(test)]
@@ -185,6 +226,48 @@ mod tests {
         assert_eq!(
             err("evil-scheme:/x").to_string(),
             "URI scheme must be ahp-session, ahp-chat or ahp-terminal"
+        );
+    }
+
+    #[test]
+    fn sessions_may_use_a_provider_scheme() {
+        let uuid = "0b5e3c1a-4f2d-4e8b-9c7a-1d2e3f4a5b6c";
+        for uri in [
+            format!("copilot:/{uuid}"),
+            format!("sim:/{uuid}"),
+            format!("ahp-session:/{uuid}"),
+        ] {
+            let u = validate_client_session_uri(&uri).expect("accepted");
+            assert_eq!(format!("{}:/{}", u.scheme, u.id), uri);
+        }
+        for uri in [
+            "ahp-chat:/x",
+            "ahp-terminal:/x",
+            "ahp-content:/x",
+            "file:/x",
+            "http:/x",
+            "vscode-agent-client:/x",
+            "Copilot:/x",
+            "co@host:/x",
+            "9p:/x",
+        ] {
+            assert_eq!(
+                validate_client_session_uri(uri),
+                Err(ClientUriError::UnknownScheme),
+                "{uri}"
+            );
+        }
+        assert_eq!(
+            validate_client_session_uri("copilot:/a~b"),
+            Err(ClientUriError::InvalidIdByte { offset: 1 })
+        );
+        assert_eq!(
+            validate_client_session_uri("copilot://h/x"),
+            Err(ClientUriError::InvalidIdByte { offset: 0 })
+        );
+        assert_eq!(
+            validate_client_session_uri("copilot:x"),
+            Err(ClientUriError::MissingSlash)
         );
     }
 }

@@ -4,6 +4,7 @@
 //! [`super::translate`].
 
 use super::qualify::{self as names, ClientName, Unqualifiable, UriParts};
+use super::seen::Seen;
 use super::store::{UriState, UriStore};
 use super::translate::{FieldKind, Namer};
 
@@ -28,7 +29,9 @@ impl Namer for ToClient<'_> {
         let entry = |base: &str| is_store_entry(self.store, self.host, base);
         let refused = |e: Unqualifiable| e.to_string();
         Ok(match kind {
-            FieldKind::Uri => names::qualify(self.host, value, entry).map_err(refused)?,
+            FieldKind::Uri | FieldKind::Ref => {
+                names::qualify(self.host, value, entry).map_err(refused)?
+            }
             FieldKind::UriTemplate => names::map_template(
                 value,
                 |marked| names::qualify(self.host, marked, entry),
@@ -42,6 +45,27 @@ impl Namer for ToClient<'_> {
                 _ => value.to_string(),
             },
         })
+    }
+}
+
+/// [`ToClient`] for a frame bound for one client session that notes in
+/// `seen` every host object it refers the client to (fields of kind
+/// [`FieldKind::Ref`] and URI templates): what that client may use later
+/// (contract §7.1). Other fields cost nothing more.
+pub struct Noting<'a> {
+    /// The translation.
+    pub to_client: ToClient<'a>,
+    /// The receiving session's notes.
+    pub seen: &'a Seen,
+}
+
+impl Namer for Noting<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+        let client = self.to_client.translate(kind, value)?;
+        if matches!(kind, FieldKind::Ref | FieldKind::UriTemplate) {
+            self.seen.note(&client);
+        }
+        Ok(client)
     }
 }
 
@@ -60,7 +84,7 @@ pub struct ToHost<'a> {
 impl Namer for ToHost<'_> {
     fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
         match kind {
-            FieldKind::Uri => to_host_uri(self.store, self.host, value),
+            FieldKind::Uri | FieldKind::Ref => to_host_uri(self.store, self.host, value),
             FieldKind::UriTemplate => names::map_template(
                 value,
                 |marked| to_host_uri(self.store, self.host, marked),

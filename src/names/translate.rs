@@ -18,8 +18,14 @@ pub enum FieldKind {
     /// A channel, resource or file URI a host names (qualified per
     /// `qualify`, external URIs kept).
     Uri,
+    /// A [`FieldKind::Uri`] that refers a client to a host object it may
+    /// then use — a content reference, canvas, resource watch, attachment:
+    /// translated like `Uri`, and noted as shown to the receiving client
+    /// (`super::seen`), which authorizes its later use (contract §7.1).
+    Ref,
     /// An RFC 6570 URI template (`Changeset.uriTemplate`): its literal part
-    /// is translated so that expansion commutes with qualification.
+    /// is translated so that expansion commutes with qualification; noted
+    /// as shown, like a [`FieldKind::Ref`].
     UriTemplate,
     /// A URI a client published (plugin and automation URIs, contract
     /// §4.2): never translated, in either direction.
@@ -39,7 +45,7 @@ pub enum Row {
     Nested(&'static str, &'static str),
 }
 
-use FieldKind::{ClientId, Provider, Published, Uri, UriTemplate};
+use FieldKind::{ClientId, Provider, Published, Ref, Uri, UriTemplate};
 use Row::{Field, Nested};
 
 /// The table. Keys are action types, notification and method names
@@ -161,7 +167,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
             Nested("changesets[]", "@Changeset"),
         ],
     ),
-    ("@Attachment", &[Field("uri", Uri), Field("resource", Uri)]),
+    ("@Attachment", &[Field("uri", Ref), Field("resource", Uri)]),
     (
         "@Message",
         &[
@@ -172,7 +178,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ("@Contributor", &[Field("clientId", ClientId)]),
     (
         "@FileEditSide",
-        &[Field("uri", Uri), Field("content.uri", Uri)],
+        &[Field("uri", Uri), Field("content.uri", Ref)],
     ),
     (
         "@FileEdit",
@@ -184,7 +190,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
     (
         "@ToolResultContent",
         &[
-            Field("uri", Uri),
+            Field("uri", Ref),
             Field("resource", Uri),
             Nested("before", "@FileEditSide"),
             Nested("after", "@FileEditSide"),
@@ -195,7 +201,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
         "@ToolCall",
         &[
             Nested("contributor", "@Contributor"),
-            Field("toolInput.uri", Uri),
+            Field("toolInput.uri", Ref),
             Nested("edits.items[]", "@FileEdit"),
             Nested("content[]", "@ToolResultContent"),
             Nested("result", "@ToolResult"),
@@ -204,7 +210,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ),
     (
         "@Part",
-        &[Field("uri", Uri), Nested("toolCall", "@ToolCall")],
+        &[Field("uri", Ref), Nested("toolCall", "@ToolCall")],
     ),
     (
         "@Turn",
@@ -226,7 +232,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
             Nested("queuedMessages[]", "@Pending"),
             Nested("draft", "@Message"),
             Nested("backgroundWork[]", "@Work"),
-            Field("canvases[].resource", Uri),
+            Field("canvases[].resource", Ref),
             Field("workingDirectories[]", Uri),
             Nested("changesets[]", "@Changeset"),
         ],
@@ -342,7 +348,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
         "chat/toolCallReady",
         &[
             Nested("contributor", "@Contributor"),
-            Field("toolInput.uri", Uri),
+            Field("toolInput.uri", Ref),
             Nested("edits.items[]", "@FileEdit"),
         ],
     ),
@@ -356,7 +362,7 @@ pub const TABLE: &[(&str, &[Row])] = &[
         &[Nested("content[]", "@ToolResultContent")],
     ),
     ("chat/backgroundWorkSet", &[Nested("work", "@Work")]),
-    ("chat/canvasesChanged", &[Field("canvases[].resource", Uri)]),
+    ("chat/canvasesChanged", &[Field("canvases[].resource", Ref)]),
     ("chat/turnsLoaded", &[Nested("turns[]", "@Turn")]),
     ("chat/pendingMessageSet", &[Nested("message", "@Message")]),
     ("chat/draftChanged", &[Nested("draft", "@Message")]),
@@ -494,10 +500,10 @@ pub const TABLE: &[(&str, &[Row])] = &[
         &[Nested("items[].attachment", "@Attachment")],
     ),
     ("result:resourceResolve", &[Field("uri", Uri)]),
-    ("result:createResourceWatch", &[Field("channel", Uri)]),
+    ("result:createResourceWatch", &[Field("channel", Ref)]),
     (
         "result:invokeChangesetOperation",
-        &[Field("followUp.content.uri", Uri)],
+        &[Field("followUp.content.uri", Ref)],
     ),
     ("result:runAutomation", &[Field("resource", Uri)]),
 ];

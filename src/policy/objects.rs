@@ -1,9 +1,12 @@
 //! What a principal can see (contract §4.4, §6.1, §7.2): hosts through
 //! their grant; sessions through their creator (the URI store) or the
 //! external-sessions rule; chats through the session that lists them;
-//! terminals through their claim or their creator. An object that does not
-//! exist is invisible too, so "invisible" and "nonexistent" are one answer,
-//! decided without contacting any host.
+//! terminals through their claim or their creator; every other URI a
+//! client names through what it belongs to (`sees_named`, `OWNERS`: a
+//! session it derives from, a canvas's chat, or having been shown to the
+//! client). An object that does not exist is invisible too, so
+//! "invisible" and "nonexistent" are one answer, decided without
+//! contacting any host.
 
 use serde_json::Value;
 
@@ -165,6 +168,35 @@ impl Access {
         }
     }
 
+    /// Whether `who` may name `host_uri` inside a request or action
+    /// (contract §4.3: every URI a client sends is authorized against the
+    /// object it belongs to, whatever its scheme) — one decision for every
+    /// shape ([`OWNERS`]): sessions, chats and terminals as
+    /// [`Access::sees_channel`]; a URI derived from a session by path (VS
+    /// Code's `<session>/changeset/…`, `…/annotations`) as its session; a
+    /// canvas `ahp-canvas:/<b64url(chat)>/<id>` (VS Code's `buildCanvasUri`)
+    /// as its chat, or where shown; every other host object (content
+    /// references, changesets, resource watches) only where `shown` — the
+    /// client received it inside a channel it can read or in its own
+    /// answer (`names::seen`). Files are a host's, not an object's: `true`
+    /// (their `files:*` permission decides). `host_uri` is a host name.
+    pub fn sees_named(
+        &self,
+        who: Subject<'_>,
+        grant: &Grant,
+        hub: &HostHub,
+        host_uri: &str,
+        shown: bool,
+    ) -> bool {
+        match owner_of_uri(host_uri) {
+            UriOwner::Host => true,
+            UriOwner::Itself => self.sees_channel(who, grant, hub, host_uri),
+            UriOwner::Session(session) => self.sees_existing_session(who, grant, hub, &session),
+            UriOwner::ChatInPath(chat) => shown || self.sees_channel(who, grant, hub, &chat),
+            UriOwner::Shown => shown,
+        }
+    }
+
     fn sees_existing_session(
         &self,
         who: Subject<'_>,
@@ -215,5 +247,119 @@ impl Access {
         }
         info.get("claim")
             .is_some_and(|c| self.sees_claim(who, grant, hub, c))
+    }
+}
+
+/// What a URI a client names belongs to, so what decides whether it may
+/// name it ([`Access::sees_named`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UriOwner {
+    /// A file of the host: its `files:*` permission decides.
+    Host,
+    /// A session, chat or terminal: its own visibility.
+    Itself,
+    /// Derived from this session (host form) by path.
+    Session(String),
+    /// A canvas naming its chat (host form) in its path.
+    ChatInPath(String),
+    /// An object only the client it was shown to may name.
+    Shown,
+}
+
+/// How a host object URI that is not a channel of its own is owned, by
+/// scheme (compared case-insensitively); any scheme not listed is
+/// [`ObjectOwner::Shown`]. The one table for contract §4.3's "whatever its scheme".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectOwner {
+    /// `<scheme>:/<b64url(chat)>/<id>` (VS Code's `buildCanvasUri`), else shown.
+    ChatInPath,
+    /// Only where shown (`names::seen`).
+    Shown,
+}
+
+/// Host object schemes and their owners.
+pub const OWNERS: &[(&str, ObjectOwner)] = &[
+    ("ahp-canvas", ObjectOwner::ChatInPath),
+    ("ahp-changeset", ObjectOwner::Shown),
+    ("ahp-content", ObjectOwner::Shown),
+    ("ahp-resource-watch", ObjectOwner::Shown),
+];
+
+/// What `host_uri` (a host name, host form) belongs to.
+pub fn owner_of_uri(host_uri: &str) -> UriOwner {
+    use crate::names::qualify::UriParts;
+    let parts = UriParts::parse(host_uri);
+    match channel_kind(host_uri) {
+        ChannelKind::Session => match parts {
+            Some(p) if !p.tail.is_empty() => UriOwner::Session(p.base()),
+            _ => UriOwner::Itself,
+        },
+        ChannelKind::Chat | ChannelKind::Terminal => UriOwner::Itself,
+        ChannelKind::Other if !crate::names::seen::is_object(host_uri) => UriOwner::Host,
+        ChannelKind::Other => {
+            let owner = parts.and_then(|p| {
+                OWNERS
+                    .iter()
+                    .find(|(s, _)| s.eq_ignore_ascii_case(p.scheme))
+                    .map(|(_, o)| (*o, p))
+            });
+            match owner {
+                Some((ObjectOwner::ChatInPath, p)) => {
+                    canvas_chat(p.head, p.tail).map_or(UriOwner::Shown, UriOwner::ChatInPath)
+                }
+                _ => UriOwner::Shown,
+            }
+        }
+    }
+}
+
+/// The chat a canvas path `/<b64url(chat)>/<id>` names, if it decodes to a
+/// chat URI.
+fn canvas_chat(head: &str, tail: &str) -> Option<String> {
+    use base64::Engine as _;
+    let id = tail.strip_prefix('/')?;
+    if id.is_empty() || id.contains('/') {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(head)
+        .ok()?;
+    let chat = String::from_utf8(bytes).ok()?;
+    (channel_kind(&chat) == ChannelKind::Chat).then_some(chat)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine as _;
+
+    #[test]
+    fn every_shape_has_one_owner() {
+        assert_eq!(owner_of_uri("file:///etc/passwd"), UriOwner::Host);
+        assert_eq!(owner_of_uri("copilot:/s1"), UriOwner::Itself);
+        assert_eq!(owner_of_uri("ahp-chat:/c1"), UriOwner::Itself);
+        assert_eq!(owner_of_uri("ahp-terminal:/t1"), UriOwner::Itself);
+        assert_eq!(
+            owner_of_uri("copilot:/s1/changeset/session"),
+            UriOwner::Session("copilot:/s1".into())
+        );
+        assert_eq!(
+            owner_of_uri("ahp-session:/s1/annotations"),
+            UriOwner::Session("ahp-session:/s1".into())
+        );
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("ahp-chat:/c1");
+        assert_eq!(
+            owner_of_uri(&format!("ahp-canvas:/{b64}/7")),
+            UriOwner::ChatInPath("ahp-chat:/c1".into())
+        );
+        for shown in [
+            "ahp-canvas:/opaque",
+            "ahp-changeset:/s1/t1",
+            "AHP-Content:/c1",
+            "ahp-resource-watch:/w1",
+            "ahp-other:/x",
+        ] {
+            assert_eq!(owner_of_uri(shown), UriOwner::Shown, "{shown}");
+        }
     }
 }

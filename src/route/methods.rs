@@ -260,6 +260,20 @@ pub const METHODS: &[Method] = &[
     ),
 ];
 
+/// Methods whose target may be a host object the client was shown inside
+/// a channel it can read (a content reference, contract §7.1), with what
+/// they need then instead of their row's permission.
+pub const ON_SHOWN_OBJECT: &[(&str, Permission)] = &[("resourceRead", SessionsRead)];
+
+/// What `method` needs on a target object shown to the client, if it
+/// differs from its row ([`ON_SHOWN_OBJECT`]).
+pub fn need_on_shown(method: &str) -> Option<Permission> {
+    ON_SHOWN_OBJECT
+        .iter()
+        .find(|(m, _)| *m == method)
+        .map(|(_, p)| *p)
+}
+
 /// The row of `name`; `None` for a method the relay does not know.
 pub fn method(name: &str) -> Option<&'static Method> {
     METHODS.iter().find(|m| m.name == name)

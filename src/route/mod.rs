@@ -55,6 +55,8 @@ pub struct Caller<'a> {
     pub upstream_id: &'a str,
     /// The client's own `clientId`.
     pub client_id: &'a str,
+    /// The host objects the session was shown (§7.1): what it may name.
+    pub seen: &'a crate::names::seen::Seen,
 }
 
 impl Caller<'_> {

@@ -11,13 +11,15 @@ use serde_json::{Value, json};
 
 use super::methods::{self, Need};
 use super::{Caller, Env};
-use crate::names::client_uri::validate_client_uri;
+use crate::names::client_uri::{validate_client_session_uri, validate_client_uri};
 use crate::names::namer::{self, ToHost};
 use crate::names::qualify::{
     ChannelKind, channel_kind, chat_for_session, is_host_name, session_of_chat_uri,
 };
+use crate::names::seen::is_object;
 use crate::names::translate::{self, FieldKind, Namer};
 use crate::policy::audit::{self, Decision};
+use crate::policy::objects::{UriOwner, owner_of_uri};
 use crate::policy::table;
 use crate::policy::{Grant, Permission, Subject};
 use crate::rpc::RpcError;
@@ -36,15 +38,18 @@ pub fn host_for(
         .and_then(|(h, hu)| env.hosts.get(&h).map(|hub| (hub, hu)))
         .ok_or_else(|| not_found(uri))?;
     let who = caller.who;
-    let visible = env
-        .access
-        .grant_on(who, &hub)
-        .is_some_and(|g| env.access.sees_channel(who, &g, &hub, &host_uri));
+    // A channel that is a host object (a resource watch) is also the
+    // caller's only where it was shown to it (§4.3).
+    let object = channel_kind(&host_uri) == ChannelKind::Other;
+    let visible = env.access.grant_on(who, &hub).is_some_and(|g| {
+        env.access.sees_channel(who, &g, &hub, &host_uri)
+            && (!object
+                || env
+                    .access
+                    .sees_named(who, &g, &hub, &host_uri, caller.seen.contains(uri)))
+    });
     if !visible {
-        env.metrics
-            .acl_decisions
-            .with_label_values(&[Decision::Invisible.label()])
-            .inc();
+        count_invisible(env);
         return Err(not_found(uri));
     }
     Ok((hub, host_uri))
@@ -144,20 +149,56 @@ pub fn gate(
     result
 }
 
+/// Why [`Authorizing`] refused a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Malformed, another host's, or an invisible session, chat or
+    /// terminal — answered as a name that does not translate (-32602).
+    Untranslatable,
+    /// A host object (content reference, changeset, canvas, watch, a URI
+    /// derived from a session) the caller may not name: as nonexistent
+    /// (-32008).
+    Invisible,
+    /// Visible but not permitted (-32009).
+    Denied,
+}
+
 /// A client → host namer that authorizes every host URI it translates,
-/// whatever its scheme (contract §4.3): a session, chat or terminal must be
+/// whatever its scheme (contract §4.3), against the object it belongs to
+/// (`policy::Access::sees_named`): a session, chat or terminal must be
 /// one the principal can see on the target host (else it is as unknown as a
-/// URI that names nothing); any host URI — channels, files, content
-/// references, changesets, canvases, watches — needs the permission its
-/// field implies on that host. External and client-published URIs name
-/// nothing on the host and pass.
+/// URI that names nothing); a content reference, changeset, canvas or
+/// watch must have been shown to this client in a channel it can read (or
+/// derive from a session or chat it can see); and any host URI needs the
+/// permission its field implies on that host. External and
+/// client-published URIs name nothing on the host and pass. `target` is a
+/// URI the caller has already authorized as the request's own target.
 struct Authorizing<'a> {
     to_host: ToHost<'a>,
     env: &'a Env,
     caller: Caller<'a>,
     hub: &'a HostHub,
     grant: &'a Grant,
-    denied: std::cell::Cell<bool>,
+    target: Option<&'a str>,
+    refusal: std::cell::Cell<Refusal>,
+}
+
+impl Authorizing<'_> {
+    fn refuse(&self, why: Refusal, text: &str) -> Result<String, String> {
+        if why == Refusal::Invisible {
+            count_invisible(self.env);
+        }
+        self.refusal.set(why);
+        Err(text.into())
+    }
+}
+
+/// Counts a decision that something the caller named is invisible to it.
+fn count_invisible(env: &Env) {
+    env.metrics
+        .acl_decisions
+        .with_label_values(&[Decision::Invisible.label()])
+        .inc();
 }
 
 impl Namer for Authorizing<'_> {
@@ -173,24 +214,25 @@ impl Namer for Authorizing<'_> {
         value: &str,
     ) -> Result<String, String> {
         let host_value = self.to_host.translate(kind, value)?;
-        if !matches!(kind, FieldKind::Uri | FieldKind::UriTemplate) || !is_host_name(&host_value) {
+        let uri = matches!(
+            kind,
+            FieldKind::Uri | FieldKind::Ref | FieldKind::UriTemplate
+        );
+        if !uri || !is_host_name(&host_value) {
             return Ok(host_value);
         }
-        let channel = matches!(
-            channel_kind(&host_value),
-            ChannelKind::Session | ChannelKind::Chat | ChannelKind::Terminal
-        );
-        if channel
-            && !self
-                .env
-                .access
-                .sees_channel(self.caller.who, self.grant, self.hub, &host_value)
-        {
-            return Err("unknown URI".into());
+        // Only host objects are decided by the note: no lookup for others.
+        let shown = self.target == Some(value)
+            || (is_object(&host_value) && self.caller.seen.contains(value));
+        let access = &self.env.access;
+        if !access.sees_named(self.caller.who, self.grant, self.hub, &host_value, shown) {
+            return match owner_of_uri(&host_value) {
+                UriOwner::Itself => self.refuse(Refusal::Untranslatable, "unknown URI"),
+                _ => self.refuse(Refusal::Invisible, "unknown URI"),
+            };
         }
         if !self.grant.permits(field_need(shape, path)) {
-            self.denied.set(true);
-            return Err("permission denied".into());
+            return self.refuse(Refusal::Denied, "permission denied");
         }
         Ok(host_value)
     }
@@ -212,16 +254,16 @@ fn field_need(shape: &str, path: &str) -> Permission {
 }
 
 /// Translates `value` (already typed) to host names along `shape`,
-/// authorizing every channel it names; `Err(true)` when a field was
-/// visible but not permitted.
+/// authorizing every name in it ([`Authorizing`]); `target` was authorized
+/// by the caller already. The error says why and which field.
 pub fn translate_to_host(
     env: &Env,
     caller: Caller<'_>,
-    hub: &HostHub,
-    grant: &Grant,
+    (hub, grant): (&HostHub, &Grant),
     value: &mut Value,
     shape: &str,
-) -> Result<(), (bool, String)> {
+    target: Option<&str>,
+) -> Result<(), (Refusal, String)> {
     let namer = Authorizing {
         to_host: ToHost {
             host: &hub.id,
@@ -232,9 +274,10 @@ pub fn translate_to_host(
         caller,
         hub,
         grant,
-        denied: std::cell::Cell::new(false),
+        target,
+        refusal: std::cell::Cell::new(Refusal::Untranslatable),
     };
-    translate::translate(value, shape, &namer).map_err(|e| (namer.denied.get(), e.to_string()))
+    translate::translate(value, shape, &namer).map_err(|e| (namer.refusal.get(), e.to_string()))
 }
 
 /// Translates request `params` to host names along `shape` (fields
@@ -244,15 +287,29 @@ pub fn to_host(
     caller: Caller<'_>,
     hub: &HostHub,
     grant: &Grant,
-    mut params: Value,
+    params: Value,
     shape: &str,
     host_channel: &str,
 ) -> Result<Value, RpcError> {
-    translate_to_host(env, caller, hub, grant, &mut params, shape).map_err(|(denied, e)| {
-        if denied {
-            RpcError::permission_denied(&e)
-        } else {
-            RpcError::invalid_params(e)
+    to_host_with(env, caller, (hub, grant), params, shape, host_channel, None)
+}
+
+/// [`to_host`] for a request whose own `target` URI the caller authorized.
+fn to_host_with(
+    env: &Env,
+    caller: Caller<'_>,
+    on: (&HostHub, &Grant),
+    mut params: Value,
+    shape: &str,
+    host_channel: &str,
+    target: Option<&str>,
+) -> Result<Value, RpcError> {
+    translate_to_host(env, caller, on, &mut params, shape, target).map_err(|(why, e)| {
+        match why {
+            Refusal::Denied => RpcError::permission_denied(&e),
+            // Same answer as for an object that does not exist (§4.4).
+            Refusal::Invisible => RpcError::nonexistent(""),
+            Refusal::Untranslatable => RpcError::invalid_params(e),
         }
     })?;
     if let Some(o) = params.as_object_mut() {
@@ -272,6 +329,17 @@ pub fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
         )));
     }
     Ok(())
+}
+
+/// Checks a client-chosen session URI: `ahp-session:/<id>` or VS Code's
+/// `<provider>:/<id>` (its client names a new session itself, contract
+/// §4.2), id in `[A-Za-z0-9._-]{1,128}`; it keeps its exact form.
+pub fn check_client_session_uri(uri: &str) -> Result<(), RpcError> {
+    validate_client_session_uri(uri).map(|_| ()).map_err(|e| {
+        RpcError::invalid_params(format!(
+            "{uri}: {e} (a session is ahp-session:/<id> or <provider>:/<id>)"
+        ))
+    })
 }
 
 /// Whether a client-chosen chat URI is VS Code's derived form of a chat of
@@ -402,10 +470,12 @@ pub fn authorize_dispatch(
     };
     let mut host_action =
         serde_json::to_value(&known).map_err(|_| Reject("malformed action".into()))?;
-    translate_to_host(env, caller, &hub, &grant, &mut host_action, ty).map_err(|e| match e {
-        (true, e) => Reject(format!("permission denied: {e}")),
-        (false, e) => Reject(format!("cannot translate {e}")),
-    })?;
+    translate_to_host(env, caller, (&hub, &grant), &mut host_action, ty, None).map_err(
+        |e| match e {
+            (Refusal::Denied, e) => Reject(format!("permission denied: {e}")),
+            (_, e) => Reject(format!("cannot translate {e}")),
+        },
+    )?;
     Ok(DispatchTarget {
         hub,
         host_channel,
@@ -464,18 +534,52 @@ pub fn resource_host(env: &Env, caller: Caller<'_>, uri: &str) -> Result<Arc<Hos
     Ok(hub)
 }
 
-/// What a resource command on `uri` needs (§7.1): `resourceRead` of a
-/// content reference (any host URI that is not a `file:`) needs only
-/// `sessions:read` — content references reach a client only inside
-/// channels it can read; everything else needs its row's `files:*`.
-pub fn resource_need(method: &str, uri: &str) -> Result<Permission, RpcError> {
-    let file = uri
-        .get(..5)
-        .is_some_and(|s| s.eq_ignore_ascii_case("file:"));
-    if method == "resourceRead" && !file {
-        return Ok(Permission::SessionsRead);
+/// Authorizes the root-scoped resource command `method` on its target
+/// `uri` (client form) on `hub` and translates its `params` (contract
+/// §7.1, §4.4). `resourceRead` of a host object the client was shown in a
+/// channel it can read — a content reference — needs only `sessions:read`
+/// (`methods::ON_SHOWN_OBJECT`); anything else needs its row's `files:*`.
+/// An object the caller may not name — one whose session or chat it cannot
+/// see, or one never shown to it without `files:*` — answers as
+/// nonexistent (-32008): whether it exists is never revealed. A file it may
+/// not read or write: -32009.
+pub fn resource_to_host(
+    env: &Env,
+    caller: Caller<'_>,
+    hub: &HostHub,
+    method: &str,
+    uri: &str,
+    params: Value,
+) -> Result<Value, RpcError> {
+    let host_uri =
+        namer::to_host_uri(env.store.as_ref(), &hub.id, uri).map_err(RpcError::invalid_params)?;
+    let grant = env
+        .access
+        .grant_on(caller.who, hub)
+        .ok_or_else(|| not_found(uri))?;
+    let owner = owner_of_uri(&host_uri);
+    let file = owner == UriOwner::Host;
+    let shown = caller.seen.contains(uri);
+    let visible = env
+        .access
+        .sees_named(caller.who, &grant, hub, &host_uri, shown);
+    if !visible && owner != UriOwner::Shown {
+        count_invisible(env);
+        return Err(not_found(uri));
     }
-    method_permission(method)
+    let shown_need = methods::need_on_shown(method).filter(|_| visible && !file);
+    let need = match shown_need {
+        Some(p) => p,
+        None => method_permission(method)?,
+    };
+    let grant = match gate(env, caller, hub, method, uri, need) {
+        Ok(g) => g,
+        Err(Denied::NotPermitted) if file => return Err(RpcError::permission_denied(method)),
+        Err(_) => return Err(not_found(uri)),
+    };
+    let shape = format!("params:{method}");
+    let root = ahp_types::ROOT_RESOURCE_URI;
+    to_host_with(env, caller, (hub, &grant), params, &shape, root, Some(uri))
 }
 
 /// The host of a client-claimed terminal (no session names one): the host

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
-use crate::names::namer::ToClient;
+use crate::names::namer::{Noting, ToClient};
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
@@ -226,7 +226,7 @@ impl ClientSession {
                 n,
                 host,
                 relay.store.as_ref(),
-                self.identity(),
+                (self.identity(), &self.seen),
             )
         });
         if rewritten.is_none() {
@@ -452,14 +452,23 @@ impl ClientSession {
         });
     }
 
+    /// Host → client names for a frame to this session from `host`, noting
+    /// the host objects it shows the client (§7.1).
+    fn noting<'a>(&'a self, host: &'a HostHub) -> Noting<'a> {
+        Noting {
+            to_client: ToClient {
+                host: &host.id,
+                store: self.env.store.as_ref(),
+                identity: Some(self.identity()),
+            },
+            seen: &self.seen,
+        }
+    }
+
     /// The client form of a host result.
     fn client_result(&self, host: &Arc<HostHub>, method: &str, result: Option<&Value>) -> String {
         let mut result = result.cloned().unwrap_or(Value::Null);
-        let namer = ToClient {
-            host: &host.id,
-            store: self.env.store.as_ref(),
-            identity: Some(self.identity()),
-        };
+        let namer = self.noting(host);
         if translate::translate(&mut result, &format!("result:{method}"), &namer).is_err() {
             return "null".into();
         }
@@ -484,11 +493,7 @@ impl ClientSession {
             self.tool_calls
                 .on_snapshot(&host.id, host_channel, &state, &self.upstream_id);
         }
-        let namer = ToClient {
-            host: &host.id,
-            store: self.env.store.as_ref(),
-            identity: Some(self.identity()),
-        };
+        let namer = self.noting(host);
         if let Some(shape) = state_shape(client_channel)
             && translate::translate(&mut state, shape, &namer).is_err()
         {
@@ -656,7 +661,7 @@ pub fn rewrite_envelope(
     n: u64,
     host: &HostHub,
     store: &dyn crate::names::store::UriStore,
-    identity: (&str, &str),
+    (identity, seen): ((&str, &str), &crate::names::seen::Seen),
 ) -> Option<String> {
     let p = &frame.params;
     let mut edits = Vec::with_capacity(4);
@@ -681,10 +686,13 @@ pub fn rewrite_envelope(
         && translate::rows(&ty.value).is_some()
     {
         let mut action: Value = serde_json::from_str(text.get(range.clone())?).ok()?;
-        let namer = ToClient {
-            host: &host.id,
-            store,
-            identity: Some(identity),
+        let namer = Noting {
+            to_client: ToClient {
+                host: &host.id,
+                store,
+                identity: Some(identity),
+            },
+            seen,
         };
         translate::translate(&mut action, &ty.value, &namer).ok()?;
         rewritten_action = action.to_string();

@@ -289,6 +289,8 @@ pub struct ClientSession {
     pub groups: Vec<String>,
     /// The client tool calls this session owns on its hosts (§5.7).
     pub tool_calls: tool_calls::OwnedToolCalls,
+    /// Host objects shown to this client, so it may name them (§7.1).
+    pub seen: crate::names::seen::Seen,
     core: Mutex<SessionCore>,
 }
 
@@ -330,6 +332,10 @@ impl ClientSession {
             root_seen: serde_json::Map::new(),
             watermarks: HashMap::new(),
         };
+        let seen = crate::names::seen::Seen::new(
+            limits.seen_refs_per_session,
+            env.metrics.limit_hits.with_label_values(&["seen_refs"]),
+        );
         Self {
             env,
             registry: Arc::downgrade(registry),
@@ -338,6 +344,7 @@ impl ClientSession {
             version,
             groups,
             tool_calls: tool_calls::OwnedToolCalls::default(),
+            seen,
             core: Mutex::new(core),
         }
     }
@@ -366,6 +373,7 @@ impl ClientSession {
             who: self.subject(),
             upstream_id: &self.upstream_id,
             client_id: &self.key.client_id,
+            seen: &self.seen,
         }
     }
 

@@ -619,18 +619,19 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
 /// for sessions, -32010 otherwise) before anything is reserved, so no
 /// store entry ever names a host object its creator did not make.
 fn refuse_host_object(session: &ClientSession, hub: &HostHub, uri: &str) -> Result<(), RpcError> {
-    let scheme = uri.split_once(':').map_or("", |(s, _)| s);
-    let exists = match scheme {
-        "ahp-session" => hub.has_session(uri),
-        "ahp-chat" => hub.session_of_chat(uri).is_some(),
-        "ahp-terminal" => hub.terminal_claim(uri).is_some(),
-        _ => false,
+    use crate::names::qualify::{ChannelKind, channel_kind};
+    let kind = channel_kind(uri);
+    let exists = match kind {
+        ChannelKind::Session => hub.has_session(uri),
+        ChannelKind::Chat => hub.session_of_chat(uri).is_some(),
+        ChannelKind::Terminal => hub.terminal_claim(uri).is_some(),
+        ChannelKind::Other => false,
     };
     if !exists {
         return Ok(());
     }
     session.limit_hit("host_object");
-    Err(if scheme == "ahp-session" {
+    Err(if kind == ChannelKind::Session {
         RpcError::session_exists(uri)
     } else {
         RpcError::already_exists(uri)
@@ -699,7 +700,7 @@ async fn create_session(
     params: Value,
 ) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateSessionParams>(params)?;
-    router::check_client_uri(&p.channel, "ahp-session")?;
+    router::check_client_session_uri(&p.channel)?;
     let env = &session.env;
     let hub = match p.provider.as_deref() {
         Some(provider) => names::read_provider(provider)
@@ -1045,7 +1046,9 @@ fn by_uri(
         .get("uri")
         .or_else(|| params.get("source"))
         .and_then(Value::as_str)
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .to_string();
+    let uri = uri.as_str();
     let hub = router::resource_host(env, caller, uri)?;
     if let Some(dest) = params.get("destination").and_then(Value::as_str)
         && !Arc::ptr_eq(&router::resource_host(env, caller, dest)?, &hub)
@@ -1054,15 +1057,7 @@ fn by_uri(
             "source and destination are on different hosts",
         ));
     }
-    let need = router::resource_need(method, uri)?;
-    let root = ahp_types::ROOT_RESOURCE_URI;
-    let grant = match router::gate(env, caller, &hub, method, uri, need) {
-        Ok(g) => g,
-        Err(router::Denied::Invisible) => return Err(router::not_found(uri)),
-        Err(router::Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
-    };
+    let params = router::resource_to_host(env, caller, &hub, method, uri, params)?;
     let link = open_link(session, &hub)?;
-    let shape = format!("params:{method}");
-    let params = router::to_host(env, caller, &hub, &grant, params, &shape, root)?;
     forward(session, &link, id, method, params, PendingKind::Plain)
 }

@@ -233,7 +233,7 @@ fn create_session(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<S
     let p: CreateSessionParams = parse(params)?;
     if !naming::creatable_session(&core.cfg, &p.channel) {
         return Err(RpcError::invalid_params(
-            "channel must be ahp-session:/<id> (or <provider>:/<id> in VS Code mode) with id in [A-Za-z0-9._-]{1,128}",
+            "channel must be ahp-session:/<id> or <provider>:/<id> with id in [A-Za-z0-9._-]{1,128}",
         ));
     }
     if core.state.sessions.contains_key(&p.channel) {

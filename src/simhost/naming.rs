@@ -66,7 +66,10 @@ pub fn default_chat_uri(cfg: &SimHostConfig, session_uri: &str) -> String {
     if cfg.vscode_compat {
         vscode_chat_uri(session_uri, DEFAULT_CHAT_ID)
     } else {
-        let id = session_uri.trim_start_matches("ahp-session:/");
+        // `ahp-session:/<id>` and a client-chosen `<provider>:/<id>` alike.
+        let id = session_uri
+            .split_once(":/")
+            .map_or(session_uri, |(_, id)| id);
         format!("ahp-chat:/{id}-main")
     }
 }
@@ -98,14 +101,15 @@ pub fn safe_id(id: &str) -> bool {
 }
 
 /// Whether `uri` is a session URI a client may create on this host:
-/// `ahp-session:/<id>`, or in VS Code mode also `<provider>:/<id>`.
+/// `ahp-session:/<id>` or `<provider>:/<id>` (this host's provider), in
+/// both modes — a client names a new session itself, VS Code's client as
+/// `<provider>:/<uuid>`; the mode decides only the names the host assigns.
 pub fn creatable_session(cfg: &SimHostConfig, uri: &str) -> bool {
     let plain = uri.strip_prefix("ahp-session:/").is_some_and(safe_id);
-    let vscode = cfg.vscode_compat
-        && uri
-            .strip_prefix(cfg.provider.as_str())
-            .and_then(|r| r.strip_prefix(":/"))
-            .is_some_and(safe_id);
+    let vscode = uri
+        .strip_prefix(cfg.provider.as_str())
+        .and_then(|r| r.strip_prefix(":/"))
+        .is_some_and(safe_id);
     plain || vscode
 }
 
@@ -156,7 +160,8 @@ mod tests {
     fn creatable_shapes() {
         let mut cfg = SimHostConfig::named("a");
         assert!(creatable_session(&cfg, "ahp-session:/x"));
-        assert!(!creatable_session(&cfg, "sim:/x"));
+        assert!(creatable_session(&cfg, "sim:/x"));
+        assert!(!creatable_session(&cfg, "other:/x"));
         cfg.vscode_compat = true;
         assert!(creatable_session(&cfg, "sim:/x"));
         assert!(!creatable_session(&cfg, "other:/x"));
