@@ -193,12 +193,46 @@ async fn write_loop<S>(
                     let _ = sink.close().await;
                     return;
                 };
-                if sink.feed(Message::Text(f)).await.is_err() { return; }
-                while let Some(f) = out.try_recv() {
-                    if sink.feed(Message::Text(f)).await.is_err() { return; }
-                }
+                if !coalesce(&mut sink, &mut out, f).await { return; }
                 if sink.flush().await.is_err() { return; }
             }
         }
+    }
+}
+
+/// Most bytes written between two flushes while frames keep coming.
+const FLUSH_AFTER_BYTES: usize = 64 * 1024;
+
+/// Feeds `first` and whatever else is queued; while more keeps arriving,
+/// gives the producers (links on other worker threads) one scheduler turn
+/// to queue more before the flush, so a stream goes out as a few large TLS
+/// records and writes instead of one per frame. A lone frame is flushed at
+/// once (nothing more was queued), and a busy stream at least every
+/// [`FLUSH_AFTER_BYTES`]. `false` if the socket failed.
+async fn coalesce<S>(
+    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+    out: &mut OutboxRx,
+    first: tokio_tungstenite::tungstenite::Utf8Bytes,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut fed = first.len();
+    if sink.feed(Message::Text(first)).await.is_err() {
+        return false;
+    }
+    loop {
+        let mut more = false;
+        while let Some(f) = out.try_recv() {
+            more = true;
+            fed += f.len();
+            if sink.feed(Message::Text(f)).await.is_err() {
+                return false;
+            }
+        }
+        if !more || fed >= FLUSH_AFTER_BYTES {
+            return true;
+        }
+        tokio::task::yield_now().await;
     }
 }
