@@ -227,9 +227,11 @@ pub struct Limits {
     /// Seconds without any client frame (AHP `ping` included) after which
     /// the socket is closed with 1000 and an idle reason; 0 disables.
     pub client_idle_secs: u64,
-    /// Largest frame accepted from a host, at most 64 MiB (the WebSocket
-    /// layer's message cap); a bigger one is dropped and counted, and the
-    /// request it answered times out.
+    /// Largest frame accepted from a host, at most 64 MiB; the WebSocket
+    /// layer of every host connection refuses a bigger message or frame
+    /// when its header arrives, so that connection ends (a per-client link
+    /// resumes, requests in flight on it get -32603 `upstreamLost`; a watch
+    /// link redials) and the relay never buffers it.
     pub upstream_max_frame_bytes: usize,
     /// Frames queued for one link (client → host) before further requests
     /// get -32603 `reason = "hostBusy"` and dispatches a rejection echo.
@@ -239,6 +241,11 @@ pub struct Limits {
     pub reservations_per_principal: usize,
     /// Seconds between purges of expired tombstones from the store.
     pub store_purge_secs: u64,
+    /// Sessions the relay mirrors from one host's catalog; the watch link
+    /// stops paging `listSessions` there and drops further
+    /// `root/sessionAdded`, with a warning and a count in
+    /// `limit_hits_total{limit="host_sessions"}`.
+    pub sessions_per_host: usize,
 }
 
 impl Default for Limits {
@@ -278,6 +285,7 @@ impl Default for Limits {
             link_queue_frames: 1024,
             reservations_per_principal: 1000,
             store_purge_secs: 3600,
+            sessions_per_host: 100_000,
         }
     }
 }
@@ -331,6 +339,7 @@ impl Limits {
                 "reservations_per_principal",
                 self.reservations_per_principal,
             ),
+            ("sessions_per_host", self.sessions_per_host),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));

@@ -848,6 +848,9 @@ async fn load(
             tokio::time::sleep(start_after).await;
             let mut st = Stats::default();
             let r = client_life(&mut c, &opts, crng, seed, until, &shared, &mut st).await;
+            if let Err(f) = &r {
+                println!("soak: client {i} failed: [{}] {}", f.kind, f.detail);
+            }
             (c, st, r.err())
         }));
     }

@@ -455,6 +455,20 @@ impl UriStore for RedbStore {
     }
 }
 
+/// Runs `write` against `store` on a blocking thread and waits for it
+/// without holding a runtime worker: every write commits with an fsync.
+/// Creates reserve, confirm and release through it (or hand the write to a
+/// blocking thread and do not wait), so no runtime thread ever waits for
+/// the disk.
+pub async fn off_runtime<T: Send + 'static>(
+    store: std::sync::Arc<dyn UriStore>,
+    write: impl FnOnce(&dyn UriStore) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(move || write(&*store))
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string())))
+}
+
 /// Purges expired tombstones every `every` (contract §7.4: a disposed name is free again after
 /// `tombstone_ttl`), each purge on a blocking thread; runs until its task is dropped.
 pub async fn purge_expired_every(store: std::sync::Arc<dyn UriStore>, every: std::time::Duration) {
@@ -549,6 +563,31 @@ mod tests {
             subject: "alice".into(),
             groups: vec!["team-a".into(), "x\nops".into()],
         }
+    }
+
+    /// A write through `off_runtime` runs on another thread than the
+    /// runtime's (here the only one) and is durable when it returns.
+    #[tokio::test(flavor = "current_thread")]
+    async fn off_runtime_writes_on_a_blocking_thread() {
+        let Ok(store) = RedbStore::open_in_memory() else {
+            panic!("in-memory store");
+        };
+        let store: std::sync::Arc<dyn UriStore> = std::sync::Arc::new(store);
+        let here = std::thread::current().id();
+        let there = off_runtime(store.clone(), |s| {
+            s.reserve("ahp-session:/x", "h", &owner(), 1)?;
+            s.confirm("ahp-session:/x")?;
+            Ok(std::thread::current().id())
+        })
+        .await;
+        assert!(there.is_ok_and(|t| t != here));
+        let entry = store.lookup("ahp-session:/x").ok().flatten();
+        assert_eq!(entry.map(|e| e.state), Some(UriState::Confirmed));
+        let released = off_runtime(store.clone(), |s| s.release("ahp-session:/x")).await;
+        assert!(
+            matches!(released, Err(StoreError::NotFound)),
+            "{released:?}"
+        );
     }
 
     #[test]

@@ -322,7 +322,13 @@ async fn host_message(
             }
             None
         }
-        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => Some(true),
+        Some(Err(e)) => {
+            // E.g. a frame over `upstream_max_frame_bytes`: the connection
+            // is unusable; the link resumes on a new one.
+            tracing::warn!(host = %ends.host.id, error = %e, "link connection failed");
+            Some(true)
+        }
+        Some(Ok(Message::Close(_))) | None => Some(true),
         Some(Ok(_)) => None,
     }
 }
