@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::ToClient;
-use crate::names::store::off_runtime;
+use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
@@ -351,42 +351,32 @@ impl ClientSession {
         let _ = reply.send(snap);
     }
 
-    /// A create confirms its store entry (or releases it on failure) on a
-    /// blocking thread (a commit fsyncs) and is answered once that write is
-    /// durable, so the client's next request sees the outcome; a session
-    /// create is answered once the catalog lists it (§6.3).
+    /// A create confirms its store entry (or releases it on failure) before
+    /// it is answered, the link waiting (§4.5 order) while the runtime does
+    /// not (`write_in_place`); a session create is answered once the
+    /// catalog lists it (§6.3).
     fn answer_create(
         &self,
-        core: MutexGuard<'_, SessionCore>,
+        mut core: MutexGuard<'_, SessionCore>,
         a: Answer<'_>,
         store_key: &str,
         await_catalog: Option<String>,
     ) {
-        drop(core);
-        let me = self.registry().and_then(|r| r.session_of(&self.key));
-        let (store, key) = (self.env.store.clone(), store_key.to_string());
-        let (host, id, failure) = (a.host.clone(), a.id, a.failure);
-        let created = failure.is_none();
-        tokio::spawn(async move {
-            let uri = key.clone();
-            let written = off_runtime(store, move |s| {
-                if created {
-                    s.confirm(&key)
-                } else {
-                    s.release(&key)
-                }
-            })
-            .await;
-            if let (true, Err(e)) = (created, &written) {
-                tracing::error!(error = %e, %uri, "cannot confirm a created URI");
+        let store = &self.env.store;
+        if let Some(err) = a.failure {
+            let _ = write_in_place(|| store.release(store_key));
+            return self.respond_error(&mut core, &a.id, &err);
+        }
+        if let Err(e) = write_in_place(|| store.confirm(store_key)) {
+            tracing::error!(error = %e, uri = %store_key, "cannot confirm a created URI");
+        }
+        match await_catalog {
+            None => self.respond(&mut core, &a.id, "null"),
+            Some(host_uri) => {
+                drop(core);
+                self.respond_after_catalog(a.host.clone(), host_uri, a.id);
             }
-            let Some(me) = me else { return };
-            match (failure, await_catalog) {
-                (Some(err), _) => me.respond_error(&mut me.lock(), &id, &err),
-                (None, None) => me.respond(&mut me.lock(), &id, "null"),
-                (None, Some(host_uri)) => me.respond_after_catalog(host, host_uri, id),
-            }
-        });
+        }
     }
 
     /// A dispose of a client-chosen URI leaves a tombstone (§4.2).
@@ -544,10 +534,7 @@ impl ClientSession {
                     let _ = reply.send(None);
                 }
                 PendingKind::Create { store_key, .. } => {
-                    // Off the runtime (a commit fsyncs), not waited for: as
-                    // when a create's link is lost before it is written.
-                    let store = self.env.store.clone();
-                    tokio::task::spawn_blocking(move || store.release(&store_key));
+                    let _ = write_in_place(|| self.env.store.release(&store_key));
                     self.respond_error(core, &p.client_id, err);
                 }
                 PendingKind::Authenticate { group } => {
