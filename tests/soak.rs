@@ -9,7 +9,13 @@
 //! * **Relay**: `ahp-relay serve` as a child process (the binary cargo
 //!   builds for this test), so its RSS is read from `/proc/<pid>/status`
 //!   alone; its `ahp_relay_*` gauges come from `/metrics` on its admin
-//!   listener. Dev TLS, the open dev policy, default `[limits]`.
+//!   listener. Dev TLS, the open dev policy, default `[limits]` but
+//!   `replay_buffer_envelopes = 512` (`SOAK_REPLAY_BUFFER`): each client
+//!   receives ~15 envelopes a second, so its buffer reaches its steady size
+//!   within the warm-up; with the default 4096 the 300 buffers would keep
+//!   growing for ~4 minutes towards ~360 MB, past the default 256 MiB
+//!   `replay_memory_bytes`, and the run would measure that filling, not
+//!   leaks.
 //! * **Hosts**: `SOAK_HOSTS` simhosts `h0…` in this process, each with
 //!   `SOAK_SESSIONS` seeded chats (agents with tool calls needing
 //!   confirmation). A host restart stops the host (every connection
@@ -22,7 +28,8 @@
 //!   (turns, cancels, confirmations, queued messages; drops its socket
 //!   without a close frame; re-initializes; subscribes again what it lost)
 //!   and reads everything in between. A dropped client comes back after
-//!   up to 2 s with `reconnect` (or `initialize` on -32008).
+//!   up to 2 s with `reconnect` (or `initialize` on -32008). They arrive
+//!   over the first 15 s.
 //! * **Bad frames**: every `SOAK_BAD_MS` a separate principal opens a
 //!   socket and sends one of: text that is not JSON (-32700 and the socket
 //!   still answers `ping`), a binary frame (close 1003), a frame over
@@ -53,7 +60,7 @@
 //! minutes). `SOAK_SECS` (600), `SOAK_CLIENTS` (300), `SOAK_HOSTS` (4),
 //! `SOAK_SESSIONS` (16), `SOAK_SEED` (1), `SOAK_SAMPLE_SECS` (5),
 //! `SOAK_WARMUP_SECS`, `SOAK_BUDGET_MIB` (512), `SOAK_HOST_RESTART_SECS`
-//! (30, mean gap between host restarts), `SOAK_BAD_MS` (1000) override.
+//! (30, mean gap between host restarts), `SOAK_BAD_MS` (1000), `SOAK_REPLAY_BUFFER` (512) override.
 //! Linux only (`/proc`).
 
 mod common;
@@ -90,6 +97,7 @@ struct Settings {
     budget_mib: u64,
     restart_secs: u64,
     bad_ms: u64,
+    replay_buffer: u64,
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -113,6 +121,7 @@ impl Settings {
             budget_mib: env_u64("SOAK_BUDGET_MIB", 512),
             restart_secs: env_u64("SOAK_HOST_RESTART_SECS", 30).max(2),
             bad_ms: env_u64("SOAK_BAD_MS", 1000).max(50),
+            replay_buffer: env_u64("SOAK_REPLAY_BUFFER", 512).max(1),
         }
     }
 }
@@ -154,9 +163,10 @@ fn free_port() -> u16 {
 impl RelayChild {
     /// Starts the relay in front of `hosts` (`(id, ws url)`) and waits until
     /// it listens and every watch link is up.
-    async fn start(hosts: &[(String, String)]) -> Self {
+    async fn start(hosts: &[(String, String)], replay_buffer: u64) -> Self {
         let kit = DevKit::create(&scratch_dir("soak")).expect("dev kit");
-        kit.config("127.0.0.1:0", hosts, "", "")
+        let extra = format!("\n[limits]\nreplay_buffer_envelopes = {replay_buffer}\n");
+        kit.config("127.0.0.1:0", hosts, "", &extra)
             .expect("config validates");
         let config = kit.dir.join("relay.toml");
         // A known admin port: `serve` does not print the admin address.
@@ -843,7 +853,8 @@ async fn load(
         let crng = Rng::new(s.seed.wrapping_mul(0x9E37_79B9).wrapping_add(i as u64));
         let shared = shared.clone();
         let seed = s.seed;
-        let start_after = Duration::from_millis((i as u64 * 20) % 5000);
+        // Arrivals spread over the first 15 s.
+        let start_after = Duration::from_millis((i as u64 * 50) % 15_000);
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep(start_after).await;
             let mut st = Stats::default();
@@ -934,7 +945,7 @@ async fn soak() {
         .iter()
         .map(|x| (x.cfg.name.clone(), format!("ws://{}/", x.addr)))
         .collect();
-    let relay = Arc::new(RelayChild::start(&pairs).await);
+    let relay = Arc::new(RelayChild::start(&pairs, s.replay_buffer).await);
     let started = Instant::now();
     let until = started + Duration::from_secs(s.secs);
     let shared = Arc::new(Shared::default());
