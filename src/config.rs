@@ -227,9 +227,11 @@ pub struct Limits {
     /// Seconds without any client frame (AHP `ping` included) after which
     /// the socket is closed with 1000 and an idle reason; 0 disables.
     pub client_idle_secs: u64,
-    /// Largest frame accepted from a host, at most 64 MiB (the WebSocket
-    /// layer's message cap); a bigger one is dropped and counted, and the
-    /// request it answered times out.
+    /// Largest frame accepted from a host, at most 64 MiB; the WebSocket
+    /// layer of every host connection refuses a bigger message or frame
+    /// when its header arrives, so that connection ends (a per-client link
+    /// resumes, requests in flight on it get -32603 `upstreamLost`; a watch
+    /// link redials) and the relay never buffers it.
     pub upstream_max_frame_bytes: usize,
     /// Frames queued for one link (client → host) before further requests
     /// get -32603 `reason = "hostBusy"` and dispatches a rejection echo.
@@ -244,6 +246,11 @@ pub struct Limits {
     /// inside a channel it can read (§7.1); the oldest is forgotten first,
     /// counted in `limit_hits_total{limit="seen_refs"}`.
     pub seen_refs_per_session: usize,
+    /// Sessions the relay mirrors from one host's catalog; the watch link
+    /// stops paging `listSessions` there and drops further
+    /// `root/sessionAdded`, with a warning and a count in
+    /// `limit_hits_total{limit="host_sessions"}`.
+    pub sessions_per_host: usize,
 }
 
 impl Default for Limits {
@@ -284,6 +291,7 @@ impl Default for Limits {
             reservations_per_principal: 1000,
             store_purge_secs: 3600,
             seen_refs_per_session: 4096,
+            sessions_per_host: 100_000,
         }
     }
 }
@@ -338,6 +346,7 @@ impl Limits {
                 self.reservations_per_principal,
             ),
             ("seen_refs_per_session", self.seen_refs_per_session),
+            ("sessions_per_host", self.sessions_per_host),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));

@@ -18,7 +18,7 @@ use crate::policy::{Access, Policy, RulePolicy};
 use crate::route::Env;
 use crate::session::buffer::ReplayMemory;
 use crate::session::{ClientSession, Registry, SessionKey};
-use crate::upstream::hub::{HostHub, Hosts};
+use crate::upstream::hub::{HostHub, Hosts, HubLimits};
 use crate::upstream::watch::WatchEvent;
 use crate::wire::WireLimits;
 
@@ -62,11 +62,15 @@ impl Relay {
             max_frame_bytes: limits.upstream_max_frame_bytes,
             max_depth: 256,
         };
+        let hub_limits = HubLimits {
+            max_message_bytes: Some(limits.upstream_max_frame_bytes),
+            max_sessions: limits.sessions_per_host,
+        };
         let policy: Arc<dyn Policy> = Arc::new(RulePolicy::new(&cfg.policy));
         let env = Arc::new(Env {
             access: Access::new(policy, store.clone(), keys.clone()),
             cfg: Arc::new(cfg),
-            hosts: Hosts::default(),
+            hosts: Hosts::with_limits(hub_limits),
             store,
             keys,
             metrics: Metrics::new().map_err(|e| e.to_string())?,

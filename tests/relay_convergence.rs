@@ -105,25 +105,27 @@
 //! overlapping reconnects (§5.6).
 
 mod common;
+mod s13;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ahp::ReduceOutcome;
 use ahp_relay::simhost::clock::SplitMix64;
 use ahp_relay::simhost::{AgentScript, SimHostConfig};
-use ahp_relay::upstream::dial::dial_stream;
+use ahp_relay::upstream::dial::DialOptions;
 use ahp_relay::upstream::hub::HostStatus;
-use ahp_types::actions::ActionEnvelope;
-use ahp_types::state::{ChatState, RootState};
 use common::relay::TestRelay;
 use common::{
-    MAX_SAFE, Next, ROOT, RawWs, dispatch_frame, host, initialize_subscribing, ping_frame,
-    reconnect_params, request_frame, script, turn_started,
+    Next, ROOT, RawWs, dispatch_frame, host, initialize_subscribing, ping_frame, reconnect_params,
+    request_frame, script, turn_started,
 };
 use futures_util::StreamExt;
+use s13::{
+    Act, Answer, Chan, Client, Fail, How, QUIET, R, REQUEST_WITHIN, Rest, St, Stats, fail,
+    rest_step,
+};
 use serde_json::{Value, json};
 
 /// Runs in CI.
@@ -141,10 +143,6 @@ const CLIENTS: [(&str, &str); 3] = [("alice", "s13-a0"), ("alice", "s13-a1"), ("
 const REPLAY_BUFFERS: [usize; 3] = [4, 16, 4096];
 const GRACES: [u64; 2] = [0, 20];
 
-/// Silence that ends a drain.
-const QUIET: Duration = Duration::from_millis(3);
-/// Bound of one request through the relay (above `upstream_settle_secs`).
-const REQUEST_WITHIN: Duration = Duration::from_secs(8);
 /// Bound of a whole run.
 const RUN_WITHIN: Duration = Duration::from_secs(120);
 
@@ -330,833 +328,16 @@ fn plan(seed: u64, steps: usize) -> RunCfg {
     }
 }
 
-// ─── failures and counters ──────────────────────────────────────────────────
-
-/// Why a run failed: a short kind (used to recognise the same failure when
-/// shrinking) and the details.
-#[derive(Debug, Clone)]
-struct Fail {
-    kind: String,
-    detail: String,
-}
-
-fn fail(kind: &str, detail: impl Into<String>) -> Fail {
-    Fail {
-        kind: kind.to_string(),
-        detail: detail.into(),
-    }
-}
-
-type R<T> = Result<T, Fail>;
-
-/// What the runs did, summed over runs.
-#[derive(Debug, Default, Clone)]
-struct Stats {
-    runs: u64,
-    steps: u64,
-    dispatched: u64,
-    echoed_accepted: u64,
-    echoed_rejected: u64,
-    never_echoed: u64,
-    taken_unacknowledged: u64,
-    late_echoes: u64,
-    envelopes: u64,
-    connections: u64,
-    replays: u64,
-    replayed_envelopes: u64,
-    snapshot_reconnects: u64,
-    not_found: u64,
-    initializes: u64,
-    init_omitted: u64,
-    resubscribes: u64,
-    closes_4000: u64,
-    closes_1012: u64,
-    closes_4009: u64,
-    host_restarts: u64,
-    resync_drops: u64,
-    stalls: u64,
-    relay_restarts: u64,
-    client_drops: u64,
-    offline_skips: u64,
-    pre_cut_envelopes: u64,
-}
-
-impl Stats {
-    fn add(&mut self, o: &Stats) {
-        macro_rules! sum {
-            ($($f:ident),*) => { $( self.$f += o.$f; )* };
-        }
-        sum!(
-            runs,
-            steps,
-            dispatched,
-            echoed_accepted,
-            echoed_rejected,
-            never_echoed,
-            taken_unacknowledged,
-            late_echoes,
-            envelopes,
-            connections,
-            replays,
-            replayed_envelopes,
-            snapshot_reconnects,
-            not_found,
-            initializes,
-            init_omitted,
-            resubscribes,
-            closes_4000,
-            closes_1012,
-            closes_4009,
-            host_restarts,
-            resync_drops,
-            stalls,
-            relay_restarts,
-            client_drops,
-            offline_skips,
-            pre_cut_envelopes
-        );
-    }
-}
-
-// ─── client model ───────────────────────────────────────────────────────────
-
-/// The confirmed state of one channel.
-enum St {
-    Chat(Box<ChatState>),
-    Root(Box<RootState>),
-}
-
-impl St {
-    fn parse(uri: &str, v: &Value) -> R<Self> {
-        let bad = |e: serde_json::Error| fail("snapshot-unparsable", format!("{uri}: {e}: {v}"));
-        Ok(if uri == ROOT {
-            St::Root(Box::new(serde_json::from_value(v.clone()).map_err(bad)?))
-        } else {
-            St::Chat(Box::new(serde_json::from_value(v.clone()).map_err(bad)?))
-        })
-    }
-
-    fn json(&self) -> Value {
-        match self {
-            St::Chat(s) => serde_json::to_value(s).unwrap_or(Value::Null),
-            St::Root(s) => serde_json::to_value(s).unwrap_or(Value::Null),
-        }
-    }
-}
-
-struct Chan {
-    /// Client form.
-    uri: String,
-    /// Host index and host form (`None` for root).
-    host: Option<(usize, String)>,
-    /// `None` until a snapshot arrives (or after one was missing).
-    state: Option<St>,
-    /// Number of the last envelope applied (or the snapshot's `fromSeq`).
-    applied: u64,
-}
-
-struct Sent {
-    channel: String,
-    ty: String,
-    conn: u64,
-    echoes: u32,
-    rejected: bool,
-    taken_unacked: bool,
-}
-
-/// How a client (re)connects.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum How {
-    /// `reconnect` if it has a watermark, `initialize` on -32008.
-    Resume,
-    /// `initialize` (a client that lost its state, or a new session).
-    Fresh,
-}
-
-/// The answer to a request, or how the socket ended first.
-enum Answer {
-    Result(Value),
-    Error(i64, Value),
-    Closed(Option<u16>),
-}
-
-struct Client {
-    idx: usize,
-    sub: &'static str,
-    id: String,
-    upstream: String,
-    chans: Vec<Chan>,
-    ws: Option<RawWs>,
-    /// Connections opened so far (the current one's number).
-    conn: u64,
-    /// Last `serverSeq` (or floor) on the current connection.
-    conn_last: Option<u64>,
-    watermark: Option<u64>,
-    next_seq: i64,
-    next_req: u64,
-    sent: BTreeMap<i64, Sent>,
-    fresh: u64,
-    /// Fail on an envelope written before a `reconnect`/`initialize`
-    /// answer (contract §5.5) instead of keeping it for after the answer.
-    strict_cut: bool,
-    /// Envelopes that arrived before the answer being waited for.
-    pre_cut: Vec<Value>,
-    /// The client's recent history, printed when a run fails.
-    trace: std::collections::VecDeque<String>,
-}
-
-impl Client {
-    fn note(&mut self, what: String) {
-        if self.trace.len() == 200 {
-            self.trace.pop_front();
-        }
-        self.trace.push_back(what);
-    }
-
-    /// The recent history, one event a line.
-    fn history(&self) -> String {
-        self.trace
-            .iter()
-            .map(|e| format!("\n    {e}"))
-            .collect::<String>()
-    }
-
-    fn chan(&self, uri: &str) -> Option<usize> {
-        self.chans.iter().position(|c| c.uri == uri)
-    }
-
-    fn host_chan(&self, host: usize) -> usize {
-        self.chans
-            .iter()
-            .position(|c| c.host.as_ref().map(|h| h.0) == Some(host))
-            .unwrap_or(0)
-    }
-
-    fn uris(&self) -> Vec<&str> {
-        self.chans.iter().map(|c| c.uri.as_str()).collect()
-    }
-
-    /// Handles one frame outside a request.
-    fn on_frame(&mut self, v: &Value, st: &mut Stats) -> R<()> {
-        if v.get("method").and_then(Value::as_str) == Some("action") {
-            return self.on_envelope(&v["params"], st);
-        }
-        if v.get("id").is_some() && v.get("method").is_none() {
-            return Err(fail("unexpected-response", v.to_string()));
-        }
-        if v.get("unparsed").is_some() {
-            return Err(fail("not-json", v.to_string()));
-        }
-        Ok(())
-    }
-
-    /// Checks one envelope against everything the client knows (contract
-    /// §5.1 numbering, §5.2 snapshots first, §2 B2 origins, one echo per
-    /// dispatch) and applies it to its channel's state.
-    fn on_envelope(&mut self, params: &Value, st: &mut Stats) -> R<()> {
-        let env: ActionEnvelope = serde_json::from_value(params.clone())
-            .map_err(|e| fail("envelope-unparsable", format!("{e}: {params}")))?;
-        let seq = env.server_seq;
-        if let Some(last) = self.conn_last
-            && seq <= last
-        {
-            return Err(fail(
-                "seq-not-increasing",
-                format!(
-                    "client {} conn {}: serverSeq {seq} after {last}: {params}",
-                    self.idx, self.conn
-                ),
-            ));
-        }
-        if seq > MAX_SAFE {
-            return Err(fail(
-                "seq-above-2^53",
-                format!("client {}: {params}", self.idx),
-            ));
-        }
-        self.conn_last = Some(seq);
-        self.watermark = Some(seq);
-        st.envelopes += 1;
-        self.note(format!(
-            "env {seq} {} {}{}{}",
-            env.channel,
-            params["action"]["type"].as_str().unwrap_or_default(),
-            env.origin
-                .as_ref()
-                .filter(|o| o.client_id == self.id)
-                .map(|o| format!(" echo#{}", o.client_seq))
-                .unwrap_or_default(),
-            if env.rejection_reason.is_some() {
-                " rejected"
-            } else {
-                ""
-            }
-        ));
-        self.apply_envelope(&env, params)?;
-        self.check_origin(&env, params, st)
-    }
-
-    /// Applies `env` to its channel's state: the channel must be subscribed
-    /// and have its snapshot, the envelope must be new to it, and an
-    /// accepted action must be valid for the reducer.
-    fn apply_envelope(&mut self, env: &ActionEnvelope, params: &Value) -> R<()> {
-        let seq = env.server_seq;
-        let who = self.idx;
-        let Some(ci) = self.chan(&env.channel) else {
-            return Err(fail(
-                "envelope-unsubscribed-channel",
-                format!("client {who}: {params}"),
-            ));
-        };
-        let chan = &mut self.chans[ci];
-        let Some(state) = chan.state.as_mut() else {
-            return Err(fail(
-                "envelope-before-snapshot",
-                format!("client {who}: {params}"),
-            ));
-        };
-        if seq <= chan.applied {
-            return Err(fail(
-                "duplicate-envelope",
-                format!("client {who}: {seq} ≤ applied {}: {params}", chan.applied),
-            ));
-        }
-        chan.applied = seq;
-        if env.rejection_reason.is_none() {
-            let outcome = match state {
-                St::Chat(s) => ahp::reducers::apply_action_to_chat(s, &env.action),
-                St::Root(s) => ahp::reducers::apply_action_to_root(s, &env.action),
-            };
-            if let ReduceOutcome::Invalid(e) = outcome {
-                return Err(fail(
-                    "reducer-invalid",
-                    format!("client {who}: {e:?}: {params}"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Another client's origin is an opaque `r1.` pseudonym (never this
-    /// client's upstream id); this client's own echo matches exactly one
-    /// dispatch it sent, on the same channel with the same type.
-    fn check_origin(&mut self, env: &ActionEnvelope, params: &Value, st: &mut Stats) -> R<()> {
-        let who = self.idx;
-        let Some(origin) = &env.origin else {
-            return Ok(());
-        };
-        if origin.client_id == self.upstream {
-            return Err(fail(
-                "own-upstream-id-leaked",
-                format!("client {who}: {params}"),
-            ));
-        }
-        if origin.client_id != self.id {
-            // Another client: only ever an opaque upstream pseudonym (§2, B2).
-            if !origin.client_id.starts_with("r1.")
-                || CLIENTS.iter().any(|(_, id)| *id == origin.client_id)
-            {
-                return Err(fail(
-                    "origin-not-pseudonymous",
-                    format!("client {who}: {params}"),
-                ));
-            }
-            return Ok(());
-        }
-        let ty = params["action"]["type"].as_str().unwrap_or_default();
-        let Some(sent) = self.sent.get_mut(&origin.client_seq) else {
-            return Err(fail(
-                "echo-of-unknown-clientSeq",
-                format!("client {who}: {params}"),
-            ));
-        };
-        sent.echoes += 1;
-        if sent.echoes > 1 {
-            return Err(fail(
-                "duplicate-echo",
-                format!(
-                    "client {who}: clientSeq {} ({} sent on connection {}) echoed twice; second: {params}",
-                    origin.client_seq, sent.ty, sent.conn
-                ),
-            ));
-        }
-        if sent.channel != env.channel || sent.ty != ty {
-            return Err(fail(
-                "echo-mismatch",
-                format!(
-                    "client {who}: sent {} on {}, echo {params}",
-                    sent.ty, sent.channel
-                ),
-            ));
-        }
-        if env.rejection_reason.is_some() {
-            sent.rejected = true;
-        }
-        if sent.taken_unacked {
-            st.late_echoes += 1;
-        }
-        Ok(())
-    }
-
-    /// The socket ended (not on the test's request): only 4000 (resync)
-    /// and 1012 (relay restart) are expected (contract §3.7).
-    fn on_closed(&mut self, close: Option<(u16, String)>, st: &mut Stats) -> R<()> {
-        self.note(format!("conn {} closed {close:?}", self.conn));
-        self.ws = None;
-        self.conn_last = None;
-        match close.as_ref().map(|c| c.0) {
-            Some(4000) => st.closes_4000 += 1,
-            Some(1012) => st.closes_1012 += 1,
-            _ => {
-                return Err(fail(
-                    "unexpected-close",
-                    format!(
-                        "client {} (connection {}) closed with {close:?}",
-                        self.idx, self.conn
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads frames until `quiet` passes without one (at most `max`).
-    async fn drain(&mut self, quiet: Duration, max: Duration, st: &mut Stats) -> R<()> {
-        let end = Instant::now() + max;
-        while Instant::now() < end {
-            let Some(ws) = self.ws.as_mut() else {
-                return Ok(());
-            };
-            match ws.next_within(quiet).await {
-                None => return Ok(()),
-                Some(Next::Frame(v)) => self.on_frame(&v, st)?,
-                Some(Next::Closed(c)) => return self.on_closed(c, st),
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends a request and reads until its answer. With `cut`, an envelope
-    /// before the answer is an error (the answer of `reconnect` and
-    /// `initialize` is the cut, contract §5.5); otherwise frames before the
-    /// answer are handled as usual.
-    async fn request(
-        &mut self,
-        method: &str,
-        params: Value,
-        cut: bool,
-        st: &mut Stats,
-    ) -> R<Answer> {
-        self.next_req += 1;
-        let id = self.next_req;
-        let frame = request_frame(id, method, params);
-        let Some(ws) = self.ws.as_mut() else {
-            return Ok(Answer::Closed(None));
-        };
-        if !ws.try_send_json(&frame).await {
-            self.ws = None;
-            return Ok(Answer::Closed(None));
-        }
-        let end = Instant::now() + REQUEST_WITHIN;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            let Some(ws) = self.ws.as_mut() else {
-                return Ok(Answer::Closed(None));
-            };
-            let Some(next) = ws.next_within(left).await else {
-                return Err(fail(
-                    &format!("timeout-{method}"),
-                    format!("client {}: no answer to {frame}", self.idx),
-                ));
-            };
-            match next {
-                Next::Closed(c) => {
-                    let code = c.as_ref().map(|c| c.0);
-                    self.on_closed(c, st)?;
-                    return Ok(Answer::Closed(code));
-                }
-                Next::Frame(v) if v.get("id") == Some(&json!(id)) && v.get("method").is_none() => {
-                    if let Some(e) = v.get("error") {
-                        let code = e["code"].as_i64().unwrap_or(0);
-                        return Ok(Answer::Error(code, e.clone()));
-                    }
-                    return Ok(Answer::Result(v["result"].clone()));
-                }
-                Next::Frame(v) => {
-                    if cut && v.get("method").and_then(Value::as_str) == Some("action") {
-                        if self.strict_cut {
-                            return Err(fail(
-                                &format!("envelope-before-{method}-answer"),
-                                format!("client {}: {v}", self.idx),
-                            ));
-                        }
-                        // A client following the seed study §6.6 keeps it
-                        // until the answer is applied.
-                        st.pre_cut_envelopes += 1;
-                        self.pre_cut.push(v["params"].clone());
-                        continue;
-                    }
-                    self.on_frame(&v, st)?;
-                }
-            }
-        }
-    }
-
-    /// Opens a new socket and resumes (or starts) the session on it.
-    async fn connect(&mut self, t: &TestRelay, how: How, st: &mut Stats) -> R<()> {
-        let ws = dial(t, self.sub).await?;
-        self.ws = Some(ws);
-        self.conn += 1;
-        self.conn_last = None;
-        self.pre_cut.clear();
-        st.connections += 1;
-        if how == How::Resume
-            && let Some(w) = self.watermark
-        {
-            let params = reconnect_params(&self.id, w, &self.uris());
-            match self.request("reconnect", params, true, st).await? {
-                Answer::Closed(_) => return Ok(()),
-                Answer::Error(-32008, _) if self.pre_cut.is_empty() => st.not_found += 1,
-                Answer::Error(_, e) => {
-                    return Err(fail("reconnect-error", format!("client {}: {e}", self.idx)));
-                }
-                Answer::Result(r) => {
-                    match r["type"].as_str() {
-                        Some("replay") => self.adopt_replay(&r, w, st)?,
-                        Some("snapshot") => self.adopt_snapshots(&r, w, st)?,
-                        _ => return Err(fail("reconnect-result", r.to_string())),
-                    }
-                    self.after_cut()?;
-                    return self.settle(st).await;
-                }
-            }
-        }
-        let old = self.watermark;
-        let params = initialize_subscribing(&self.id, &self.uris());
-        match self.request("initialize", params, true, st).await? {
-            Answer::Closed(_) => Ok(()),
-            Answer::Error(_, e) => Err(fail(
-                "initialize-error",
-                format!("client {}: {e}", self.idx),
-            )),
-            Answer::Result(r) => {
-                self.adopt_initialize(&r, old, st)?;
-                self.after_cut()?;
-                self.settle(st).await
-            }
-        }
-    }
-
-    /// Envelopes written before the answer must be ones the answer already
-    /// covers (numbered at or below the snapshot it gave the channel), so a
-    /// client dropping them by `serverSeq` loses nothing.
-    fn after_cut(&mut self) -> R<()> {
-        for p in std::mem::take(&mut self.pre_cut) {
-            let seq = p["serverSeq"].as_u64().unwrap_or(u64::MAX);
-            let uri = p["channel"].as_str().unwrap_or_default();
-            let covered = self
-                .chan(uri)
-                .map(|ci| &self.chans[ci])
-                .is_some_and(|c| c.state.is_some() && seq <= c.applied);
-            if !covered {
-                return Err(fail(
-                    "pre-cut-envelope-not-covered",
-                    format!("client {}: {p} came before the answer", self.idx),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn adopt_replay(&mut self, r: &Value, w: u64, st: &mut Stats) -> R<()> {
-        st.replays += 1;
-        self.note(format!(
-            "conn {}: reconnect from {w} → replay of {}",
-            self.conn,
-            r["actions"].as_array().map_or(0, Vec::len)
-        ));
-        self.conn_last = Some(w);
-        let missing = r["missing"].as_array().cloned().unwrap_or_default();
-        if !missing.is_empty() {
-            return Err(fail("replay-missing", format!("client {}: {r}", self.idx)));
-        }
-        let Some(actions) = r["actions"].as_array() else {
-            return Err(fail("replay-without-actions", r.to_string()));
-        };
-        for a in actions {
-            st.replayed_envelopes += 1;
-            self.on_envelope(a, st)?;
-        }
-        Ok(())
-    }
-
-    fn adopt_snapshots(&mut self, r: &Value, w: u64, st: &mut Stats) -> R<()> {
-        st.snapshot_reconnects += 1;
-        self.note(format!(
-            "conn {}: reconnect from {w} → snapshots {}",
-            self.conn,
-            brief_snapshots(r)
-        ));
-        let snaps = r["snapshots"].as_array().cloned().unwrap_or_default();
-        let mut from = None;
-        for s in &snaps {
-            let f = s["fromSeq"].as_u64();
-            if from.is_some() && f != from {
-                return Err(fail("snapshots-differ-in-fromSeq", r.to_string()));
-            }
-            from = f;
-        }
-        let from = from.unwrap_or(w);
-        if from < w {
-            return Err(fail(
-                "fromSeq-below-watermark",
-                format!("client {}: watermark {w}: {r}", self.idx),
-            ));
-        }
-        for s in &snaps {
-            let uri = s["resource"].as_str().unwrap_or_default();
-            let Some(ci) = self.chan(uri) else {
-                return Err(fail("snapshot-of-unrequested-channel", r.to_string()));
-            };
-            self.chans[ci].state = Some(St::parse(uri, &s["state"])?);
-            self.chans[ci].applied = from;
-        }
-        for c in &self.chans {
-            if !snaps.iter().any(|s| s["resource"] == c.uri.as_str()) {
-                return Err(fail(
-                    "snapshot-reconnect-omits-channel",
-                    format!("client {}: {} missing from {r}", self.idx, c.uri),
-                ));
-            }
-        }
-        self.watermark = Some(from);
-        self.conn_last = Some(from);
-        Ok(())
-    }
-
-    fn adopt_initialize(&mut self, r: &Value, old: Option<u64>, st: &mut Stats) -> R<()> {
-        st.initializes += 1;
-        self.note(format!(
-            "conn {}: initialize → S0 {} snapshots {}",
-            self.conn,
-            r["serverSeq"],
-            brief_snapshots(r)
-        ));
-        let Some(s0) = r["serverSeq"].as_u64() else {
-            return Err(fail("initialize-without-serverSeq", r.to_string()));
-        };
-        if let Some(w) = old
-            && s0 <= w
-        {
-            return Err(fail(
-                "s0-not-above-old-watermark",
-                format!("client {}: S0 {s0} ≤ old watermark {w}", self.idx),
-            ));
-        }
-        let snaps = r["snapshots"].as_array().cloned().unwrap_or_default();
-        for c in self.chans.iter_mut() {
-            c.state = None;
-            c.applied = s0;
-        }
-        for s in &snaps {
-            let uri = s["resource"].as_str().unwrap_or_default();
-            if s["fromSeq"].as_u64() != Some(s0) {
-                return Err(fail("initialize-snapshot-fromSeq", r.to_string()));
-            }
-            let Some(ci) = self.chan(uri) else {
-                return Err(fail("snapshot-of-unrequested-channel", r.to_string()));
-            };
-            self.chans[ci].state = Some(St::parse(uri, &s["state"])?);
-        }
-        st.init_omitted += self.chans.iter().filter(|c| c.state.is_none()).count() as u64;
-        self.watermark = Some(s0);
-        self.conn_last = Some(s0);
-        Ok(())
-    }
-
-    /// After a (re)connection: drain what followed the answer, then take
-    /// the dispatches still without an echo as unacknowledged (§6.6 step 6).
-    async fn settle(&mut self, st: &mut Stats) -> R<()> {
-        self.drain(QUIET, Duration::from_millis(200), st).await?;
-        for s in self.sent.values_mut() {
-            if s.echoes == 0 && !s.taken_unacked {
-                s.taken_unacked = true;
-                st.taken_unacknowledged += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// Subscribes again the channels left without a snapshot.
-    async fn resubscribe(&mut self, st: &mut Stats) -> R<()> {
-        for ci in 0..self.chans.len() {
-            if self.chans[ci].state.is_some() || self.ws.is_none() {
-                continue;
-            }
-            let uri = self.chans[ci].uri.clone();
-            match self
-                .request("subscribe", json!({"channel": uri}), false, st)
-                .await?
-            {
-                Answer::Closed(_) | Answer::Error(..) => continue,
-                Answer::Result(r) => {
-                    let snap = &r["snapshot"];
-                    let from = snap["fromSeq"].as_u64().unwrap_or(0);
-                    if let Some(last) = self.conn_last
-                        && from < last
-                    {
-                        return Err(fail(
-                            "subscribe-fromSeq-below-connection",
-                            format!("client {}: {from} < {last}: {r}", self.idx),
-                        ));
-                    }
-                    if snap["resource"] != uri.as_str() {
-                        return Err(fail("subscribe-snapshot-resource", r.to_string()));
-                    }
-                    self.chans[ci].state = Some(St::parse(&uri, &snap["state"])?);
-                    self.chans[ci].applied = from;
-                    self.conn_last = Some(from);
-                    self.note(format!(
-                        "conn {}: subscribe {uri} → fromSeq {from}",
-                        self.conn
-                    ));
-                    self.watermark = Some(self.watermark.map_or(from, |w| w.max(from)));
-                    st.resubscribes += 1;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends one `dispatchAction` on channel `ci` (skipped while offline).
-    async fn dispatch(&mut self, ci: usize, action: Value, st: &mut Stats) -> R<()> {
-        // Notice a close that is already there before writing.
-        if let Some(ws) = self.ws.as_mut() {
-            match ws.next_within(Duration::ZERO).await {
-                Some(Next::Frame(v)) => self.on_frame(&v, st)?,
-                Some(Next::Closed(c)) => self.on_closed(c, st)?,
-                None => {}
-            }
-        }
-        let Some(ws) = self.ws.as_mut() else {
-            st.offline_skips += 1;
-            return Ok(());
-        };
-        let seq = self.next_seq;
-        let channel = self.chans[ci].uri.clone();
-        let ty = action["type"].as_str().unwrap_or_default().to_string();
-        let frame = dispatch_frame(&channel, seq, action);
-        if ws.try_send_json(&frame).await {
-            self.next_seq += 1;
-            st.dispatched += 1;
-            self.note(format!(
-                "conn {}: dispatch #{seq} {ty} on {channel}",
-                self.conn
-            ));
-            self.sent.insert(
-                seq,
-                Sent {
-                    channel,
-                    ty,
-                    conn: self.conn,
-                    echoes: 0,
-                    rejected: false,
-                    taken_unacked: false,
-                },
-            );
-        } else {
-            self.ws = None;
-            self.conn_last = None;
-        }
-        Ok(())
-    }
-
-    /// The client's confirmed chat state of channel `ci` as JSON.
-    fn view(&self, ci: usize) -> Option<Value> {
-        self.chans[ci].state.as_ref().map(St::json)
-    }
-
-    fn fresh_id(&mut self, prefix: &str, seed: u64) -> String {
-        self.fresh += 1;
-        format!("{prefix}-{seed}-{}-{}", self.idx, self.fresh)
-    }
-}
-
-/// `[uri@fromSeq turns=n active=id …]` of an answer's snapshots.
-fn brief_snapshots(r: &Value) -> String {
-    let items: Vec<String> = r["snapshots"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| {
-            format!(
-                "{}@{} turns={} active={}",
-                s["resource"].as_str().unwrap_or_default(),
-                s["fromSeq"],
-                s["state"]["turns"].as_array().map_or(0, Vec::len),
-                s["state"]["activeTurn"]["id"]
-            )
-        })
-        .collect();
-    format!("[{}]", items.join(", "))
-}
-
-fn message(text: &str) -> Value {
-    json!({"text": text, "origin": {"kind": "user"}})
-}
-
-/// The pending-confirmation tool call of a chat state, as (turnId, toolCallId).
-fn pending_tool(state: &Value) -> Option<(String, String)> {
-    let turn = state.get("activeTurn")?;
-    let turn_id = turn["id"].as_str()?.to_string();
-    turn["responseParts"].as_array()?.iter().find_map(|p| {
-        let tc = &p["toolCall"];
-        (p["kind"] == "toolCall" && tc["status"] == "pending-confirmation").then(|| {
-            (
-                turn_id.clone(),
-                tc["toolCallId"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-    })
-}
-
-/// Some tool call of a finished turn, as (turnId, toolCallId): confirming it is rejected.
-fn old_tool(state: &Value) -> Option<(String, String)> {
-    state["turns"].as_array()?.iter().rev().find_map(|t| {
-        let turn_id = t["id"].as_str()?.to_string();
-        t["responseParts"].as_array()?.iter().find_map(|p| {
-            (p["kind"] == "toolCall").then(|| {
-                (
-                    turn_id.clone(),
-                    p["toolCall"]["toolCallId"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                )
-            })
-        })
-    })
-}
-
-fn confirm_action(turn: &str, tool: &str, approve: bool) -> Value {
-    if approve {
-        json!({"type": "chat/toolCallConfirmed", "turnId": turn, "toolCallId": tool,
-            "approved": true, "confirmed": "user-action"})
-    } else {
-        json!({"type": "chat/toolCallConfirmed", "turnId": turn, "toolCallId": tool,
-            "approved": false, "reason": "denied"})
-    }
-}
-
 // ─── the world ──────────────────────────────────────────────────────────────
 
-async fn dial(t: &TestRelay, sub: &str) -> R<RawWs> {
+fn dial_options(t: &TestRelay, sub: &str) -> DialOptions {
     let mut opts = t.dial_options(Some(t.token(sub)));
     opts.connect_timeout = Duration::from_secs(5);
-    dial_stream(&opts)
-        .await
-        .map(RawWs::from_stream)
-        .map_err(|e| fail("dial", e.to_string()))
+    opts
+}
+
+async fn dial(t: &TestRelay, sub: &str) -> R<RawWs> {
+    s13::dial(&dial_options(t, sub)).await
 }
 
 fn host_cfg(name: &str, seed: u64) -> SimHostConfig {
@@ -1253,6 +434,8 @@ impl Run {
                 strict_cut: strict_cut(),
                 pre_cut: Vec::new(),
                 trace: std::collections::VecDeque::new(),
+                contiguous: false,
+                hosts_may_be_down: false,
             });
         }
         let rng = Rng::new(cfg.seed ^ 0xD1CE_D1CE);
@@ -1279,7 +462,8 @@ impl Run {
 
     async fn connect(&mut self, c: usize, how: How) -> R<()> {
         let t = self.t.as_ref().expect("relay present between steps");
-        self.clients[c].connect(t, how, &mut self.st).await?;
+        let opts = dial_options(t, self.clients[c].sub);
+        self.clients[c].connect(&opts, how, &mut self.st).await?;
         self.clients[c].resubscribe(&mut self.st).await
     }
 
@@ -1355,65 +539,18 @@ impl Run {
         Ok(())
     }
 
-    /// A dispatch step by its client on its host's chat: a turn, a cancel
-    /// of the active or last turn, a confirmation (approving 3 in 4) of a
-    /// pending or earlier tool call, or a queued message; nothing when the
-    /// client has no state of that chat or nothing to act on.
+    /// A dispatch step by its client on its host's chat ([`Client::act`]).
     async fn dispatch_step(&mut self, step: Step) -> R<()> {
-        let seed = self.cfg.seed;
-        match step {
-            Step::Turn(c, h) => {
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                if cl.chans[ci].state.is_none() {
-                    return Ok(());
-                }
-                let turn = cl.fresh_id("t", seed);
-                let action = turn_started(&turn, &format!("do {turn}"));
-                cl.dispatch(ci, action, &mut self.st).await?;
-            }
-            Step::Cancel(c, h) => {
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                let Some(view) = cl.view(ci) else {
-                    return Ok(());
-                };
-                let turn = view["activeTurn"]["id"]
-                    .as_str()
-                    .or_else(|| view["turns"].as_array()?.last()?["id"].as_str())
-                    .map(str::to_string);
-                if let Some(turn) = turn {
-                    let action =
-                        json!({"type": "chat/turnCancelled", "turnId": turn, "duration": 0});
-                    cl.dispatch(ci, action, &mut self.st).await?;
-                }
-            }
-            Step::Confirm(c, h) => {
-                let approve = !self.rng.chance(1, 4);
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                let Some(view) = cl.view(ci) else {
-                    return Ok(());
-                };
-                if let Some((turn, tool)) = pending_tool(&view).or_else(|| old_tool(&view)) {
-                    let action = confirm_action(&turn, &tool, approve);
-                    cl.dispatch(ci, action, &mut self.st).await?;
-                }
-            }
-            Step::Queue(c, h) => {
-                let cl = &mut self.clients[c];
-                let ci = cl.host_chan(h);
-                if cl.chans[ci].state.is_none() {
-                    return Ok(());
-                }
-                let id = cl.fresh_id("q", seed);
-                let action = json!({"type": "chat/pendingMessageSet", "kind": "queued",
-                    "id": id, "message": message(&format!("later {id}"))});
-                cl.dispatch(ci, action, &mut self.st).await?;
-            }
-            _ => {}
-        }
-        Ok(())
+        let (act, c, h) = match step {
+            Step::Turn(c, h) => (Act::Turn, c, h),
+            Step::Cancel(c, h) => (Act::Cancel, c, h),
+            Step::Confirm(c, h) => (Act::Confirm(!self.rng.chance(1, 4)), c, h),
+            Step::Queue(c, h) => (Act::Queue, c, h),
+            _ => return Ok(()),
+        };
+        let cl = &mut self.clients[c];
+        let ci = cl.host_chan(h);
+        cl.act(act, ci, self.cfg.seed, &mut self.st).await
     }
 
     /// A socket replaced by the client's new one closes with 4009 (§5.6);
@@ -1531,20 +668,14 @@ impl Run {
             self.drain_all().await?;
             let mut busy = false;
             for (h, host_uri, state) in self.host_chats() {
-                let queued = state["queuedMessages"]
-                    .as_array()
-                    .and_then(|q| q.first())
-                    .and_then(|m| m["id"].as_str())
-                    .map(str::to_string);
-                let action = if let Some((turn, tool)) = pending_tool(&state) {
-                    Some(confirm_action(&turn, &tool, true))
-                } else if state.get("activeTurn").is_some() {
-                    busy = true;
-                    None
-                } else {
-                    queued.map(|id| json!({"type": "chat/pendingMessageRemoved", "kind": "queued", "id": id}))
+                let action = match rest_step(&state) {
+                    Rest::Idle => continue,
+                    Rest::Busy => {
+                        busy = true;
+                        continue;
+                    }
+                    Rest::Act(action) => action,
                 };
-                let Some(action) = action else { continue };
                 busy = true;
                 let who = self.clients.iter().position(|c| {
                     c.ws.is_some()

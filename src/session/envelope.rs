@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::{Noting, ToClient};
+use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
@@ -390,8 +391,10 @@ impl ClientSession {
         let _ = reply.send(snap);
     }
 
-    /// A create confirms its store entry (or releases it on failure); a
-    /// session create is answered once the catalog lists it (§6.3).
+    /// A create confirms its store entry (or releases it on failure) before
+    /// it is answered, the link waiting (§4.5 order) while the runtime does
+    /// not (`write_in_place`); a session create is answered once the
+    /// catalog lists it (§6.3).
     fn answer_create(
         &self,
         mut core: MutexGuard<'_, SessionCore>,
@@ -401,10 +404,10 @@ impl ClientSession {
     ) {
         let store = &self.env.store;
         if let Some(err) = a.failure {
-            let _ = store.release(store_key);
+            let _ = write_in_place(|| store.release(store_key));
             return self.respond_error(&mut core, &a.id, &err);
         }
-        if let Err(e) = store.confirm(store_key) {
+        if let Err(e) = write_in_place(|| store.confirm(store_key)) {
             tracing::error!(error = %e, uri = %store_key, "cannot confirm a created URI");
         }
         match await_catalog {
@@ -576,7 +579,7 @@ impl ClientSession {
                     let _ = reply.send(None);
                 }
                 PendingKind::Create { store_key, .. } => {
-                    let _ = self.env.store.release(&store_key);
+                    let _ = write_in_place(|| self.env.store.release(&store_key));
                     self.respond_error(core, &p.client_id, err);
                 }
                 PendingKind::Authenticate { group } => {

@@ -40,6 +40,13 @@ impl Registry {
                     }
                 }
                 WatchEvent::Root { fields, .. } => self.fan_root(&fields),
+                WatchEvent::LimitHit { limit, .. } => {
+                    self.env
+                        .metrics
+                        .limit_hits
+                        .with_label_values(&[limit])
+                        .inc();
+                }
                 WatchEvent::Catalog {
                     host,
                     method,

@@ -68,6 +68,7 @@ impl LinkOwner for ClientSession {
     }
 
     fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64) {
+        self.env.metrics.links_failed.inc();
         self.fail_link_requests(link, &RpcError::upstream_lost(&host.id));
     }
 

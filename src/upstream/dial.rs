@@ -19,6 +19,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{Connector, connect_async_tls_with_config};
 
 /// Where and how to connect.
@@ -238,12 +239,31 @@ pub async fn dial_stream_with(
     opts: &DialOptions,
     creds: &Credentials,
 ) -> Result<WsStream, DialError> {
+    dial_stream_capped(opts, creds, None).await
+}
+
+/// [`dial_stream_with`] whose WebSocket refuses any message or frame over
+/// `max_message_bytes` (`None`: tungstenite's defaults, 64 MiB messages and
+/// 16 MiB frames). The refusal happens when the frame header is read,
+/// before its payload is buffered, and ends the connection with an error:
+/// a host that sends more than the relay accepts loses that connection,
+/// not the relay's memory.
+pub async fn dial_stream_capped(
+    opts: &DialOptions,
+    creds: &Credentials,
+    max_message_bytes: Option<usize>,
+) -> Result<WsStream, DialError> {
     let mut request = upgrade_request(opts)?;
     if let Some(token) = &creds.query_token {
         add_query_token(&mut request, token)?;
     }
     let connector = connector_for(&request, opts, creds)?;
-    let handshake = connect_async_tls_with_config(request, None, true, Some(connector));
+    let config = max_message_bytes.map(|n| {
+        WebSocketConfig::default()
+            .max_message_size(Some(n))
+            .max_frame_size(Some(n))
+    });
+    let handshake = connect_async_tls_with_config(request, config, true, Some(connector));
     match tokio::time::timeout(opts.connect_timeout, handshake).await {
         Err(_) => Err(DialError::Timeout {
             url: opts.url.clone(),

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::upstream::dial::{Credentials, DialError, DialOptions, WsStream, dial_stream_with};
+use crate::upstream::dial::{Credentials, DialError, DialOptions, WsStream, dial_stream_capped};
 
 /// One upstream host.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -92,6 +92,9 @@ pub struct WatchView {
     pub trigger_characters: Vec<String>,
     /// `InitializeResult.terminalCommandPrefix` of the host.
     pub terminal_command_prefix: Option<String>,
+    /// Sessions the catalog keeps ([`HubLimits::max_sessions`]); a session
+    /// beyond it is dropped by [`WatchView::insert_session`].
+    pub max_sessions: usize,
 }
 
 /// A configured host plus its mirrors. Shared by the watch link (writer)
@@ -112,6 +115,31 @@ pub struct HostHub {
     index: std::sync::Mutex<Option<(u64, Arc<Vec<IndexEntry>>)>>,
     /// What the status page shows besides the view: RTT, protocol, last error.
     ops: std::sync::Mutex<HostOps>,
+    /// Bounds on what the host may send (set by [`Hosts`] from `[limits]`).
+    limits: HubLimits,
+}
+
+/// Bounds a hub applies to what its host sends (`[limits]`), so that no
+/// host can exhaust the relay.
+#[derive(Debug, Clone, Copy)]
+pub struct HubLimits {
+    /// Largest WebSocket message or frame read from the host
+    /// (`upstream_max_frame_bytes`): a bigger one ends that connection
+    /// before its payload is buffered. `None`: tungstenite's defaults.
+    pub max_message_bytes: Option<usize>,
+    /// Sessions kept in the host's catalog mirror (`sessions_per_host`):
+    /// the watch link stops paging `listSessions` there and further
+    /// `root/sessionAdded` are dropped, each counted as a limit hit.
+    pub max_sessions: usize,
+}
+
+impl Default for HubLimits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: None,
+            max_sessions: 100_000,
+        }
+    }
 }
 
 /// Operational facts about a host, noted by its links for the status page.
@@ -192,11 +220,13 @@ impl HostHub {
                 catalog_version: 0,
                 trigger_characters: Vec::new(),
                 terminal_command_prefix: None,
+                max_sessions: HubLimits::default().max_sessions,
             }),
             catalog_changed: Notify::new(),
             links: std::sync::atomic::AtomicUsize::new(0),
             index: std::sync::Mutex::new(None),
             ops: std::sync::Mutex::new(HostOps::default()),
+            limits: HubLimits::default(),
         })
     }
 
@@ -217,7 +247,7 @@ impl HostHub {
                     .clone()
                     .zip(self.cfg.client_key_file.clone()),
             };
-            dial_stream_with(&opts, &creds).await
+            dial_stream_capped(&opts, &creds, self.limits.max_message_bytes).await
         }
         .await
         .map_err(|e| e.for_host(&self.id));
@@ -373,14 +403,19 @@ impl HostHub {
 }
 
 impl WatchView {
-    /// Adds or replaces a session's summary.
-    pub fn insert_session(&mut self, uri: String, summary: Value) {
+    /// Adds or replaces a session's summary; `false` (nothing changed) for
+    /// a new session when the catalog already holds `max_sessions`.
+    pub fn insert_session(&mut self, uri: String, summary: Value) -> bool {
+        if self.catalog.len() >= self.max_sessions && !self.catalog.contains_key(&uri) {
+            return false;
+        }
         self.catalog_version += 1;
         self.remove_session(&uri);
         for chat in chat_uris(&summary) {
             self.chats.insert(chat, uri.clone());
         }
         self.catalog.insert(uri, summary);
+        true
     }
 
     /// Removes a session's summary and its chats.
@@ -408,14 +443,19 @@ impl WatchView {
         self.insert_session(uri.to_string(), Value::Object(summary));
     }
 
-    /// Replaces the whole catalog (after a watch link (re)connects).
-    pub fn replace_catalog(&mut self, catalog: BTreeMap<String, Value>) {
+    /// Replaces the whole catalog (after a watch link (re)connects); keeps
+    /// at most `max_sessions` and returns how many it dropped.
+    pub fn replace_catalog(&mut self, catalog: BTreeMap<String, Value>) -> usize {
         self.catalog_version += 1;
         self.catalog.clear();
         self.chats.clear();
+        let mut dropped = 0;
         for (uri, summary) in catalog {
-            self.insert_session(uri, summary);
+            if !self.insert_session(uri, summary) {
+                dropped += 1;
+            }
         }
+        dropped
     }
 }
 
@@ -471,6 +511,8 @@ fn header_safe(s: &str) -> String {
 pub struct Hosts {
     hubs: RwLock<Arc<BTreeMap<String, Arc<HostHub>>>>,
     watches: std::sync::Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    /// The bounds every hub made by [`Hosts::apply`] gets.
+    limits: HubLimits,
 }
 
 /// What a reload changed.
@@ -496,7 +538,16 @@ impl Hosts {
         Ok(Self {
             hubs: RwLock::new(Arc::new(hubs)),
             watches: Default::default(),
+            limits: HubLimits::default(),
         })
+    }
+
+    /// No hosts yet; every hub [`Hosts::apply`] makes gets `limits`.
+    pub fn with_limits(limits: HubLimits) -> Self {
+        Self {
+            limits,
+            ..Self::default()
+        }
     }
 
     fn snapshot(&self) -> Arc<BTreeMap<String, Arc<HostHub>>> {
@@ -552,6 +603,7 @@ impl Hosts {
                 }
                 _ => match new_hub(cfg) {
                     Ok(hub) => {
+                        let hub = hub.limited(self.limits);
                         let hub = Arc::new(hub);
                         next.insert(cfg.id.clone(), hub.clone());
                         changes.added.push(hub);
@@ -601,6 +653,24 @@ impl Hosts {
     }
 }
 
+impl HostHub {
+    /// This hub with `limits` (the catalog mirror keeps at most
+    /// `limits.max_sessions`).
+    pub fn limited(mut self, limits: HubLimits) -> Self {
+        self.limits = limits;
+        self.view
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .max_sessions = limits.max_sessions;
+        self
+    }
+
+    /// The bounds this hub applies.
+    pub fn limits(&self) -> HubLimits {
+        self.limits
+    }
+}
+
 fn new_hub(cfg: &HostConfig) -> Result<HostHub, String> {
     HostHub::new(cfg.clone()).map_err(|e| format!("host {}: {e}", cfg.id))
 }
@@ -608,6 +678,41 @@ fn new_hub(cfg: &HostConfig) -> Result<HostHub, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_catalog_keeps_at_most_max_sessions() {
+        let hub = HostHub::new(HostConfig {
+            id: "h".into(),
+            label: None,
+            url: "ws://127.0.0.1:1/".into(),
+            allow_plaintext: true,
+            token_file: None,
+            query_token_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            ca_file: None,
+        })
+        .map(|h| {
+            h.limited(HubLimits {
+                max_message_bytes: None,
+                max_sessions: 2,
+            })
+        });
+        let Ok(hub) = hub else {
+            panic!("hub");
+        };
+        let summary = |uri: &str| serde_json::json!({"resource": uri});
+        let all: BTreeMap<String, Value> = ["a", "b", "c"]
+            .iter()
+            .map(|u| (u.to_string(), summary(u)))
+            .collect();
+        assert_eq!(hub.update(|v| v.replace_catalog(all)), 1);
+        assert!(!hub.update(|v| v.insert_session("d".into(), summary("d"))));
+        assert!(hub.update(|v| v.insert_session("a".into(), summary("a"))));
+        hub.update(|v| v.remove_session("a"));
+        assert!(hub.update(|v| v.insert_session("d".into(), summary("d"))));
+        assert_eq!(hub.update(|v| v.catalog.len()), 2);
+    }
 
     #[test]
     fn chat_index_follows_the_catalog() {
@@ -619,6 +724,7 @@ mod tests {
             catalog_version: 0,
             trigger_characters: Vec::new(),
             terminal_command_prefix: None,
+            max_sessions: 10,
         };
         let s = |chats: &[&str]| {
             serde_json::json!({"resource": "ahp-session:/s",

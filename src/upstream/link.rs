@@ -414,7 +414,8 @@ async fn host_messages(
             batch.frames.push(t);
             None
         }
-        Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Some(true),
+        Some(Ok(Message::Close(_))) | None => return Some(true),
+        Some(Err(e)) => return Some(link_failed(ends, &e)),
         Some(Ok(_)) => return None,
     };
     while end.is_none() && batch.frames.len() < max_frames && batch.bytes < max_bytes {
@@ -424,7 +425,8 @@ async fn host_messages(
                 batch.bytes += t.len();
                 batch.frames.push(t);
             }
-            Some(Some(Ok(Message::Close(_))) | None | Some(Err(_))) => end = Some(true),
+            Some(Some(Ok(Message::Close(_))) | None) => end = Some(true),
+            Some(Some(Err(e))) => end = Some(link_failed(ends, &e)),
             Some(Some(Ok(_))) => {}
         }
     }
@@ -445,6 +447,14 @@ async fn host_messages(
         }
     }
     end
+}
+
+/// Logs why the host connection failed (e.g. a frame over
+/// `upstream_max_frame_bytes`): it is unusable and the link resumes on a
+/// new one. Always `true` (the pump ends with a dropped connection).
+fn link_failed(ends: &Ends, e: &tokio_tungstenite::tungstenite::Error) -> bool {
+    tracing::warn!(host = %ends.host.id, error = %e, "link connection failed");
+    true
 }
 
 /// Hands frames read outside the pump (before `initialize` was answered,

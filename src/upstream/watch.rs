@@ -77,6 +77,15 @@ pub enum WatchEvent {
         /// New status.
         status: HostStatus,
     },
+    /// The host sent more than a [`crate::upstream::hub::HubLimits`]
+    /// bound allows; the excess was dropped (counted in
+    /// `limit_hits_total{limit}`).
+    LimitHit {
+        /// The host.
+        host: Arc<str>,
+        /// The `limit` label (`host_sessions`).
+        limit: &'static str,
+    },
 }
 
 /// Runs the watch link of `hub` forever, reporting to `events`.
@@ -216,7 +225,12 @@ async fn session(
     if let Some(version) = init.get("protocolVersion").and_then(Value::as_str) {
         hub.note_protocol(version);
     }
-    let catalog = fetch_catalog(&mut rpc, &mut held).await?;
+    let max = hub.limits().max_sessions;
+    let (catalog, truncated) = fetch_catalog(&mut rpc, &mut held, max).await?;
+    if truncated {
+        tracing::warn!(host = %hub.id, max, "host lists more sessions than sessions_per_host: the rest are not mirrored");
+        let _ = events.send(catalog_full(hub));
+    }
     mirror(hub, events, &init, catalog)?;
     for v in held {
         on_frame(hub, events, &mut rpc, v).await?;
@@ -314,11 +328,14 @@ fn mirror(
     Ok(())
 }
 
-/// Reads the whole catalog with `listSessions` paging.
+/// Reads the catalog with `listSessions` paging, at most `max` sessions:
+/// paging stops there, so a host listing millions costs the relay at most
+/// one page beyond the bound; `true` when sessions were left out.
 async fn fetch_catalog(
     rpc: &mut Rpc,
     held: &mut Vec<Value>,
-) -> Result<BTreeMap<String, Value>, String> {
+    max: usize,
+) -> Result<(BTreeMap<String, Value>, bool), String> {
     let mut catalog = BTreeMap::new();
     let mut cursor: Option<String> = None;
     for _ in 0..10_000 {
@@ -327,13 +344,12 @@ async fn fetch_catalog(
             o.insert("cursor".into(), json!(c));
         }
         let page = rpc.request("listSessions", params, held).await?;
-        for item in page
-            .get("items")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        let items = page.get("items").and_then(Value::as_array);
+        for item in items.into_iter().flatten() {
             if let Some(uri) = item.get("resource").and_then(Value::as_str) {
+                if catalog.len() >= max && !catalog.contains_key(uri) {
+                    return Ok((catalog, true));
+                }
                 catalog.insert(uri.to_string(), item.clone());
             }
         }
@@ -341,11 +357,21 @@ async fn fetch_catalog(
             .get("nextCursor")
             .and_then(Value::as_str)
             .map(str::to_string);
-        if cursor.is_none() {
-            return Ok(catalog);
+        match cursor {
+            None => return Ok((catalog, false)),
+            Some(_) if catalog.len() >= max => return Ok((catalog, true)),
+            Some(_) => {}
         }
     }
     Err("listSessions did not end".into())
+}
+
+/// The event counting a session the catalog mirror left out.
+fn catalog_full(hub: &HostHub) -> WatchEvent {
+    WatchEvent::LimitHit {
+        host: hub.id.clone(),
+        limit: "host_sessions",
+    }
 }
 
 /// The notifications that turn catalog `old` into `new`.
@@ -455,7 +481,11 @@ fn on_catalog_event(hub: &HostHub, method: &str, params: Value) -> Option<WatchE
         "root/sessionAdded" => {
             let summary = params.get("summary").cloned().unwrap_or(Value::Null);
             let uri = summary.get("resource").and_then(Value::as_str)?.to_string();
-            hub.update(|view| view.insert_session(uri, summary));
+            if !hub.update(|view| view.insert_session(uri, summary)) {
+                let max = hub.limits().max_sessions;
+                tracing::warn!(host = %hub.id, max, "session beyond sessions_per_host not mirrored");
+                return Some(catalog_full(hub));
+            }
             "root/sessionAdded"
         }
         "root/sessionRemoved" => {
