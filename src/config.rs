@@ -370,7 +370,14 @@ impl RelayConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let mut cfg: Self = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates the TOML `text` of the file at `path` (named in errors and
+    /// kept as the config's source; nothing is read from it). What [`RelayConfig::load`]
+    /// does after reading the file, exposed for the fuzz targets.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let mut cfg: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;

@@ -1,0 +1,7 @@
+//! libFuzzer entry point; the body is `targets::wire_client`, shared with `tests/fuzz_corpus.rs`.
+#![no_main]
+
+#[path = "../targets.rs"]
+mod targets;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| targets::wire_client(data));
