@@ -67,6 +67,15 @@ pub fn store() -> &'static RedbStore {
     })
 }
 
+/// A session's record of shown host objects, as `rewrite_envelope` fills it.
+fn seen() -> &'static ahp_relay::names::seen::Seen {
+    static SEEN: OnceLock<ahp_relay::names::seen::Seen> = OnceLock::new();
+    SEEN.get_or_init(|| {
+        let evicted = prometheus::IntCounter::new("fuzz_seen_evicted", "evicted").expect("counter");
+        ahp_relay::names::seen::Seen::new(64, evicted)
+    })
+}
+
 fn hub() -> &'static HostHub {
     static HUB: OnceLock<HostHub> = OnceLock::new();
     HUB.get_or_init(|| {
@@ -304,7 +313,15 @@ pub fn wire_host(data: &[u8]) {
     };
     const CLIENT_CHANNEL: &str = "ahp-session:/gpu1~s\"1";
     const N: u64 = 9_007_199_254_740_991;
-    let out = rewrite_envelope(text, &frame, CLIENT_CHANNEL, N, hub(), store(), IDENTITY);
+    let out = rewrite_envelope(
+        text,
+        &frame,
+        CLIENT_CHANNEL,
+        N,
+        hub(),
+        store(),
+        (IDENTITY, seen()),
+    );
     let expected = expected_envelope(&value, CLIENT_CHANNEL, N);
     match (out, expected) {
         (Some(out), Some(expected)) => {

@@ -235,3 +235,37 @@ async fn relay_frames_over_the_client_limit_are_not_sent() {
     let m = "ahp_relay_limit_hits_total{limit=\"client_frame\"}";
     assert!(metric_of(&t, m).await >= 1.0);
 }
+
+/// A client that goes away without a close frame (a dropped network, a
+/// killed process) is a disconnect, not a bad frame: its socket is cleaned
+/// up and nothing is counted in `bad_client_frames_total`.
+#[tokio::test]
+async fn a_dropped_socket_is_not_a_bad_frame() {
+    let t = start().await;
+    let mut other = t.raw("bob").await;
+    other.initialize("o").await;
+    for i in 0..3 {
+        let mut ws = t.raw("alice").await;
+        ws.initialize(&format!("gone-{i}")).await;
+        drop(ws);
+    }
+    let mut open = f64::MAX;
+    for _ in 0..100 {
+        open = metric_of(&t, "ahp_relay_connections_open").await;
+        if open <= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        open, 1.0,
+        "the dropped sockets are closed, the bystander's is open"
+    );
+    let m = "ahp_relay_bad_client_frames_total{reason=\"ws_protocol\"}";
+    assert_eq!(
+        metric_of(&t, m).await,
+        0.0,
+        "no disconnect counted as a bad frame"
+    );
+    bystander_answers(&mut other, 1).await;
+}

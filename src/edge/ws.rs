@@ -9,6 +9,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
@@ -141,6 +142,12 @@ fn refuse_frame(
         Some(Err(e)) => match e {
             WsError::Capacity(_) => (Close::FrameTooBig, "too_large", true),
             WsError::Utf8(_) => (Close::InvalidUtf8, "invalid_utf8", true),
+            // The client went away without a close frame (a dropped network,
+            // a killed process): a disconnect, not a bad frame.
+            WsError::Io(_)
+            | WsError::ConnectionClosed
+            | WsError::AlreadyClosed
+            | WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake) => return true,
             _ => (Close::WsProtocol, "ws_protocol", true),
         },
         _ => return false,
