@@ -792,19 +792,7 @@ impl Run {
                     ));
                 }
             }
-            for s in c.sent.values() {
-                match (s.echoes, s.rejected) {
-                    (0, _) => self.st.never_echoed += 1,
-                    (1, false) => self.st.echoed_accepted += 1,
-                    (1, true) => self.st.echoed_rejected += 1,
-                    (n, _) => {
-                        return Err(fail(
-                            "duplicate-echo",
-                            format!("client {}: {} echoed {n} times", c.idx, s.ty),
-                        ));
-                    }
-                }
-            }
+            c.tally_echoes(&mut self.st)?;
         }
         Ok(())
     }

@@ -220,6 +220,25 @@ pub struct Client {
 }
 
 impl Client {
+    /// Counts how each of this client's dispatches was answered: at most
+    /// one echo each (accepted or rejected); a second echo is a failure.
+    pub fn tally_echoes(&self, st: &mut Stats) -> R<()> {
+        for s in self.sent.values() {
+            match (s.echoes, s.rejected) {
+                (0, _) => st.never_echoed += 1,
+                (1, false) => st.echoed_accepted += 1,
+                (1, true) => st.echoed_rejected += 1,
+                (n, _) => {
+                    return Err(fail(
+                        "duplicate-echo",
+                        format!("client {}: {} echoed {n} times", self.idx, s.ty),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn note(&mut self, what: String) {
         if self.trace.len() == 200 {
             self.trace.pop_front();
