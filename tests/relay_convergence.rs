@@ -764,34 +764,7 @@ impl Run {
     async fn verify(&mut self) -> R<()> {
         let root = self.fresh_root().await?;
         for c in &self.clients {
-            for ch in &c.chans {
-                let Some(state) = ch.state.as_ref() else {
-                    return Err(fail(
-                        "channel-without-state-at-end",
-                        format!("client {} {}", c.idx, ch.uri),
-                    ));
-                };
-                let mine = state.json();
-                let expected = match &ch.host {
-                    None => root.clone(),
-                    Some((h, host_uri)) => {
-                        let mut s = self.t().hosts[*h]
-                            .channel_state(host_uri)
-                            .ok_or_else(|| fail("host-chat-gone", host_uri.clone()))?;
-                        s["resource"] = json!(ch.uri);
-                        s
-                    }
-                };
-                if mine != expected {
-                    return Err(fail(
-                        "state-diverged",
-                        format!(
-                            "client {} {}:\n  client: {mine}\n  expected: {expected}",
-                            c.idx, ch.uri
-                        ),
-                    ));
-                }
-            }
+            c.verify_states(&root, |h, uri| self.t().hosts[h].channel_state(uri))?;
             c.tally_echoes(&mut self.st)?;
         }
         Ok(())

@@ -760,35 +760,9 @@ impl World {
     async fn verify(&mut self) -> R<()> {
         let root = self.fresh_root().await?;
         for c in &self.clients {
-            for ch in &c.chans {
-                let Some(state) = ch.state.as_ref() else {
-                    return Err(fail(
-                        "no-state-at-end",
-                        format!("client {} {}", c.idx, ch.uri),
-                    ));
-                };
-                let expected = match &ch.host {
-                    None => root.clone(),
-                    Some((h, host_uri)) => {
-                        let mut s = self.slots[*h]
-                            .with(|x| x.channel_state(host_uri))
-                            .flatten()
-                            .ok_or_else(|| fail("host-chat-gone", host_uri.clone()))?;
-                        s["resource"] = json!(ch.uri);
-                        s
-                    }
-                };
-                let mine = state.json();
-                if mine != expected {
-                    return Err(fail(
-                        "state-diverged",
-                        format!(
-                            "client {} {}:\n  client: {mine}\n  expected: {expected}",
-                            c.idx, ch.uri
-                        ),
-                    ));
-                }
-            }
+            c.verify_states(&root, |h, uri| {
+                self.slots[h].with(|x| x.channel_state(uri)).flatten()
+            })?;
             c.tally_echoes(&mut self.st)?;
         }
         Ok(())

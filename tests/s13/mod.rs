@@ -220,6 +220,45 @@ pub struct Client {
 }
 
 impl Client {
+    /// Checks at rest that every channel this client follows holds exactly
+    /// what a fresh subscriber would get: `root` for the root channel, and
+    /// `host_state(host, host_uri)` (the host's own state, named as the
+    /// client names it) for the others.
+    pub fn verify_states(
+        &self,
+        root: &Value,
+        host_state: impl Fn(usize, &str) -> Option<Value>,
+    ) -> R<()> {
+        for ch in &self.chans {
+            let Some(state) = ch.state.as_ref() else {
+                return Err(fail(
+                    "channel-without-state-at-end",
+                    format!("client {} {}", self.idx, ch.uri),
+                ));
+            };
+            let expected = match &ch.host {
+                None => root.clone(),
+                Some((h, host_uri)) => {
+                    let mut s = host_state(*h, host_uri)
+                        .ok_or_else(|| fail("host-chat-gone", host_uri.clone()))?;
+                    s["resource"] = json!(ch.uri);
+                    s
+                }
+            };
+            let mine = state.json();
+            if mine != expected {
+                return Err(fail(
+                    "state-diverged",
+                    format!(
+                        "client {} {}:\n  client: {mine}\n  expected: {expected}",
+                        self.idx, ch.uri
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Counts how each of this client's dispatches was answered: at most
     /// one echo each (accepted or rejected); a second echo is a failure.
     pub fn tally_echoes(&self, st: &mut Stats) -> R<()> {
