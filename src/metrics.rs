@@ -73,9 +73,10 @@ pub struct Metrics {
     /// Detached sessions dropped to make room for a new session of the same
     /// principal at `sessions_per_principal` (contract §3.6).
     pub sessions_evicted: IntCounter,
-    /// Relay-added latency per host, in seconds: from a host frame read on
-    /// a per-client link until it is queued for the client's socket writer
-    /// (rewritten, numbered, buffered). Labels are configured host ids only.
+    /// Relay-added latency per host, in seconds: from a batch of host frames
+    /// read together on a per-client link until the last of them is queued
+    /// for the client's socket writer (rewritten, numbered, buffered); one
+    /// sample per batch. Labels are configured host ids only.
     pub host_latency: HistogramVec,
     /// Time to answer a client `reconnect`, in seconds.
     pub reconnect_seconds: Histogram,

@@ -105,6 +105,34 @@ async fn chat_of(client: &ahp::Client, session: &str, vscode: bool) -> String {
         .expect("listed default chat")
 }
 
+/// Runs one turn on `chat` through the official client and returns the
+/// envelopes of that chat up to its `chat/turnComplete`, after checking the
+/// turn's own echo was accepted.
+async fn run_turn(
+    client: &ahp::Client,
+    events: &mut ahp::ClientEventStream,
+    chat: &str,
+    turn_id: &str,
+) -> Vec<ahp_types::actions::ActionEnvelope> {
+    let turn = json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
+        "message": {"text": "hello", "origin": {"kind": "user"}}});
+    let action = serde_json::from_value(turn).expect("a StateAction");
+    client
+        .dispatch(chat.to_string(), action)
+        .await
+        .expect("dispatch");
+    let live = actions_until(events, |e| {
+        e.channel == chat && action_type(e) == "chat/turnComplete"
+    })
+    .await;
+    let started = live
+        .iter()
+        .find(|e| action_type(e) == "chat/turnStarted")
+        .expect("the turn's echo");
+    assert_eq!(started.rejection_reason, None, "the turn was accepted");
+    live
+}
+
 async fn converge_through_relay(vscode: bool) {
     let t = TestRelay::start(twin_hosts(vscode), "").await;
     let client = t.client_init("alice", "vs-client").await;
@@ -122,23 +150,8 @@ async fn converge_through_relay(vscode: bool) {
     assert_eq!(snap["resource"], chat, "{snap}");
     assert_eq!(snap["state"]["resource"], chat, "{snap}");
 
-    let turn = json!({"type": "chat/turnStarted", "turnId": "vs-t1", "startedAt": now_iso(),
-        "message": {"text": "hello", "origin": {"kind": "user"}}});
-    let action = serde_json::from_value(turn).expect("a StateAction");
-    client
-        .dispatch(chat.clone(), action)
-        .await
-        .expect("dispatch");
-    let live = actions_until(&mut events, |e| {
-        e.channel == chat && action_type(e) == "chat/turnComplete"
-    })
-    .await;
+    let live = run_turn(&client, &mut events, &chat, "vs-t1").await;
     assert_strictly_increasing(&live);
-    let started = live
-        .iter()
-        .find(|e| action_type(e) == "chat/turnStarted")
-        .expect("the turn's echo");
-    assert_eq!(started.rejection_reason, None, "the turn was accepted");
 
     let mut reduced = reduce_chat(&snap["state"], &chat, &live);
     let host_chat = if vscode {
@@ -364,22 +377,7 @@ async fn client_named_provider_session(vscode: bool) {
     let mut events = client.events();
     let snap = subscribe_raw(&client, &chat).await;
     assert_eq!(snap["state"]["resource"], chat, "{snap}");
-    let turn = json!({"type": "chat/turnStarted", "turnId": "own-t1", "startedAt": now_iso(),
-        "message": {"text": "hello", "origin": {"kind": "user"}}});
-    let action = serde_json::from_value(turn).expect("a StateAction");
-    client
-        .dispatch(chat.clone(), action)
-        .await
-        .expect("dispatch");
-    let live = actions_until(&mut events, |e| {
-        e.channel == chat && action_type(e) == "chat/turnComplete"
-    })
-    .await;
-    let started = live
-        .iter()
-        .find(|e| action_type(e) == "chat/turnStarted")
-        .expect("the turn's echo");
-    assert_eq!(started.rejection_reason, None, "the turn was accepted");
+    run_turn(&client, &mut events, &chat, "own-t1").await;
 
     let bob = t.client_init("bob", "vs-create-bob").await;
     let r: Result<Value, _> = bob
