@@ -35,6 +35,18 @@ fn session(n: u32) -> String {
     format!("ahp-session:/a~a-{n}")
 }
 
+/// A raw client of `who`, initialized as `client_id` and subscribed to
+/// `session(n)` (so its link to the host is open).
+async fn subscribed(t: &TestRelay, who: &str, client_id: &str, n: u32) -> RawWs {
+    let mut ws = t.raw(who).await;
+    ws.initialize(client_id).await;
+    let r = ws
+        .request(1, "subscribe", json!({"channel": session(n)}))
+        .await;
+    assert!(r["result"]["snapshot"].is_object(), "link open: {r}");
+    ws
+}
+
 async fn hits(t: &TestRelay, limit: &str) -> f64 {
     let (_, page) = admin_get(t, "/metrics").await;
     metric(
@@ -125,12 +137,7 @@ async fn subscriptions_per_session_are_capped_and_deduplicated() {
 #[tokio::test]
 async fn pending_requests_are_capped_and_time_out() {
     let t = start("pending_requests_per_connection = 2\nupstream_request_secs = 1").await;
-    let mut ws = t.raw("alice").await;
-    ws.initialize("c").await;
-    let r = ws
-        .request(1, "subscribe", json!({"channel": session(1)}))
-        .await;
-    assert!(r["result"]["snapshot"].is_object(), "link open: {r}");
+    let mut ws = subscribed(&t, "alice", "c", 1).await;
     t.hosts[0].set_stalled(true);
     for (id, n) in [(2, 2), (3, 3)] {
         ws.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": "subscribe",
@@ -258,18 +265,8 @@ async fn the_link_queue_is_bounded() {
 #[tokio::test]
 async fn oversized_host_frames_cost_only_that_link() {
     let t = start("upstream_max_frame_bytes = 65536").await;
-    let mut ws = t.raw("alice").await;
-    ws.initialize("c").await;
-    let r = ws
-        .request(1, "subscribe", json!({"channel": session(1)}))
-        .await;
-    assert!(r["result"]["snapshot"].is_object(), "{r}");
-    let mut other = t.raw("bob").await;
-    other.initialize("o").await;
-    let r = other
-        .request(1, "subscribe", json!({"channel": session(2)}))
-        .await;
-    assert!(r["result"]["snapshot"].is_object(), "{r}");
+    let mut ws = subscribed(&t, "alice", "c", 1).await;
+    let mut other = subscribed(&t, "bob", "o", 2).await;
     let dials = |who: &str| {
         t.hosts[0]
             .handshakes()
@@ -460,12 +457,7 @@ async fn create_quota_and_tombstone_purge() {
 #[tokio::test]
 async fn a_timed_out_create_never_leaves_an_adoptable_name() {
     let t = start("upstream_request_secs = 1").await;
-    let mut ws = t.raw("alice").await;
-    ws.initialize("c").await;
-    let r = ws
-        .request(1, "subscribe", json!({"channel": session(1)}))
-        .await;
-    assert!(r["result"]["snapshot"].is_object(), "link open: {r}");
+    let mut ws = subscribed(&t, "alice", "c", 1).await;
     t.hosts[0].set_stalled(true);
     let uri = "ahp-session:/late";
     let r = ws
