@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::fast_config;
-use common::relay::{TestRelay, admin_get};
+use common::relay::{TestRelay, admin_get, rule};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -254,29 +254,10 @@ async fn client_get(t: &TestRelay, path: &str, token: Option<&str>) -> (u16, Str
 /// the admin.
 #[tokio::test]
 async fn client_listener_status_needs_an_admin_grant() {
-    let policy = r#"
-[[policy.rules]]
-name = "ops-admin"
-subjects = ["ops"]
-hosts = ["*"]
-role = "admin"
-visibility = "all"
-
-[[policy.rules]]
-name = "alice-operator"
-subjects = ["alice"]
-hosts = ["*"]
-role = "operator"
-visibility = "all"
-
-[[policy.rules]]
-name = "carol-viewer"
-subjects = ["carol"]
-hosts = ["*"]
-role = "viewer"
-visibility = "all"
-"#;
-    let t = TestRelay::start(vec![fast_config("alpha", 1)], policy).await;
+    let policy = rule("ops-admin", &["ops"], &["*"], "admin", "all", "")
+        + &rule("alice-operator", &["alice"], &["*"], "operator", "all", "")
+        + &rule("carol-viewer", &["carol"], &["*"], "viewer", "all", "");
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], &policy).await;
     assert_eq!(client_get(&t, "/status.json", None).await.0, 401);
     let alice = t.token("alice");
     assert_eq!(client_get(&t, "/status.json", Some(&alice)).await.0, 403);
@@ -300,15 +281,8 @@ visibility = "all"
 /// and a `reconnect` land in the latency histograms.
 #[tokio::test]
 async fn denials_and_latency_histograms() {
-    let policy = r#"
-[[policy.rules]]
-name = "carol-viewer"
-subjects = ["carol"]
-hosts = ["*"]
-role = "viewer"
-visibility = "all"
-"#;
-    let t = TestRelay::start(vec![fast_config("alpha", 1)], policy).await;
+    let policy = rule("carol-viewer", &["carol"], &["*"], "viewer", "all", "");
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], &policy).await;
     let mut ws = t.raw("carol").await;
     ws.initialize("c").await;
     let read = ws

@@ -8,26 +8,15 @@ mod common;
 
 use ahp_relay::devkit::{DEV_ISSUER, DevKit};
 use ahp_relay::identity::PrincipalKey;
-use common::relay::{TestRelay, admin_get, metric, scratch_dir};
+use common::relay::{TestRelay, admin_get, metric, rule, scratch_dir};
 use common::*;
 use serde_json::{Value, json};
 
 /// alice and bob: operators who see only what they created (`own`).
-const RULES: &str = r#"
-[[policy.rules]]
-name = "alice"
-subjects = ["alice"]
-hosts = ["*"]
-role = "operator"
-visibility = "own"
-
-[[policy.rules]]
-name = "bob"
-subjects = ["bob"]
-hosts = ["*"]
-role = "operator"
-visibility = "own"
-"#;
+fn rules() -> String {
+    rule("alice", &["alice"], &["*"], "operator", "own", "")
+        + &rule("bob", &["bob"], &["*"], "operator", "own", "")
+}
 
 /// Host `a` with one seeded session (`ahp-session:/a-1`, not created
 /// through the relay) and two terminals claimed by it; the relay's
@@ -39,7 +28,7 @@ async fn start() -> TestRelay {
     let kit = DevKit::create(&scratch_dir("squat")).expect("dev kit");
     let pairs = vec![(host.config().name.clone(), host.url())];
     let mut cfg = kit
-        .config("127.0.0.1:0", &pairs, "", RULES)
+        .config("127.0.0.1:0", &pairs, "", &rules())
         .expect("config validates");
     cfg.relay.default_host = Some("a".into());
     let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
