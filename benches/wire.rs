@@ -4,6 +4,7 @@
 //! (b) `from_str::<Value>`, mutate, `to_string`. Both produce the same JSON (checked
 //! before timing). Heap allocations per frame are counted by a wrapping global
 //! allocator. Run with `cargo bench --bench wire`; std only, no harness.
+//! `AHP_WIRE_SCALE=0.01` scales the iteration counts (for `valgrind --tool=callgrind`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::error::Error;
@@ -11,7 +12,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use ahp_relay::wire::{Edit, EditValue, WireLimits, classify, splice};
+use ahp_relay::wire::{Edit, EditValue, WireLimits, classify, classify_action, splice};
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
@@ -151,11 +152,22 @@ fn compare(name: &str, text: &str, iterations: u32) -> Result<()> {
         serde_json::from_str::<IgnoredAny>(black_box(text))?;
         Ok(String::new())
     })?;
+    let fast = match classify_action(text, &limits) {
+        Some(_) => {
+            let (ns, _) = time(iterations, || {
+                classify_action(black_box(text), &limits)
+                    .map(|_| String::new())
+                    .ok_or_else(|| "declined".into())
+            })?;
+            format!(", action fast path {ns:.0}")
+        }
+        None => String::new(),
+    };
     let (spliced, spliced_allocs) = time(iterations, || splice_way(black_box(text), &limits))?;
     let (round_trip, round_trip_allocs) = time(iterations, || value_way(black_box(text)))?;
     println!("{name} ({} bytes, {iterations} iterations):", text.len());
     println!(
-        "  classify+splice: {spliced:.0} ns/frame (classify alone {classify_only:.0}, serde_json validation alone {validate_only:.0}); Value round trip: {round_trip:.0} ns/frame; ratio {:.1}x",
+        "  classify+splice: {spliced:.0} ns/frame (classify alone {classify_only:.0}{fast}, serde_json validation alone {validate_only:.0}); Value round trip: {round_trip:.0} ns/frame; ratio {:.1}x",
         round_trip / spliced
     );
     println!(
@@ -165,15 +177,21 @@ fn compare(name: &str, text: &str, iterations: u32) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // `AHP_WIRE_SCALE=0.01` runs a hundredth of the iterations (for `valgrind`).
+    let scale: f64 = std::env::var("AHP_WIRE_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let iterations = |n: f64| ((n * scale) as u32).max(100);
     compare(
         "action notification, chat/delta",
         &action_frame(),
-        1_000_000,
+        iterations(1e6),
     )?;
     compare(
         "subscribe response with snapshot",
         &subscribe_frame(),
-        200_000,
+        iterations(2e5),
     )?;
     Ok(())
 }

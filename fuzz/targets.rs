@@ -295,7 +295,16 @@ pub fn wire_host(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(frame) = wire::classify(text, &LIMITS) else {
+    let classified = wire::classify(text, &LIMITS);
+    // The fast path for action envelopes agrees with the general one or declines.
+    if let Some(fast) = wire::classify_action(text, &LIMITS) {
+        assert_eq!(
+            Ok(fast),
+            classified,
+            "classify_action disagrees with classify"
+        );
+    }
+    let Ok(frame) = classified else {
         return;
     };
     let Some(value) = parsed(text) else {

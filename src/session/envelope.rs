@@ -53,7 +53,10 @@ impl ClientSession {
         let mut core: Option<MutexGuard<'_, SessionCore>> = None;
         for text in frames {
             let text = text.as_str();
-            let frame = match wire::classify(text, &self.env.upstream_limits) {
+            let limits = &self.env.upstream_limits;
+            let frame = match wire::classify_action(text, limits)
+                .map_or_else(|| wire::classify(text, limits), Ok)
+            {
                 Ok(f) => f,
                 Err(e) => {
                     self.env.metrics.upstream_bad_frames.inc();

@@ -242,6 +242,9 @@ pub async fn dial_stream_with(
     dial_stream_capped(opts, creds, None).await
 }
 
+/// Bytes a WebSocket read asks the socket for at most (see [`dial_stream_capped`]).
+const READ_BUFFER_BYTES: usize = 16 * 1024;
+
 /// [`dial_stream_with`] whose WebSocket refuses any message or frame over
 /// `max_message_bytes` (`None`: tungstenite's defaults, 64 MiB messages and
 /// 16 MiB frames). The refusal happens when the frame header is read,
@@ -258,12 +261,15 @@ pub async fn dial_stream_capped(
         add_query_token(&mut request, token)?;
     }
     let connector = connector_for(&request, opts, creds)?;
-    let config = max_message_bytes.map(|n| {
-        WebSocketConfig::default()
-            .max_message_size(Some(n))
-            .max_frame_size(Some(n))
-    });
-    let handshake = connect_async_tls_with_config(request, config, true, Some(connector));
+    // tungstenite zero-fills its whole free read buffer before every read
+    // (128 KiB by default): with a 16 KiB chunk a link that reads one small
+    // frame at a time pays 16 KiB of `memset`, not 128, and an idle link
+    // holds 16 KiB; the buffer still grows for a larger frame.
+    let mut config = WebSocketConfig::default().read_buffer_size(READ_BUFFER_BYTES);
+    if let Some(n) = max_message_bytes {
+        config = config.max_message_size(Some(n)).max_frame_size(Some(n));
+    }
+    let handshake = connect_async_tls_with_config(request, Some(config), true, Some(connector));
     match tokio::time::timeout(opts.connect_timeout, handshake).await {
         Err(_) => Err(DialError::Timeout {
             url: opts.url.clone(),

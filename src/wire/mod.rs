@@ -68,6 +68,7 @@
 //! serde_json's `arbitrary_precision` feature must stay off: it would turn numbers into
 //! maps under `deserialize_any`, which the shape visitors rely on.
 
+mod action;
 mod error;
 mod fields;
 mod frame;
@@ -79,6 +80,7 @@ mod result;
 mod scan;
 mod splice;
 
+pub use action::classify_action;
 pub use error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, WireError};
 pub use fields::{IdKind, RawId, SeqField, StrField};
 pub use frame::{Frame, FrameKind, classify};
