@@ -95,6 +95,12 @@ pub enum PendingKind {
     },
 }
 
+/// The maps read for every relayed envelope (links, watermarks, channels).
+/// foldhash is several times cheaper than SipHash on their short keys and,
+/// seeded per process, still keyed against crafted collisions; the maps are
+/// bounded by the session's limits.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The state of one host channel the session follows.
 #[derive(Debug)]
 pub enum Chan {
@@ -102,7 +108,7 @@ pub enum Chan {
     /// (contract §5.2) until the snapshot is written.
     Holding {
         /// Client form of the channel.
-        client: String,
+        client: Arc<str>,
         /// Held host frames.
         held: Vec<(u64, String)>,
         /// The snapshot's host `fromSeq`, once the answer arrived.
@@ -110,8 +116,9 @@ pub enum Chan {
     },
     /// Envelopes are numbered and delivered as they arrive.
     Live {
-        /// Client form of the channel.
-        client: String,
+        /// Client form of the channel (shared: every envelope's delivery
+        /// takes it without copying).
+        client: Arc<str>,
     },
 }
 
@@ -132,18 +139,18 @@ pub struct SessionCore {
     /// Channels (client form) the client is subscribed to.
     pub(super) subs: HashSet<String>,
     /// Per host: host channel → state.
-    pub(super) chans: HashMap<Arc<str>, HashMap<String, Chan>>,
+    pub(super) chans: FastMap<Arc<str>, FastMap<String, Chan>>,
     /// Requests in flight: (link id, link request id) → pending.
     pub(super) pending: HashMap<(u64, u64), Pending>,
     /// Open links by host.
-    pub(super) links: HashMap<Arc<str>, Arc<Link>>,
+    pub(super) links: FastMap<Arc<str>, Arc<Link>>,
     /// Host → client requests waiting for the client's answer, by the id the
     /// relay gave them: (host, the host's id as exact JSON text).
     pub(super) host_requests: HashMap<u64, (Arc<str>, String)>,
     next_host_request: u64,
     /// Per link id: the host `serverSeq` of the last envelope accepted on
     /// it, replaced by the host's numbers at every baseline (§5.8).
-    pub(super) watermarks: HashMap<u64, u64>,
+    pub(super) watermarks: FastMap<u64, u64>,
     /// The root state (client form) the client was last given, so root
     /// actions are sent only when a field really changed.
     pub(super) root_seen: serde_json::Map<String, Value>,
@@ -324,13 +331,13 @@ impl ClientSession {
             orphaned: HashSet::new(),
             buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
             subs: HashSet::new(),
-            chans: HashMap::new(),
+            chans: FastMap::default(),
             pending: HashMap::new(),
-            links: HashMap::new(),
+            links: FastMap::default(),
             host_requests: HashMap::new(),
             next_host_request: 1,
             root_seen: serde_json::Map::new(),
-            watermarks: HashMap::new(),
+            watermarks: FastMap::default(),
         };
         let seen = crate::names::seen::Seen::new(
             limits.seen_refs_per_session,

@@ -130,7 +130,7 @@ fn hold_for_cut(core: &mut SessionCore) {
         for chan in chans.values_mut() {
             if let Chan::Live { client } = chan {
                 *chan = Chan::Holding {
-                    client: std::mem::take(client),
+                    client: client.clone(),
                     held: Vec::new(),
                     from: None,
                 };
@@ -385,7 +385,7 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
             m.insert(
                 host_uri.clone(),
                 Chan::Holding {
-                    client: client.clone(),
+                    client: client.as_str().into(),
                     held: Vec::new(),
                     from: None,
                 },

@@ -577,7 +577,7 @@ fn hold(session: &ClientSession, host: &Arc<str>, host_uri: &str, client_uri: &s
     core.chans.entry(host.clone()).or_default().insert(
         host_uri.to_string(),
         Chan::Holding {
-            client: client_uri.to_string(),
+            client: client_uri.into(),
             held: Vec::new(),
             from: None,
         },

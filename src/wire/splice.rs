@@ -113,6 +113,15 @@ pub fn splice(text: &str, edits: &mut [Edit<'_>]) -> Result<String, SpliceError>
 pub fn json_escape_into(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
+    // Most strings (URIs) need no escape: one branch-free pass finds out.
+    let plain = s
+        .bytes()
+        .fold(true, |plain, b| plain & (b >= 0x20 && b != b'"' && b != b'\\'));
+    if plain {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     let mut copied = 0;
     for (at, byte) in s.bytes().enumerate() {
         let short = match byte {
