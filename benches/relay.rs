@@ -1377,13 +1377,13 @@ impl Latency {
 }
 
 /// `min–max` of `v`, or `-`.
-fn min_max(v: &[f64], scale: f64) -> String {
+fn min_max(v: &[f64]) -> String {
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if v.is_empty() {
         "-".into()
     } else {
-        format!("{:.0}–{:.0}", lo / scale, hi / scale)
+        format!("{lo:.0}–{hi:.0}")
     }
 }
 
@@ -1973,16 +1973,16 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
             let v = l.added(p, f);
             match p {
                 0 => "-".to_string(),
-                _ => format!("{:+.0} ({})", median(v.clone()), min_max(&v, 1.0)),
+                _ => format!("{:+.0} ({})", median(v.clone()), min_max(&v)),
             }
         };
         let vals = |f: LatOf| -> Vec<f64> { l.values(p, f).into_iter().map(|(_, v)| v).collect() };
         println!(
             "   {path:>15} {:>7.0} {:>11} {:>7.0} {:>13} {:>8.0} {:>15} {:>17}",
             l.med(p, |x| x.p50),
-            min_max(&vals(|x| x.p50), 1.0),
+            min_max(&vals(|x| x.p50)),
             l.med(p, |x| x.p99),
-            min_max(&vals(|x| x.p99), 1.0),
+            min_max(&vals(|x| x.p99)),
             l.med(p, |x| x.max),
             added(|x| x.p50),
             added(|x| x.p99),
