@@ -8,10 +8,11 @@
 //! load source is not slowed by the clients and each side's CPU is known.
 //! Clients are raw WebSockets (tokio-tungstenite) that count frames without
 //! decoding them, so the client side stays cheap and equal on both paths.
-//! Sections 1–2 load with the simhost's streaming mode (`[stream:<n>]`,
-//! pre-rendered deltas) and compare, when installed, nginx and HAProxy as
-//! TLS WebSocket proxies in front of the same kind of host
-//! (`apt-get install -y nginx haproxy`; the bench says so when missing).
+//! Sections 1–3 load with the simhost's streaming mode (`[stream:<n>]`,
+//! pre-rendered deltas; section 3 paced, reading the send stamp in each
+//! delta) and compare, when installed, nginx and HAProxy as TLS WebSocket
+//! proxies in front of the same kind of host (`apt-get install -y nginx
+//! haproxy`; the bench says so when missing).
 //! Every figure is a median of several runs; targets are printed next to them
 //! and marked met / NOT MET as measured.
 //!
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use ahp_relay::devkit::DevKit;
 use ahp_relay::simhost::clock::now_iso;
+use ahp_relay::simhost::stream::{now_micros, stamp_of};
 use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
 use ahp_relay::upstream::dial::{DialOptions, WsStream, dial_stream};
 use futures_util::{SinkExt, StreamExt};
@@ -70,7 +72,8 @@ struct Settings {
     /// Concurrent streams of the many-stream case, and deltas each.
     many_streams: usize,
     many_deltas: u64,
-    /// Latency runs per path, and seconds of paced streaming each.
+    /// Rounds of the paced-latency runs (each path once per round), and
+    /// seconds of paced streaming each.
     latency_runs: usize,
     latency_secs: f64,
     /// Idle TLS clients opened for the memory figure.
@@ -99,8 +102,8 @@ impl Settings {
                 one_stream_deltas: 300_000,
                 many_streams: 50,
                 many_deltas: 6_000,
-                latency_runs: 2,
-                latency_secs: 1.0,
+                latency_runs: 3,
+                latency_secs: 2.0,
                 idle_clients: 200,
                 list_hosts: 100,
                 list_sessions: 1000,
@@ -115,8 +118,8 @@ impl Settings {
                 one_stream_deltas: 1_000_000,
                 many_streams: 50,
                 many_deltas: 20_000,
-                latency_runs: 3,
-                latency_secs: 2.5,
+                latency_runs: 5,
+                latency_secs: 3.0,
                 idle_clients: 1000,
                 list_hosts: 100,
                 list_sessions: 1000,
@@ -761,29 +764,43 @@ impl Conn {
     }
 
     /// Reads `action` frames until `chat/turnComplete`; counts deltas (and
-    /// keeps their arrival times if `times`).
-    async fn read_turn(&mut self, times: bool) -> Result<TurnStats> {
+    /// with `stamps`, keeps each delta's latency: arrival − the send stamp
+    /// the streaming mode puts in its text, same machine and clock).
+    async fn read_turn(&mut self, stamps: bool) -> Result<TurnStats> {
         let mut s = TurnStats::default();
+        // Built once per turn: `memmem::find` would build a searcher per call.
+        let keys: [&[u8]; 5] = [
+            b"\"method\":\"action\"",
+            b"\"rejectionReason\"",
+            b"\"chat/delta\"",
+            b"\"chat/turnComplete\"",
+            STAMP_KEY,
+        ];
+        let [action, rejected, delta, complete, content] = keys.map(memmem::Finder::new);
         loop {
             let frame = self.recv().await?;
             let b = frame.as_bytes();
-            if memmem::find(b, b"\"method\":\"action\"").is_none() {
+            if action.find(b).is_none() {
                 continue;
             }
             let now = Instant::now();
+            let arrived = if stamps { now_micros() } else { 0 };
             s.actions += 1;
-            if memmem::find(b, b"\"rejectionReason\"").is_some() {
+            if rejected.find(b).is_some() {
                 return Err(format!("rejected: {}", frame.as_str()).into());
             }
-            if memmem::find(b, b"\"chat/delta\"").is_some() {
+            if delta.find(b).is_some() {
                 s.deltas += 1;
                 s.delta_frame_bytes += b.len() as u64;
                 s.first.get_or_insert(now);
                 s.last = Some(now);
-                if times {
-                    s.times.push(now);
+                if stamps {
+                    match delta_stamp(&frame, &content) {
+                        Some(sent) => s.lat_us.push(arrived as f64 - sent as f64),
+                        None => s.unstamped += 1,
+                    }
                 }
-            } else if memmem::find(b, b"\"chat/turnComplete\"").is_some() {
+            } else if complete.find(b).is_some() {
                 return Ok(s);
             }
         }
@@ -824,7 +841,20 @@ struct TurnStats {
     delta_frame_bytes: u64,
     first: Option<Instant>,
     last: Option<Instant>,
-    times: Vec<Instant>,
+    /// Latency of each delta, µs (with `stamps`).
+    lat_us: Vec<f64>,
+    /// Deltas without a readable send stamp (with `stamps`).
+    unstamped: u64,
+}
+
+/// What precedes a streamed delta's text, which starts with its send stamp.
+const STAMP_KEY: &[u8] = b"\"content\":\"";
+
+/// The send stamp of a streamed delta (`"content":"@<16 digits>;…`);
+/// `key` finds [`STAMP_KEY`].
+fn delta_stamp(frame: &Utf8Bytes, key: &memmem::Finder) -> Option<u64> {
+    let at = key.find(frame.as_bytes())? + STAMP_KEY.len();
+    frame.as_str().get(at..).and_then(stamp_of)
 }
 
 async fn join_all<T>(tasks: Vec<JoinHandle<Result<T>>>) -> Result<Vec<T>> {
@@ -870,13 +900,18 @@ fn host_rt() -> Result<tokio::runtime::Handle> {
 }
 
 async fn start_host(name: &str, sessions: usize, script: AgentScript) -> Result<SimHost> {
-    let cfg = SimHostConfig {
+    start_configured(SimHostConfig {
         sessions,
         script,
         replay_log: 20_000,
         record_limit: 16,
         ..SimHostConfig::named(name)
-    };
+    })
+    .await
+}
+
+/// Starts a simhost with `cfg` on the host runtime.
+async fn start_configured(cfg: SimHostConfig) -> Result<SimHost> {
     Ok(host_rt()?
         .spawn(SimHost::start_local(cfg))
         .await
@@ -902,8 +937,12 @@ struct StreamRun {
     rate: f64,
     /// `action` envelopes received by the clients.
     actions: u64,
+    /// `chat/delta` envelopes received by the clients.
+    deltas: u64,
     /// Mean size of a delta frame as received.
     frame_bytes: f64,
+    /// End-to-end latency of the deltas (runs with `stamps` only).
+    latency: Option<Lat>,
     wall: Duration,
     relay_cpu_ns: Option<u64>,
     relay_cpu_tick_ms: Option<f64>,
@@ -920,6 +959,7 @@ async fn stream_run(
     (host, first_chat, streams, deltas): (&str, usize, usize, u64),
     tag: &str,
     ticks: u64,
+    stamps: bool,
 ) -> Result<StreamRun> {
     let mut tasks = Vec::new();
     for i in 0..streams {
@@ -942,7 +982,7 @@ async fn stream_run(
         let turn = format!("{tag}-turn-{i}");
         tasks.push(tokio::spawn(async move {
             c.start_turn(&chat, &turn, Some(deltas)).await?;
-            let s = c.read_turn(false).await?;
+            let s = c.read_turn(stamps).await?;
             Ok((c, s))
         }));
     }
@@ -957,7 +997,10 @@ async fn stream_run(
     let mut first: Option<Instant> = None;
     let mut last: Option<Instant> = None;
     let mut conns = Vec::new();
-    for (c, s) in done {
+    let (mut lat, mut unstamped) = (Vec::new(), 0);
+    for (c, mut s) in done {
+        lat.append(&mut s.lat_us);
+        unstamped += s.unstamped;
         deltas += s.deltas;
         actions += s.actions;
         bytes += s.delta_frame_bytes;
@@ -981,7 +1024,9 @@ async fn stream_run(
     Ok(StreamRun {
         rate: deltas as f64 / span.as_secs_f64(),
         actions,
+        deltas,
         frame_bytes: bytes as f64 / deltas.max(1) as f64,
+        latency: stamps.then(|| Lat::of(lat, unstamped)),
         wall,
         relay_cpu_ns: relay_before.zip(relay_after).map(|(b, a)| a.ns_since(&b)),
         relay_kernel_share: relay_before
@@ -1207,7 +1252,7 @@ async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
             ];
             for (k, (ep, m, (host, first, streams, deltas), what)) in runs.into_iter().enumerate() {
                 let tag = format!("r{round}-{}-{what}", ep.label);
-                match stream_run(ep, m, (&host, first, streams, deltas), &tag, ticks).await {
+                match stream_run(ep, m, (&host, first, streams, deltas), &tag, ticks, false).await {
                     Ok(r) => out.series[k][p].push(round, r),
                     Err(e) => {
                         out.disconnects[p] += 1;
@@ -1241,232 +1286,162 @@ fn failure(tag: &str, e: &BoxError, relay: Option<&dyn Measured>) -> String {
 
 // ─── 3: added latency at a paced load ───────────────────────────────────────
 
-struct LatencyRun {
-    /// Paced rate reached through the relay (deltas/s, all streams).
-    rate: f64,
+/// Streams of the paced load, and deltas per second each (§10: 50 × 1000/s).
+const PACED_STREAMS: usize = 50;
+const PACED_PER_STREAM: u32 = 1000;
+
+/// One figure of a run's latency (e.g. its p50).
+type LatOf = fn(&Lat) -> f64;
+
+/// End-to-end latency of one run's deltas: arrival − send stamp, µs.
+#[derive(Clone, Copy, Debug)]
+struct Lat {
+    p50: f64,
+    p99: f64,
+    max: f64,
     samples: usize,
-    p50_us: f64,
-    p99_us: f64,
-    negative: usize,
-    /// Cores the relay process, the simhosts and the clients used.
-    relay_cores: f64,
-    host_cores: f64,
-    client_cores: f64,
+    /// Deltas whose send stamp could not be read (an error if not 0).
+    unstamped: u64,
 }
 
-/// Streams that also get a direct observer: every `OBSERVE_EVERY`-th.
-const OBSERVE_EVERY: usize = 5;
-/// Simhosts behind each relay in the latency runs.
-const LATENCY_HOSTS: usize = 4;
-
-/// `streams` chats streaming at the host's paced `delta_rate`, each followed
-/// by a client through the relay that starts its turn; every
-/// [`OBSERVE_EVERY`]-th chat also has a direct observer on the host. Added
-/// latency of an envelope = its arrival at the relay client − its arrival
-/// at the direct observer (same process, same clock).
-async fn latency_run(
-    hosts: &[SimHost],
-    relay: &RelayProc,
-    first_chat: usize,
-    streams: usize,
-    tag: &str,
-) -> Result<LatencyRun> {
-    let relay_ep = relay.endpoint("relay");
-    let mut tasks = Vec::new();
-    for i in 0..streams {
-        // Streams are spread over the hosts round-robin.
-        let host = &hosts[i % hosts.len()];
-        let direct = Endpoint::direct("direct", host);
-        let (relay_ep, name) = (relay_ep.clone(), host.config().name.clone());
-        let n = first_chat + i / hosts.len();
-        let tag = tag.to_string();
-        tasks.push(tokio::spawn(async move {
-            let d = match i % OBSERVE_EVERY {
-                0 => Some(
-                    direct
-                        .subscriber(&format!("{tag}-d{i}"), &direct.chat(&name, n))
-                        .await?,
-                ),
-                _ => None,
-            };
-            let chat = relay_ep.chat(&name, n);
-            let r = relay_ep.subscriber(&format!("{tag}-r{i}"), &chat).await?;
-            Ok((d, r, chat))
-        }));
-    }
-    let conns = join_all(tasks).await?;
-    let relay_before = relay.cpu();
-    let host_before = Cpu::threads("simhost");
-    let client_before = Cpu::threads("client");
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, (d, mut r, chat)) in conns.into_iter().enumerate() {
-        let turn = format!("{tag}-turn-{i}");
-        tasks.push(tokio::spawn(async move {
-            let observed = d.map(|mut d| {
-                tokio::spawn(async move {
-                    let s = d.read_turn(true).await;
-                    d.hang_up();
-                    s
-                })
-            });
-            r.start_turn(&chat, &turn, None).await?;
-            let relayed = r.read_turn(true).await?;
-            r.hang_up();
-            let direct = match observed {
-                Some(t) => Some(t.await.map_err(bad)??),
-                None => None,
-            };
-            Ok((direct, relayed))
-        }));
-    }
-    let pairs = join_all(tasks).await?;
-    let secs = start.elapsed().as_secs_f64();
-    let relay_cores = relay.cpu().ns_since(&relay_before) as f64 / 1e9 / secs;
-    let host_cores = Cpu::threads("simhost").ns_since(&host_before) as f64 / 1e9 / secs;
-    let client_cores = Cpu::threads("client").ns_since(&client_before) as f64 / 1e9 / secs;
-    let mut lat = Vec::new();
-    let mut negative = 0;
-    let (mut first, mut last, mut relayed_deltas) = (None::<Instant>, None::<Instant>, 0u64);
-    for (d, r) in &pairs {
-        if let Some(d) = d {
-            if d.times.len() != r.times.len() {
-                return Err(format!(
-                    "direct saw {} deltas, relay client {}",
-                    d.times.len(),
-                    r.times.len()
-                )
-                .into());
-            }
-            for (a, b) in d.times.iter().zip(&r.times) {
-                let us = if b >= a {
-                    (*b - *a).as_secs_f64() * 1e6
-                } else {
-                    negative += 1;
-                    -((*a - *b).as_secs_f64() * 1e6)
-                };
-                lat.push(us);
-            }
+impl Lat {
+    fn of(mut us: Vec<f64>, unstamped: u64) -> Lat {
+        us.sort_by(f64::total_cmp);
+        Lat {
+            p50: percentile(&us, 50.0),
+            p99: percentile(&us, 99.0),
+            max: us.last().copied().unwrap_or(f64::NAN),
+            samples: us.len(),
+            unstamped,
         }
-        relayed_deltas += r.deltas;
-        first = match (first, r.first) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        last = match (last, r.last) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
     }
-    lat.sort_by(f64::total_cmp);
-    let span = match (first, last) {
-        (Some(a), Some(b)) if b > a => (b - a).as_secs_f64(),
-        _ => return Err("no deltas".into()),
-    };
-    Ok(LatencyRun {
-        rate: relayed_deltas as f64 / span,
-        samples: lat.len(),
-        p50_us: percentile(&lat, 50.0),
-        p99_us: percentile(&lat, 99.0),
-        negative,
-        relay_cores,
-        host_cores,
-        client_cores,
-    })
 }
 
-/// Runs of one paced rate through one relay.
-struct LatencyLevel {
-    /// The rate aimed at, streams used for it, path.
-    target: f64,
-    streams: usize,
-    path: &'static str,
-    runs: Vec<LatencyRun>,
+/// A simhost whose `[stream:<n>]` turns are each paced at
+/// [`PACED_PER_STREAM`], with `sessions` fresh chats. Up to 4 s of frames
+/// may wait to be written, so a slow path delays frames after their stamp
+/// (latency) and never holds the stamp back (which would hide it).
+async fn paced_host(name: &str, sessions: usize) -> Result<SimHost> {
+    start_configured(SimHostConfig {
+        sessions,
+        stream_rate: PACED_PER_STREAM,
+        stream_in_flight: 4 * PACED_PER_STREAM as usize,
+        replay_log: 20_000,
+        record_limit: 16,
+        ..SimHostConfig::named(name)
+    })
+    .await
 }
 
 struct Latency {
-    /// Paced rate one stream reached, at `delta_rate`.
-    per_stream: f64,
-    delta_rate: u32,
-    levels: Vec<LatencyLevel>,
+    /// Per path (`paths`), every round's run.
+    series: Vec<Series>,
+    paths: Vec<String>,
+    /// Deltas each run sent (all streams) and the seconds it was paced over.
+    sent: u64,
+    secs: f64,
     errors: Vec<String>,
 }
 
-async fn latency(s: &Settings) -> Result<Latency> {
-    // tokio's timer wheel has 1 ms ticks: a 250 µs sleep lasts until the next
-    // tick, so the per-stream rate is measured rather than assumed.
-    const DELTA_RATE: u32 = 4000;
-    const MAX_STREAMS: usize = 120;
-    let cal_host = start_host("cal", 1, script(1000, DELTA_RATE)).await?;
-    let cal_ep = Endpoint::direct("direct", &cal_host);
-    let mut c = cal_ep.subscriber("cal", &cal_ep.chat("cal", 1)).await?;
-    c.start_turn(&cal_ep.chat("cal", 1), "cal-turn", None)
-        .await?;
-    let st = c.read_turn(false).await?;
-    c.close().await;
-    stop_host(cal_host).await;
-    let per_stream = match (st.first, st.last) {
-        (Some(a), Some(b)) if b > a => st.deltas as f64 / (b - a).as_secs_f64(),
-        _ => 1000.0,
-    };
-    let streams_for = |rate: f64| ((rate / per_stream).ceil() as usize).clamp(1, MAX_STREAMS);
-    let deltas = (per_stream * s.latency_secs) as u32;
-    let sessions = s.latency_runs * 2 * MAX_STREAMS / LATENCY_HOSTS + 1;
-    // Identical hosts per relay (see `throughput`); the load is spread over
-    // several, as one simhost (one lock for the whole host) cannot pace it.
-    let mut host_t = Vec::new();
-    let mut host_p = Vec::new();
-    for i in 0..LATENCY_HOSTS {
-        host_t.push(start_host(&format!("lt{i}"), sessions, script(deltas, DELTA_RATE)).await?);
-        host_p.push(start_host(&format!("lp{i}"), sessions, script(deltas, DELTA_RATE)).await?);
+impl Latency {
+    /// Median over rounds of `f` of `path`'s latency.
+    fn med(&self, path: usize, f: LatOf) -> f64 {
+        median(self.values(path, f).into_iter().map(|(_, v)| v).collect())
     }
-    let pairs = |hosts: &[SimHost]| hosts.iter().map(pair).collect::<Vec<_>>();
-    let tls = RelayProc::start("lat-tls", &pairs(&host_t), true, "").await?;
-    let plain = RelayProc::start("lat-plain", &pairs(&host_p), false, "").await?;
-    let mut levels = vec![
-        (PACED_TARGET, "relay wss://", &tls, &host_t),
-        (PACED_TARGET, "relay ws://", &plain, &host_p),
-        (PACED_TARGET / 5.0, "relay wss://", &tls, &host_t),
-    ]
-    .into_iter()
-    .map(|(target, path, relay, host)| {
-        (
-            LatencyLevel {
-                target,
-                streams: streams_for(target),
-                path,
-                runs: Vec::new(),
-            },
-            relay,
-            host,
-        )
-    })
-    .collect::<Vec<_>>();
-    let mut errors = Vec::new();
-    let mut next_chat = [1usize, 1usize];
-    for run in 0..s.latency_runs {
-        for (level, relay, host) in levels.iter_mut() {
-            let h = usize::from(!relay.tls);
-            let tag = format!("lat{run}-{}-{:.0}k", h, level.target / 1e3);
-            let r = latency_run(host, relay, next_chat[h], level.streams, &tag).await;
-            next_chat[h] += level.streams.div_ceil(LATENCY_HOSTS);
-            match r {
-                Ok(r) => level.runs.push(r),
-                Err(e) => errors.push(failure(&tag, &e, Some(&**relay as &dyn Measured))),
+
+    /// `f` of `path`'s latency in each round it ran.
+    fn values(&self, path: usize, f: LatOf) -> Vec<(usize, f64)> {
+        let Some(s) = self.series.get(path) else {
+            return Vec::new();
+        };
+        s.rounds
+            .iter()
+            .zip(&s.runs)
+            .filter_map(|(r, run)| Some((*r, f(run.latency.as_ref()?))))
+            .collect()
+    }
+
+    /// `f` of `path` − `f` of direct in the same round, for every round.
+    fn added(&self, path: usize, f: LatOf) -> Vec<f64> {
+        let direct = self.values(0, f);
+        self.values(path, f)
+            .into_iter()
+            .filter_map(|(r, v)| Some(v - direct.iter().find(|(d, _)| *d == r)?.1))
+            .collect()
+    }
+
+    /// The path whose label starts with `name` (e.g. `nginx`).
+    fn path(&self, name: &str) -> Option<usize> {
+        self.paths.iter().position(|p| p.starts_with(name))
+    }
+}
+
+/// `min–max` of `v`, or `-`.
+fn min_max(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if v.is_empty() {
+        "-".into()
+    } else {
+        format!("{lo:.0}–{hi:.0}")
+    }
+}
+
+/// [`PACED_STREAMS`] clients, each subscribed to its own fresh chat, start
+/// one `[stream:<n>]` turn each on a host paced at [`PACED_PER_STREAM`] per
+/// stream, through each path in turn (the order rotates every round); every
+/// delta's latency is its arrival − the send stamp in its text. Each path
+/// has its own identical host (see `throughput`).
+async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
+    let peers: Vec<&'static str> = PEERS.into_iter().filter(|p| installed(p)).collect();
+    let sessions = s.latency_runs * PACED_STREAMS;
+    let mut hosts = Vec::new();
+    for tag in ["d", "t", "p", "n", "h"].iter().take(3 + peers.len()) {
+        hosts.push(paced_host(&format!("lat-{tag}"), sessions).await?);
+    }
+    let tls = RelayProc::start("lat-tls", &[pair(&hosts[1])], true, "").await?;
+    let plain = RelayProc::start("lat-plain", &[pair(&hosts[2])], false, "").await?;
+    let (cert, key) = (tls.kit.cert.clone(), tls.kit.key.clone());
+    let mut proxies = Vec::new();
+    for (i, kind) in peers.iter().enumerate() {
+        proxies.push(Peer::start(kind, &hosts[3 + i].url(), &cert, &key).await?);
+    }
+    let mut eps: Vec<(Endpoint, Option<&dyn Measured>)> = vec![
+        (Endpoint::direct("direct", &hosts[0]), None),
+        (tls.endpoint("relay-tls"), Some(&tls)),
+        (plain.endpoint("relay-plain"), Some(&plain)),
+    ];
+    let mut paths: Vec<String> = PATHS[..3].iter().map(|p| p.to_string()).collect();
+    for (p, kind) in proxies.iter().zip(&peers) {
+        eps.push((p.endpoint(kind, &cert), Some(p as &dyn Measured)));
+        paths.push(format!("{kind} wss://"));
+    }
+    let per_stream = (f64::from(PACED_PER_STREAM) * s.latency_secs) as u64;
+    let mut out = Latency {
+        series: (0..eps.len()).map(|_| Series::default()).collect(),
+        paths,
+        sent: per_stream * PACED_STREAMS as u64,
+        secs: s.latency_secs,
+        errors: Vec::new(),
+    };
+    for round in 0..s.latency_runs {
+        for k in 0..eps.len() {
+            let p = (k + round) % eps.len();
+            let (ep, m) = &eps[p];
+            let tag = format!("lat{round}-{}", ep.label);
+            let host = hosts[p].config().name.clone();
+            let load = (&*host, round * PACED_STREAMS + 1, PACED_STREAMS, per_stream);
+            match stream_run(ep, *m, load, &tag, ticks, true).await {
+                Ok(r) => out.series[p].push(round, r),
+                Err(e) => out.errors.push(failure(&tag, &e, *m)),
             }
         }
     }
-    let levels = levels.into_iter().map(|(l, _, _)| l).collect();
-    drop((tls, plain));
-    for h in host_t.into_iter().chain(host_p) {
+    drop((tls, plain, proxies));
+    for h in hosts {
         stop_host(h).await;
     }
-    Ok(Latency {
-        per_stream,
-        delta_rate: DELTA_RATE,
-        levels,
-        errors,
-    })
+    Ok(out)
 }
 
 // ─── 4: memory per idle TLS client ──────────────────────────────────────────
@@ -1969,90 +1944,162 @@ fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
 }
 
 fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
-    let med = |runs: &[LatencyRun], f: fn(&LatencyRun) -> f64| median(runs.iter().map(f).collect());
-    println!("3. Added latency at a paced load");
     println!(
-        "   Pacing: the simhost sleeps 1/delta_rate between deltas on a tokio timer (1 ms ticks); one stream"
+        "3. Latency at a paced load: {PACED_STREAMS} streams × {PACED_PER_STREAM} deltas/s = {}k actions/s, {:.0} s per run",
+        PACED_STREAMS as u32 * PACED_PER_STREAM / 1000,
+        l.secs
     );
     println!(
-        "   reached {:.0} deltas/s at delta_rate {}, so a load of R actions/s runs R/{:.0} streams at once, spread",
-        l.per_stream, l.delta_rate, l.per_stream
+        "   The load source is the simhost's streaming mode, each stream paced on its own at stream_rate {PACED_PER_STREAM}/s;"
     );
     println!(
-        "   over {LATENCY_HOSTS} simhosts behind the relay, one relay client each. Every {OBSERVE_EVERY}th chat also has a direct"
+        "   each delta's text starts with its send time (µs since the epoch, stamped as the host renders it,"
     );
     println!(
-        "   observer (ws:// to its simhost). Added latency of an envelope = its arrival at the relay client −"
+        "   before it is queued to the socket). Latency of a delta = its arrival at the client (SystemTime) − that"
     );
     println!(
-        "   its arrival at the direct observer (same process, same clock): host→relay→client minus host→client,"
+        "   stamp: same machine, same clock, every delta of every stream. Paths take turns within each round (each"
     );
     println!(
-        "   including the client's TLS read. The simhost puts no send time in deltas, so one-way latency itself"
+        "   its own host and fresh chats); added = path − direct in the same round. Medians over rounds, min–max."
     );
     println!(
-        "   is not measured. Host, relay and clients share the 2 cores; client scheduling jitter shows as"
+        "   {:>15} {:>7} {:>11} {:>7} {:>13} {:>8} {:>15} {:>17}",
+        "path", "p50 µs", "runs", "p99 µs", "runs", "max µs", "added p50 µs", "added p99 µs"
     );
-    println!("   negative samples. Medians over runs of each run's p50/p99.");
-    for lv in &l.levels {
-        let runs = &lv.runs;
-        if runs.is_empty() {
-            continue;
-        }
-        let samples = runs.iter().map(|r| r.samples).sum::<usize>();
+    for (p, path) in l.paths.iter().enumerate() {
+        let added = |f: LatOf| {
+            let v = l.added(p, f);
+            match p {
+                0 => "-".to_string(),
+                _ => format!("{:+.0} ({})", median(v.clone()), min_max(&v)),
+            }
+        };
+        let vals = |f: LatOf| -> Vec<f64> { l.values(p, f).into_iter().map(|(_, v)| v).collect() };
         println!(
-            "   {:>13} aimed {:>3.0}k/s, {:>3} streams: reached {:>6.0}/s  p50 {:>5.0} µs  p99 {:>6.0} µs  ({} samples/run, {:.0}% < 0)",
-            lv.path,
-            lv.target / 1e3,
-            lv.streams,
-            med(runs, |r| r.rate),
-            med(runs, |r| r.p50_us),
-            med(runs, |r| r.p99_us),
-            samples / runs.len(),
-            100.0 * runs.iter().map(|r| r.negative).sum::<usize>() as f64 / samples.max(1) as f64,
-        );
-        println!(
-            "   {:>13} cores busy: simhosts {:.2}, clients {:.2}, relay {:.2}",
-            "",
-            med(runs, |r| r.host_cores),
-            med(runs, |r| r.client_cores),
-            med(runs, |r| r.relay_cores),
+            "   {path:>15} {:>7.0} {:>11} {:>7.0} {:>13} {:>8.0} {:>15} {:>17}",
+            l.med(p, |x| x.p50),
+            min_max(&vals(|x| x.p50)),
+            l.med(p, |x| x.p99),
+            min_max(&vals(|x| x.p99)),
+            l.med(p, |x| x.max),
+            added(|x| x.p50),
+            added(|x| x.p99),
         );
     }
+    report_paced_load(l);
     for e in &l.errors {
         println!("   run failed: {e}");
     }
-    let main = l
-        .levels
-        .iter()
-        .find(|lv| lv.path == "relay wss://" && lv.target == PACED_TARGET);
-    let runs: &[LatencyRun] = main.map_or(&[], |lv| &lv.runs);
-    let (p50, p99, rate) = (
-        med(runs, |r| r.p50_us),
-        med(runs, |r| r.p99_us),
-        med(runs, |r| r.rate),
+    latency_rows(l, rows);
+    println!();
+}
+
+/// What each path delivered and what it cost: deltas received ÷ sent (any
+/// loss or unstamped delta is an error), the rate reached, CPU per 1M.
+fn report_paced_load(l: &Latency) {
+    println!(
+        "   {:>15} {:>9} {:>18} {:>9}   cores: host/clients/proxy",
+        "path", "deltas/s", "received/sent", "CPU/1M"
     );
-    let paced = format!("at {:.0}k/s", rate / 1e3);
+    for (p, (path, s)) in l.paths.iter().zip(&l.series).enumerate() {
+        let received: u64 = s.runs.iter().map(|r| r.deltas).sum();
+        let sent = l.sent * s.runs.len() as u64;
+        let cpu = s.relay_ms_per_m();
+        let cpu = if p == 0 || !cpu.is_finite() {
+            "-".to_string()
+        } else {
+            format!("{cpu:.0} ms")
+        };
+        let (h, c, rl) = s.cores();
+        let (hm, cm) = s.host_client_ms_per_m();
+        println!(
+            "   {path:>15} {:>9.0} {:>18} {cpu:>9}   {h:.2} / {c:.2} / {rl:.2}  (host {hm:.0}, clients {cm:.0} ms/1M)",
+            s.rate(),
+            format!("{received}/{sent}"),
+        );
+        for (round, r) in s.rounds.iter().zip(&s.runs) {
+            let unstamped = r.latency.map_or(0, |x| x.unstamped);
+            if r.deltas != l.sent || unstamped > 0 {
+                println!(
+                    "   ERROR: {path} round {round}: received {} of {} deltas, {unstamped} without a readable stamp",
+                    r.deltas, l.sent
+                );
+            }
+        }
+    }
+    let samples: usize = l
+        .series
+        .iter()
+        .flat_map(|s| &s.runs)
+        .filter_map(|r| Some(r.latency?.samples))
+        .sum();
+    println!("   {samples} latency samples in all.");
+}
+
+/// The §10 latency rows: added p50 and p99 of relay wss:// with the peers'
+/// figures, and relay ÷ nginx.
+fn latency_rows(l: &Latency, rows: &mut Vec<Row>) {
+    let added = |p: Option<usize>, f: LatOf| p.map(|p| median(l.added(p, f)));
+    let relay = l.path("relay wss");
+    let (nginx, haproxy) = (l.path("nginx"), l.path("haproxy"));
+    let rate = relay.map_or(f64::NAN, |p| l.series[p].rate());
+    let at = format!("at {:.0}k/s", rate / 1e3);
     if rate < 0.95 * PACED_TARGET {
         println!(
-            "   The paced load fell short of {:.0}k/s ({:.0}k/s reached): the verdicts below are at the rate reached.",
-            PACED_TARGET / 1e3,
-            rate / 1e3
+            "   relay wss:// reached {:.0}k/s, short of {:.0}k/s: the latency targets count as NOT MET.",
+            rate / 1e3,
+            PACED_TARGET / 1e3
         );
     }
+    let peers = |f: LatOf| {
+        let v: Vec<String> = [("nginx", nginx), ("haproxy", haproxy)]
+            .into_iter()
+            .filter_map(|(name, p)| Some(format!("{name} {:+.0}", added(p, f)?)))
+            .collect();
+        match v.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", v.join(", ")),
+        }
+    };
+    let targets: [(&str, &str, f64, LatOf); 2] = [
+        ("p50", "≤ 150 µs at 50k/s", 150.0, |x| x.p50),
+        ("p99", "≤ 0.8 ms at 50k/s", 800.0, |x| x.p99),
+    ];
+    for (what, target, limit, f) in targets {
+        let a = added(relay, f).unwrap_or(f64::NAN);
+        rows.push(row(
+            &format!("added latency {what}, relay wss:// − direct"),
+            target,
+            format!("{a:+.0} µs {at}{}", peers(f)),
+            a.is_finite()
+                .then_some(a <= limit && rate >= 0.95 * PACED_TARGET),
+        ));
+    }
+    let ratio = |f: LatOf| Some((added(relay, f)?, added(nginx, f)?));
+    let (Some(p50), Some(p99)) = (ratio(|x| x.p50), ratio(|x| x.p99)) else {
+        rows.push(row(
+            "added latency, relay wss:// ÷ nginx wss://",
+            "≤ 1× (ahead)",
+            "nginx not measured".into(),
+            None,
+        ));
+        return;
+    };
+    let show = |(r, n): (f64, f64)| {
+        if n > 0.0 {
+            format!("{:.2}×", r / n)
+        } else {
+            format!("{r:+.0} vs {n:+.0} µs")
+        }
+    };
     rows.push(row(
-        "added latency p50, relay wss://",
-        "≤ 150 µs at 50k/s",
-        format!("{p50:.0} µs {paced}"),
-        p50.is_finite().then_some(p50 <= 150.0),
+        "added latency, relay wss:// ÷ nginx wss://",
+        "≤ 1× (ahead)",
+        format!("p50 {}, p99 {}", show(p50), show(p99)),
+        Some(p50.0 <= p50.1 && p99.0 <= p99.1),
     ));
-    rows.push(row(
-        "added latency p99, relay wss://",
-        "≤ 0.8 ms at 50k/s",
-        format!("{:.2} ms {paced}", p99 / 1e3),
-        p99.is_finite().then_some(p99 <= 800.0),
-    ));
-    println!();
 }
 
 fn report_memory(m: &Memory, rows: &mut Vec<Row>) {
@@ -2217,7 +2264,7 @@ async fn run(s: Settings) {
         }
     }
     if s.runs(3) {
-        match latency(&s).await {
+        match latency(&s, ticks).await {
             Ok(l) => report_latency(&l, &mut rows),
             Err(e) => failed(&mut rows, "3. added latency", &e),
         }

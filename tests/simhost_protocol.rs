@@ -518,6 +518,19 @@ async fn oversized_frame_closes_with_1009() {
     .await;
 }
 
+/// A frame far larger than the host's 8 KiB read size (reads are capped so
+/// a read poll does not zero-fill 128 KiB) still arrives whole and is answered.
+#[tokio::test]
+async fn frame_larger_than_a_read_arrives_whole() {
+    let host = start_host(fast_config("wide", 1)).await;
+    let mut ws = raw_init(&host, "wide", &[]).await;
+    let pad = "x".repeat(1024 * 1024);
+    let resp = ws
+        .request(1, "ping", json!({"channel": ROOT, "pad": pad}))
+        .await;
+    assert!(resp.get("result").is_some(), "{resp}");
+}
+
 // ─── 4. listSessions paging ────────────────────────────────────────────────
 
 /// `limit: 1` visits all five sessions once, newest first; the last page has no cursor.

@@ -89,7 +89,9 @@ pub struct SimHostConfig {
     /// connection that has not `authenticate`d for every one of them.
     pub protected_resources: Vec<String>,
     /// Streaming load mode (a turn whose message holds `[stream:<n>]`): actions
-    /// per second, 0 = as fast as the sockets take them.
+    /// per second of each stream, 0 = as fast as the sockets take them. Every
+    /// streamed turn is paced on its own clock, so k concurrent streams send
+    /// k × `stream_rate` actions per second in all.
     pub stream_rate: u32,
     /// Streaming load mode: frames rendered per batch (one lock, one queue push).
     pub stream_batch: usize,

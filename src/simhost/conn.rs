@@ -56,12 +56,21 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
     }
 }
 
+/// Bytes a connection reads at most per read call. tungstenite 0.29
+/// zero-fills this many bytes before every read poll, however little
+/// arrives (tungstenite-rs#547): with its 128 KiB default that memset was a
+/// quarter of the host's CPU on a paced stream, whose connections are woken
+/// once per frame. A host reads little (requests), and larger frames are
+/// still read whole, in several calls.
+const READ_BUFFER_BYTES: usize = 8 * 1024;
+
 /// Completes the WebSocket handshake with the host's frame limits and
 /// records the handshake headers tests audit; `None` if it failed.
 async fn handshake(shared: &Arc<Shared>, stream: TcpStream, id: ConnId) -> Option<Ws> {
     let mut config = WebSocketConfig::default();
     config.max_message_size = Some(shared.cfg.max_frame_bytes);
     config.max_frame_size = Some(shared.cfg.max_frame_bytes);
+    config.read_buffer_size = READ_BUFFER_BYTES;
     // The handshake callback's error type is tungstenite's, not ours.
     #[allow(clippy::result_large_err)]
     let record =
