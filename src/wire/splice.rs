@@ -15,10 +15,12 @@ pub enum EditValue<'e> {
 }
 
 impl EditValue<'_> {
-    /// Bytes this value usually takes (exact except for escaped strings).
+    /// Bytes this value takes (exact except for strings that need escapes),
+    /// so the spliced frame is allocated at its exact size: a buffer without
+    /// spare capacity becomes a `Bytes` without a second allocation.
     fn len_hint(&self) -> usize {
         match self {
-            Self::U64(_) => 20,
+            Self::U64(n) => n.checked_ilog10().map_or(1, |d| d as usize + 1),
             Self::JsonString(s) => s.len() + 2,
             Self::Raw(s) => s.len(),
         }
@@ -114,9 +116,9 @@ pub fn json_escape_into(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
     // Most strings (URIs) need no escape: one branch-free pass finds out.
-    let plain = s
-        .bytes()
-        .fold(true, |plain, b| plain & (b >= 0x20 && b != b'"' && b != b'\\'));
+    let plain = s.bytes().fold(true, |plain, b| {
+        plain & (b >= 0x20 && b != b'"' && b != b'\\')
+    });
     if plain {
         out.push_str(s);
         out.push('"');

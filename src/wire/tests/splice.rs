@@ -268,3 +268,22 @@ fn splicing_a_value_keeps_every_other_value() {
     }
     assert_eq!(value(&spliced), expected);
 }
+
+#[test]
+fn spliced_frames_are_allocated_at_their_exact_size() {
+    let text = r#"{"channel":"c","serverSeq":7,"x":1}"#;
+    for n in [0, 9, 10, 12_345, u64::MAX] {
+        let mut edits = [
+            Edit {
+                range: 11..14,
+                replacement: EditValue::JsonString("ahp-chat:/c-1"),
+            },
+            Edit {
+                range: 27..28,
+                replacement: EditValue::U64(n),
+            },
+        ];
+        let out = splice(text, &mut edits).expect("valid edits");
+        assert_eq!(out.capacity(), out.len(), "{out}");
+    }
+}
