@@ -1142,6 +1142,40 @@ struct Throughput {
     errors: Vec<String>,
     /// Runs that ended with the client closed or cut off, per path.
     disconnects: Vec<usize>,
+    /// The TLS relay's memory around the runs.
+    memory: Option<ReplayRss>,
+}
+
+/// A relay's resident memory before and after the throughput runs, and what its
+/// replay buffers account for at the end (`ahp_relay_buffer_bytes`).
+struct ReplayRss {
+    rss_before: u64,
+    rss_after: u64,
+    accounted: u64,
+}
+
+impl ReplayRss {
+    async fn after(relay: &RelayProc, rss_before: u64) -> Option<Self> {
+        // Let detached sessions settle (their links close, queues drain).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let page = relay.get("/metrics").await.ok()?;
+        let accounted = page
+            .lines()
+            .find_map(|l| l.strip_prefix("ahp_relay_buffer_bytes "))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(Self {
+            rss_before,
+            rss_after: relay.rss(),
+            accounted,
+        })
+    }
+
+    /// RSS growth over the runs ÷ replay bytes accounted.
+    fn ratio(&self) -> f64 {
+        self.rss_after.saturating_sub(self.rss_before) as f64 / self.accounted.max(1) as f64
+    }
 }
 
 const PATHS: [&str; 5] = [
@@ -1176,6 +1210,7 @@ async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
     }
     let both = |h: &[SimHost; 2]| [pair(&h[0]), pair(&h[1])];
     let tls = RelayProc::start("tput-tls", &both(&hosts[1]), true, "").await?;
+    let tls_rss_before = tls.rss();
     let plain = RelayProc::start("tput-plain", &both(&hosts[2]), false, "").await?;
     let (cert, key) = (tls.kit.cert.clone(), tls.kit.key.clone());
     let mut proxies = Vec::new();
@@ -1224,6 +1259,7 @@ async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
         paths: PATHS[..n].to_vec(),
         errors: Vec::new(),
         disconnects: vec![0; n],
+        memory: None,
     };
     for round in 0..s.rounds {
         for k in 0..n {
@@ -1262,6 +1298,7 @@ async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
             }
         }
     }
+    out.memory = ReplayRss::after(&tls, tls_rss_before).await;
     drop((tls, plain, proxies));
     for [a, b] in hosts {
         stop_host(a).await;
@@ -1940,7 +1977,42 @@ fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
             );
         }
     }
+    report_replay_rss(t.memory.as_ref(), rows);
     println!();
+}
+
+/// The TLS relay's resident memory after the throughput runs against what its
+/// replay buffers account for (issue 11: RSS within ~1.2× of the accounted bytes).
+fn report_replay_rss(m: Option<&ReplayRss>, rows: &mut Vec<Row>) {
+    let Some(m) = m else {
+        println!("   relay wss:// memory: not measured (no /metrics answer)");
+        return;
+    };
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!(
+        "   relay wss:// memory: VmRSS {:.1} MiB before the runs → {:.1} MiB after them (1 s settle);",
+        mib(m.rss_before),
+        mib(m.rss_after)
+    );
+    println!(
+        "   replay buffers of the sessions those runs left account for {:.1} MiB (ahp_relay_buffer_bytes):",
+        mib(m.accounted)
+    );
+    println!(
+        "   RSS growth ÷ accounted = {:.2}× (the rest is per-envelope overhead, queues, TLS, allocator)",
+        m.ratio()
+    );
+    rows.push(row(
+        "relay RSS growth ÷ accounted replay memory",
+        "≤ 1.2×",
+        format!(
+            "{:.2}× ({:.0} MiB for {:.0} MiB)",
+            m.ratio(),
+            mib(m.rss_after.saturating_sub(m.rss_before)),
+            mib(m.accounted)
+        ),
+        Some(m.ratio() <= 1.2),
+    ));
 }
 
 fn report_latency(l: &Latency, rows: &mut Vec<Row>) {

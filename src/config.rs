@@ -165,7 +165,8 @@ pub struct Limits {
     pub slow_client_secs: u64,
     /// Envelopes kept per client session for replay.
     pub replay_buffer_envelopes: usize,
-    /// Bytes kept per client session for replay.
+    /// Bytes kept per client session for replay, counted as what each
+    /// envelope costs in memory (its bytes + 1/8 + 40, `envelope_cost`).
     pub replay_buffer_bytes: usize,
     /// Seconds to wait for a host's answer to a forwarded request.
     pub upstream_request_secs: u64,
@@ -198,7 +199,8 @@ pub struct Limits {
     pub resync_spread_ms: u64,
     /// Seconds over which SIGTERM closes clients with 1012 (§8.3).
     pub drain_window_secs: u64,
-    /// Bytes all replay buffers together may hold (contract §5.4). Above
+    /// Bytes all replay buffers together may hold (contract §5.4), counted
+    /// as `replay_buffer_bytes` is (what each envelope costs). Above
     /// it, whole buffers of detached sessions are dropped, least recently
     /// attached first; if attached sessions alone hold more, upgrades are
     /// refused with 503.

@@ -163,13 +163,14 @@ async fn a_slow_reader_is_slowed_not_closed() {
 /// §5.9: a client that stops reading is closed with 4008 after
 /// `slow_client_secs` (1 s here); its session keeps buffering, and a
 /// `reconnect` from the last envelope it read gets a `replay` of the rest
-/// of the stream, contiguous. Another client of the same host streams a
+/// of the stream, contiguous (the frame limit is raised so that one answer
+/// holds however much of the stream the relay buffered by then). Another client of the same host streams a
 /// whole turn while the first one is stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_reader_is_closed_after_slow_client_secs_and_replays() {
     let limits = format!(
         "{SMALL_QUEUE}slow_client_secs = 1\nreplay_buffer_envelopes = 200000\n\
-         replay_buffer_bytes = 134217728\n"
+         replay_buffer_bytes = 134217728\nmax_frame_bytes = 67108864\n"
     );
     let t = TestRelay::start(vec![host_with("a", 2)], &limits).await;
     let (chat, _) = seeded_chat("a", 1);

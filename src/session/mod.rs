@@ -454,7 +454,7 @@ impl ClientSession {
         metrics.buffer_evictions.inc_by(evicted as u64);
         metrics
             .buffer_bytes
-            .add(frame.len() as i64 - evicted_bytes as i64);
+            .add(buffer::envelope_cost(frame.len()) as i64 - evicted_bytes as i64);
         metrics.envelopes_relayed.inc();
         self.push(core, frame);
         Some(n)

@@ -126,6 +126,26 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
     slot.replace(value).is_none().then_some(())
 }
 
+/// Bytes before the first `"`, `\\` or control character of `run` (`None` if there is
+/// none). Most strings of a frame (keys, URIs) are short: their first bytes are tested
+/// one by one, which costs less than setting up a vectorised search; a longer run is
+/// searched vectorised for the quote or backslash, then checked for control characters
+/// in one branch-free pass.
+fn string_run(run: &[u8]) -> Option<usize> {
+    const SHORT: usize = 16;
+    let stop = |b: &u8| *b == b'"' || *b == b'\\' || *b < 0x20;
+    if let Some(len) = run.iter().take(SHORT).position(stop) {
+        return Some(len);
+    }
+    let rest = run.get(SHORT..)?;
+    let far = memchr::memchr2(b'"', b'\\', rest)?;
+    let controls = rest.get(..far)?.iter().fold(false, |c, &b| c | (b < 0x20));
+    match controls {
+        true => rest.iter().position(stop).map(|len| SHORT + len),
+        false => Some(SHORT + far),
+    }
+}
+
 /// A position in a frame, walked as JSON: every step checks the grammar (serde_json's:
 /// RFC 8259 with lone surrogate escapes allowed in strings) and fails on anything else.
 struct Walk<'a> {
@@ -189,18 +209,8 @@ impl<'a> Walk<'a> {
         let bytes = self.bytes();
         let mut at = self.at + 1;
         loop {
-            // The run up to the next quote or backslash is found vectorised, then
-            // checked for control characters in one branch-free pass.
             let run = bytes.get(at..)?;
-            let len = memchr::memchr2(b'"', b'\\', run)?;
-            let controls = run
-                .get(..len)?
-                .iter()
-                .fold(0u8, |n, &b| n | u8::from(b < 0x20));
-            if controls != 0 {
-                return None;
-            }
-            at += len;
+            at += string_run(run)?;
             match bytes.get(at)? {
                 b'"' => {
                     self.at = at + 1;
