@@ -166,7 +166,7 @@ pub struct Limits {
     /// Envelopes kept per client session for replay.
     pub replay_buffer_envelopes: usize,
     /// Bytes kept per client session for replay, counted as what each
-    /// envelope costs in memory (its bytes + 1/8 + 40, `envelope_cost`).
+    /// envelope costs in memory (its bytes + 1/8 + 72, `envelope_cost`).
     pub replay_buffer_bytes: usize,
     /// Seconds to wait for a host's answer to a forwarded request.
     pub upstream_request_secs: u64,

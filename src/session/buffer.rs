@@ -121,11 +121,13 @@ impl ReplayMemory {
 
 /// What one buffered envelope costs in memory, as the buffer's byte bound
 /// and the relay-wide account count it: its bytes, the allocator's rounding
-/// up to a size class (mimalloc's small classes are at most 1/8 apart) and
-/// its slot in the buffer. Counting only the bytes let the process hold
-/// ~1.3× what the budget said (issue 11).
+/// up to a size class (mimalloc's small classes are 1/8 apart on average),
+/// the reference-counted header its body gets once the buffer and the
+/// writer share it, and its slot in the buffer. Counting only the bytes let
+/// the process hold ~1.3× what the budget said (issue 11, BENCHMARKS.md).
 pub fn envelope_cost(len: usize) -> usize {
-    len + len / 8 + std::mem::size_of::<(u64, Utf8Bytes)>()
+    const SHARED_HEADER: usize = 32;
+    len + len / 8 + SHARED_HEADER + std::mem::size_of::<(u64, Utf8Bytes)>()
 }
 
 /// Numbered client frames kept for `reconnect` replay.

@@ -127,23 +127,36 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
 }
 
 /// Bytes before the first `"`, `\\` or control character of `run` (`None` if there is
-/// none). Most strings of a frame (keys, URIs) are short: their first bytes are tested
-/// one by one, which costs less than setting up a vectorised search; a longer run is
-/// searched vectorised for the quote or backslash, then checked for control characters
-/// in one branch-free pass.
+/// none), eight bytes at a time: strings of a frame are mostly short (keys, URIs), where
+/// setting up a vectorised search costs more than it saves, and a word-at-a-time test
+/// is as fast on the long ones.
 fn string_run(run: &[u8]) -> Option<usize> {
-    const SHORT: usize = 16;
-    let stop = |b: &u8| *b == b'"' || *b == b'\\' || *b < 0x20;
-    if let Some(len) = run.iter().take(SHORT).position(stop) {
-        return Some(len);
+    let mut words = run.chunks_exact(8);
+    let mut at = 0;
+    for word in words.by_ref() {
+        let mask = stops(u64::from_le_bytes(word.try_into().ok()?));
+        if mask != 0 {
+            return Some(at + mask.trailing_zeros() as usize / 8);
+        }
+        at += 8;
     }
-    let rest = run.get(SHORT..)?;
-    let far = memchr::memchr2(b'"', b'\\', rest)?;
-    let controls = rest.get(..far)?.iter().fold(false, |c, &b| c | (b < 0x20));
-    match controls {
-        true => rest.iter().position(stop).map(|len| SHORT + len),
-        false => Some(SHORT + far),
-    }
+    let tail = words.remainder();
+    let len = tail
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    Some(at + len)
+}
+
+/// The high bit of each byte of `word` that may be `"`, `\\` or below 0x20. The lowest
+/// set bit is always exact (a borrow only reaches bytes above a true match), which is
+/// all [`string_run`] reads.
+fn stops(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let below = |w: u64, n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & HIGH;
+    let quote = word ^ (ONES * u64::from(b'"'));
+    let backslash = word ^ (ONES * u64::from(b'\\'));
+    below(quote, 1) | below(backslash, 1) | below(word, 0x20)
 }
 
 /// A position in a frame, walked as JSON: every step checks the grammar (serde_json's:
@@ -447,6 +460,21 @@ mod tests {
         }
         let trailing = format!("{} x", frame("1"));
         assert!(!agrees(&trailing), "trailing bytes");
+    }
+
+    #[test]
+    fn string_runs_stop_at_the_first_quote_backslash_or_control() {
+        for len in 0..40 {
+            for stop in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                let mut run = vec![b'a'; len];
+                run.extend([stop, b'"', b'b']);
+                assert_eq!(string_run(&run), Some(len), "{len} {stop}");
+                let mut high: Vec<u8> = "é€😀~\x7f".bytes().cycle().take(len).collect();
+                high.extend([stop, b'x']);
+                assert_eq!(string_run(&high), Some(len), "{len} {stop} after non-ASCII");
+            }
+            assert_eq!(string_run(&vec![b' '; len]), None, "{len}: no stop");
+        }
     }
 
     #[test]

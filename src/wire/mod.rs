@@ -43,12 +43,19 @@
 //! use. A hand-written validating scanner would be a second grammar (escapes, number
 //! syntax, control characters, trailing bytes), and any disagreement between the relay's
 //! reading of a frame and the host's is a place to smuggle a second meaning past routing
-//! and policy. The price is measured by `benches/wire.rs` (2-core machine under load):
-//! on a 321-byte `chat/delta` envelope classify+splice takes about 0.6–0.7 µs against
-//! 1.6–1.9 µs for a `Value` round trip (2.5–2.7x; 1 allocation against 38), on a 1.9 KB
-//! snapshot response about 1.4 µs against 6.8 µs (4.7x; 2 allocations against 162).
-//! serde_json's bare validation of the small frame takes about 0.17 µs, so a bespoke
-//! scanner could gain at most about 3x more there, and less on larger frames.
+//! and policy. The price is measured by `benches/wire.rs`: on a 321-byte `chat/delta`
+//! envelope classify+splice takes about 0.6–1 µs against 1.6–3 µs for a `Value` round
+//! trip (1 allocation against 38), on a 1.9 KB snapshot response about 1.4 µs against
+//! 6.8 µs (2 allocations against 162).
+//!
+//! One exception, for the frame that is nearly all of the traffic: a host's `action`
+//! notification goes first through [`classify_action`] (`action.rs`), one walk that
+//! checks the grammar and finds the routed values together, at about two thirds of
+//! `classify`'s instructions. It is bound by a strict rule: it returns a frame only when
+//! `classify` returns the same frame for that text, and declines everything else (then
+//! `classify` reads the frame, and refuses it if it must). Client frames never take it.
+//! The rule is checked over generated and mutated frames, by the `wire_host` fuzz target
+//! and by the replay of its corpus in CI.
 //!
 //! # What is accepted and refused ([`WireError`], [`WireError::json_rpc_code`])
 //! Refused: oversize and too-deep frames, invalid JSON (-32700), arrays (batches),
