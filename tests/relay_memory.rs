@@ -319,7 +319,7 @@ async fn after_a_drop_only_the_dropped_session_falls_back_to_a_snapshot() {
 // ─── refusing upgrades ──────────────────────────────────────────────────────
 
 /// The budget of the refusal tests, and their `Retry-After`.
-const FULL_BUDGET: usize = 40_000;
+const FULL_BUDGET: usize = 60_000;
 const RETRY: u64 = 7;
 
 /// Two attached sessions over [`FULL_BUDGET`] (resume at 50%): A fills 60%
