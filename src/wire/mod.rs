@@ -50,8 +50,8 @@
 //!
 //! One exception, for the frame that is nearly all of the traffic: a host's `action`
 //! notification goes first through [`classify_action`] (`action.rs`), one walk that
-//! checks the grammar and finds the routed values together, at about two thirds of
-//! `classify`'s instructions. It is bound by a strict rule: it returns a frame only when
+//! checks the grammar and finds the routed values together, in about 60 % of
+//! `classify`'s instructions (6.1k against ~10k on a `chat/delta`, `callgrind`). It is bound by a strict rule: it returns a frame only when
 //! `classify` returns the same frame for that text, and declines everything else (then
 //! `classify` reads the frame, and refuses it if it must). Client frames never take it.
 //! The rule is checked over generated and mutated frames, by the `wire_host` fuzz target
