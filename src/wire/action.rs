@@ -35,7 +35,11 @@ use super::result::ResultFields;
 /// otherwise (then use [`classify`](super::classify)). See the module documentation.
 pub fn classify_action<'a>(text: &'a str, limits: &WireLimits) -> Option<Frame<'a>> {
     limits.check(text).ok()?;
-    let mut walk = Walk { text, at: 0 };
+    let mut walk = Walk {
+        text,
+        at: 0,
+        depth: 0,
+    };
     let mut top = Top::default();
     walk.object(true, |w, key| top.member(w, key))?;
     walk.at_end().then_some(())?;
@@ -164,7 +168,14 @@ fn stops(word: u64) -> u64 {
 struct Walk<'a> {
     text: &'a str,
     at: usize,
+    /// Containers open around the position (the walk recurses into them).
+    depth: usize,
 }
+
+/// Deepest nesting the walk follows; a deeper frame is left to the general path, whose
+/// skipping does not recurse. `limits.max_json_depth` is the operator's to raise, so the
+/// walk's stack needs a bound of its own.
+const MAX_WALK_DEPTH: usize = 128;
 
 impl<'a> Walk<'a> {
     fn bytes(&self) -> &'a [u8] {
@@ -206,8 +217,7 @@ impl<'a> Walk<'a> {
         let start = self.at;
         match self.bytes().get(start)? {
             b'"' => self.string()?,
-            b'{' => self.object(false, |w, _| w.skip())?,
-            b'[' => self.array()?,
+            b'{' | b'[' => self.container()?,
             b't' => self.literal("true")?,
             b'f' => self.literal("false")?,
             b'n' => self.literal("null")?,
@@ -277,6 +287,20 @@ impl<'a> Walk<'a> {
     }
 
     /// Consumes the array whose opening bracket is here.
+    /// Consumes the object or array here, one level deeper.
+    fn container(&mut self) -> Option<()> {
+        self.depth += 1;
+        if self.depth > MAX_WALK_DEPTH {
+            return None;
+        }
+        let done = match self.bytes().get(self.at)? {
+            b'{' => self.object(false, |w, _| w.skip()),
+            _ => self.array(),
+        };
+        self.depth -= 1;
+        done
+    }
+
     fn array(&mut self) -> Option<()> {
         self.at += 1;
         if self.eat(b']') {
@@ -474,6 +498,25 @@ mod tests {
                 assert_eq!(string_run(&high), Some(len), "{len} {stop} after non-ASCII");
             }
             assert_eq!(string_run(&vec![b' '; len]), None, "{len}: no stop");
+        }
+    }
+
+    #[test]
+    fn deep_frames_are_left_to_the_general_path() {
+        let limits = WireLimits {
+            max_depth: 1_000_000,
+            ..WireLimits::default()
+        };
+        for depth in [MAX_WALK_DEPTH - 8, 100_000] {
+            let junk = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let text = format!(
+                r#"{{"jsonrpc":"2.0","method":"action","params":{{"channel":"c","action":{{"type":"t","v":{junk}}}}}}}"#
+            );
+            let fast = classify_action(&text, &limits);
+            assert_eq!(fast.is_some(), depth < MAX_WALK_DEPTH, "depth {depth}");
+            if let Some(fast) = fast {
+                assert_eq!(classify(&text, &limits), Ok(fast));
+            }
         }
     }
 
