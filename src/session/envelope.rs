@@ -53,10 +53,7 @@ impl ClientSession {
         let mut core: Option<MutexGuard<'_, SessionCore>> = None;
         for text in frames {
             let text = text.as_str();
-            let limits = &self.env.upstream_limits;
-            let frame = match wire::classify_action(text, limits)
-                .map_or_else(|| wire::classify(text, limits), Ok)
-            {
+            let frame = match wire::classify_host(text, &self.env.upstream_limits) {
                 Ok(f) => f,
                 Err(e) => {
                     self.env.metrics.upstream_bad_frames.inc();
@@ -283,7 +280,7 @@ impl ClientSession {
         );
         for (seq, text) in held.into_iter().filter(|(s, _)| *s > from) {
             let _ = seq;
-            if let Ok(frame) = wire::classify(&text, &self.env.upstream_limits) {
+            if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
                 self.deliver(core, host, &text, &frame, &client);
             }
         }

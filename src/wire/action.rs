@@ -25,11 +25,17 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::WireLimits;
 use super::fields::{SeqField, StrField};
 use super::frame::{Frame, FrameKind};
 use super::params::ParamsFields;
 use super::result::ResultFields;
+use super::{WireError, WireLimits};
+
+/// Classifies a frame from a host: through [`classify_action`] when it takes the frame,
+/// else through [`classify`](super::classify). Same result as `classify` alone.
+pub fn classify_host<'a>(text: &'a str, limits: &WireLimits) -> Result<Frame<'a>, WireError> {
+    classify_action(text, limits).map_or_else(|| super::classify(text, limits), Ok)
+}
 
 /// Classifies `text` when it is an `action` notification in the plain form; `None`
 /// otherwise (then use [`classify`](super::classify)). See the module documentation.

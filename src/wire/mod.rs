@@ -87,7 +87,7 @@ mod result;
 mod scan;
 mod splice;
 
-pub use action::classify_action;
+pub use action::{classify_action, classify_host};
 pub use error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, WireError};
 pub use fields::{IdKind, RawId, SeqField, StrField};
 pub use frame::{Frame, FrameKind, classify};
