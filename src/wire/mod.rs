@@ -73,7 +73,12 @@
 //! that contains one at a level `raw.rs` walks (-32700, serde_json's verdict).
 //!
 //! serde_json's `arbitrary_precision` feature must stay off: it would turn numbers into
-//! maps under `deserialize_any`, which the shape visitors rely on.
+//! maps under `deserialize_any`, which the shape visitors rely on. Its `float_roundtrip`
+//! feature is on: an action whose names are translated is parsed into a `Value` and
+//! written back, and a number beyond the integers (`418446744073079551616`) must come back
+//! as the same number; without it serde_json's faster, inexact float parsing let two
+//! readings of one number differ (found by the `wire_host` fuzz target, kept in its corpus
+//! as `regression-float-roundtrip`).
 
 mod action;
 mod error;
