@@ -112,7 +112,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ahp_relay::simhost::clock::SplitMix64;
 use ahp_relay::simhost::{AgentScript, SimHostConfig};
 use ahp_relay::upstream::dial::DialOptions;
 use ahp_relay::upstream::hub::HostStatus;
@@ -123,7 +122,7 @@ use common::{
 };
 use futures_util::StreamExt;
 use s13::{
-    Act, Answer, Chan, Client, Fail, How, QUIET, R, REQUEST_WITHIN, Rest, St, Stats, fail,
+    Act, Answer, Chan, Client, Fail, How, QUIET, R, REQUEST_WITHIN, Rest, Rng, St, Stats, fail,
     rest_step,
 };
 use serde_json::{Value, json};
@@ -234,22 +233,6 @@ fn plan_text(steps: &[Step]) -> String {
         .map(Step::to_string)
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// A seeded generator with the few draws the plan needs.
-struct Rng(SplitMix64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(SplitMix64::new(seed))
-    }
-    /// A value in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        self.0.range(0, n.saturating_sub(1) as u64) as usize
-    }
-    fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.0.range(1, den) <= num
-    }
 }
 
 /// What a run is made of, fixed by its seed.

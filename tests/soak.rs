@@ -74,12 +74,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ahp_relay::devkit::DevKit;
-use ahp_relay::simhost::clock::SplitMix64;
 use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
 use ahp_relay::upstream::dial::DialOptions;
 use common::relay::scratch_dir;
 use common::{Next, ROOT, RawWs, initialize_subscribing, request_frame};
-use s13::{Act, Answer, Chan, Client, Fail, How, QUIET, R, Rest, St, Stats, fail, rest_step};
+use s13::{Act, Answer, Chan, Client, Fail, How, QUIET, R, Rest, Rng, St, Stats, fail, rest_step};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -123,22 +122,6 @@ impl Settings {
             bad_ms: env_u64("SOAK_BAD_MS", 1000).max(50),
             replay_buffer: env_u64("SOAK_REPLAY_BUFFER", 512).max(1),
         }
-    }
-}
-
-/// A seeded generator with the few draws the soak needs.
-struct Rng(SplitMix64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(SplitMix64::new(seed))
-    }
-    /// A value in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        self.0.range(0, n.saturating_sub(1) as u64) as usize
-    }
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(self.0.range(lo, hi))
     }
 }
 

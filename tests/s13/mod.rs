@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ahp::ReduceOutcome;
+use ahp_relay::simhost::clock::SplitMix64;
 use ahp_relay::upstream::dial::{DialOptions, dial_stream};
 use ahp_types::actions::ActionEnvelope;
 use ahp_types::state::{ChatState, RootState};
@@ -38,6 +39,28 @@ pub async fn dial(opts: &DialOptions) -> R<RawWs> {
 }
 
 // ─── failures and counters ──────────────────────────────────────────────────
+
+/// A seeded generator with the draws the S13 plan and the soak need: the
+/// same seed gives the same run.
+pub struct Rng(SplitMix64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(SplitMix64::new(seed))
+    }
+    /// A value in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0.range(0, n.saturating_sub(1) as u64) as usize
+    }
+    /// True with probability `num / den`.
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.0.range(1, den) <= num
+    }
+    /// A duration of `lo..=hi` milliseconds.
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.0.range(lo, hi))
+    }
+}
 
 /// Why a run failed: a short kind (used to recognise the same failure when
 /// shrinking) and the details.
