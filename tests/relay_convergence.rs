@@ -122,8 +122,8 @@ use common::{
 };
 use futures_util::StreamExt;
 use s13::{
-    Act, Answer, Chan, Client, Fail, How, QUIET, R, REQUEST_WITHIN, Rest, Rng, St, Stats, fail,
-    rest_step,
+    Act, Answer, Chan, Client, Fail, How, QUIET, R, REQUEST_WITHIN, Rng, St, Stats, all_in, fail,
+    rest_round,
 };
 use serde_json::{Value, json};
 
@@ -649,37 +649,10 @@ impl Run {
                 }
             }
             self.drain_all().await?;
-            let mut busy = false;
-            for (h, host_uri, state) in self.host_chats() {
-                let action = match rest_step(&state) {
-                    Rest::Idle => continue,
-                    Rest::Busy => {
-                        busy = true;
-                        continue;
-                    }
-                    Rest::Act(action) => action,
-                };
-                busy = true;
-                let who = self.clients.iter().position(|c| {
-                    c.ws.is_some()
-                        && c.chans.iter().any(|ch| {
-                            ch.host.as_ref() == Some(&(h, host_uri.clone())) && ch.state.is_some()
-                        })
-                });
-                if let Some(c) = who {
-                    let ci = self.clients[c]
-                        .chans
-                        .iter()
-                        .position(|ch| ch.host.as_ref() == Some(&(h, host_uri.clone())))
-                        .unwrap_or(0);
-                    self.clients[c].dispatch(ci, action, &mut self.st).await?;
-                }
-            }
+            let chats = self.host_chats();
+            let busy = rest_round(&mut self.clients, chats, &mut self.st).await?;
             let seqs: Vec<u64> = self.t().hosts.iter().map(|h| h.server_seq()).collect();
-            let all_in = self
-                .clients
-                .iter()
-                .all(|c| c.ws.is_some() && c.chans.iter().all(|ch| ch.state.is_some()));
+            let all_in = all_in(&self.clients);
             if !busy && all_in && seqs == last_seqs {
                 return Ok(());
             }

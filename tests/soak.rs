@@ -78,7 +78,9 @@ use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
 use ahp_relay::upstream::dial::DialOptions;
 use common::relay::scratch_dir;
 use common::{Next, ROOT, RawWs, initialize_subscribing, request_frame};
-use s13::{Act, Answer, Chan, Client, Fail, How, QUIET, R, Rest, Rng, St, Stats, fail, rest_step};
+use s13::{
+    Act, Answer, Chan, Client, Fail, How, QUIET, R, Rng, St, Stats, all_in, fail, rest_round,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -682,31 +684,10 @@ impl World {
                     .drain(QUIET, Duration::from_millis(500), &mut self.st)
                     .await?;
             }
-            let mut busy = false;
-            for (h, uri, state) in self.host_chats() {
-                let action = match rest_step(&state) {
-                    Rest::Idle => continue,
-                    Rest::Busy => {
-                        busy = true;
-                        continue;
-                    }
-                    Rest::Act(a) => a,
-                };
-                busy = true;
-                let key = Some((h, uri));
-                let who = self.clients.iter().enumerate().find_map(|(i, c)| {
-                    let ci = c.chans.iter().position(|ch| ch.host == key)?;
-                    (c.ws.is_some() && c.chans[ci].state.is_some()).then_some((i, ci))
-                });
-                if let Some((c, ci)) = who {
-                    self.clients[c].dispatch(ci, action, &mut self.st).await?;
-                }
-            }
+            let chats = self.host_chats();
+            let busy = rest_round(&mut self.clients, chats, &mut self.st).await?;
             let seqs = self.host_seqs();
-            let all_in = self
-                .clients
-                .iter()
-                .all(|c| c.ws.is_some() && c.chans.iter().all(|ch| ch.state.is_some()));
+            let all_in = all_in(&self.clients);
             if !busy && all_in && seqs == last {
                 return Ok(());
             }

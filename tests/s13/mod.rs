@@ -955,6 +955,44 @@ pub enum Rest {
     Act(Value),
 }
 
+/// One round of bringing the host chats to rest: for each `(host, host
+/// URI, state)` not at rest, a client that follows the chat (connected,
+/// with a snapshot) dispatches the step. Whether any chat was not at rest.
+pub async fn rest_round(
+    clients: &mut [Client],
+    chats: Vec<(usize, String, Value)>,
+    st: &mut Stats,
+) -> R<bool> {
+    let mut busy = false;
+    for (h, uri, state) in chats {
+        let action = match rest_step(&state) {
+            Rest::Idle => continue,
+            Rest::Busy => {
+                busy = true;
+                continue;
+            }
+            Rest::Act(a) => a,
+        };
+        busy = true;
+        let key = Some((h, uri));
+        let who = clients.iter().enumerate().find_map(|(i, c)| {
+            let ci = c.chans.iter().position(|ch| ch.host == key)?;
+            (c.ws.is_some() && c.chans[ci].state.is_some()).then_some((i, ci))
+        });
+        if let Some((c, ci)) = who {
+            clients[c].dispatch(ci, action, st).await?;
+        }
+    }
+    Ok(busy)
+}
+
+/// Whether every client is connected with a snapshot of every channel.
+pub fn all_in(clients: &[Client]) -> bool {
+    clients
+        .iter()
+        .all(|c| c.ws.is_some() && c.chans.iter().all(|ch| ch.state.is_some()))
+}
+
 /// The next step to bring the host chat `state` to rest.
 pub fn rest_step(state: &Value) -> Rest {
     if let Some((turn, tool)) = pending_tool(state) {
