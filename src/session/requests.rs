@@ -307,7 +307,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     ));
     registry.attach(session.clone())?;
     conn.session = Some(session.clone());
-    let taken = initial_snapshots(&session, &wanted).await;
+    let mut taken = initial_snapshots(&session, &wanted).await;
     let mut core = session.lock();
     if !core.answers_on(conn.socket) {
         // A `reconnect` on another socket took the session over while the
@@ -324,16 +324,26 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
             "state": session.root_snapshot(&mut core), "fromSeq": from}));
     }
-    for (_, _, _, snap) in &taken {
-        let mut snap = snap.clone();
-        if let Some(o) = snap.as_object_mut() {
+    for t in &mut taken {
+        if let Some(o) = t.snapshot.as_object_mut() {
             o.insert("fromSeq".into(), json!(from));
         }
-        snapshots.push(snap);
     }
-    let result = initialize_result(&session, &version, from, snapshots);
+    let mut result = initialize_result(&session, &version, from, snapshots);
+    let dropped = fit_initial(&session, &mut core, &mut result, &mut taken);
     session.respond(&mut core, id, &result.to_string());
-    for (hub, host_uri, client_uri, _) in taken {
+    drop(core);
+    for (hub, host_uri) in dropped {
+        unsubscribe_upstream(&session, &hub, &host_uri);
+    }
+    let mut core = session.lock();
+    for InitialSnapshot {
+        hub,
+        host_uri,
+        client_uri,
+        ..
+    } in taken
+    {
         core.baselined.insert(client_uri.clone());
         core.subs.insert(client_uri);
         session.release(&mut core, &hub, &host_uri);
@@ -347,7 +357,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
 async fn initial_snapshots(
     session: &Arc<ClientSession>,
     wanted: &[String],
-) -> Vec<(Arc<HostHub>, String, String, Value)> {
+) -> Vec<InitialSnapshot> {
     let mut waits = Vec::new();
     for channel in wanted.iter().filter(|c| *c != ahp_types::ROOT_RESOURCE_URI) {
         if let Ok(wait) = subscribe_initial(session, channel) {
@@ -358,11 +368,98 @@ async fn initial_snapshots(
     let mut taken = Vec::new();
     for (hub, host_uri, client_uri, rx) in waits {
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Some(snap))) => taken.push((hub, host_uri, client_uri, snap)),
+            Ok(Ok(Some(snapshot))) => taken.push(InitialSnapshot {
+                hub,
+                host_uri,
+                client_uri,
+                snapshot,
+            }),
             _ => unhold(session, &hub.id, &host_uri),
         }
     }
     taken
+}
+
+/// A channel of `initialSubscriptions` whose host answered with a snapshot.
+struct InitialSnapshot {
+    hub: Arc<HostHub>,
+    host_uri: String,
+    client_uri: String,
+    snapshot: Value,
+}
+
+/// Makes the `InitializeResult` fit the client frame limit: it keeps the
+/// most host snapshots it can (smallest first) such that the frame, with the
+/// note of what was left out, stays within `limits.max_frame_bytes`. A
+/// channel left out is not subscribed (held envelopes dropped, the host told
+/// to unsubscribe) and is named in `_meta["ahp-relay/notSubscribed"]` with
+/// reason `tooLarge`. So `initialize` itself succeeds, as it does when a
+/// channel's host does not answer, and a later `subscribe` of that channel
+/// gets -32603 `tooLarge`. Returns the channels left out.
+fn fit_initial(
+    session: &ClientSession,
+    core: &mut super::SessionCore,
+    result: &mut Value,
+    taken: &mut Vec<InitialSnapshot>,
+) -> Vec<(Arc<HostHub>, String)> {
+    // `{"jsonrpc":"2.0","id":…,"result":…}` around the result, id included,
+    // and `,"_meta":{"ahp-relay/notSubscribed":[]}` when something is left out.
+    const FRAME: usize = 64;
+    const META: usize = 48;
+    let limit = session.env.cfg.limits.max_frame_bytes;
+    let base = result.to_string().len() + FRAME;
+    let mut sized: Vec<(usize, usize, InitialSnapshot)> = taken
+        .drain(..)
+        .map(|t| {
+            let note = json!({"resource": &t.client_uri, "reason": "tooLarge"});
+            (
+                t.snapshot.to_string().len() + 1,
+                note.to_string().len() + 1,
+                t,
+            )
+        })
+        .collect();
+    sized.sort_by_key(|(len, _, _)| *len);
+    let fits = |keep: usize| {
+        let kept: usize = sized[..keep].iter().map(|(l, _, _)| l).sum();
+        let notes: usize = sized[keep..].iter().map(|(_, n, _)| n).sum();
+        let meta = if keep < sized.len() { META + notes } else { 0 };
+        base + kept + meta <= limit
+    };
+    let keep = (0..=sized.len()).rev().find(|&k| fits(k)).unwrap_or(0);
+    let mut left_out = Vec::new();
+    let mut dropped = Vec::new();
+    for (i, (_, _, entry)) in sized.into_iter().enumerate() {
+        if i < keep {
+            if let Some(list) = result["snapshots"].as_array_mut() {
+                list.push(entry.snapshot.clone());
+            }
+            taken.push(entry);
+            continue;
+        }
+        if let Some(m) = core.chans.get_mut(&entry.hub.id) {
+            m.remove(&entry.host_uri);
+        }
+        session.limit_hit("client_frame");
+        left_out.push(json!({"resource": entry.client_uri, "reason": "tooLarge"}));
+        dropped.push((entry.hub, entry.host_uri));
+    }
+    if let (false, Some(o)) = (left_out.is_empty(), result.as_object_mut()) {
+        o.insert("_meta".into(), json!({"ahp-relay/notSubscribed": left_out}));
+    }
+    dropped
+}
+
+/// Tells `hub` this session no longer follows `host_uri` (over its link, if
+/// one is open).
+fn unsubscribe_upstream(session: &ClientSession, hub: &HostHub, host_uri: &str) {
+    let link = session.lock().links.get(&hub.id).cloned();
+    if let Some(link) = link {
+        let frame =
+            json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}})
+                .to_string();
+        link.send(LinkCmd::Frame(frame));
+    }
 }
 
 /// The relay's own `InitializeResult` (§6.6).
@@ -984,19 +1081,10 @@ fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
     let Ok((hub, host_uri)) = router::host_for(&session.env, session.caller(), &channel) else {
         return;
     };
-    let link = {
-        let mut core = session.lock();
-        if let Some(m) = core.chans.get_mut(&hub.id) {
-            m.remove(&host_uri);
-        }
-        core.links.get(&hub.id).cloned()
-    };
-    if let Some(link) = link {
-        let frame =
-            json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}})
-                .to_string();
-        link.send(LinkCmd::Frame(frame));
+    if let Some(m) = session.lock().chans.get_mut(&hub.id) {
+        m.remove(&host_uri);
     }
+    unsubscribe_upstream(session, &hub, &host_uri);
 }
 
 /// A client `root/configChanged`: forwarded to every host on which the
