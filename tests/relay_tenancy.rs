@@ -2545,3 +2545,71 @@ async fn s19_per_principal_caps_leave_other_principals_alone() {
     assert_eq!(r["error"]["data"]["reason"], "linkLimit", "{r}");
     subscribe_ok(&mut alices[1], "ahp-session:/b~b-1").await;
 }
+
+/// §3.3, §7.6 (issue 18, hole 1): a socket's rights are its own token's.
+/// Mallory initializes as "w1" with a token carrying group `platform`
+/// (admin on `a`, every session, external ones too) and follows the seeded
+/// session; she then reconnects "w1" with a token *without* the group. The
+/// answer is a `snapshot` built under her new rights (the seeded session
+/// absent), and from then on she is what the group-less token makes her —
+/// a viewer of her own sessions: nothing external listed, `createSession`
+/// -32009, `disposeSession` of the seeded session answered as nonexistent,
+/// `resourceWrite` -32009, and host `a` receives none of it. Before the
+/// fix she stayed admin through the `replay`.
+#[tokio::test]
+async fn a_reconnect_takes_the_groups_of_its_own_token() {
+    let platform = "groups = [\"platform\"]\nexternal_sessions = true";
+    let rules = rule("platform", &[], &["a"], "admin", "all", platform)
+        + &rule("mallory", &["mallory"], &["a"], "viewer", "own", "");
+    let t = TestRelay::start(two_hosts(), &rules).await;
+    let seeded = "ahp-session:/a~a-1";
+    let mut mal = Peer::open(&t, "mallory", &["platform"]).await;
+    let init = mal.initialize("w1").await;
+    assert!(init["result"]["serverSeq"].is_u64(), "{init}");
+    let listed = mal.call("listSessions", json!({"channel": ROOT})).await;
+    assert!(listed.to_string().contains(seeded), "as admin: {listed}");
+    let r = mal.call("subscribe", json!({"channel": seeded})).await;
+    assert!(r["result"]["snapshot"].is_object(), "as admin: {r}");
+    mal.settle().await;
+    let watermark = mal.seen;
+    drop(mal);
+
+    let mut mal = Peer::open(&t, "mallory", &[]).await;
+    mal.client_id = "w1".into();
+    let r = mal
+        .call(
+            "reconnect",
+            reconnect_params("w1", watermark, &[ROOT, seeded]),
+        )
+        .await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    let resources = sorted_strings(&r["result"]["snapshots"], "resource");
+    assert_eq!(resources, vec![ROOT.to_string()], "{r}");
+    let upstream = t.upstream_id("mallory", "w1");
+    let before = frames_from(&t.hosts[0], &upstream).len();
+
+    let listed = mal.call("listSessions", json!({"channel": ROOT})).await;
+    assert!(!listed.to_string().contains(seeded), "as viewer: {listed}");
+    let created = mal
+        .call(
+            "createSession",
+            json!({"channel": "ahp-session:/mal-1", "provider": "sim@a"}),
+        )
+        .await;
+    assert_eq!(created["error"]["code"], -32009, "{created}");
+    let disposed = mal.call("disposeSession", json!({"channel": seeded})).await;
+    assert_eq!(disposed["error"]["code"], -32001, "{disposed}");
+    let file = format!("file://a{}", t.hosts[0].sandbox().join("mal.txt").display());
+    let write = json!({"channel": ROOT, "uri": file, "data": "x", "encoding": "utf-8"});
+    let written = mal.call("resourceWrite", write).await;
+    assert_eq!(written["error"]["code"], -32009, "{written}");
+    assert!(!t.hosts[0].sandbox().join("mal.txt").exists());
+    let after: Vec<String> = frames_from(&t.hosts[0], &upstream)[before..]
+        .iter()
+        .filter_map(|f| f["method"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        after.iter().all(|m| m == "ping" || m == "unsubscribe"),
+        "host a received {after:?} after the reconnect"
+    );
+}

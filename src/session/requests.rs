@@ -253,7 +253,8 @@ async fn request(
     };
     let outcome = match row.handling {
         Handling::ListSessions => {
-            let caller = session.caller();
+            let now = session.who();
+            let caller = now.caller();
             let list = catalog::list_sessions(&session.env, caller, conn.socket, params);
             return Some(list);
         }
@@ -470,7 +471,8 @@ fn initialize_result(
     snapshots: Vec<Value>,
 ) -> Value {
     let env = &session.env;
-    let who = session.subject();
+    let now = session.who();
+    let who = now.subject();
     let mut result = json!({
         "protocolVersion": version,
         "serverSeq": from,
@@ -499,7 +501,14 @@ fn link_for(
     missing: impl FnOnce() -> RpcError,
 ) -> Result<(Arc<Link>, Grant), RpcError> {
     let need = router::method_permission(method)?;
-    let grant = match router::gate(&session.env, session.caller(), hub, method, channel, need) {
+    let grant = match router::gate(
+        &session.env,
+        session.who().caller(),
+        hub,
+        method,
+        channel,
+        need,
+    ) {
         Ok(g) => g,
         Err(router::Denied::Invisible) => return Err(missing()),
         Err(router::Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
@@ -553,9 +562,10 @@ impl ClientSession {
             .collect();
         let lost: Vec<String> = subs
             .into_iter()
-            .filter(|c| router::host_for(&self.env, self.caller(), c).is_err())
+            .filter(|c| router::host_for(&self.env, self.who().caller(), c).is_err())
             .collect();
-        let who = self.subject();
+        let now = self.who();
+        let who = now.subject();
         let gone: Vec<Arc<str>> = self
             .env
             .hosts
@@ -638,14 +648,14 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         session.respond(&mut core, id, &snap.to_string());
         return Ok(());
     }
-    let (hub, host_uri) = router::host_for(&session.env, session.caller(), &p.channel)?;
+    let (hub, host_uri) = router::host_for(&session.env, session.who().caller(), &p.channel)?;
     session.check_subscription(&p.channel)?;
     let (link, grant) = link_for(session, &hub, "subscribe", &p.channel, || {
         router::not_found(&p.channel)
     })?;
     let params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -689,7 +699,7 @@ type InitialWait = (
 );
 
 fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<InitialWait, RpcError> {
-    let (hub, host_uri) = router::host_for(&session.env, session.caller(), channel)?;
+    let (hub, host_uri) = router::host_for(&session.env, session.who().caller(), channel)?;
     let (link, _) = link_for(session, &hub, "subscribe", channel, || {
         router::not_found(channel)
     })?;
@@ -750,7 +760,7 @@ async fn reserve(
     let owner = Owner {
         issuer: session.key.principal.issuer.clone(),
         subject: session.key.principal.subject.clone(),
-        groups: session.subject().groups.to_vec(),
+        groups: session.who().subject().groups.to_vec(),
     };
     let store = session.env.store.clone();
     let max = session.env.cfg.limits.reservations_per_principal;
@@ -803,7 +813,7 @@ async fn create_session(
         Some(provider) => names::read_provider(provider)
             .and_then(|(_, h)| env.hosts.get(h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => router::only_agent_host(env, session.subject()).ok_or_else(|| {
+        None => router::only_agent_host(env, session.who().subject()).ok_or_else(|| {
             RpcError::invalid_params(
                 "several agents are available: give provider (<provider>@<host>)",
             )
@@ -814,7 +824,7 @@ async fn create_session(
     })?;
     let mut params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -846,14 +856,18 @@ async fn create_chat(
     if !derived {
         router::check_client_uri(&p.chat, "ahp-chat")?;
     }
-    let (hub, host_session) =
-        router::target_of(&session.env, session.caller(), &p.channel, "createChat")?;
+    let (hub, host_session) = router::target_of(
+        &session.env,
+        session.who().caller(),
+        &p.channel,
+        "createChat",
+    )?;
     let (link, grant) = link_for(session, &hub, "createChat", &p.channel, || {
         router::not_found(&p.channel)
     })?;
     let mut params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -888,10 +902,16 @@ async fn create_terminal(
     let env = &session.env;
     let hub = match &p.claim {
         ahp_types::state::TerminalClaim::Session(c) => {
-            router::target_of(&session.env, session.caller(), &c.session, "createTerminal")?.0
+            router::target_of(
+                &session.env,
+                session.who().caller(),
+                &c.session,
+                "createTerminal",
+            )?
+            .0
         }
         ahp_types::state::TerminalClaim::Client(_) => {
-            router::client_terminal_host(env, session.caller(), p.cwd.as_deref())?
+            router::client_terminal_host(env, session.who().caller(), p.cwd.as_deref())?
         }
     };
     let (link, grant) = link_for(session, &hub, "createTerminal", &p.channel, || {
@@ -899,7 +919,7 @@ async fn create_terminal(
     })?;
     let params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -929,7 +949,8 @@ fn routed(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let (hub, host_uri) = router::target_of(&session.env, session.caller(), &channel, method)?;
+    let (hub, host_uri) =
+        router::target_of(&session.env, session.who().caller(), &channel, method)?;
     let (link, grant) = link_for(session, &hub, method, &channel, || {
         router::not_found(&channel)
     })?;
@@ -938,10 +959,10 @@ fn routed(
             .env
             .access
             .owner_of(&hub.id, &host_uri)
-            .is_some_and(|o| session.subject().is(&o));
+            .is_some_and(|o| session.who().subject().is(&o));
         if !own {
             audit::record(audit::Record {
-                who: session.subject(),
+                who: session.who().subject(),
                 host: &hub.id,
                 channel: &channel,
                 operation: method,
@@ -955,7 +976,7 @@ fn routed(
     }
     let params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -989,7 +1010,7 @@ fn by_provider(
         Some(provider) => names::read_provider(provider)
             .and_then(|(_, h)| env.hosts.get(h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => router::only_agent_host(env, session.subject())
+        None => router::only_agent_host(env, session.who().subject())
             .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,
     };
     let provider = v
@@ -1030,12 +1051,12 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
     {
         return root_config(session, client_seq, &action);
     }
-    let target = match router::authorize_dispatch(&session.env, session.caller(), &channel, &action)
-    {
-        Ok(t) => t,
-        Err(router::DispatchRefusal::Silent) => return,
-        Err(router::DispatchRefusal::Reject(reason)) => return reject(&reason),
-    };
+    let target =
+        match router::authorize_dispatch(&session.env, session.who().caller(), &channel, &action) {
+            Ok(t) => t,
+            Err(router::DispatchRefusal::Silent) => return,
+            Err(router::DispatchRefusal::Reject(reason)) => return reject(&reason),
+        };
     let Ok(link) = open_link(session, &target.hub) else {
         return reject(&format!("host {} unavailable", target.hub.id));
     };
@@ -1078,7 +1099,8 @@ fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
     if channel == ahp_types::ROOT_RESOURCE_URI {
         return;
     }
-    let Ok((hub, host_uri)) = router::host_for(&session.env, session.caller(), &channel) else {
+    let Ok((hub, host_uri)) = router::host_for(&session.env, session.who().caller(), &channel)
+    else {
         return;
     };
     if let Some(m) = session.lock().chans.get_mut(&hub.id) {
@@ -1095,7 +1117,7 @@ fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
 /// client's root state.
 fn root_config(session: &Arc<ClientSession>, client_seq: i64, action: &Value) {
     let root = ahp_types::ROOT_RESOURCE_URI;
-    let hosts = match router::root_config_hosts(&session.env, session.caller()) {
+    let hosts = match router::root_config_hosts(&session.env, session.who().caller()) {
         Ok(h) => h,
         Err(reason) => {
             let mut core = session.lock();
@@ -1129,7 +1151,8 @@ fn by_uri(
     params: Value,
 ) -> Result<(), RpcError> {
     let env = &session.env;
-    let caller = session.caller();
+    let now = session.who();
+    let caller = now.caller();
     let uri = params
         .get("uri")
         .or_else(|| params.get("source"))
