@@ -297,7 +297,7 @@ async fn denials_and_latency_histograms() {
         .request(
             2,
             "createSession",
-            json!({"channel": "ahp-session:/mine", "provider": "sim@alpha"}),
+            json!({"channel": "ahp-session:/mine", "provider": "sim.alpha"}),
         )
         .await;
     assert_eq!(create["error"]["code"], -32009, "{create}");

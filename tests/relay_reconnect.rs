@@ -7,7 +7,7 @@
 //! `reconnect` answer is the cut: nothing live is written before it).
 //!
 //! Host states are compared in client names: seeded host URIs qualified
-//! `<scheme>:/<host>~<id>`, providers `<p>@<host>` (see `common::names`).
+//! `<scheme>:/<host>~<id>`, providers `<p>.<host>` (see `common::names`).
 
 mod common;
 

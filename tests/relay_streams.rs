@@ -8,7 +8,7 @@
 //! fresh subscriber's snapshot, and the host's own state with its names
 //! translated to client names by `common::names` (an independent
 //! implementation of §4.2–4.3: host URIs qualified `<host>~<id>` unless
-//! client-chosen, providers `<p>@<host>`).
+//! client-chosen, providers `<p>.<host>`).
 
 mod common;
 
@@ -144,7 +144,7 @@ async fn s2_run() -> S2Run {
         .await
         .expect("initialize");
     let s0 = u64::try_from(init.server_seq).expect("S0 is non-negative");
-    create_session(&client, S2_SESSION, "sim@b").await;
+    create_session(&client, S2_SESSION, "sim.b").await;
     let session_snap = subscribe_raw(&client, S2_SESSION).await;
     let chat = session_snap["state"]["chats"][0]["resource"]
         .as_str()
@@ -175,7 +175,7 @@ async fn s2_run() -> S2Run {
 
 /// S2 (§5.1, §5.2, §4.2): S0 is microseconds since the epoch (below 2^53);
 /// a session created on host b keeps its client-chosen URI, its provider
-/// is `sim@b` and its one default chat is qualified; each snapshot's
+/// is `sim.b` and its one default chat is qualified; each snapshot's
 /// `fromSeq` is the last number issued before its answer; and everything
 /// the client gets (over 300 deltas and its own echo, with its origin) is
 /// one dense sequence after S0.
@@ -194,7 +194,7 @@ async fn s2_a_created_session_streams_one_dense_sequence() {
         r.s0,
         "nothing numbered yet: the snapshot's fromSeq is S0"
     );
-    assert_eq!(r.session_snap["state"]["provider"], "sim@b");
+    assert_eq!(r.session_snap["state"]["provider"], "sim.b");
     let chats = r.session_snap["state"]["chats"].as_array().expect("chats");
     assert_eq!(chats.len(), 1, "one default chat: {chats:?}");
     assert_eq!(r.chat, "ahp-chat:/b~s2-x-main", "default chat qualified");
@@ -613,7 +613,7 @@ async fn root_run() -> RootRun {
         .await
         .expect("spy initialize");
     let creator = t.client_init("carl", "root-creator").await;
-    create_session(&creator, ROOT_NEW, "sim@a").await;
+    create_session(&creator, ROOT_NEW, "sim.a").await;
     let direct = connect_init(&t.hosts[1].url(), "direct-user").await;
     create_session(&direct, "ahp-session:/direct-5", "sim").await;
     let mut cev = creator.events();
@@ -650,7 +650,7 @@ async fn root_run() -> RootRun {
 }
 
 /// §6.1: the relay's root snapshot (from the client's S0) merges both
-/// hosts' agents as `<p>@<host>`, counts both hosts' sessions, and carries
+/// hosts' agents as `<p>.<host>`, counts both hosts' sessions, and carries
 /// neither a host's `config` nor its `_meta`.
 #[tokio::test]
 async fn root_snapshot_merges_agents_and_hides_host_config() {
@@ -680,7 +680,7 @@ async fn root_snapshot_merges_agents_and_hides_host_config() {
         .map(|a| a["provider"].as_str().expect("provider"))
         .collect();
     providers.sort();
-    assert_eq!(providers, ["sim@a", "sim@b"], "agents qualified");
+    assert_eq!(providers, ["sim.a", "sim.b"], "agents qualified");
 }
 
 /// §6.3: a root watcher that also holds a link to the host gets
@@ -692,10 +692,10 @@ async fn root_session_added_reaches_the_watcher_once_per_session() {
     let run = root_run().await;
     let mine = added(&run.evs, ROOT_NEW);
     assert_eq!(mine.len(), 1, "sessionAdded once for {ROOT_NEW}");
-    assert_eq!(mine[0]["provider"], "sim@a");
+    assert_eq!(mine[0]["provider"], "sim.a");
     let theirs = added(&run.evs, "ahp-session:/b~direct-5");
     assert_eq!(theirs.len(), 1, "host-created session qualified, once");
-    assert_eq!(theirs[0]["provider"], "sim@b");
+    assert_eq!(theirs[0]["provider"], "sim.b");
 }
 
 /// §6.3, §4.3: every `sessionSummaryChanged` the host sends reaches a root
@@ -771,8 +771,8 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
     let mut cfg = host("v", 1, script(5, 8, 0));
     cfg.vscode_compat = true;
     // VS Code names: the client derives the default chat from the
-    // qualified session `sim:/v~<uuid>`.
-    let session = format!("sim:/v~{}", naming::seeded_uuid(&cfg, 1));
+    // qualified session `sim.v:/<uuid>`.
+    let session = format!("sim.v:/{}", naming::seeded_uuid(&cfg, 1));
     let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
     let t = TestRelay::start(vec![cfg], "").await;
     let mut a = t.raw("alice").await;
@@ -793,7 +793,7 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         ("b", "ahp-session:/s18-y", "tok-b"),
     ] {
         let creator = if who == "a" { &mut a } else { &mut b };
-        let params = json!({"channel": uri, "provider": "sim@v", "progressToken": token});
+        let params = json!({"channel": uri, "provider": "sim.v", "progressToken": token});
         creator
             .send_json(&request_frame(10, "createSession", params))
             .await;
@@ -845,7 +845,7 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         assert!(
             got.iter()
                 .filter(|f| f["method"] == "root/sessionAdded")
-                .all(|f| f["params"]["summary"]["provider"] == "sim@v"),
+                .all(|f| f["params"]["summary"]["provider"] == "sim.v"),
             "{name}: catalog provider qualified"
         );
     }

@@ -328,7 +328,7 @@ async fn create_session(p: &mut Peer, uri: &str, host: &str) {
     let r = p
         .call(
             "createSession",
-            json!({"channel": uri, "provider": format!("sim@{host}")}),
+            json!({"channel": uri, "provider": format!("sim.{host}")}),
         )
         .await;
     assert_eq!(
@@ -691,7 +691,7 @@ async fn matrix_listing(
             root["activeSessions"]
         ));
     }
-    if sorted_strings(&root["agents"], "provider") != ["sim@a", "sim@b"] {
+    if sorted_strings(&root["agents"], "provider") != ["sim.a", "sim.b"] {
         problems.push(format!("{tag}: root agents {}", root["agents"]));
     }
     let listed = me.listed().await;
@@ -2153,9 +2153,9 @@ async fn roots_of(peers: &mut [Peer; 4]) -> (Vec<Vec<String>>, Vec<Vec<String>>,
 async fn root_state_shows_only_what_the_principal_sees() {
     let (_t, mut peers) = visibility_world().await;
     let (agents, terminals, active) = roots_of(&mut peers).await;
-    assert_eq!(agents[1], ["sim@a"], "host b is invisible to bob");
+    assert_eq!(agents[1], ["sim.a"], "host b is invisible to bob");
     for i in [0, 2, 3] {
-        assert_eq!(agents[i], ["sim@a", "sim@b"]);
+        assert_eq!(agents[i], ["sim.a", "sim.b"]);
     }
     assert_eq!(
         terminals,
@@ -2593,7 +2593,7 @@ async fn a_reconnect_takes_the_groups_of_its_own_token() {
     let created = mal
         .call(
             "createSession",
-            json!({"channel": "ahp-session:/mal-1", "provider": "sim@a"}),
+            json!({"channel": "ahp-session:/mal-1", "provider": "sim.a"}),
         )
         .await;
     assert_eq!(created["error"]["code"], -32009, "{created}");

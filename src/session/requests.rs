@@ -29,8 +29,13 @@ use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::link::{Link, LinkCmd};
 use crate::wire::{self, FrameKind};
 
-/// Protocol versions a v1 relay speaks: exactly those its rewrite table covers.
-pub const SUPPORTED_VERSIONS: &[&str] = &["~1.0.0"];
+/// Protocol versions the relay speaks with clients (§4.1): exactly those
+/// whose fields its rewrite table covers — `1.0.x` and `0.9.x` with the
+/// specification's caret rules, and `0.10.0`, the version VS Code 1.141's
+/// host and client speak, which VS Code declares to share the wire contract
+/// of `0.9` and `1.0` (`agentHostProtocolCompatibility.ts`). `supportedVersions`
+/// of a -32005 lists these ranges.
+pub const SUPPORTED_VERSIONS: &[&str] = &["^1.0.0 <1.1.0", "^0.9.0", "0.10.0"];
 
 /// One client socket's state as seen by the router.
 pub struct Conn {
@@ -138,20 +143,24 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 .with_label_values(&[methods::label(method)])
                 .inc();
             let id = id.raw.to_string();
-            let Some(_channel) = frame.channel() else {
-                env.metrics
-                    .bad_client_frames
-                    .with_label_values(&["no_channel"])
-                    .inc();
-                conn.reply(
-                    &id,
-                    Err(RpcError::invalid_params(
-                        "params.channel (a string) is required",
-                    )),
-                );
-                return;
-            };
-            let params = params_of(text);
+            let mut params = params_of(text);
+            if frame.channel().is_none() {
+                let root_scoped = methods::method(method).is_some_and(|m| m.handling.root_scoped());
+                if !root_scoped {
+                    env.metrics
+                        .bad_client_frames
+                        .with_label_values(&["no_channel"])
+                        .inc();
+                    let err = RpcError::invalid_params("params.channel (a string) is required");
+                    return conn.reply(&id, Err(err));
+                }
+                if params.is_null() {
+                    params = json!({});
+                }
+                if let Some(o) = params.as_object_mut() {
+                    o.insert("channel".into(), json!(ahp_types::ROOT_RESOURCE_URI));
+                }
+            }
             let result = request(conn, &id, method, params).await;
             if let Some(result) = result {
                 let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
@@ -271,14 +280,17 @@ async fn request(
     outcome.err().map(Err)
 }
 
-/// The highest offered `1.0.x`, or the error the client gets.
+/// The highest offered version the relay speaks ([`SUPPORTED_VERSIONS`]),
+/// whatever the order of the offer; a malformed entry is -32602 even beside
+/// good ones (the SDK's reading of SemVer), and an offer with none the
+/// relay speaks is -32005.
 fn negotiate(offered: &[String]) -> Result<String, RpcError> {
     ahp_types::version::negotiate_protocol_version(offered).map_err(RpcError::invalid_params)?;
     offered
         .iter()
-        .filter(|v| v.starts_with("1.0."))
-        .max_by_key(|v| v.get(4..).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0))
-        .cloned()
+        .filter_map(|v| Some((crate::upstream::version::speaks(v)?, v)))
+        .max_by_key(|(parsed, _)| *parsed)
+        .map(|(_, v)| v.clone())
         .ok_or_else(|| RpcError::unsupported_version(SUPPORTED_VERSIONS))
 }
 
@@ -807,18 +819,23 @@ async fn create_session(
     params: Value,
 ) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateSessionParams>(params)?;
-    router::check_client_session_uri(&p.channel)?;
+    let name = router::check_client_session_uri(&p.channel)?;
     let env = &session.env;
     let hub = match p.provider.as_deref() {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| env.hosts.get(h))
+            .and_then(|(_, h)| env.hosts.get(&h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
         None => router::only_agent_host(env, session.who().subject()).ok_or_else(|| {
             RpcError::invalid_params(
-                "several agents are available: give provider (<provider>@<host>)",
+                "several agents are available: give provider (<provider>.<host>)",
             )
         })?,
     };
+    if name.host.as_deref().is_some_and(|h| h != &*hub.id) {
+        return Err(RpcError::invalid_params(
+            "the session URI's scheme names another host than the provider",
+        ));
+    }
     let (link, grant) = link_for(session, &hub, "createSession", &p.channel, || {
         RpcError::provider_not_found(p.provider.as_deref().unwrap_or_default())
     })?;
@@ -829,7 +846,7 @@ async fn create_session(
         &grant,
         v,
         "params:createSession",
-        &p.channel,
+        &name.key,
     )?;
     if let (Some(token), Some(o)) = (p.progress_token.as_deref(), params.as_object_mut()) {
         o.insert(
@@ -837,13 +854,13 @@ async fn create_session(
             json!(format!("{}:{token}", session.upstream_id)),
         );
     }
-    reserve(session, &hub, &p.channel, "ahp-session").await?;
+    reserve(session, &hub, &name.key, "ahp-session").await?;
     let kind = PendingKind::Create {
-        store_key: p.channel.clone(),
-        await_catalog: Some(p.channel.clone()),
+        store_key: name.key.clone(),
+        await_catalog: Some(name.key.clone()),
     };
     forward(session, &link, id, "createSession", params, kind)
-        .inspect_err(|_| release_later(session, &p.channel))
+        .inspect_err(|_| release_later(session, &name.key))
 }
 
 async fn create_chat(
@@ -854,7 +871,7 @@ async fn create_chat(
     let (p, v) = typed::<CreateChatParams>(params)?;
     let derived = router::is_derived_chat(&p.chat, &p.channel);
     if !derived {
-        router::check_client_uri(&p.chat, "ahp-chat")?;
+        router::check_client_uri(&p.chat, &["ahp-chat"])?;
     }
     let (hub, host_session) = router::target_of(
         &session.env,
@@ -898,7 +915,8 @@ async fn create_terminal(
     params: Value,
 ) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateTerminalParams>(params)?;
-    router::check_client_uri(&p.channel, "ahp-terminal")?;
+    // VS Code's workbench names its terminals `agenthost-terminal:/<uuid>`.
+    router::check_client_uri(&p.channel, &["ahp-terminal", "agenthost-terminal"])?;
     let env = &session.env;
     let hub = match &p.claim {
         ahp_types::state::TerminalClaim::Session(c) => {
@@ -1008,10 +1026,10 @@ fn by_provider(
     let env = &session.env;
     let hub = match v.get("provider").and_then(Value::as_str) {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| env.hosts.get(h))
+            .and_then(|(_, h)| env.hosts.get(&h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
         None => router::only_agent_host(env, session.who().subject())
-            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,
+            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>.<host>)"))?,
     };
     let provider = v
         .get("provider")
