@@ -140,6 +140,14 @@ impl TestRelay {
             .unwrap_or_else(|| panic!("the relay has the session of {sub}/{client_id}"))
     }
 
+    /// Whether the relay still holds a session record for (`sub`, `client_id`).
+    pub fn has_session(&self, sub: &str, client_id: &str) -> bool {
+        self.relay
+            .relay
+            .session_of(&super::session_key(sub, client_id))
+            .is_some()
+    }
+
     /// The upstream client id of (`sub`, `client_id`) at the hosts.
     pub fn upstream_id(&self, sub: &str, client_id: &str) -> String {
         self.relay
