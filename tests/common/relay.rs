@@ -148,6 +148,18 @@ impl TestRelay {
             .is_some()
     }
 
+    /// Client requests of `method` the relay has started to handle (its
+    /// `client_requests_total` counter): a request counted here has been
+    /// read, whether or not it is answered yet.
+    pub fn requests_handled(&self, method: &str) -> u64 {
+        self.relay
+            .relay
+            .metrics
+            .client_requests
+            .with_label_values(&[method])
+            .get()
+    }
+
     /// The upstream client id of (`sub`, `client_id`) at the hosts.
     pub fn upstream_id(&self, sub: &str, client_id: &str) -> String {
         self.relay
