@@ -2169,7 +2169,9 @@ fn last_active_sessions(log: &[Value]) -> Option<Value> {
 fn turn_ended_in_summary(log: &[Value], session: &str) -> bool {
     let statuses: Vec<&Value> = log
         .iter()
-        .filter(|v| v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == session)
+        .filter(|v| {
+            v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == session
+        })
         .map(|v| &v["params"]["changes"]["status"])
         .collect();
     statuses
