@@ -1175,12 +1175,16 @@ async fn overlapping_reconnects_keep_every_channel() {
     );
     // Host b stalls: a reconnect needing snapshots waits for it.
     t.hosts[1].set_stalled(true);
+    let before = t.requests_handled("reconnect");
     let mut s2 = dial(&t, "alice").await.expect("dial");
     assert!(
         s2.try_send_json(&reconnect_frame(2, "overlap", 0, &chats))
             .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the relay handles s2's reconnect", || {
+        t.requests_handled("reconnect") > before
+    })
+    .await;
     // The client gives up on s2 and tries again on s3.
     drop(s2);
     let mut s3 = dial(&t, "alice").await.expect("dial");
@@ -1188,7 +1192,10 @@ async fn overlapping_reconnects_keep_every_channel() {
         s3.try_send_json(&reconnect_frame(3, "overlap", 0, &chats))
             .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the relay handles s3's reconnect", || {
+        t.requests_handled("reconnect") > before + 1
+    })
+    .await;
     t.hosts[1].set_stalled(false);
     // s3 gets its own answer and nothing else.
     let mut strays = Vec::new();
@@ -1252,11 +1259,18 @@ async fn reconnect_answer_is_the_cut_for_relay_rejections() {
     let turn = dispatch_frame(chat_a, 1, turn_started("queued-on-a-dropped-link", "go"));
     assert!(s1.try_send_json(&turn).await);
     tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = t.requests_handled("reconnect");
     let mut s2 = dial(&t, "alice").await.expect("dial");
     assert!(
         s2.try_send_json(&reconnect_frame(2, "cut-reject", 0, &chats))
             .await
     );
+    wait_until("the relay handles s2's reconnect", || {
+        t.requests_handled("reconnect") > before
+    })
+    .await;
+    // The answer waits for stalled b while a's link resumes and gives up
+    // (the window the cut must hold in; its length bounds what is caught).
     tokio::time::sleep(Duration::from_millis(600)).await;
     t.hosts[1].set_stalled(false);
     let mut before = Vec::new();
@@ -1286,12 +1300,16 @@ async fn a_reconnect_closed_before_its_answer_baselines_nothing() {
     let s0 = init["result"]["serverSeq"].as_u64().expect("S0");
     // A reconnect needing snapshots waits for stalled host b ...
     t.hosts[1].set_stalled(true);
+    let before = t.requests_handled("reconnect");
     let mut s2 = dial(&t, "alice").await.expect("dial");
     assert!(
         s2.try_send_json(&reconnect_frame(2, "closed-early", 0, &chats))
             .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the relay handles s2's reconnect", || {
+        t.requests_handled("reconnect") > before
+    })
+    .await;
     // ... while the relay closes its socket (a resync).
     t.session("alice", "closed-early")
         .close(ahp_relay::rpc::Close::ResyncHostLost);

@@ -1637,16 +1637,18 @@ async fn links_originate_only_integer_ids() {
     let c = t.client_init("alice", "quiet").await;
     subscribe_raw(&c, "ahp-session:/a~a-1").await;
     let up = t.upstream_id("alice", "quiet");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let frames: Vec<Value> = t.hosts[0]
-        .received_from(&up)
-        .iter()
-        .map(|f| serde_json::from_str(&f.text).expect("JSON"))
-        .collect();
-    assert!(
-        frames.iter().any(|f| f["method"] == "ping"),
-        "the link pinged after 1 s of silence: {frames:?}"
-    );
+    let frames = || -> Vec<Value> {
+        t.hosts[0]
+            .received_from(&up)
+            .iter()
+            .map(|f| serde_json::from_str(&f.text).expect("JSON"))
+            .collect()
+    };
+    wait_until("the link pings after 1 s of silence", || {
+        frames().iter().any(|f| f["method"] == "ping")
+    })
+    .await;
+    let frames = frames();
     for f in frames.iter().filter(|f| f.get("id").is_some()) {
         assert!(
             f["id"].is_u64(),

@@ -158,7 +158,7 @@ async fn s2_run() -> S2Run {
         .await
         .expect("dispatch");
     all.extend(actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await);
-    all.extend(settle(&client, &mut events).await);
+    all.extend(settle(&client, &mut events, &[&chat]).await);
     S2Run {
         t,
         s0,
@@ -296,7 +296,7 @@ async fn race_envelopes(
                 .is_some_and(|w| is_complete_of(e, chat, w))
     })
     .await;
-    envs.extend(settle(client, events).await);
+    envs.extend(settle(client, events, &[chat]).await);
     assert_strictly_increasing(&envs);
     envs
 }
@@ -433,7 +433,7 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
             actions_until(&mut lev, |e| is_complete_of(e, &chat, &turn)).await
         };
         let _ = actions_until(&mut sev, |e| is_complete_of(e, &chat, &turn)).await;
-        envs.extend(settle(&late, &mut lev).await);
+        envs.extend(settle(&late, &mut lev, &[&chat]).await);
         assert_contiguous(&envs, from);
         let reduced = reduce_chat(&snap["state"], &chat, &envs);
         let expected = host_state(&t.hosts[0], &host_chat, &[]);
@@ -500,7 +500,7 @@ async fn two_hosts_interleave_into_one_sequence() {
         done_a && done_b
     })
     .await;
-    all.extend(settle(&client, &mut events).await);
+    all.extend(settle(&client, &mut events, &[&chat_a, &chat_b]).await);
     assert_strictly_increasing(&all);
     assert_contiguous(&all, s0);
     let switches = all
@@ -805,9 +805,20 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         } else {
             got_b.extend(frames);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        got_a.extend(frames_before_ping(&mut a, 20).await);
-        got_b.extend(frames_before_ping(&mut b, 20).await);
+        // Both hear of the session through the watch link; then a round
+        // trip through the host on each one's own link (where the host
+        // broadcasts too) and a ping: every copy has reached the relay and
+        // whatever it forwarded is read.
+        let added = |v: &Value| {
+            v["method"] == "root/sessionAdded" && v["params"]["summary"]["resource"] == uri
+        };
+        for (raw, got) in [(&mut a, &mut got_a), (&mut b, &mut got_b)] {
+            if !got.iter().any(added) {
+                got.extend(frames_until(raw, added).await);
+            }
+            got.extend(raw_host_barrier(raw, 19, &chat).await);
+            got.extend(frames_before_ping(raw, 20).await);
+        }
     }
     for (name, got, own, other) in [
         ("a", &got_a, "tok-a", "tok-b"),
@@ -1017,7 +1028,7 @@ async fn slow_consumer_case(limits: &str) {
         .await
         .expect("dispatch");
     let mut envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
-    envs.extend(settle(&fast, &mut events).await);
+    envs.extend(settle(&fast, &mut events, &[&chat]).await);
     assert_contiguous(&envs, init.server_seq as u64);
     assert_eq!(
         reduce_chat(&snap["state"], &chat, &envs),

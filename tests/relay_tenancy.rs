@@ -260,6 +260,22 @@ impl Peer {
         }
     }
 
+    /// Waits until the whole log satisfies `pred` (reading more as needed).
+    async fn wait_log(&mut self, what: &str, pred: impl Fn(&[Value]) -> bool) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !pred(&self.log) {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{}: timed out waiting for {what}",
+                self.who
+            );
+            if let Err(c) = self.read_one(left).await {
+                panic!("{}: closed {c:?} while waiting for {what}", self.who);
+            }
+        }
+    }
+
     /// Reads whatever arrives within `window` into the log.
     async fn drain(&mut self, window: Duration) {
         let deadline = tokio::time::Instant::now() + window;
@@ -2120,10 +2136,48 @@ async fn visibility_changes(peers: &mut [Peer; 4]) {
             && v.to_string().contains(VIS_MY_TERM)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    for p in peers.iter_mut() {
+    // The last root news each peer gets: its final `activeSessions` (the
+    // count only grows here) and, for who sees alice's session, the summary
+    // change of her finished turn. The fan-out writes each watch event to
+    // every follower in one pass, so once these are in, so is everything
+    // before them; the ping then reads what was queued.
+    for (p, want) in peers.iter_mut().zip([1, 1, 1, 4]) {
+        p.wait_log("its final activeSessions", |log| {
+            last_active_sessions(log) == Some(json!(want))
+        })
+        .await;
+        if p.who != "bob" {
+            p.wait_log("alice's turn ended in her summary", |log| {
+                turn_ended_in_summary(log, VIS_MINE)
+            })
+            .await;
+        }
         p.settle().await;
     }
+}
+
+/// The `activeSessions` of the last `root/activeSessionsChanged` in `log`.
+fn last_active_sessions(log: &[Value]) -> Option<Value> {
+    log.iter()
+        .rev()
+        .find(|v| v["params"]["action"]["type"] == "root/activeSessionsChanged")
+        .map(|v| v["params"]["action"]["activeSessions"].clone())
+}
+
+/// Whether `log` has a `root/sessionSummaryChanged` of `session` in progress
+/// (8) and, after it, one idle (1).
+fn turn_ended_in_summary(log: &[Value], session: &str) -> bool {
+    let statuses: Vec<&Value> = log
+        .iter()
+        .filter(|v| {
+            v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == session
+        })
+        .map(|v| &v["params"]["changes"]["status"])
+        .collect();
+    statuses
+        .iter()
+        .position(|s| **s == 8)
+        .is_some_and(|i| statuses[i..].iter().any(|s| **s == 1))
 }
 
 /// Each peer's fresh root: its agents' providers, its terminals and its
@@ -2242,12 +2296,7 @@ async fn fresh_views_after_catalog_changes_agree_with_the_live_ones() {
         "terminals: claimed for a session one sees"
     );
     for (p, want) in peers.iter().zip([1, 1, 1, 4]) {
-        let last = p
-            .log
-            .iter()
-            .rev()
-            .find(|v| v["params"]["action"]["type"] == "root/activeSessionsChanged")
-            .map(|v| v["params"]["action"]["activeSessions"].clone());
+        let last = last_active_sessions(&p.log);
         assert_eq!(last, Some(json!(want)), "{}'s live activeSessions", p.who);
     }
 }
@@ -2289,7 +2338,8 @@ async fn bob_detached_with_alice_buffered(t: &TestRelay) -> (Peer, Peer, u64) {
     bob.settle().await;
     let watermark = bob.seen;
     drop(bob);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let away = t.session("bob", "same");
+    wait_until("bob is detached", || away.lock().socket_id().is_none()).await;
 
     let seq = alice
         .dispatch(&her_chat, turn_started("secret", "alice's secret"))
