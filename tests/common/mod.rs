@@ -700,3 +700,24 @@ pub async fn listed_uris(ws: &mut RawWs, id: u64) -> Vec<String> {
         .filter_map(|s| s["resource"].as_str().map(str::to_string))
         .collect()
 }
+
+/// Whether `program` — a part outside the Rust toolchain (chromium,
+/// PostgreSQL, HAProxy, nginx) — can be run. Without it a test skips with a
+/// printed notice, so the README's `cargo test` passes on a machine with only
+/// Rust; with `AHP_RELAY_REQUIRE_EXTERNAL=1` (set by `.ci/run`, which
+/// installs them) its absence fails the test instead.
+pub fn external(program: &str) -> bool {
+    let runs = std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if runs {
+        return true;
+    }
+    assert!(
+        std::env::var("AHP_RELAY_REQUIRE_EXTERNAL").as_deref() != Ok("1"),
+        "{program} cannot be run and AHP_RELAY_REQUIRE_EXTERNAL=1: install it (.ci/run does)"
+    );
+    eprintln!("SKIPPED: {program} is not installed; this test needs it (.ci/run installs it)");
+    false
+}
