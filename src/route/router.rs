@@ -629,21 +629,34 @@ pub fn client_terminal_host(
     {
         return resource_host(env, caller, cwd);
     }
-    let visible: Vec<Arc<HostHub>> = env
+    // The hosts where the principal may open a terminal: a configured
+    // default among them wins; else the only one; else the configured
+    // default (whose grant then answers), else the caller must say.
+    let usable: Vec<Arc<HostHub>> = env
         .hosts
         .all()
         .into_iter()
-        .filter(|h| env.access.grant_on(caller.who, h).is_some())
+        .filter(|h| {
+            env.access
+                .grant_on(caller.who, h)
+                .is_some_and(|g| g.permits(crate::policy::Permission::TerminalsUse))
+        })
         .collect();
-    if let [only] = visible.as_slice() {
+    let configured = env
+        .hosts
+        .default_host(env.cfg.relay.default_host.as_deref());
+    if let Some(d) = &configured
+        && usable.iter().any(|h| h.id == d.id)
+    {
+        return Ok(d.clone());
+    }
+    if let [only] = usable.as_slice() {
         return Ok(only.clone());
     }
-    env.hosts
-        .default_host(env.cfg.relay.default_host.as_deref())
-        .ok_or_else(|| {
-            RpcError::invalid_params(
-                "cannot choose a host for a client-claimed terminal: give cwd as \
+    configured.ok_or_else(|| {
+        RpcError::invalid_params(
+            "cannot choose a host for a client-claimed terminal: give cwd as \
                  file://<host id>/<path>, claim a session, or configure relay.default_host",
-            )
-        })
+        )
+    })
 }
