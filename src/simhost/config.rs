@@ -76,6 +76,8 @@ pub struct SimHostConfig {
     /// `resource*` commands). `None`: a fresh temporary folder per host,
     /// removed when the host is dropped. Paths outside it are refused.
     pub sandbox: Option<std::path::PathBuf>,
+    /// Keep a temporary sandbox when the host is dropped (debugging).
+    pub keep_sandbox: bool,
     /// Largest file `resourceRead` returns and `resourceWrite` produces, in bytes.
     pub max_resource_bytes: u64,
     /// Resource watches open at once (`createResourceWatch` beyond → -32603).
@@ -142,6 +144,7 @@ impl Default for SimHostConfig {
             record_limit: 100_000,
             max_frame_bytes: 4 * 1024 * 1024,
             protocol: HostProtocol::V1,
+            keep_sandbox: false,
             client_tool_grace_ms: 3000,
         }
     }
