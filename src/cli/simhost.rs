@@ -145,13 +145,14 @@ pub async fn run(args: SimHostArgs) -> ExitCode {
     host.shutdown().await;
     // The folder is removed here, not left to a destructor: tasks still
     // winding down may hold the host's state past the end of `main`.
-    if args.sandbox.is_none() && !args.keep_sandbox {
-        if let Err(e) = std::fs::remove_dir_all(&sandbox) {
-            eprintln!(
-                "warning: cannot remove the sandbox {}: {e}",
-                sandbox.display()
-            );
-        }
+    if args.sandbox.is_none()
+        && !args.keep_sandbox
+        && let Err(e) = std::fs::remove_dir_all(&sandbox)
+    {
+        eprintln!(
+            "warning: cannot remove the sandbox {}: {e}",
+            sandbox.display()
+        );
     }
     ExitCode::SUCCESS
 }
