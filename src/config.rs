@@ -245,6 +245,10 @@ pub struct Limits {
     /// Live (pending or confirmed) client-chosen URIs one principal may
     /// hold in the store; beyond it a create gets -32603 `reason = "quota"`.
     pub reservations_per_principal: usize,
+    /// Tombstones (names it disposed, kept for `relay.tombstone_ttl_secs`)
+    /// one principal may hold; beyond it a create gets -32603
+    /// `reason = "quota"` until they expire.
+    pub tombstones_per_principal: usize,
     /// Seconds between purges of expired tombstones from the store.
     pub store_purge_secs: u64,
     /// Host object references (content references, changesets, canvases,
@@ -296,6 +300,7 @@ impl Default for Limits {
             upstream_max_frame_bytes: 64 * 1024 * 1024,
             link_queue_frames: 1024,
             reservations_per_principal: 1000,
+            tombstones_per_principal: 10_000,
             store_purge_secs: 3600,
             seen_refs_per_session: 4096,
             sessions_per_host: 100_000,
@@ -352,6 +357,7 @@ impl Limits {
                 "reservations_per_principal",
                 self.reservations_per_principal,
             ),
+            ("tombstones_per_principal", self.tombstones_per_principal),
             ("seen_refs_per_session", self.seen_refs_per_session),
             ("sessions_per_host", self.sessions_per_host),
         ];

@@ -412,6 +412,12 @@ fn bench_uri_store() {
 
     let dir = TempDir::new("bench");
     let file_rate = bench_file(&dir.file(), 1_000);
+    let quota_rate = reserve_within_per_sec(&store, 2_000);
+    // The same with a store of 1,000 entries: a create's cost must not grow
+    // with the store (contract §7.6), so the two rates should match.
+    let small = RedbStore::open_in_memory().unwrap();
+    fill(&small, 1_000);
+    let small_rate = reserve_within_per_sec(&small, 2_000);
 
     println!("uri_store bench ({ENTRIES} entries):");
     println!("  lookup hit, cold cache {cold_ns:8.0} ns/op");
@@ -419,4 +425,23 @@ fn bench_uri_store() {
     println!("  lookup miss (+format)  {miss_ns:8.0} ns/op");
     println!("  reserve+confirm, in-memory backend  {fill_rate:8.0} pairs/s");
     println!("  reserve+confirm, file (fsync)       {file_rate:8.0} pairs/s");
+    println!("  create with quota check, {ENTRIES} entries  {quota_rate:8.0} reserves/s");
+    println!("  create with quota check, 1000 entries    {small_rate:8.0} reserves/s");
+}
+
+/// Reserves `count` more URIs for bob through the quota check, with the
+/// store already holding `fill`'s entries: what each create pays.
+fn reserve_within_per_sec(store: &RedbStore, count: usize) -> f64 {
+    let quota = ahp_relay::names::store::Quota {
+        live: usize::MAX,
+        tombstones: usize::MAX,
+    };
+    let start = Instant::now();
+    for i in 0..count {
+        let uri = format!("ahp-session:/quota-{i:08}");
+        store
+            .reserve_within(&uri, "host-a", &bob(), 1, quota)
+            .unwrap();
+    }
+    count as f64 / start.elapsed().as_secs_f64()
 }

@@ -233,7 +233,7 @@ mod tests {
         assert!(!message.contains("secret"), "{message}");
         assert_eq!(
             err("evil-scheme:/x").to_string(),
-            "URI scheme must be ahp-session, ahp-chat or ahp-terminal"
+            "URI scheme must be ahp-session, ahp-chat, ahp-terminal or agenthost-terminal"
         );
     }
 

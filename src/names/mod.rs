@@ -5,6 +5,7 @@
 //! note: nothing here routes a request or knows a session.
 
 pub mod client_uri;
+pub mod index;
 pub mod namer;
 pub mod qualify;
 pub mod seen;

@@ -31,7 +31,7 @@
 //! `uris_v1`); a new layout gets a new table and a migration at open ([`RedbStore::open`] moves
 //! `uris_v1` rows into `uris_v2` with no groups, in one transaction).
 
-use std::collections::HashMap;
+use super::index::{Held, Index};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
@@ -102,6 +102,17 @@ pub struct UriEntry {
     pub created_at: u64,
 }
 
+/// How many entries one principal may hold (contract §3.6, §7.6): live ones, and tombstones
+/// of names it disposed — kept for `tombstone_ttl`, so without their own bound a create/dispose
+/// loop would grow the store for a month.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Pending and confirmed entries.
+    pub live: usize,
+    /// Tombstones not yet expired and purged.
+    pub tombstones: usize,
+}
+
 /// Why a store operation did not happen. Nothing was changed when an error is returned.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum StoreError {
@@ -119,6 +130,12 @@ pub enum StoreError {
     #[error("the owner already holds {max} live URIs")]
     Quota {
         /// The quota in force.
+        max: usize,
+    },
+    /// The owner already holds `max` tombstones of names it disposed.
+    #[error("the owner already holds {max} tombstones of disposed URIs")]
+    TombstoneQuota {
+        /// The bound in force.
         max: usize,
     },
     /// The store could not be read or written (I/O, lock, corruption); creates must be refused.
@@ -143,15 +160,16 @@ pub trait UriStore: Send + Sync {
     fn reserve(&self, uri: &str, host: &str, owner: &Owner, now: u64) -> Result<(), StoreError>;
 
     /// [`UriStore::reserve`], refused with [`StoreError::Quota`] when `owner` (issuer and
-    /// subject) already holds `max_live` pending or confirmed entries; the count and the insert
-    /// are one atomic step.
+    /// subject) already holds `quota.live` pending or confirmed entries, and with
+    /// [`StoreError::TombstoneQuota`] when it holds `quota.tombstones` tombstones; the count
+    /// and the insert are one atomic step, and the count never walks the store.
     fn reserve_within(
         &self,
         uri: &str,
         host: &str,
         owner: &Owner,
         now: u64,
-        max_live: usize,
+        quota: Quota,
     ) -> Result<(), StoreError>;
 
     /// Marks a pending entry [`UriState::Confirmed`]; confirming a confirmed entry is a no-op.
@@ -186,8 +204,8 @@ pub trait UriStore: Send + Sync {
 /// a successful commit, so it never shows an uncommitted entry; writes are serialized.
 pub struct RedbStore {
     db: Database,
-    /// Committed entries by URI.
-    mirror: RwLock<HashMap<String, UriEntry>>,
+    /// Committed entries, indexed by URI, owner, host and expiry.
+    mirror: RwLock<Index>,
     /// Held from the start of a write transaction until the mirror reflects its commit, so the
     /// mirror receives commits in commit order.
     writer: Mutex<()>,
@@ -256,11 +274,10 @@ impl RedbStore {
 
         let txn = db.begin_read().map_err(unavailable)?;
         let table = txn.open_table(URIS).map_err(unavailable)?;
-        let mut mirror = HashMap::new();
+        let mut mirror = Index::default();
         for row in table.iter().map_err(unavailable)? {
             let (uri, row) = row.map_err(unavailable)?;
-            let entry = decode(uri.value(), row.value())?;
-            mirror.insert(entry.uri.clone(), entry);
+            mirror.insert(decode(uri.value(), row.value())?);
         }
         Ok(Self {
             db,
@@ -304,8 +321,10 @@ impl RedbStore {
         self.committed(txn.commit())?;
         let mut mirror = self.mirror.write().unwrap_or_else(PoisonError::into_inner);
         match next {
-            Some(entry) => mirror.insert(uri.to_owned(), entry),
-            None => mirror.remove(uri),
+            Some(entry) => mirror.insert(entry),
+            None => {
+                mirror.remove(uri);
+            }
         };
         Ok(())
     }
@@ -318,14 +337,10 @@ impl RedbStore {
         result.map_err(unavailable)
     }
 
-    /// Pending and confirmed entries of `owner`'s issuer and subject (a scan of the mirror).
-    fn live_of(&self, owner: &Owner) -> usize {
+    /// What `owner`'s issuer and subject hold (an index read, no scan).
+    fn held_by(&self, owner: &Owner) -> Held {
         let mirror = self.mirror.read().unwrap_or_else(PoisonError::into_inner);
-        mirror
-            .values()
-            .filter(|e| !matches!(e.state, UriState::Tombstone { .. }))
-            .filter(|e| e.owner.issuer == owner.issuer && e.owner.subject == owner.subject)
-            .count()
+        mirror.held(&owner.issuer, &owner.subject)
     }
 }
 
@@ -349,20 +364,30 @@ impl UriStore for RedbStore {
         host: &str,
         owner: &Owner,
         now: u64,
-        max_live: usize,
+        quota: Quota,
     ) -> Result<(), StoreError> {
         self.update(uri, |current| match current {
             Some(entry) if !is_expired(&entry, now) => Err(StoreError::Taken { host: entry.host }),
             // `update` holds the writer lock, so the mirror cannot change between this count and
             // the commit.
-            _ if self.live_of(owner) >= max_live => Err(StoreError::Quota { max: max_live }),
-            _ => Ok(Some(UriEntry {
-                uri: uri.to_owned(),
-                host: host.to_owned(),
-                state: UriState::Pending,
-                owner: owner.clone(),
-                created_at: now,
-            })),
+            _ => {
+                let held = self.held_by(owner);
+                if held.live >= quota.live {
+                    return Err(StoreError::Quota { max: quota.live });
+                }
+                if held.tombstones >= quota.tombstones {
+                    return Err(StoreError::TombstoneQuota {
+                        max: quota.tombstones,
+                    });
+                }
+                Ok(Some(UriEntry {
+                    uri: uri.to_owned(),
+                    host: host.to_owned(),
+                    state: UriState::Pending,
+                    owner: owner.clone(),
+                    created_at: now,
+                }))
+            }
         })
     }
 
@@ -405,34 +430,26 @@ impl UriStore for RedbStore {
 
     fn entries_for_host(&self, host: &str) -> Result<Vec<UriEntry>, StoreError> {
         let mirror = self.mirror.read().unwrap_or_else(PoisonError::into_inner);
-        let mut entries: Vec<UriEntry> = mirror
-            .values()
-            .filter(|entry| entry.host == host)
-            .cloned()
-            .collect();
-        entries.sort_by(|a, b| a.uri.cmp(&b.uri));
-        Ok(entries)
+        Ok(mirror.of_host(host))
     }
 
     fn purge_expired(&self, now: u64) -> Result<usize, StoreError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        // The index lists the expired tombstones: no walk over the table.
+        let expired = self
+            .mirror
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .expired(now);
+        if expired.is_empty() {
+            return Ok(0);
+        }
         let txn = self.db.begin_write().map_err(unavailable)?;
-        let expired = {
+        {
             let mut table = txn.open_table(URIS).map_err(unavailable)?;
-            let mut expired = Vec::new();
-            for row in table.iter().map_err(unavailable)? {
-                let (uri, row) = row.map_err(unavailable)?;
-                if is_expired(&decode(uri.value(), row.value())?, now) {
-                    expired.push(uri.value().to_owned());
-                }
-            }
             for uri in &expired {
                 table.remove(uri.as_str()).map_err(unavailable)?;
             }
-            expired
-        };
-        if expired.is_empty() {
-            return Ok(0);
         }
         self.committed(txn.commit())?;
         let mut mirror = self.mirror.write().unwrap_or_else(PoisonError::into_inner);
@@ -669,13 +686,13 @@ mod tests {
         let store = RedbStore::open_in_memory().unwrap();
         let alice = owner();
         store
-            .reserve_within("ahp-chat:/1", "a", &alice, 1, 2)
+            .reserve_within("ahp-chat:/1", "a", &alice, 1, quota(2, 2))
             .unwrap();
         store
-            .reserve_within("ahp-chat:/2", "a", &alice, 1, 2)
+            .reserve_within("ahp-chat:/2", "a", &alice, 1, quota(2, 2))
             .unwrap();
         assert_eq!(
-            store.reserve_within("ahp-chat:/3", "a", &alice, 1, 2),
+            store.reserve_within("ahp-chat:/3", "a", &alice, 1, quota(2, 2)),
             Err(StoreError::Quota { max: 2 })
         );
         let bob = Owner {
@@ -683,14 +700,29 @@ mod tests {
             ..alice.clone()
         };
         store
-            .reserve_within("ahp-chat:/3", "a", &bob, 1, 2)
+            .reserve_within("ahp-chat:/3", "a", &bob, 1, quota(2, 2))
             .unwrap();
-        // A tombstone frees a place in the quota (the name stays taken).
+        // A tombstone frees a place in the live quota (the name stays taken)…
         store.tombstone("ahp-chat:/1", 2, 100).unwrap();
         store
-            .reserve_within("ahp-chat:/4", "a", &alice, 3, 2)
+            .reserve_within("ahp-chat:/4", "a", &alice, 3, quota(2, 2))
             .unwrap();
         assert_eq!(store.lookup("ahp-chat:/3").unwrap().unwrap().owner, bob);
+        // …and counts in its own bound: a create/dispose loop stops there.
+        store.tombstone("ahp-chat:/2", 3, 100).unwrap();
+        assert_eq!(
+            store.reserve_within("ahp-chat:/5", "a", &alice, 4, quota(2, 2)),
+            Err(StoreError::TombstoneQuota { max: 2 })
+        );
+        // Purged tombstones free it again.
+        assert_eq!(store.purge_expired(200).unwrap(), 2);
+        store
+            .reserve_within("ahp-chat:/5", "a", &alice, 201, quota(2, 2))
+            .unwrap();
+    }
+
+    fn quota(live: usize, tombstones: usize) -> Quota {
+        Quota { live, tombstones }
     }
 
     #[test]

@@ -775,11 +775,15 @@ async fn reserve(
         groups: session.who().subject().groups.to_vec(),
     };
     let store = session.env.store.clone();
-    let max = session.env.cfg.limits.reservations_per_principal;
+    let limits = &session.env.cfg.limits;
+    let quota = crate::names::store::Quota {
+        live: limits.reservations_per_principal,
+        tombstones: limits.tombstones_per_principal,
+    };
     let (u, host) = (uri.to_string(), hub.id.to_string());
     let now = crate::identity::unix_now();
     let written =
-        tokio::task::spawn_blocking(move || store.reserve_within(&u, &host, &owner, now, max))
+        tokio::task::spawn_blocking(move || store.reserve_within(&u, &host, &owner, now, quota))
             .await
             .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string())));
     match written {
@@ -793,6 +797,17 @@ async fn reserve(
             Err(RpcError::limited(
                 "quota",
                 format!("at most {max} live created URIs per principal: dispose some first"),
+                false,
+            ))
+        }
+        Err(StoreError::TombstoneQuota { max }) => {
+            session.limit_hit("quota");
+            Err(RpcError::limited(
+                "quota",
+                format!(
+                    "at most {max} recently disposed URIs per principal: their names are kept \
+                     for tombstone_ttl_secs, create again once they expire"
+                ),
                 false,
             ))
         }
