@@ -251,6 +251,13 @@ pub struct Limits {
     pub tombstones_per_principal: usize,
     /// Seconds between purges of expired tombstones from the store.
     pub store_purge_secs: u64,
+    /// Seconds between checks of creates whose answer was lost (still
+    /// pending after `upstream_request_secs`): each is confirmed as soon as
+    /// its host lists it.
+    pub pending_create_check_secs: u64,
+    /// Seconds after which a lost create its host does not list is released
+    /// (its name freed): a slow host may still make it until then.
+    pub pending_create_release_secs: u64,
     /// Host object references (content references, changesets, canvases,
     /// resource watches) one client session remembers having received
     /// inside a channel it can read (§7.1); the oldest is forgotten first,
@@ -302,6 +309,8 @@ impl Default for Limits {
             reservations_per_principal: 1000,
             tombstones_per_principal: 10_000,
             store_purge_secs: 3600,
+            pending_create_check_secs: 5,
+            pending_create_release_secs: 600,
             seen_refs_per_session: 4096,
             sessions_per_host: 100_000,
         }

@@ -235,6 +235,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         tokio::spawn(edge.clone().serve_admin(admin)),
         tokio::spawn(reload_files(relay.clone())),
         tokio::spawn(relay.registry.clone().sweep_idle_links()),
+        tokio::spawn(relay.registry.clone().settle_lost_creates()),
         tokio::spawn(crate::names::store::purge_expired_every(store, purge_every)),
     ];
     tracing::info!(%addr, hosts = relay.hubs().count(), "relay listening");

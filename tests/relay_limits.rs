@@ -450,10 +450,11 @@ async fn create_quota_and_tombstone_purge() {
     purge.abort();
 }
 
-/// A create the host does not answer in time gets -32603 `timeout` and
-/// frees its name; when the host then makes the object after all, it lists
-/// it, and a second create of that URI is refused like the host would
-/// (-32003) instead of adopting it.
+/// A create the host does not answer in time gets -32603 `timeout`; its
+/// name stays reserved for its creator (pending: the host may still make
+/// it, §7.6); when the host then makes the object after all, it lists it,
+/// and a second create of that URI is refused (-32003) instead of adopting
+/// it.
 #[tokio::test]
 async fn a_timed_out_create_never_leaves_an_adoptable_name() {
     let t = start("upstream_request_secs = 1").await;
@@ -469,10 +470,12 @@ async fn a_timed_out_create_never_leaves_an_adoptable_name() {
         .await;
     assert_eq!(reason(&r), "timeout", "{r}");
     let relay = t.relay.relay.clone();
-    wait_until("the timed-out create's name is released", || {
-        relay.store.lookup(uri).ok().flatten().is_none()
-    })
-    .await;
+    let state = relay.store.lookup(uri).ok().flatten().map(|e| e.state);
+    assert_eq!(
+        state,
+        Some(ahp_relay::names::store::UriState::Pending),
+        "the name stays its creator's"
+    );
     t.hosts[0].set_stalled(false);
     wait_until("the host lists the late session", || {
         relay.hubs().any(|h| h.has_session(uri))

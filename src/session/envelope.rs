@@ -578,8 +578,9 @@ impl ClientSession {
                 PendingKind::Initial { reply, .. } => {
                     let _ = reply.send(None);
                 }
-                PendingKind::Create { store_key, .. } => {
-                    let _ = write_in_place(|| self.env.store.release(&store_key));
+                PendingKind::Create { .. } => {
+                    // Lost with its link, not refused: the entry stays
+                    // pending until `settle.rs` reads the host's lists.
                     self.respond_error(core, &p.client_id, err);
                 }
                 PendingKind::Authenticate { group } => {

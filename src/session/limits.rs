@@ -143,14 +143,9 @@ impl ClientSession {
                 }
                 self.respond_error(&mut core, &p.client_id, &err);
             }
-            PendingKind::Create { store_key, .. } => {
-                // As for a request lost with its link: the name is freed; if
-                // the host made the object after all, it lists it, and a
-                // create of that URI is refused (`refuse_host_object`).
-                let store = self.env.store.clone();
-                tokio::task::spawn_blocking(move || {
-                    let _ = store.release(&store_key);
-                });
+            PendingKind::Create { .. } => {
+                // The host may still make it: the entry stays pending (and
+                // names its creator) until `settle.rs` reads the host's lists.
                 self.respond_error(&mut core, &p.client_id, &err);
             }
             _ => self.respond_error(&mut core, &p.client_id, &err),

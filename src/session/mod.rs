@@ -18,6 +18,7 @@ pub mod reconnect;
 pub mod registry;
 pub mod requests;
 pub mod sequence;
+mod settle;
 pub mod status;
 pub mod tool_calls;
 

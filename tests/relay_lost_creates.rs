@@ -1,0 +1,92 @@
+//! A create whose answer is lost keeps its owner (contract §4.2, §7.6,
+//! issue 18): the host answers after the relay gave up (a timeout), the
+//! store entry stays pending, and once the host lists the session the entry
+//! is confirmed from that list — the creator sees it, and a user who sees
+//! only sessions created outside the relay does not.
+
+mod common;
+
+use common::relay::{TestRelay, rule};
+use common::*;
+use serde_json::json;
+
+async fn listed(ws: &mut RawWs, id: u64) -> Vec<String> {
+    listed_uris(ws, id).await
+}
+
+#[tokio::test]
+async fn a_create_answered_late_stays_its_creators() {
+    let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
+        + &rule(
+            "eve",
+            &["eve"],
+            &["*"],
+            "viewer",
+            "own",
+            "external_sessions = true",
+        );
+    let limits = "\n[limits]\nupstream_request_secs = 1\npending_create_check_secs = 1\n";
+    let t = TestRelay::start(vec![fast_config("a", 1)], &(rules + limits)).await;
+    let mut alice = t.raw("alice").await;
+    alice.initialize("late").await;
+    t.hosts[0].set_stalled(true);
+    let uri = "ahp-session:/late-1";
+    let r = alice
+        .request(
+            1,
+            "createSession",
+            json!({"channel": uri, "provider": "sim.a"}),
+        )
+        .await;
+    assert_eq!(r["error"]["data"]["reason"], "timeout", "{r}");
+    // Past the timeout and two settle rounds: the entry stays pending (the
+    // relay used to release it at the timeout) while the host may still
+    // read the create.
+    let store = t.relay.relay.store.clone();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let pending = store.lookup(uri).ok().flatten().map(|e| e.state);
+    assert_eq!(pending, Some(ahp_relay::names::store::UriState::Pending));
+    // The host makes it after all.
+    t.hosts[0].set_stalled(false);
+    wait_until("the late create is confirmed from the host's list", || {
+        store.lookup(uri).ok().flatten().is_some_and(|e| {
+            e.state == ahp_relay::names::store::UriState::Confirmed && e.owner.subject == "alice"
+        })
+    })
+    .await;
+    assert!(listed(&mut alice, 2).await.iter().any(|u| u == uri));
+    let mut eve = t.raw("eve").await;
+    eve.initialize("eve").await;
+    let seen = listed(&mut eve, 1).await;
+    assert!(
+        !seen.iter().any(|u| u == uri),
+        "alice's late session shown as external to eve: {seen:?}"
+    );
+    assert!(seen.iter().any(|u| u == "ahp-session:/a~a-1"), "{seen:?}");
+}
+
+/// A create lost while the host never makes the object: the pending entry
+/// is released once `pending_create_release_secs` passed without the host
+/// listing it, so the name is free.
+#[tokio::test]
+async fn a_create_the_host_never_made_frees_its_name() {
+    let limits = "\n[limits]\nupstream_request_secs = 1\npending_create_check_secs = 1\n\
+                  pending_create_release_secs = 3\n";
+    let t = TestRelay::start(vec![fast_config("a", 1)], limits).await;
+    let store = t.relay.relay.store.clone();
+    let uri = "ahp-session:/never-1";
+    let owner = ahp_relay::names::store::Owner {
+        issuer: ahp_relay::devkit::DEV_ISSUER.into(),
+        subject: "alice".into(),
+        groups: vec![],
+    };
+    // A reservation whose create never reached the host (a relay that
+    // stopped right after reserving).
+    store
+        .reserve(uri, "a", &owner, ahp_relay::identity::unix_now() - 5)
+        .expect("reserve");
+    wait_until("the lost reservation is released", || {
+        store.lookup(uri).ok().flatten().is_none()
+    })
+    .await;
+}
