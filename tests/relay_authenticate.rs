@@ -126,3 +126,30 @@ async fn a_link_opened_later_receives_the_token_first() {
     assert_eq!(methods, ["authenticate", "subscribe"], "{methods:?}");
     assert_eq!(tokens_at(&t, "d", &up)[0]["token"], "tok-4");
 }
+
+/// §4.6 (issue 18, hole 2): dave operates h1 and only views h2, both
+/// declaring the resource. His token reaches h1; when a later `subscribe`
+/// opens his first link to h2, that link starts with `initialize` and
+/// the `subscribe` — never his token, at any send.
+#[tokio::test]
+async fn a_link_opened_later_to_a_viewed_host_never_receives_the_token() {
+    let rules = rule("ops", &["dave"], &["h1"], "operator", "all", "")
+        + &rule("view", &["dave"], &["h2"], "viewer", "all", "");
+    let t = TestRelay::start(vec![protected("h1"), protected("h2")], &rules).await;
+    let mut ws = t.raw("dave").await;
+    ws.initialize("auth-5").await;
+    open_links(&mut ws, &["h1"]).await;
+    let r = authenticate(&mut ws, 1, "tok-5").await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let up = t.upstream_id("dave", "auth-5");
+    assert_eq!(tokens_at(&t, "h1", &up).len(), 1, "the operated host");
+    open_links(&mut ws, &["h2"]).await;
+    let methods: Vec<String> = host(&t, "h2")
+        .received_from(&up)
+        .iter()
+        .filter_map(|f| f.method.clone())
+        .filter(|m| m != "ping")
+        .collect();
+    assert_eq!(methods, ["subscribe"], "h2 saw: {methods:?}");
+    assert!(tokens_at(&t, "h2", &up).is_empty(), "a viewer's token");
+}

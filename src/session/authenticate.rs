@@ -8,7 +8,8 @@
 //! accepts. The token is kept in memory for the session only — never in the
 //! replay buffer, logs, metrics or store — and replayed with its remaining
 //! `expiresIn` first thing on every link the session opens later to such a
-//! host. It is forgotten when it expires or when a host reports
+//! host — decided again at that send, so a host where the principal only
+//! views (or no longer operates) never receives it. It is forgotten when it expires or when a host reports
 //! `auth/required` with `reason: expired` for its resource.
 //!
 //! When advertising hosts exist but the session has no link open to any of
@@ -173,20 +174,23 @@ impl ClientSession {
 
     /// The hosts that may receive this session's tokens for `resource`.
     fn token_hosts(&self, resource: &str) -> Vec<Arc<HostHub>> {
-        let now = self.who();
-        let who = now.subject();
         self.env
             .hosts
             .all()
             .into_iter()
-            .filter(|h| {
-                self.env
-                    .access
-                    .grant_on(who, h)
-                    .is_some_and(|g| g.permits(Permission::SessionsOperate))
-                    && advertises(h, resource)
-            })
+            .filter(|h| self.token_goes_to(h, resource))
             .collect()
+    }
+
+    /// The one rule for every send of a token, the first and each replay
+    /// (§4.6): `hub` advertises `resource` and the policy in force, for the
+    /// identity this session has now, grants `sessions:operate` there.
+    fn token_goes_to(&self, hub: &HostHub, resource: &str) -> bool {
+        self.env
+            .access
+            .grant_on(self.who().subject(), hub)
+            .is_some_and(|g| g.permits(Permission::SessionsOperate))
+            && advertises(hub, resource)
     }
 
     /// A host answered one leg of `authenticate` `group` (`None`: a replay
@@ -223,7 +227,9 @@ impl ClientSession {
     }
 
     /// Queues this session's live tokens for `hub`'s resources on a link
-    /// just opened to it, ahead of anything else the session sends there.
+    /// just opened to it, ahead of anything else the session sends there —
+    /// only where [`Self::token_goes_to`] holds at this moment, so a host
+    /// where the principal only views never receives one.
     pub(super) fn replay_tokens(&self, core: &mut SessionCore, hub: &HostHub, link: &Link) {
         let now = Instant::now();
         core.tokens
@@ -233,7 +239,7 @@ impl ClientSession {
             .tokens
             .by_resource
             .iter()
-            .filter(|(r, _)| advertises(hub, r))
+            .filter(|(r, _)| self.token_goes_to(hub, r))
             .map(|(r, t)| (r.clone(), t.clone()))
             .collect();
         for (resource, token) in tokens {
