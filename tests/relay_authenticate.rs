@@ -5,7 +5,7 @@
 
 mod common;
 
-use ahp_relay::simhost::{SimHost, SimHostConfig};
+use ahp_relay::simhost::{SimHost, SimHostConfig, naming};
 use common::relay::{TestRelay, rule};
 use common::*;
 use serde_json::{Value, json};
@@ -152,4 +152,81 @@ async fn a_link_opened_later_to_a_viewed_host_never_receives_the_token() {
         .collect();
     assert_eq!(methods, ["subscribe"], "h2 saw: {methods:?}");
     assert!(tokens_at(&t, "h2", &up).is_empty(), "a viewer's token");
+}
+
+/// A raw socket of `sub` initialized as `client_id` that follows `channel`.
+async fn following(t: &TestRelay, sub: &str, client_id: &str, channel: &str) -> RawWs {
+    let mut ws = t.raw(sub).await;
+    ws.initialize(client_id).await;
+    let r = ws
+        .request(1, "subscribe", json!({"channel": channel}))
+        .await;
+    assert!(r.get("result").is_some(), "{sub}: subscribe {channel}: {r}");
+    ws
+}
+
+/// The frames up to the answer of a request routed to the host of
+/// `channel`: the host wrote everything it sent this client before it
+/// answered, and the relay keeps a link's order (§4.5).
+async fn frames_through_host(ws: &mut RawWs, id: u64, channel: &str) -> Vec<Value> {
+    ws.send_json(&request_frame(
+        id,
+        "fetchTurns",
+        json!({"channel": channel}),
+    ))
+    .await;
+    frames_until(ws, |f| f["id"] == id).await
+}
+
+/// §4.6, §6.4, §7.6 (S18, issue 18): host v broadcasts `auth/required`
+/// to every connection, as VS Code's does. When alice's short-lived token
+/// runs out there, only alice hears of it: bob (operator, whose token is
+/// good for an hour) and vic (viewer) get nothing, and bob's kept token is
+/// still replayed first on the link he opens later to h2.
+#[tokio::test]
+async fn a_broadcast_expiry_reaches_only_the_session_whose_token_ran_out() {
+    let mut v = protected("v");
+    v.vscode_compat = true;
+    let session = format!("sim.v:/{}", naming::seeded_uuid(&v, 1));
+    let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
+    let rules = rule(
+        "ops",
+        &["alice", "bob"],
+        &["v", "h2"],
+        "operator",
+        "all",
+        "",
+    ) + &rule("view", &["vic"], &["v"], "viewer", "all", "");
+    let t = TestRelay::start(vec![v, protected("h2")], &rules).await;
+    let mut alice = following(&t, "alice", "al", &chat).await;
+    let mut bob = following(&t, "bob", "bo", &chat).await;
+    let mut vic = following(&t, "vic", "vi", &chat).await;
+    let short = json!({"channel": ROOT, "resource": API, "token": "tok-a", "expiresIn": 1});
+    let r = alice.request(2, "authenticate", short).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    assert_eq!(
+        authenticate(&mut bob, 2, "tok-b").await["result"],
+        json!({})
+    );
+    let got = frames_until(&mut alice, |f| f["method"] == "auth/required").await;
+    let p = &got.last().expect("alice's auth/required")["params"];
+    assert_eq!(
+        (p["reason"].as_str(), p["channel"].as_str()),
+        (Some("expired"), Some(ROOT))
+    );
+    for (who, ws) in [("bob", &mut bob), ("vic", &mut vic)] {
+        let frames = frames_through_host(ws, 3, &chat).await;
+        let auth: Vec<&Value> = frames
+            .iter()
+            .filter(|f| f["method"] == "auth/required")
+            .collect();
+        assert!(
+            auth.is_empty(),
+            "{who} got another session's event: {auth:?}"
+        );
+    }
+    open_links(&mut bob, &["h2"]).await;
+    let at_h2 = tokens_at(&t, "h2", &t.upstream_id("bob", "bo"));
+    assert_eq!(at_h2.len(), 1, "bob's token is still kept: {at_h2:?}");
+    assert_eq!(at_h2[0]["token"], "tok-b");
 }

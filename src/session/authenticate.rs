@@ -9,8 +9,10 @@
 //! replay buffer, logs, metrics or store — and replayed with its remaining
 //! `expiresIn` first thing on every link the session opens later to such a
 //! host — decided again at that send, so a host where the principal only
-//! views (or no longer operates) never receives it. It is forgotten when it expires or when a host reports
-//! `auth/required` with `reason: expired` for its resource.
+//! views (or no longer operates) never receives it. It is forgotten when it
+//! expires, or when a host's `auth/required {reason: expired}` for its
+//! resource is found to concern it (`auth_required_concerns`: hosts that
+//! broadcast the notification must not clear other sessions' tokens).
 //!
 //! When advertising hosts exist but the session has no link open to any of
 //! them yet, the token is kept and the request succeeds: the hosts judge it
@@ -255,9 +257,46 @@ impl ClientSession {
         }
     }
 
-    /// A host reported `auth/required` with `reason: expired` for `resource`:
-    /// the kept token is stale and is not replayed again.
-    pub(super) fn forget_token(&self, resource: &str) {
-        self.lock().tokens.by_resource.remove(resource);
+    /// Whether a host's `auth/required` for `resource` with `reason`, which
+    /// arrived on this session's link to `hub`, concerns this session
+    /// (§4.6, §6.4, §7.6); an `expired` one that does also forgets the
+    /// kept token. Hosts that broadcast it (VS Code's) send a copy on every
+    /// connection, so a copy on this link does not say whose token it is;
+    /// the relay decides from what it knows of this session's own tokens:
+    /// - only a session whose tokens go to `hub` ([`Self::token_goes_to`])
+    ///   is concerned: a viewer never authenticates there;
+    /// - `expired` concerns a session whose token for `resource` has run
+    ///   out by the relay's clock (the host's clock started later, so it
+    ///   runs out there after), or whose lifetime it was not told; only a
+    ///   token known to have run out is forgotten — a broadcast about
+    ///   someone else's token never clears this session's;
+    /// - any other reason (`required`) concerns every such session.
+    pub(super) fn auth_required_concerns(
+        &self,
+        core: &mut SessionCore,
+        hub: &HostHub,
+        resource: &str,
+        reason: Option<&str>,
+    ) -> bool {
+        if !self.token_goes_to(hub, resource) {
+            return false;
+        }
+        if reason != Some("expired") {
+            return true;
+        }
+        let left = core
+            .tokens
+            .by_resource
+            .get(resource)
+            .map(|t| t.remaining(Instant::now()));
+        match left {
+            None => false,
+            Some(None) => true,
+            Some(Some(secs)) if secs <= 1 => {
+                core.tokens.by_resource.remove(resource);
+                true
+            }
+            Some(Some(_)) => false,
+        }
     }
 }

@@ -528,17 +528,24 @@ impl ClientSession {
         self.push(&mut core, v.to_string());
     }
 
+    /// A host's `auth/required` on this session's link: delivered only if
+    /// it concerns this session (`auth_required_concerns`, which also
+    /// forgets an expired token) and names the root or a channel this
+    /// client can see, with its channel translated.
     fn on_auth_required(&self, host: &Arc<HostHub>, text: &str) {
         let Ok(mut v) = serde_json::from_str::<Value>(text) else {
             return;
         };
-        if v.pointer("/params/reason").and_then(Value::as_str) == Some("expired")
-            && let Some(resource) = v
-                .pointer("/params/resource/resource")
-                .and_then(Value::as_str)
-        {
-            self.forget_token(resource);
+        let resource = v
+            .pointer("/params/resource/resource")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let reason = v.pointer("/params/reason").and_then(Value::as_str);
+        let mut core = self.lock();
+        if !self.auth_required_concerns(&mut core, host, resource, reason) {
+            return; // another session's (hosts that broadcast it)
         }
+        drop(core);
         let namer = ToClient {
             host: &host.id,
             store: self.env.store.as_ref(),
@@ -549,6 +556,12 @@ impl ClientSession {
         {
             let q = translate::Namer::translate(&namer, translate::FieldKind::Uri, s)
                 .unwrap_or_default();
+            // A channel this client cannot see is not its business (§6.4).
+            let root = q == ahp_types::ROOT_RESOURCE_URI;
+            if !root && crate::route::router::host_for(&self.env, self.who().caller(), &q).is_err()
+            {
+                return;
+            }
             *ch = Value::String(q);
         }
         let mut core = self.lock();
