@@ -563,9 +563,12 @@ fn open_link(
 impl ClientSession {
     /// After a policy change: forgets subscribed channels the principal can
     /// no longer see (they lose their baseline, so `reconnect` cannot replay
-    /// them) and closes links to hosts it can no longer see. Returns whether
-    /// any subscribed channel was lost.
+    /// them), closes links to hosts it can no longer see, and forgets the
+    /// host objects it was shown only where it can no longer read
+    /// ([`Self::forget_unreadable_refs`]). Returns whether any subscribed
+    /// channel was lost.
     pub(crate) fn forget_invisible(&self) -> bool {
+        self.forget_unreadable_refs();
         let subs: Vec<String> = self
             .lock()
             .subs
@@ -600,6 +603,27 @@ impl ClientSession {
             core.chans.remove(&host);
         }
         !lost.is_empty()
+    }
+}
+
+impl ClientSession {
+    /// Forgets the content references (and other host objects) this client
+    /// was shown only in channels it can no longer see or in answers from
+    /// hosts it can no longer see (contract §7.6), so naming one is again
+    /// as unknown as a random URI. Returns how many were forgotten.
+    pub(crate) fn forget_unreadable_refs(&self) -> usize {
+        use crate::names::seen::ShownIn;
+        let now = self.who();
+        let (who, caller) = (now.subject(), now.caller());
+        self.seen.retain_shown(|at| match at {
+            ShownIn::Channel(c) if c == ahp_types::ROOT_RESOURCE_URI => true,
+            ShownIn::Channel(c) => router::host_for(&self.env, caller, c).is_ok(),
+            ShownIn::Answer(host) => self
+                .env
+                .hosts
+                .get(host)
+                .is_some_and(|h| self.env.access.grant_on(who, &h).is_some()),
+        })
     }
 }
 
