@@ -5,6 +5,9 @@
 
 mod common;
 
+use std::sync::Arc;
+
+use ahp_relay::policy::{Grant, HostRef, Policy, Role, Subject, Visibility};
 use ahp_relay::simhost::{SimHost, SimHostConfig, naming};
 use common::relay::{TestRelay, rule};
 use common::*;
@@ -229,4 +232,55 @@ async fn a_broadcast_expiry_reaches_only_the_session_whose_token_ran_out() {
     let at_h2 = tokens_at(&t, "h2", &t.upstream_id("bob", "bo"));
     assert_eq!(at_h2.len(), 1, "bob's token is still kept: {at_h2:?}");
     assert_eq!(at_h2[0]["token"], "tok-b");
+}
+
+/// A reloaded policy: everyone views host `.0` and operates the others.
+#[derive(Debug)]
+struct ViewerOn(&'static str);
+
+impl Policy for ViewerOn {
+    fn grant(&self, _who: Subject<'_>, host: HostRef<'_>) -> Option<Grant> {
+        let role = if host.id == self.0 {
+            Role::Viewer
+        } else {
+            Role::Operator
+        };
+        Some(Grant {
+            permissions: role.permissions(),
+            visibility: Visibility::All,
+            external: true,
+            dispose_others: false,
+            rule: "reloaded".into(),
+        })
+    }
+}
+
+/// §4.6, §7.6: dave's token went to h1 and h2, which he operates. A reload
+/// makes him a viewer of h1: h1 gets the token revoked (an empty token) on
+/// his open link, h2, which he still operates, keeps it.
+#[tokio::test]
+async fn a_reload_that_ends_operating_revokes_the_token_there() {
+    let rules = rule("ops", &["dave"], &["h1", "h2"], "operator", "all", "");
+    let t = TestRelay::start(vec![protected("h1"), protected("h2")], &rules).await;
+    let mut ws = t.raw("dave").await;
+    ws.initialize("auth-7").await;
+    open_links(&mut ws, &["h1", "h2"]).await;
+    assert_eq!(authenticate(&mut ws, 1, "tok-7").await["result"], json!({}));
+    let up = t.upstream_id("dave", "auth-7");
+    t.relay.relay.set_policy(Arc::new(ViewerOn("h1")));
+    wait_until("h1 receives the revocation", || {
+        tokens_at(&t, "h1", &up).iter().any(|p| p["token"] == "")
+    })
+    .await;
+    let at_h1 = tokens_at(&t, "h1", &up);
+    assert_eq!(at_h1.len(), 2, "the token, then its revocation: {at_h1:?}");
+    assert_eq!(at_h1[1]["resource"], API);
+    // A request answered by h2 after the reload: everything the relay sent
+    // h2 on this link before it has arrived.
+    let chat = json!({"channel": "ahp-chat:/h2~h2-1-main"});
+    let r = ws.request(2, "fetchTurns", chat).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let at_h2 = tokens_at(&t, "h2", &up);
+    assert_eq!(at_h2.len(), 1, "h2 keeps the token: {at_h2:?}");
+    assert_eq!(at_h2[0]["token"], "tok-7");
 }

@@ -14,12 +14,15 @@
 //! resource is found to concern it (`auth_required_concerns`: hosts that
 //! broadcast the notification must not clear other sessions' tokens).
 //!
+//! After a policy change, a host that holds a token on an open link where
+//! the principal no longer operates gets it revoked there (an empty token).
+//!
 //! When advertising hosts exist but the session has no link open to any of
 //! them yet, the token is kept and the request succeeds: the hosts judge it
 //! when the first link opens (a host that refuses it then says so with
 //! `auth/required`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +64,9 @@ impl Token {
 #[derive(Debug, Default)]
 pub struct Tokens {
     by_resource: HashMap<String, Token>,
+    /// (host, resource) pairs whose token the host holds on this session's
+    /// open link to it: what a policy change may have to revoke.
+    held: HashSet<(Arc<str>, String)>,
     waits: HashMap<u64, Wait>,
     next_wait: u64,
 }
@@ -130,6 +136,7 @@ impl ClientSession {
         let mut core = self.lock();
         if token.token.is_empty() {
             core.tokens.by_resource.remove(resource);
+            core.tokens.held.retain(|(_, r)| r != resource);
         } else {
             core.tokens
                 .by_resource
@@ -157,6 +164,10 @@ impl ClientSession {
             core.pending.insert((link.id, n), pending);
             if link.send(LinkCmd::Frame(frame(n, resource, &token, expires_in))) {
                 sent += 1;
+                if !token.token.is_empty() {
+                    let held = (link.host.id.clone(), resource.to_string());
+                    core.tokens.held.insert(held);
+                }
             } else {
                 core.pending.remove(&(link.id, n));
             }
@@ -253,7 +264,52 @@ impl ClientSession {
             };
             core.pending.insert((link.id, n), pending);
             let expires_in = token.remaining(now);
-            link.send(LinkCmd::Frame(frame(n, &resource, &token, expires_in)));
+            if link.send(LinkCmd::Frame(frame(n, &resource, &token, expires_in))) {
+                core.tokens.held.insert((hub.id.clone(), resource));
+            }
+        }
+    }
+
+    /// After a policy change (§4.6, §7.6): every token a host holds on this
+    /// session's open link although [`Self::token_goes_to`] no longer holds
+    /// there (the principal stopped operating it) is revoked on that link
+    /// with an empty token, as a client revokes one. The kept token stays
+    /// for the hosts where it still goes; a link opened after the principal
+    /// operates again gets it replayed.
+    pub(crate) fn revoke_tokens_gone(&self) {
+        let mut core = self.lock();
+        let gone: Vec<(Arc<str>, String)> = core
+            .tokens
+            .held
+            .iter()
+            .filter(|(host, resource)| {
+                self.env
+                    .hosts
+                    .get(host)
+                    .is_none_or(|hub| !self.token_goes_to(&hub, resource))
+            })
+            .cloned()
+            .collect();
+        let revoke = Token {
+            token: String::new(),
+            expires: None,
+            scopes: None,
+        };
+        for (host, resource) in gone {
+            core.tokens.held.remove(&(host.clone(), resource.clone()));
+            let Some(link) = core.links.get(&host).cloned() else {
+                continue;
+            };
+            let n = link.next_id();
+            let pending = Pending {
+                client_id: String::new(),
+                method: "authenticate".into(),
+                kind: PendingKind::Authenticate { group: None },
+            };
+            core.pending.insert((link.id, n), pending);
+            if !link.send(LinkCmd::Frame(frame(n, &resource, &revoke, None))) {
+                core.pending.remove(&(link.id, n));
+            }
         }
     }
 

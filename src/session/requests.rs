@@ -563,9 +563,11 @@ fn open_link(
 impl ClientSession {
     /// After a policy change: forgets subscribed channels the principal can
     /// no longer see (they lose their baseline, so `reconnect` cannot replay
-    /// them), closes links to hosts it can no longer see, and forgets the
-    /// host objects it was shown only where it can no longer read
-    /// ([`Self::forget_unreadable_refs`]). Returns whether any subscribed
+    /// them), closes links to hosts it can no longer see, forgets the host
+    /// objects it was shown only where it can no longer read
+    /// ([`Self::forget_unreadable_refs`]) and revokes `authenticate` tokens
+    /// on links to hosts it no longer operates
+    /// ([`Self::revoke_tokens_gone`]). Returns whether any subscribed
     /// channel was lost.
     pub(crate) fn forget_invisible(&self) -> bool {
         self.forget_unreadable_refs();
@@ -602,6 +604,10 @@ impl ClientSession {
             core.links.remove(&host);
             core.chans.remove(&host);
         }
+        drop(core);
+        // After the links to invisible hosts are gone: they take their
+        // tokens with them, nothing to send there.
+        self.revoke_tokens_gone();
         !lost.is_empty()
     }
 }
