@@ -284,3 +284,33 @@ async fn a_reload_that_ends_operating_revokes_the_token_there() {
     assert_eq!(at_h2.len(), 1, "h2 keeps the token: {at_h2:?}");
     assert_eq!(at_h2[0]["token"], "tok-7");
 }
+
+/// §4.6, §5.8: hosts keep tokens per connection, so when a link's
+/// connection drops and the link resumes on a new one, the session's token
+/// is sent again there.
+#[tokio::test]
+async fn a_resumed_link_gets_the_token_again_on_its_new_connection() {
+    let t = TestRelay::start(vec![protected("a")], "").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("auth-8").await;
+    open_links(&mut ws, &["a"]).await;
+    assert_eq!(authenticate(&mut ws, 1, "tok-8").await["result"], json!({}));
+    let up = t.upstream_id("alice", "auth-8");
+    assert_eq!(
+        host(&t, "a").drop_client(&up),
+        1,
+        "the link's connection is cut"
+    );
+    wait_until("the token on the resumed connection", || {
+        tokens_at(&t, "a", &up).len() == 2
+    })
+    .await;
+    let conns: Vec<_> = host(&t, "a")
+        .received_from(&up)
+        .iter()
+        .filter(|f| f.method.as_deref() == Some("authenticate"))
+        .map(|f| f.conn)
+        .collect();
+    assert_ne!(conns[0], conns[1], "sent again on the new connection");
+    assert_eq!(tokens_at(&t, "a", &up)[1]["token"], "tok-8");
+}

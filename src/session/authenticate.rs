@@ -71,6 +71,14 @@ pub struct Tokens {
     next_wait: u64,
 }
 
+impl Tokens {
+    /// `host` no longer holds any of this session's tokens (the connection
+    /// that carried them is gone).
+    pub(super) fn forget_held(&mut self, host: &str) {
+        self.held.retain(|(h, _)| &**h != host);
+    }
+}
+
 /// One client `authenticate` fanned out to several links.
 #[derive(Debug)]
 struct Wait {
