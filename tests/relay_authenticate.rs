@@ -5,7 +5,10 @@
 
 mod common;
 
-use ahp_relay::simhost::{SimHost, SimHostConfig};
+use std::sync::Arc;
+
+use ahp_relay::policy::{Grant, HostRef, Policy, Role, Subject, Visibility};
+use ahp_relay::simhost::{SimHost, SimHostConfig, naming};
 use common::relay::{TestRelay, rule};
 use common::*;
 use serde_json::{Value, json};
@@ -125,4 +128,189 @@ async fn a_link_opened_later_receives_the_token_first() {
         .collect();
     assert_eq!(methods, ["authenticate", "subscribe"], "{methods:?}");
     assert_eq!(tokens_at(&t, "d", &up)[0]["token"], "tok-4");
+}
+
+/// §4.6 (issue 18, hole 2): dave operates h1 and only views h2, both
+/// declaring the resource. His token reaches h1; when a later `subscribe`
+/// opens his first link to h2, that link starts with `initialize` and
+/// the `subscribe` — never his token, at any send.
+#[tokio::test]
+async fn a_link_opened_later_to_a_viewed_host_never_receives_the_token() {
+    let rules = rule("ops", &["dave"], &["h1"], "operator", "all", "")
+        + &rule("view", &["dave"], &["h2"], "viewer", "all", "");
+    let t = TestRelay::start(vec![protected("h1"), protected("h2")], &rules).await;
+    let mut ws = t.raw("dave").await;
+    ws.initialize("auth-5").await;
+    open_links(&mut ws, &["h1"]).await;
+    let r = authenticate(&mut ws, 1, "tok-5").await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let up = t.upstream_id("dave", "auth-5");
+    assert_eq!(tokens_at(&t, "h1", &up).len(), 1, "the operated host");
+    open_links(&mut ws, &["h2"]).await;
+    let methods: Vec<String> = host(&t, "h2")
+        .received_from(&up)
+        .iter()
+        .filter_map(|f| f.method.clone())
+        .filter(|m| m != "ping")
+        .collect();
+    assert_eq!(methods, ["subscribe"], "h2 saw: {methods:?}");
+    assert!(tokens_at(&t, "h2", &up).is_empty(), "a viewer's token");
+}
+
+/// A raw socket of `sub` initialized as `client_id` that follows `channel`.
+async fn following(t: &TestRelay, sub: &str, client_id: &str, channel: &str) -> RawWs {
+    let mut ws = t.raw(sub).await;
+    ws.initialize(client_id).await;
+    let r = ws
+        .request(1, "subscribe", json!({"channel": channel}))
+        .await;
+    assert!(r.get("result").is_some(), "{sub}: subscribe {channel}: {r}");
+    ws
+}
+
+/// The frames up to the answer of a request routed to the host of
+/// `channel`: the host wrote everything it sent this client before it
+/// answered, and the relay keeps a link's order (§4.5).
+async fn frames_through_host(ws: &mut RawWs, id: u64, channel: &str) -> Vec<Value> {
+    ws.send_json(&request_frame(
+        id,
+        "fetchTurns",
+        json!({"channel": channel}),
+    ))
+    .await;
+    frames_until(ws, |f| f["id"] == id).await
+}
+
+/// §4.6, §6.4, §7.6 (S18, issue 18): host v broadcasts `auth/required`
+/// to every connection, as VS Code's does. When alice's short-lived token
+/// runs out there, only alice hears of it: bob (operator, whose token is
+/// good for an hour) and vic (viewer) get nothing, and bob's kept token is
+/// still replayed first on the link he opens later to h2.
+#[tokio::test]
+async fn a_broadcast_expiry_reaches_only_the_session_whose_token_ran_out() {
+    let mut v = protected("v");
+    v.vscode_compat = true;
+    let session = format!("sim.v:/{}", naming::seeded_uuid(&v, 1));
+    let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
+    let rules = rule(
+        "ops",
+        &["alice", "bob"],
+        &["v", "h2"],
+        "operator",
+        "all",
+        "",
+    ) + &rule("view", &["vic"], &["v"], "viewer", "all", "");
+    let t = TestRelay::start(vec![v, protected("h2")], &rules).await;
+    let mut alice = following(&t, "alice", "al", &chat).await;
+    let mut bob = following(&t, "bob", "bo", &chat).await;
+    let mut vic = following(&t, "vic", "vi", &chat).await;
+    let short = json!({"channel": ROOT, "resource": API, "token": "tok-a", "expiresIn": 1});
+    let r = alice.request(2, "authenticate", short).await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    assert_eq!(
+        authenticate(&mut bob, 2, "tok-b").await["result"],
+        json!({})
+    );
+    let got = frames_until(&mut alice, |f| f["method"] == "auth/required").await;
+    let p = &got.last().expect("alice's auth/required")["params"];
+    assert_eq!(
+        (p["reason"].as_str(), p["channel"].as_str()),
+        (Some("expired"), Some(ROOT))
+    );
+    for (who, ws) in [("bob", &mut bob), ("vic", &mut vic)] {
+        let frames = frames_through_host(ws, 3, &chat).await;
+        let auth: Vec<&Value> = frames
+            .iter()
+            .filter(|f| f["method"] == "auth/required")
+            .collect();
+        assert!(
+            auth.is_empty(),
+            "{who} got another session's event: {auth:?}"
+        );
+    }
+    open_links(&mut bob, &["h2"]).await;
+    let at_h2 = tokens_at(&t, "h2", &t.upstream_id("bob", "bo"));
+    assert_eq!(at_h2.len(), 1, "bob's token is still kept: {at_h2:?}");
+    assert_eq!(at_h2[0]["token"], "tok-b");
+}
+
+/// A reloaded policy: everyone views host `.0` and operates the others.
+#[derive(Debug)]
+struct ViewerOn(&'static str);
+
+impl Policy for ViewerOn {
+    fn grant(&self, _who: Subject<'_>, host: HostRef<'_>) -> Option<Grant> {
+        let role = if host.id == self.0 {
+            Role::Viewer
+        } else {
+            Role::Operator
+        };
+        Some(Grant {
+            permissions: role.permissions(),
+            visibility: Visibility::All,
+            external: true,
+            dispose_others: false,
+            rule: "reloaded".into(),
+        })
+    }
+}
+
+/// §4.6, §7.6: dave's token went to h1 and h2, which he operates. A reload
+/// makes him a viewer of h1: h1 gets the token revoked (an empty token) on
+/// his open link, h2, which he still operates, keeps it.
+#[tokio::test]
+async fn a_reload_that_ends_operating_revokes_the_token_there() {
+    let rules = rule("ops", &["dave"], &["h1", "h2"], "operator", "all", "");
+    let t = TestRelay::start(vec![protected("h1"), protected("h2")], &rules).await;
+    let mut ws = t.raw("dave").await;
+    ws.initialize("auth-7").await;
+    open_links(&mut ws, &["h1", "h2"]).await;
+    assert_eq!(authenticate(&mut ws, 1, "tok-7").await["result"], json!({}));
+    let up = t.upstream_id("dave", "auth-7");
+    t.relay.relay.set_policy(Arc::new(ViewerOn("h1")));
+    wait_until("h1 receives the revocation", || {
+        tokens_at(&t, "h1", &up).iter().any(|p| p["token"] == "")
+    })
+    .await;
+    let at_h1 = tokens_at(&t, "h1", &up);
+    assert_eq!(at_h1.len(), 2, "the token, then its revocation: {at_h1:?}");
+    assert_eq!(at_h1[1]["resource"], API);
+    // A request answered by h2 after the reload: everything the relay sent
+    // h2 on this link before it has arrived.
+    let chat = json!({"channel": "ahp-chat:/h2~h2-1-main"});
+    let r = ws.request(2, "fetchTurns", chat).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let at_h2 = tokens_at(&t, "h2", &up);
+    assert_eq!(at_h2.len(), 1, "h2 keeps the token: {at_h2:?}");
+    assert_eq!(at_h2[0]["token"], "tok-7");
+}
+
+/// §4.6, §5.8: hosts keep tokens per connection, so when a link's
+/// connection drops and the link resumes on a new one, the session's token
+/// is sent again there.
+#[tokio::test]
+async fn a_resumed_link_gets_the_token_again_on_its_new_connection() {
+    let t = TestRelay::start(vec![protected("a")], "").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("auth-8").await;
+    open_links(&mut ws, &["a"]).await;
+    assert_eq!(authenticate(&mut ws, 1, "tok-8").await["result"], json!({}));
+    let up = t.upstream_id("alice", "auth-8");
+    assert_eq!(
+        host(&t, "a").drop_client(&up),
+        1,
+        "the link's connection is cut"
+    );
+    wait_until("the token on the resumed connection", || {
+        tokens_at(&t, "a", &up).len() == 2
+    })
+    .await;
+    let conns: Vec<_> = host(&t, "a")
+        .received_from(&up)
+        .iter()
+        .filter(|f| f.method.as_deref() == Some("authenticate"))
+        .map(|f| f.conn)
+        .collect();
+    assert_ne!(conns[0], conns[1], "sent again on the new connection");
+    assert_eq!(tokens_at(&t, "a", &up)[1]["token"], "tok-8");
 }

@@ -7,6 +7,9 @@
 
 mod common;
 
+use std::sync::Arc;
+
+use ahp_relay::policy::{Grant, HostRef, PermSet, Permission, Policy, Subject, Visibility};
 use common::relay::{TestRelay, admin_get, metric, rule};
 use common::*;
 use serde_json::{Value, json};
@@ -211,5 +214,78 @@ async fn the_note_of_shown_references_is_bounded_and_counted() {
     assert!(
         metric(&page, "ahp_relay_limit_hits_total{limit=\"seen_refs\"}") >= Some(1.0),
         "the eviction is counted"
+    );
+}
+
+/// The policy after the reload below: reading only, on host a only what
+/// one created (so not the seeded session), on host b everything.
+#[derive(Debug)]
+struct SeededHiddenOnA;
+
+impl Policy for SeededHiddenOnA {
+    fn grant(&self, _who: Subject<'_>, host: HostRef<'_>) -> Option<Grant> {
+        let on_a = host.id == "a";
+        Some(Grant {
+            permissions: PermSet::of(&[Permission::SessionsRead]),
+            visibility: if on_a {
+                Visibility::Own
+            } else {
+                Visibility::All
+            },
+            external: !on_a,
+            dispose_others: false,
+            rule: "reloaded".into(),
+        })
+    }
+}
+
+/// §7.6 (issue 18): a reference the client was shown is forgotten when it
+/// loses sight of the chat that showed it. Alice reads the references of
+/// a's and b's seeded chats (shown to her there), stops following both,
+/// and a reload hides a's seeded session from her: a's reference is then
+/// -32008 like a random URI and reaches no host, b's is still read.
+#[tokio::test]
+async fn a_reference_is_forgotten_when_its_chat_is_no_longer_visible() {
+    let rules = rule("ops", &["alice"], &["*"], "operator", "all", "");
+    let t = TestRelay::start(vec![host_with_refs("a"), host_with_refs("b")], &rules).await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("refs-reload").await;
+    let read = |uri: &str| json!({"channel": "ahp-root://", "uri": uri});
+    let mut refs = Vec::new();
+    for (i, h) in ["a", "b"].iter().enumerate() {
+        let (chat, _) = seeded_chat(h, 1);
+        let r = ws
+            .request(10 + i as u64, "subscribe", json!({"channel": chat}))
+            .await;
+        assert!(r.get("result").is_some(), "{r}");
+        let content = tool_output_ref(&mut ws, &chat, i as i64 + 1, 3000).await;
+        let r = ws
+            .request(20 + i as u64, "resourceRead", read(&content))
+            .await;
+        assert_eq!(
+            r["result"]["data"].as_str().map(str::len),
+            Some(3000),
+            "{r}"
+        );
+        refs.push(content);
+        let unsubscribe = notification_frame("unsubscribe", json!({"channel": chat}));
+        ws.send_json(&unsubscribe).await;
+    }
+    // The socket's frames are handled in order: both unsubscribes are done.
+    let r = ws.request(30, "ping", json!({"channel": ROOT})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    t.relay.relay.set_policy(Arc::new(SeededHiddenOnA));
+    let r = ws.request(31, "resourceRead", read(&refs[0])).await;
+    assert_eq!(r["error"]["code"], -32008, "forgotten with its chat: {r}");
+    assert_eq!(
+        host_frames(&t.hosts[0], "resourceRead").len(),
+        1,
+        "no new read on a"
+    );
+    let r = ws.request(32, "resourceRead", read(&refs[1])).await;
+    assert_eq!(
+        r["result"]["data"].as_str().map(str::len),
+        Some(3000),
+        "{r}"
     );
 }

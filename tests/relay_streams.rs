@@ -82,19 +82,6 @@ async fn create_session(client: &Client, uri: &str, provider: &str) {
         .unwrap_or_else(|e| panic!("createSession {uri}: {e:?}"));
 }
 
-/// Raw frames up to and including the first one `stop` accepts.
-async fn frames_until(raw: &mut RawWs, mut stop: impl FnMut(&Value) -> bool) -> Vec<Value> {
-    let mut out = Vec::new();
-    loop {
-        let v = raw.recv_json().await.expect("socket open");
-        let done = stop(&v);
-        out.push(v);
-        if done {
-            return out;
-        }
-    }
-}
-
 fn count(frames: &[Value], method: &str, pred: impl Fn(&Value) -> bool) -> usize {
     frames
         .iter()

@@ -4,7 +4,7 @@
 //! [`super::translate`].
 
 use super::qualify::{self as names, ClientName, Unqualifiable, UriParts};
-use super::seen::Seen;
+use super::seen::{Seen, ShownIn};
 use super::store::{UriState, UriStore};
 use super::translate::{FieldKind, Namer};
 
@@ -57,13 +57,15 @@ pub struct Noting<'a> {
     pub to_client: ToClient<'a>,
     /// The receiving session's notes.
     pub seen: &'a Seen,
+    /// Where the frame shows them (its channel, or an answer).
+    pub at: ShownIn<'a>,
 }
 
 impl Namer for Noting<'_> {
     fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
         let client = self.to_client.translate(kind, value)?;
         if matches!(kind, FieldKind::Ref | FieldKind::UriTemplate) {
-            self.seen.note(&client);
+            self.seen.note(&client, self.at);
         }
         Ok(client)
     }

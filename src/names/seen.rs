@@ -9,15 +9,61 @@
 //! that note. Another tenant who guesses or learns the URI has no note, so
 //! the URI is as unknown to it as a random one.
 //!
+//! Each note keeps where the URI was shown — a channel, or an answer from a
+//! host to the client's own request — so that when the client loses sight
+//! of all of them (a policy change, §7.6) the note is forgotten with them
+//! ([`Seen::retain_shown`]): a reference stays usable exactly as long as
+//! something that showed it is still readable.
+//!
 //! Bounded: the last `limits.seen_refs_per_session` URIs (changeset
-//! templates included), oldest forgotten first; each eviction is counted.
-//! Only frames that carry such a reference pay for a note (a lock and a
-//! hash insert), never the others.
+//! templates included), oldest forgotten first; each eviction is counted;
+//! at most [`MAX_SOURCES`] places per URI (the oldest dropped first, which
+//! can only forget a note early). Only frames that carry such a reference
+//! pay for a note (a lock and a hash lookup), never the others.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use super::qualify::{ChannelKind, channel_kind, is_host_name};
+
+/// Places one URI is remembered to have been shown in, at most.
+pub const MAX_SOURCES: usize = 8;
+
+/// Where a host object was shown to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ShownIn<'a> {
+    /// In a frame of this channel (client form).
+    Channel(&'a str),
+    /// In an answer from this host (id) to the client's own request.
+    Answer(&'a str),
+}
+
+/// [`ShownIn`], kept.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Source {
+    Channel(String),
+    Answer(String),
+}
+
+impl Source {
+    fn of(at: ShownIn<'_>) -> Self {
+        match at {
+            ShownIn::Channel(c) => Self::Channel(c.to_string()),
+            ShownIn::Answer(h) => Self::Answer(h.to_string()),
+        }
+    }
+
+    fn shown_in(&self) -> ShownIn<'_> {
+        match self {
+            Self::Channel(c) => ShownIn::Channel(c),
+            Self::Answer(h) => ShownIn::Answer(h),
+        }
+    }
+
+    fn is(&self, at: ShownIn<'_>) -> bool {
+        self.shown_in() == at
+    }
+}
 
 /// The references a session was shown; cheap to query, bounded.
 pub struct Seen {
@@ -29,7 +75,8 @@ pub struct Seen {
 #[derive(Default)]
 struct Inner {
     order: VecDeque<String>,
-    uris: HashSet<String>,
+    /// Each noted URI and where it was shown.
+    uris: HashMap<String, Vec<Source>>,
     /// Noted URI templates (`Changeset.uriTemplate`), matched by expansion.
     templates: Vec<String>,
 }
@@ -65,18 +112,24 @@ impl Seen {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes that the client was shown `uri` (client form); URIs that are
-    /// not host objects ([`is_object`]) are not noted. A URI template is
-    /// noted as a template when it has an expression.
-    pub fn note(&self, uri: &str) {
+    /// Notes that the client was shown `uri` (client form) `at` a place;
+    /// URIs that are not host objects ([`is_object`]) are not noted. A URI
+    /// template is noted as a template when it has an expression.
+    pub fn note(&self, uri: &str, at: ShownIn<'_>) {
         if !is_object(uri) {
             return;
         }
         let mut inner = self.lock();
-        if inner.uris.contains(uri) {
+        if let Some(sources) = inner.uris.get_mut(uri) {
+            if !sources.iter().any(|s| s.is(at)) {
+                if sources.len() >= MAX_SOURCES {
+                    sources.remove(0);
+                }
+                sources.push(Source::of(at));
+            }
             return;
         }
-        inner.uris.insert(uri.to_string());
+        inner.uris.insert(uri.to_string(), vec![Source::of(at)]);
         inner.order.push_back(uri.to_string());
         if uri.contains('{') {
             inner.templates.push(uri.to_string());
@@ -97,7 +150,37 @@ impl Seen {
     /// expansion of a noted template.
     pub fn contains(&self, uri: &str) -> bool {
         let inner = self.lock();
-        inner.uris.contains(uri) || inner.templates.iter().any(|t| expands_to(t, uri))
+        inner.uris.contains_key(uri) || inner.templates.iter().any(|t| expands_to(t, uri))
+    }
+
+    /// Forgets every place for which `readable` is false, and every note
+    /// left with no place (contract §7.6: references shown only in what the
+    /// client can no longer read). `readable` runs without the notes locked
+    /// (it may ask [`Seen::contains`]), once per distinct place. Returns how
+    /// many notes were forgotten.
+    pub fn retain_shown(&self, readable: impl Fn(ShownIn<'_>) -> bool) -> usize {
+        let places: HashSet<Source> = self.lock().uris.values().flatten().cloned().collect();
+        let gone: HashSet<Source> = places
+            .into_iter()
+            .filter(|p| !readable(p.shown_in()))
+            .collect();
+        if gone.is_empty() {
+            return 0;
+        }
+        let mut inner = self.lock();
+        let before = inner.uris.len();
+        inner.uris.retain(|_, sources| {
+            sources.retain(|s| !gone.contains(s));
+            !sources.is_empty()
+        });
+        let Inner {
+            order,
+            uris,
+            templates,
+        } = &mut *inner;
+        order.retain(|u| uris.contains_key(u));
+        templates.retain(|t| uris.contains_key(t));
+        before - uris.len()
     }
 
     /// How many URIs are noted.
@@ -159,6 +242,8 @@ fn expands_to(template: &str, uri: &str) -> bool {
 mod tests {
     use super::*;
 
+    const AT: ShownIn<'static> = ShownIn::Channel("ahp-chat:/a~c1");
+
     fn seen(max: usize) -> Seen {
         let c = prometheus::IntCounter::new("evicted", "test").expect("counter");
         Seen::new(max, c)
@@ -172,7 +257,7 @@ mod tests {
             "ahp-resource-watch:/a~w",
             "ahp-canvas:/a~c/1",
         ] {
-            s.note(uri);
+            s.note(uri, AT);
             assert!(s.contains(uri), "{uri}");
         }
         for uri in [
@@ -181,7 +266,7 @@ mod tests {
             "ahp-session:/a~s",
             "ahp-chat:/a~c",
         ] {
-            s.note(uri);
+            s.note(uri, AT);
             assert!(!s.contains(uri), "{uri}");
         }
         assert!(!s.contains("ahp-content:/a~2"));
@@ -190,10 +275,10 @@ mod tests {
     #[test]
     fn forgets_the_oldest_and_counts_it() {
         let s = seen(2);
-        s.note("ahp-content:/a~1");
-        s.note("ahp-content:/a~2");
-        s.note("ahp-content:/a~1");
-        s.note("ahp-content:/a~3");
+        s.note("ahp-content:/a~1", AT);
+        s.note("ahp-content:/a~2", AT);
+        s.note("ahp-content:/a~1", AT);
+        s.note("ahp-content:/a~3", AT);
         assert!(!s.contains("ahp-content:/a~1"));
         assert!(s.contains("ahp-content:/a~2") && s.contains("ahp-content:/a~3"));
         assert_eq!(s.len(), 2);
@@ -201,10 +286,30 @@ mod tests {
     }
 
     #[test]
+    fn a_note_is_forgotten_with_the_last_place_it_was_shown_in() {
+        let s = seen(8);
+        let other = ShownIn::Channel("ahp-chat:/a~c2");
+        let answer = ShownIn::Answer("a");
+        s.note("ahp-content:/a~1", AT);
+        s.note("ahp-content:/a~1", other);
+        s.note("ahp-content:/a~2", AT);
+        s.note("ahp-changeset:/a~s1/{turnId}", AT);
+        s.note("ahp-resource-watch:/a~w", answer);
+        assert_eq!(s.retain_shown(|p| p != AT), 2);
+        assert!(s.contains("ahp-content:/a~1"), "still shown in c2");
+        assert!(!s.contains("ahp-content:/a~2"));
+        assert!(!s.contains("ahp-changeset:/a~s1/t7"), "template forgotten");
+        assert!(s.contains("ahp-resource-watch:/a~w"));
+        assert_eq!(s.retain_shown(|p| p != other && p != answer), 2);
+        assert!(s.is_empty());
+        assert_eq!(s.retain_shown(|_| false), 0);
+    }
+
+    #[test]
     fn templates_match_their_expansions() {
         let s = seen(4);
-        s.note("ahp-changeset:/a~s1/{turnId}");
-        s.note("ahp-changeset:/a~s2/{originalTurnId}..{modifiedTurnId}");
+        s.note("ahp-changeset:/a~s1/{turnId}", AT);
+        s.note("ahp-changeset:/a~s2/{originalTurnId}..{modifiedTurnId}", AT);
         assert!(s.contains("ahp-changeset:/a~s1/t7"));
         assert!(s.contains("ahp-changeset:/a~s2/t1..t2"));
         assert!(!s.contains("ahp-changeset:/a~s1/"));

@@ -454,11 +454,11 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ),
     (
         "params:resolveSessionConfig",
-        &[Field("workingDirectory", Uri)],
+        &[Field("provider", Provider), Field("workingDirectory", Uri)],
     ),
     (
         "params:sessionConfigCompletions",
-        &[Field("workingDirectory", Uri)],
+        &[Field("provider", Provider), Field("workingDirectory", Uri)],
     ),
     (
         "params:listAutomationTriggerDefinitions",

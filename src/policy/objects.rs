@@ -79,6 +79,41 @@ impl Access {
         self.entry_on(host, uri).map(|e| e.owner)
     }
 
+    /// Who created the session, chat or terminal `host_uri` on `hub`, as far
+    /// as the relay knows: the creator its store entry records (a
+    /// client-chosen URI); for a chat without one (a session's default chat,
+    /// VS Code's derived chat URIs) the creator of its session; `None` for
+    /// anything made outside the relay.
+    pub fn creator_of(&self, hub: &HostHub, host_uri: &str) -> Option<Owner> {
+        if let Some(owner) = self.owner_of(&hub.id, host_uri) {
+            return Some(owner);
+        }
+        match channel_kind(host_uri) {
+            ChannelKind::Chat => hub
+                .session_of_chat(host_uri)
+                .or_else(|| session_of_chat_uri(host_uri))
+                .and_then(|session| self.owner_of(&hub.id, &session)),
+            _ => None,
+        }
+    }
+
+    /// The one dispose rule (contract §7.1), whatever the kind: `who` may
+    /// dispose the session, chat or terminal `host_uri` it created; one
+    /// another principal created, or one made outside the relay, needs
+    /// the admin role on its host (`grant.dispose_others`).
+    pub fn may_dispose(
+        &self,
+        who: Subject<'_>,
+        grant: &Grant,
+        hub: &HostHub,
+        host_uri: &str,
+    ) -> bool {
+        grant.dispose_others
+            || self
+                .creator_of(hub, host_uri)
+                .is_some_and(|owner| who.is(&owner))
+    }
+
     /// The creator of a confirmed store entry for `uri` on `host` (the host
     /// accepted the create; not yet in the catalog perhaps). A pending entry
     /// grants nothing (§4.2): until the host answers, the name may still be

@@ -100,6 +100,14 @@ pub struct Method {
     pub params: fn(Value) -> Result<Value, RpcError>,
 }
 
+impl Method {
+    /// Whether a success disposes the request's channel: such a method
+    /// also obeys the dispose rule (contract §7.1, `Access::may_dispose`).
+    pub fn disposes(&self) -> bool {
+        matches!(self.handling, Handling::Routed { dispose: true })
+    }
+}
+
 const fn row(
     name: &'static str,
     handling: Handling,
@@ -350,6 +358,22 @@ mod tests {
         assert_eq!(
             method("disposeChat").map(|m| m.handling),
             Some(Handling::Routed { dispose: true })
+        );
+    }
+
+    #[test]
+    fn the_dispose_rule_covers_every_dispose_and_nothing_else() {
+        for m in METHODS {
+            assert_eq!(m.disposes(), m.name.starts_with("dispose"), "{}", m.name);
+        }
+        let disposing: Vec<&str> = METHODS
+            .iter()
+            .filter(|m| m.disposes())
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(
+            disposing,
+            ["disposeSession", "disposeChat", "disposeTerminal"]
         );
     }
 

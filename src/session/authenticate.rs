@@ -8,15 +8,21 @@
 //! accepts. The token is kept in memory for the session only — never in the
 //! replay buffer, logs, metrics or store — and replayed with its remaining
 //! `expiresIn` first thing on every link the session opens later to such a
-//! host. It is forgotten when it expires or when a host reports
-//! `auth/required` with `reason: expired` for its resource.
+//! host — decided again at that send, so a host where the principal only
+//! views (or no longer operates) never receives it. It is forgotten when it
+//! expires, or when a host's `auth/required {reason: expired}` for its
+//! resource is found to concern it (`auth_required_concerns`: hosts that
+//! broadcast the notification must not clear other sessions' tokens).
+//!
+//! After a policy change, a host that holds a token on an open link where
+//! the principal no longer operates gets it revoked there (an empty token).
 //!
 //! When advertising hosts exist but the session has no link open to any of
 //! them yet, the token is kept and the request succeeds: the hosts judge it
 //! when the first link opens (a host that refuses it then says so with
 //! `auth/required`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,8 +64,19 @@ impl Token {
 #[derive(Debug, Default)]
 pub struct Tokens {
     by_resource: HashMap<String, Token>,
+    /// (host, resource) pairs whose token the host holds on this session's
+    /// open link to it: what a policy change may have to revoke.
+    held: HashSet<(Arc<str>, String)>,
     waits: HashMap<u64, Wait>,
     next_wait: u64,
+}
+
+impl Tokens {
+    /// `host` no longer holds any of this session's tokens (the connection
+    /// that carried them is gone).
+    pub(super) fn forget_held(&mut self, host: &str) {
+        self.held.retain(|(h, _)| &**h != host);
+    }
 }
 
 /// One client `authenticate` fanned out to several links.
@@ -127,6 +144,7 @@ impl ClientSession {
         let mut core = self.lock();
         if token.token.is_empty() {
             core.tokens.by_resource.remove(resource);
+            core.tokens.held.retain(|(_, r)| r != resource);
         } else {
             core.tokens
                 .by_resource
@@ -154,6 +172,10 @@ impl ClientSession {
             core.pending.insert((link.id, n), pending);
             if link.send(LinkCmd::Frame(frame(n, resource, &token, expires_in))) {
                 sent += 1;
+                if !token.token.is_empty() {
+                    let held = (link.host.id.clone(), resource.to_string());
+                    core.tokens.held.insert(held);
+                }
             } else {
                 core.pending.remove(&(link.id, n));
             }
@@ -173,20 +195,23 @@ impl ClientSession {
 
     /// The hosts that may receive this session's tokens for `resource`.
     fn token_hosts(&self, resource: &str) -> Vec<Arc<HostHub>> {
-        let now = self.who();
-        let who = now.subject();
         self.env
             .hosts
             .all()
             .into_iter()
-            .filter(|h| {
-                self.env
-                    .access
-                    .grant_on(who, h)
-                    .is_some_and(|g| g.permits(Permission::SessionsOperate))
-                    && advertises(h, resource)
-            })
+            .filter(|h| self.token_goes_to(h, resource))
             .collect()
+    }
+
+    /// The one rule for every send of a token, the first and each replay
+    /// (§4.6): `hub` advertises `resource` and the policy in force, for the
+    /// identity this session has now, grants `sessions:operate` there.
+    fn token_goes_to(&self, hub: &HostHub, resource: &str) -> bool {
+        self.env
+            .access
+            .grant_on(self.who().subject(), hub)
+            .is_some_and(|g| g.permits(Permission::SessionsOperate))
+            && advertises(hub, resource)
     }
 
     /// A host answered one leg of `authenticate` `group` (`None`: a replay
@@ -223,7 +248,9 @@ impl ClientSession {
     }
 
     /// Queues this session's live tokens for `hub`'s resources on a link
-    /// just opened to it, ahead of anything else the session sends there.
+    /// just opened to it, ahead of anything else the session sends there —
+    /// only where [`Self::token_goes_to`] holds at this moment, so a host
+    /// where the principal only views never receives one.
     pub(super) fn replay_tokens(&self, core: &mut SessionCore, hub: &HostHub, link: &Link) {
         let now = Instant::now();
         core.tokens
@@ -233,7 +260,7 @@ impl ClientSession {
             .tokens
             .by_resource
             .iter()
-            .filter(|(r, _)| advertises(hub, r))
+            .filter(|(r, _)| self.token_goes_to(hub, r))
             .map(|(r, t)| (r.clone(), t.clone()))
             .collect();
         for (resource, token) in tokens {
@@ -245,13 +272,95 @@ impl ClientSession {
             };
             core.pending.insert((link.id, n), pending);
             let expires_in = token.remaining(now);
-            link.send(LinkCmd::Frame(frame(n, &resource, &token, expires_in)));
+            if link.send(LinkCmd::Frame(frame(n, &resource, &token, expires_in))) {
+                core.tokens.held.insert((hub.id.clone(), resource));
+            }
         }
     }
 
-    /// A host reported `auth/required` with `reason: expired` for `resource`:
-    /// the kept token is stale and is not replayed again.
-    pub(super) fn forget_token(&self, resource: &str) {
-        self.lock().tokens.by_resource.remove(resource);
+    /// After a policy change (§4.6, §7.6): every token a host holds on this
+    /// session's open link although [`Self::token_goes_to`] no longer holds
+    /// there (the principal stopped operating it) is revoked on that link
+    /// with an empty token, as a client revokes one. The kept token stays
+    /// for the hosts where it still goes; a link opened after the principal
+    /// operates again gets it replayed.
+    pub(crate) fn revoke_tokens_gone(&self) {
+        let mut core = self.lock();
+        let gone: Vec<(Arc<str>, String)> = core
+            .tokens
+            .held
+            .iter()
+            .filter(|(host, resource)| {
+                self.env
+                    .hosts
+                    .get(host)
+                    .is_none_or(|hub| !self.token_goes_to(&hub, resource))
+            })
+            .cloned()
+            .collect();
+        let revoke = Token {
+            token: String::new(),
+            expires: None,
+            scopes: None,
+        };
+        for (host, resource) in gone {
+            core.tokens.held.remove(&(host.clone(), resource.clone()));
+            let Some(link) = core.links.get(&host).cloned() else {
+                continue;
+            };
+            let n = link.next_id();
+            let pending = Pending {
+                client_id: String::new(),
+                method: "authenticate".into(),
+                kind: PendingKind::Authenticate { group: None },
+            };
+            core.pending.insert((link.id, n), pending);
+            if !link.send(LinkCmd::Frame(frame(n, &resource, &revoke, None))) {
+                core.pending.remove(&(link.id, n));
+            }
+        }
+    }
+
+    /// Whether a host's `auth/required` for `resource` with `reason`, which
+    /// arrived on this session's link to `hub`, concerns this session
+    /// (§4.6, §6.4, §7.6); an `expired` one that does also forgets the
+    /// kept token. Hosts that broadcast it (VS Code's) send a copy on every
+    /// connection, so a copy on this link does not say whose token it is;
+    /// the relay decides from what it knows of this session's own tokens:
+    /// - only a session whose tokens go to `hub` ([`Self::token_goes_to`])
+    ///   is concerned: a viewer never authenticates there;
+    /// - `expired` concerns a session whose token for `resource` has run
+    ///   out by the relay's clock (the host's clock started later, so it
+    ///   runs out there after), or whose lifetime it was not told; only a
+    ///   token known to have run out is forgotten — a broadcast about
+    ///   someone else's token never clears this session's;
+    /// - any other reason (`required`) concerns every such session.
+    pub(super) fn auth_required_concerns(
+        &self,
+        core: &mut SessionCore,
+        hub: &HostHub,
+        resource: &str,
+        reason: Option<&str>,
+    ) -> bool {
+        if !self.token_goes_to(hub, resource) {
+            return false;
+        }
+        if reason != Some("expired") {
+            return true;
+        }
+        let left = core
+            .tokens
+            .by_resource
+            .get(resource)
+            .map(|t| t.remaining(Instant::now()));
+        match left {
+            None => false,
+            Some(None) => true,
+            Some(Some(secs)) if secs <= 1 => {
+                core.tokens.by_resource.remove(resource);
+                true
+            }
+            Some(Some(_)) => false,
+        }
     }
 }

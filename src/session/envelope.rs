@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::{Noting, ToClient};
+use crate::names::seen::ShownIn;
 use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
@@ -456,8 +457,8 @@ impl ClientSession {
     }
 
     /// Host → client names for a frame to this session from `host`, noting
-    /// the host objects it shows the client (§7.1).
-    fn noting<'a>(&'a self, host: &'a HostHub) -> Noting<'a> {
+    /// the host objects it shows the client `at` (§7.1).
+    fn noting<'a>(&'a self, host: &'a HostHub, at: ShownIn<'a>) -> Noting<'a> {
         Noting {
             to_client: ToClient {
                 host: &host.id,
@@ -465,13 +466,14 @@ impl ClientSession {
                 identity: Some(self.identity()),
             },
             seen: &self.seen,
+            at,
         }
     }
 
     /// The client form of a host result.
     fn client_result(&self, host: &Arc<HostHub>, method: &str, result: Option<&Value>) -> String {
         let mut result = result.cloned().unwrap_or(Value::Null);
-        let namer = self.noting(host);
+        let namer = self.noting(host, ShownIn::Answer(&host.id));
         if translate::translate(&mut result, &format!("result:{method}"), &namer).is_err() {
             return "null".into();
         }
@@ -496,7 +498,7 @@ impl ClientSession {
             self.tool_calls
                 .on_snapshot(&host.id, host_channel, &state, &self.upstream_id);
         }
-        let namer = self.noting(host);
+        let namer = self.noting(host, ShownIn::Channel(client_channel));
         if let Some(shape) = state_shape(client_channel)
             && translate::translate(&mut state, shape, &namer).is_err()
         {
@@ -528,17 +530,24 @@ impl ClientSession {
         self.push(&mut core, v.to_string());
     }
 
+    /// A host's `auth/required` on this session's link: delivered only if
+    /// it concerns this session (`auth_required_concerns`, which also
+    /// forgets an expired token) and names the root or a channel this
+    /// client can see, with its channel translated.
     fn on_auth_required(&self, host: &Arc<HostHub>, text: &str) {
         let Ok(mut v) = serde_json::from_str::<Value>(text) else {
             return;
         };
-        if v.pointer("/params/reason").and_then(Value::as_str) == Some("expired")
-            && let Some(resource) = v
-                .pointer("/params/resource/resource")
-                .and_then(Value::as_str)
-        {
-            self.forget_token(resource);
+        let resource = v
+            .pointer("/params/resource/resource")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let reason = v.pointer("/params/reason").and_then(Value::as_str);
+        let mut core = self.lock();
+        if !self.auth_required_concerns(&mut core, host, resource, reason) {
+            return; // another session's (hosts that broadcast it)
         }
+        drop(core);
         let namer = ToClient {
             host: &host.id,
             store: self.env.store.as_ref(),
@@ -549,6 +558,12 @@ impl ClientSession {
         {
             let q = translate::Namer::translate(&namer, translate::FieldKind::Uri, s)
                 .unwrap_or_default();
+            // A channel this client cannot see is not its business (§6.4).
+            let root = q == ahp_types::ROOT_RESOURCE_URI;
+            if !root && crate::route::router::host_for(&self.env, self.who().caller(), &q).is_err()
+            {
+                return;
+            }
             *ch = Value::String(q);
         }
         let mut core = self.lock();
@@ -697,6 +712,7 @@ pub fn rewrite_envelope(
                 identity: Some(identity),
             },
             seen,
+            at: ShownIn::Channel(client_channel),
         };
         translate::translate(&mut action, &ty.value, &namer).ok()?;
         rewritten_action = action.to_string();

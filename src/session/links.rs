@@ -70,6 +70,15 @@ impl LinkOwner for ClientSession {
     fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64) {
         self.env.metrics.links_failed.inc();
         self.fail_link_requests(link, &RpcError::upstream_lost(&host.id));
+        // The link resumes on a new connection, and hosts keep tokens per
+        // connection (§4.6): queue the session's tokens for it again, ahead
+        // of anything the session sends from now on (decided anew there).
+        let mut core = self.lock();
+        let open = core.links.get(&host.id).filter(|l| l.id == link).cloned();
+        if let Some(l) = open {
+            core.tokens.forget_held(&host.id);
+            self.replay_tokens(&mut core, host, &l);
+        }
     }
 
     fn resume_plan(&self, host: &Arc<HostHub>, link: u64) -> Option<(u64, Vec<String>)> {

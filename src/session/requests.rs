@@ -21,7 +21,6 @@ use crate::auth::Principal;
 use crate::names::qualify as names;
 use crate::names::store::{Owner, StoreError};
 use crate::policy::Grant;
-use crate::policy::audit::{self, Decision};
 use crate::route::methods::{self, Created, Handling, typed};
 use crate::route::{catalog, router};
 use crate::rpc::{Close, RpcError};
@@ -271,8 +270,8 @@ async fn request(
         Handling::Create(Created::Session) => create_session(&session, id, params).await,
         Handling::Create(Created::Chat) => create_chat(&session, id, params).await,
         Handling::Create(Created::Terminal) => create_terminal(&session, id, params).await,
-        Handling::Routed { dispose } => routed(&session, id, method, params, dispose),
-        Handling::ByProvider => by_provider(&session, id, method, params),
+        Handling::Routed { .. } => routed(&session, id, row, params),
+        Handling::ByProvider => by_provider(&session, id, row, params),
         Handling::ByUri => by_uri(&session, id, method, params),
         Handling::Authenticate => session.authenticate(id, &params),
         _ => Err(RpcError::method_not_found(method)),
@@ -523,7 +522,9 @@ fn link_for(
     ) {
         Ok(g) => g,
         Err(router::Denied::Invisible) => return Err(missing()),
-        Err(router::Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
+        Err(router::Denied::NotPermitted | router::Denied::NotCreator) => {
+            return Err(RpcError::permission_denied(method));
+        }
     };
     Ok((open_link(session, hub)?, grant))
 }
@@ -562,9 +563,14 @@ fn open_link(
 impl ClientSession {
     /// After a policy change: forgets subscribed channels the principal can
     /// no longer see (they lose their baseline, so `reconnect` cannot replay
-    /// them) and closes links to hosts it can no longer see. Returns whether
-    /// any subscribed channel was lost.
+    /// them), closes links to hosts it can no longer see, forgets the host
+    /// objects it was shown only where it can no longer read
+    /// ([`Self::forget_unreadable_refs`]) and revokes `authenticate` tokens
+    /// on links to hosts it no longer operates
+    /// ([`Self::revoke_tokens_gone`]). Returns whether any subscribed
+    /// channel was lost.
     pub(crate) fn forget_invisible(&self) -> bool {
+        self.forget_unreadable_refs();
         let subs: Vec<String> = self
             .lock()
             .subs
@@ -598,7 +604,32 @@ impl ClientSession {
             core.links.remove(&host);
             core.chans.remove(&host);
         }
+        drop(core);
+        // After the links to invisible hosts are gone: they take their
+        // tokens with them, nothing to send there.
+        self.revoke_tokens_gone();
         !lost.is_empty()
+    }
+}
+
+impl ClientSession {
+    /// Forgets the content references (and other host objects) this client
+    /// was shown only in channels it can no longer see or in answers from
+    /// hosts it can no longer see (contract §7.6), so naming one is again
+    /// as unknown as a random URI. Returns how many were forgotten.
+    pub(crate) fn forget_unreadable_refs(&self) -> usize {
+        use crate::names::seen::ShownIn;
+        let now = self.who();
+        let (who, caller) = (now.subject(), now.caller());
+        self.seen.retain_shown(|at| match at {
+            ShownIn::Channel(c) if c == ahp_types::ROOT_RESOURCE_URI => true,
+            ShownIn::Channel(c) => router::host_for(&self.env, caller, c).is_ok(),
+            ShownIn::Answer(host) => self
+                .env
+                .hosts
+                .get(host)
+                .is_some_and(|h| self.env.access.grant_on(who, &h).is_some()),
+        })
     }
 }
 
@@ -968,55 +999,23 @@ async fn create_terminal(
         .inspect_err(|_| release_later(session, &p.channel))
 }
 
-/// A request routed by its channel, params translated along `params:<method>`.
+/// A request routed by its channel: the router decides everything
+/// (`router::plan_routed`, from the method's row); the session opens the
+/// link, forwards, and tombstones a client-chosen URI a dispose removes.
 fn routed(
     session: &Arc<ClientSession>,
     id: &str,
-    method: &str,
+    row: &methods::Method,
     params: Value,
-    dispose: bool,
 ) -> Result<(), RpcError> {
-    let v = params;
-    let channel = v
+    let channel = params
         .get("channel")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let (hub, host_uri) =
-        router::target_of(&session.env, session.who().caller(), &channel, method)?;
-    let (link, grant) = link_for(session, &hub, method, &channel, || {
-        router::not_found(&channel)
-    })?;
-    if method == "disposeSession" && !grant.dispose_others {
-        let own = session
-            .env
-            .access
-            .owner_of(&hub.id, &host_uri)
-            .is_some_and(|o| session.who().subject().is(&o));
-        if !own {
-            audit::record(audit::Record {
-                who: session.who().subject(),
-                host: &hub.id,
-                channel: &channel,
-                operation: method,
-                decision: Decision::Deny,
-                rule: "dispose-others-needs-admin",
-            });
-            return Err(RpcError::permission_denied(
-                "disposing a session another principal created needs the admin role",
-            ));
-        }
-    }
-    let params = router::to_host(
-        &session.env,
-        session.who().caller(),
-        &hub,
-        &grant,
-        v,
-        &format!("params:{method}"),
-        &host_uri,
-    )?;
-    let kind = if dispose {
+    let plan = router::plan_routed(&session.env, session.who().caller(), row, params)?;
+    let link = open_link(session, &plan.hub)?;
+    let kind = if row.disposes() {
         let verbatim = matches!(
             names::read_client_uri(&channel),
             Ok(names::ClientName::Verbatim { .. })
@@ -1027,39 +1026,27 @@ fn routed(
     } else {
         PendingKind::Plain
     };
-    forward(session, &link, id, method, params, kind)
+    forward(session, &link, id, row.name, plan.params, kind)
 }
 
-/// A root-channel request routed by its `provider` (or the only agent).
+/// A request routed by its provider or the session it names: the router
+/// decides the host and translates every name (`router::plan_by_provider`).
 fn by_provider(
     session: &Arc<ClientSession>,
     id: &str,
-    method: &str,
+    row: &methods::Method,
     params: Value,
 ) -> Result<(), RpcError> {
-    let mut v = params;
-    let env = &session.env;
-    let hub = match v.get("provider").and_then(Value::as_str) {
-        Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| env.hosts.get(&h))
-            .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => router::only_agent_host(env, session.who().subject())
-            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>.<host>)"))?,
-    };
-    let provider = v
-        .get("provider")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let (link, _) = link_for(session, &hub, method, ahp_types::ROOT_RESOURCE_URI, || {
-        RpcError::provider_not_found(&provider)
-    })?;
-    if let Some(provider) = v.get_mut("provider")
-        && let Some((p, _)) = provider.as_str().and_then(names::read_provider)
-    {
-        *provider = json!(p);
-    }
-    forward(session, &link, id, method, v, PendingKind::Plain)
+    let plan = router::plan_by_provider(&session.env, session.who().caller(), row, params)?;
+    let link = open_link(session, &plan.hub)?;
+    forward(
+        session,
+        &link,
+        id,
+        row.name,
+        plan.params,
+        PendingKind::Plain,
+    )
 }
 
 /// `dispatchAction`: routed by channel with the action translated; refused

@@ -687,6 +687,19 @@ impl RawWs {
     }
 }
 
+/// Raw frames up to and including the first one `stop` accepts.
+pub async fn frames_until(raw: &mut RawWs, mut stop: impl FnMut(&Value) -> bool) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        let v = raw.recv_json().await.expect("socket open");
+        let done = stop(&v);
+        out.push(v);
+        if done {
+            return out;
+        }
+    }
+}
+
 /// The session URIs a `listSessions` (request `id`) on the raw socket
 /// returns, in list order.
 pub async fn listed_uris(ws: &mut RawWs, id: u64) -> Vec<String> {
