@@ -87,10 +87,30 @@ pub struct ListenConfig {
     #[serde(default)]
     pub plaintext: bool,
     /// Plain-HTTP admin listener for `/healthz`, `/readyz` and `/metrics`
-    /// (default `127.0.0.1:9090`); the client listener answers only the
-    /// WebSocket upgrade.
+    /// (open to probes and scrapers) and the status page (its data for an
+    /// admin's token; default `127.0.0.1:9090`); the client listener
+    /// answers only the WebSocket upgrade (and the status page).
     #[serde(default = "default_admin_addr")]
     pub admin_addr: SocketAddr,
+    /// Serve the admin listener's status data (`/status.json`,
+    /// `/status/feed`) without a token. Trusted network only: anything that
+    /// reaches the port then reads every principal, host and denial
+    /// (the `Host` and `Origin` checks still apply). Default false: the
+    /// data needs a token with an `admin` grant on every host, as on the
+    /// client listener.
+    #[serde(default)]
+    pub admin_status_open: bool,
+    /// Origins (`scheme://host[:port]`) besides the request's own whose
+    /// pages may open WebSocket upgrades and status paths on either
+    /// listener (`edge::origin`); default none: same origin only.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Host names (or `name:port`) accepted in `Host` on the admin
+    /// listener's status paths besides IP literals and `localhost`, and,
+    /// when given, the only ones accepted on the client listener's upgrades
+    /// and status paths (`edge::origin`); default none.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
     /// Peers (CIDRs or addresses) whose `X-Forwarded-For` names the client
     /// address (contract §3.4); default none.
     #[serde(default)]
@@ -253,6 +273,9 @@ pub struct Limits {
     /// `root/sessionAdded`, with a warning and a count in
     /// `limit_hits_total{limit="host_sessions"}`.
     pub sessions_per_host: usize,
+    /// Status feeds (`/status/feed`, both listeners together) open at once;
+    /// more get 503 (`upgrades_refused_total{reason="status_watchers"}`).
+    pub status_watchers: usize,
 }
 
 impl Default for Limits {
@@ -294,6 +317,7 @@ impl Default for Limits {
             store_purge_secs: 3600,
             seen_refs_per_session: 4096,
             sessions_per_host: 100_000,
+            status_watchers: 16,
         }
     }
 }
@@ -349,6 +373,7 @@ impl Limits {
             ),
             ("seen_refs_per_session", self.seen_refs_per_session),
             ("sessions_per_host", self.sessions_per_host),
+            ("status_watchers", self.status_watchers),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));

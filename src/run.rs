@@ -233,6 +233,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         tokio::spawn(relay.registry.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),
         tokio::spawn(edge.clone().serve_admin(admin)),
+        tokio::spawn(edge.clone().feed_status()),
         tokio::spawn(reload_files(relay.clone())),
         tokio::spawn(relay.registry.clone().sweep_idle_links()),
         tokio::spawn(crate::names::store::purge_expired_every(store, purge_every)),

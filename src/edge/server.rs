@@ -25,11 +25,13 @@ use tracing::Instrument as _;
 use super::admin::{AdminRoutes, StoreProbe};
 use super::layers::{
     Admission, AroundLayer, CountOutcomes, Deadline, FailureLimit, Peer, ResolveClient, Resp,
-    Trace, WebSocketOnly,
+    SameOrigin, Trace, WebSocketOnly,
 };
 use super::limiter::{DEFAULT_MAX_TRACKED, FailureLimiter};
+use super::origin::Origins;
 use super::port::RelayPort;
 use super::proxy::TrustedProxies;
+use super::status::StatusFeeds;
 use super::upgrade::UpgradeService;
 use crate::relay::Relay;
 
@@ -39,6 +41,8 @@ pub struct Edge {
     tls: Option<TlsAcceptor>,
     limiter: Arc<FailureLimiter>,
     trusted: Arc<TrustedProxies>,
+    origins: Arc<Origins>,
+    feeds: Arc<StatusFeeds>,
     /// False once draining began: `/readyz` answers 503 and upgrades are
     /// refused with 503.
     pub ready: Arc<AtomicBool>,
@@ -64,11 +68,15 @@ impl Edge {
             DEFAULT_MAX_TRACKED,
         );
         let trusted = TrustedProxies::new(&listen.trusted_proxies);
+        let origins = Arc::new(Origins::new(listen));
+        let feeds = StatusFeeds::new(port.limits().status_watchers);
         Arc::new(Self {
             port,
             tls,
             limiter: Arc::new(limiter),
             trusted: Arc::new(trusted),
+            origins,
+            feeds,
             ready: Arc::new(AtomicBool::new(true)),
         })
     }
@@ -79,8 +87,8 @@ impl Edge {
 
     /// The client listener's stack, outermost first: a span per request,
     /// the client address, metrics of the outcome, the answer deadline,
-    /// WebSocket-only routing, admission (drain, memory), the auth-failure
-    /// limit, and the upgrade itself.
+    /// the `Host` and `Origin` checks, WebSocket-only routing, admission
+    /// (drain, memory), the auth-failure limit, and the upgrade itself.
     fn client_stack(&self) -> impl HttpService {
         ServiceBuilder::new()
             .layer(AroundLayer(Trace { listener: "client" }))
@@ -93,6 +101,9 @@ impl Edge {
             .layer(AroundLayer(Deadline {
                 after: self.handshake_timeout(),
             }))
+            .layer(AroundLayer(SameOrigin {
+                origins: self.origins.clone(),
+            }))
             .layer(AroundLayer(WebSocketOnly))
             .layer(AroundLayer(Admission {
                 port: self.port.clone(),
@@ -103,6 +114,7 @@ impl Edge {
             }))
             .service(UpgradeService {
                 port: self.port.clone(),
+                feeds: self.feeds.clone(),
             })
     }
 
@@ -112,17 +124,29 @@ impl Edge {
         accept_loop(listener, self.tls.clone(), self.handshake_timeout(), stack).await;
     }
 
+    /// Computes the status shared by every status feed while any is open,
+    /// until the task is dropped.
+    pub async fn feed_status(self: Arc<Self>) {
+        self.feeds.clone().run(self.port.clone()).await;
+    }
+
     /// Accepts admin connections (plain HTTP) on `listener` until the task
-    /// is dropped, refreshing the store's health meanwhile.
+    /// is dropped, refreshing the store's health meanwhile. Refusals (auth,
+    /// origin, feed slots) are counted as on the client listener.
     pub async fn serve_admin(self: Arc<Self>, listener: TcpListener) {
         let store = StoreProbe::new(&self.port);
         let routes = AdminRoutes {
             port: self.port.clone(),
             ready: self.ready.clone(),
             store: store.clone(),
+            feeds: self.feeds.clone(),
+            origins: self.origins.clone(),
         };
         let stack = ServiceBuilder::new()
             .layer(AroundLayer(Trace { listener: "admin" }))
+            .layer(AroundLayer(CountOutcomes {
+                port: self.port.clone(),
+            }))
             .service(routes);
         tokio::select! {
             () = store.watch(self.port.clone()) => {}
