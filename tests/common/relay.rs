@@ -441,3 +441,78 @@ pub fn rule(
          role = \"{role}\"\nvisibility = \"{visibility}\"\n{more}\n"
     )
 }
+
+/// An `ahp-relay serve` process (killed when dropped) and its stderr.
+pub struct ServedRelay {
+    /// The process.
+    pub child: std::process::Child,
+    /// Its stderr lines not read yet (read on a thread; ends when it exits).
+    pub lines: std::sync::mpsc::Receiver<String>,
+    /// The lines up to its announcement.
+    pub head: Vec<String>,
+    /// Its client URL, as `wss://localhost:<port>/`.
+    pub url: String,
+}
+
+impl ServedRelay {
+    /// Stops the process and returns every line it wrote.
+    pub fn output(mut self) -> Vec<String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut all = std::mem::take(&mut self.head);
+        all.extend(self.lines.iter());
+        all
+    }
+}
+
+impl Drop for ServedRelay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the `ahp-relay` binary (`serve`, text logs) on the config in
+/// `kit` with `RUST_LOG=rust_log`, and waits until it says where it listens.
+pub fn serve_binary(kit: &DevKit, rust_log: &str) -> ServedRelay {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["serve", "--config"])
+        .arg(kit.dir.join("relay.toml"))
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .env("RUST_LOG", rust_log)
+        .spawn()
+        .expect("relay binary starts");
+    let stderr = child.stderr.take();
+    let (tx, lines) = std::sync::mpsc::channel();
+    // Killed and waited for when dropped, also if it never announces.
+    let mut served = ServedRelay {
+        child,
+        lines,
+        head: Vec::new(),
+        url: String::new(),
+    };
+    let stderr = stderr.expect("stderr");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    loop {
+        let Ok(line) = served.lines.recv_timeout(WAIT) else {
+            panic!("the relay did not say where it listens: {:#?}", served.head);
+        };
+        let url = line
+            .strip_prefix("ahp-relay listening on ")
+            .map(|u| u.replace("127.0.0.1", "localhost"));
+        served.head.push(line);
+        if let Some(url) = url {
+            served.url = url;
+            return served;
+        }
+    }
+}
