@@ -192,6 +192,8 @@ fn config(dir: &TempDir) -> AuthConfig {
         allow_query_token: true,
         max_unrevocable_lifetime_secs: 3600,
         deny_list_file: Some(dir.write("deny.txt", "# revoked tokens\n\n  revoked-1  \n")),
+        max_groups: ahp_relay::auth::DEFAULT_MAX_GROUPS,
+        max_groups_bytes: ahp_relay::auth::DEFAULT_MAX_GROUPS_BYTES,
     }
 }
 

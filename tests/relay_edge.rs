@@ -307,6 +307,32 @@ async fn long_lived_token_without_jti_is_refused_401() {
     assert_eq!(u.status, 101, "long-lived with jti");
 }
 
+/// A groups claim over `auth.max_groups` (default 256) gets 401 with a
+/// reason naming the bound, counted as `too_many_groups`; 256 groups pass;
+/// `auth.max_groups_bytes` bounds the names' total size.
+#[tokio::test]
+async fn a_groups_claim_over_the_bound_is_refused_401() {
+    let e = Edge::start().await;
+    let many: Vec<String> = (0..257).map(|i| format!("g{i}")).collect();
+    let token = e.hs256(&dev_claims(json!({"groups": many})));
+    let u = e.t.upgrade_bearer(&token).await;
+    assert_refused(&e, &u, 401, &token, "257 groups");
+    let body = String::from_utf8_lossy(&u.body).to_string();
+    assert!(body.contains("max_groups"), "{body}");
+    assert_reason(&e, "too_many_groups", 1).await;
+    let fits = e.hs256(&dev_claims(json!({"groups": many[..256]})));
+    assert_eq!(e.t.upgrade_bearer(&fits).await.status, 101, "256 groups");
+
+    let e = Edge::start_with("max_groups_bytes = 64", "").await;
+    let long = vec!["x".repeat(40), "y".repeat(40)];
+    let token = e.hs256(&dev_claims(json!({"groups": long})));
+    let u = e.t.upgrade_bearer(&token).await;
+    assert_refused(&e, &u, 401, &token, "80 bytes of group names");
+    assert_reason(&e, "too_many_groups", 1).await;
+    let short = e.hs256(&dev_claims(json!({"groups": ["x".repeat(40)]})));
+    assert_eq!(e.t.upgrade_bearer(&short).await.status, 101, "40 bytes");
+}
+
 /// Two different (valid) tokens in the header and the query get 400.
 #[tokio::test]
 async fn conflicting_tokens_are_refused_400() {

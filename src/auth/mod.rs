@@ -36,7 +36,10 @@
 //!   cannot shorten it). Above `max_unrevocable_lifetime_secs` the token needs a `jti`.
 //! - **Claims.** `sub` must be a non-empty string; `jti`, when present, too. Groups come
 //!   from the top-level claim named by `groups_claim`: an array of strings, a single string
-//!   (one group; the empty string means none), or absent/`null` (none).
+//!   (one group; the empty string means none), or absent/`null` (none). More than
+//!   `max_groups` groups, or more than `max_groups_bytes` bytes of group names together, is
+//!   [`AuthError::TooManyGroups`] (401): every session and stored URI carries the groups,
+//!   and every visibility check walks them.
 //! - **Size.** A token longer than [`MAX_TOKEN_BYTES`] is malformed without being parsed.
 //! - **Deny list file.** One `jti` per line, surrounding whitespace trimmed, blank lines
 //!   and lines starting with `#` ignored.
@@ -79,6 +82,11 @@ pub const DEFAULT_MAX_UNREVOCABLE_LIFETIME_SECS: u64 = 3600;
 pub const MIN_HS256_SECRET_BYTES: usize = 32;
 /// Longest token, in bytes, that [`Authenticator::verify`] will parse.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// Default most groups a token may carry (`auth.max_groups`).
+pub const DEFAULT_MAX_GROUPS: usize = 256;
+/// Default most bytes of group names a token may carry, all together
+/// (`auth.max_groups_bytes`).
+pub const DEFAULT_MAX_GROUPS_BYTES: usize = 16 * 1024;
 
 const REALM_ONLY: &str = "Bearer realm=\"ahp-relay\"";
 const INVALID_REQUEST: &str = "Bearer realm=\"ahp-relay\", error=\"invalid_request\"";
@@ -112,6 +120,20 @@ pub struct AuthConfig {
     /// File of revoked `jti` values, one per line; reloaded by [`Authenticator::reload`].
     #[serde(default)]
     pub deny_list_file: Option<PathBuf>,
+    /// Most groups a token's groups claim may list; more is refused with 401.
+    #[serde(default = "default_max_groups")]
+    pub max_groups: usize,
+    /// Most bytes all group names of a token may take together; more is refused with 401.
+    #[serde(default = "default_max_groups_bytes")]
+    pub max_groups_bytes: usize,
+}
+
+fn default_max_groups() -> usize {
+    DEFAULT_MAX_GROUPS
+}
+
+fn default_max_groups_bytes() -> usize {
+    DEFAULT_MAX_GROUPS_BYTES
 }
 
 fn default_leeway_secs() -> u64 {
@@ -358,6 +380,12 @@ pub enum AuthError {
     /// The token's `jti` is on the deny list.
     #[error("token has been revoked")]
     Revoked,
+    /// The groups claim lists more groups, or more bytes of group names, than
+    /// `auth.max_groups` / `auth.max_groups_bytes` allow.
+    #[error(
+        "token groups claim is over the relay's bound (auth.max_groups, auth.max_groups_bytes)"
+    )]
+    TooManyGroups,
 }
 
 impl AuthError {
@@ -389,6 +417,7 @@ impl AuthError {
             Self::InvalidClaim(_) => "invalid_claim",
             Self::LifetimeNeedsJti => "lifetime_needs_jti",
             Self::Revoked => "revoked",
+            Self::TooManyGroups => "too_many_groups",
         }
     }
 
@@ -734,6 +763,10 @@ impl Authenticator {
         };
         let groups = parse_groups(claims.get(&self.config.groups_claim))
             .ok_or_else(|| AuthError::InvalidClaim(self.config.groups_claim.clone()))?;
+        let group_bytes: usize = groups.iter().map(String::len).sum();
+        if groups.len() > self.config.max_groups || group_bytes > self.config.max_groups_bytes {
+            return Err(AuthError::TooManyGroups);
+        }
         let lifetime = exp.saturating_sub(iat.map_or(now, |iat| iat.min(now)));
         if lifetime > self.config.max_unrevocable_lifetime_secs && jti.is_none() {
             return Err(AuthError::LifetimeNeedsJti);
