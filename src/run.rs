@@ -242,8 +242,9 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Re-reads issuer keys (PEM/JWKS files) and the `jti` deny list every few
-/// seconds or on SIGHUP; a broken file keeps the previous keys (contract
-/// §3.3). The config file's `[policy]` is reloaded when the file changes
+/// seconds or on SIGHUP; a broken file keeps the previous keys of its
+/// issuer (contract §3.3) and does not hold back the others or the deny
+/// list (`Authenticator::reload`). The config file's `[policy]` is reloaded when the file changes
 /// (or on SIGHUP): a valid new policy applies to the next request at once,
 /// and clients that lost sight of a subscribed channel are closed with 4000
 /// (§7.6); its `[[hosts]]` too: added hosts are dialled, removed or changed
@@ -284,7 +285,10 @@ async fn reload_files(relay: Arc<Relay>) {
         if (forced || ticks.is_multiple_of(5))
             && let Err(e) = relay.auth.reload()
         {
-            tracing::warn!(error = %e, "auth reload failed; keeping the previous keys");
+            tracing::warn!(
+                error = %e,
+                "auth reload failed for these files; each keeps its previous keys or deny list"
+            );
         }
         let now = stamp(&relay.cfg.source);
         if now == seen && !forced {

@@ -529,6 +529,33 @@ async fn revoking_a_connected_token_closes_4003() {
     assert_refused(&e, &u, 403, &token, "revoked after reload");
 }
 
+/// A broken key file does not hold back revocation: with the dev issuer's
+/// secret file broken, a newly revoked `jti` still closes its socket with
+/// 4003, and the issuer keeps its previous key (a token signed with it
+/// still connects).
+#[tokio::test]
+async fn a_broken_key_file_does_not_hold_back_revocation() {
+    let dir = scratch_dir("deny-broken-key");
+    std::fs::create_dir_all(&dir).unwrap();
+    let deny = dir.join("deny.txt");
+    std::fs::write(&deny, "# nothing revoked yet\n").unwrap();
+    let e = Edge::start_with(&format!("deny_list_file = \"{}\"", deny.display()), "").await;
+    let token = e.hs256(&dev_claims(json!({"jti": "live-2"})));
+    let other = e.valid();
+    let mut ws = e.t.upgrade_bearer(&token).await.socket("before revocation");
+    assert_works(&mut ws, "c-broken").await;
+    std::fs::write(&e.t.kit.dev_key, "too short\n").unwrap();
+    std::fs::write(&deny, "live-2\n").unwrap();
+    assert_eq!(ws.close_code().await.map(|c| c.0), Some(4003));
+    let u = e.t.upgrade_bearer(&token).await;
+    assert_refused(&e, &u, 403, &token, "revoked while a key file is broken");
+    let mut ws =
+        e.t.upgrade_bearer(&other)
+            .await
+            .socket("the previous key still verifies");
+    assert_works(&mut ws, "c-other").await;
+}
+
 // ─── 5. Health and metrics (§8.2) ───────────────────────────────────────────
 
 /// `/healthz` and `/readyz` answer 200 on the admin listener and 404 on the
