@@ -292,3 +292,33 @@ async fn feeds_are_capped_and_count_against_the_connection_cap() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The status is computed once per 500 ms for all feeds together, not per
+/// feed: with six feeds open, four more computations take at least about
+/// 1.5 s (per-feed computation would make them within one interval).
+#[tokio::test]
+async fn six_feeds_share_one_status_computation_per_interval() {
+    let t = start().await;
+    let ops = t.token("ops");
+    let mut feeds = Vec::new();
+    for _ in 0..6 {
+        let mut ws = feed_as(&t, &ops).await.socket("feed");
+        first_status(&mut ws).await;
+        feeds.push(ws);
+    }
+    let builds = |page: &str| metric(page, "ahp_relay_status_builds_total").unwrap_or(0.0);
+    let start_count = builds(&metrics(&t).await);
+    let started = tokio::time::Instant::now();
+    loop {
+        if builds(&metrics(&t).await) >= start_count + 4.0 {
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the status is recomputed while feeds are open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1200),
+        "four computations in {took:?}: computed per feed, not shared"
+    );
+}
