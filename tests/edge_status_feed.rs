@@ -313,7 +313,10 @@ async fn six_feeds_share_one_status_computation_per_interval() {
         if builds(&metrics(&t).await) >= start_count + 4.0 {
             break;
         }
-        assert!(started.elapsed() < WAIT, "the status is recomputed while feeds are open");
+        assert!(
+            started.elapsed() < WAIT,
+            "the status is recomputed while feeds are open"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = started.elapsed();
