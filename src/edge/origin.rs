@@ -87,6 +87,9 @@ impl Origins {
     }
 
     fn host_allowed(&self, host: Option<&str>, listener: Listener) -> bool {
+        if listener == Listener::Client && self.hosts.is_empty() {
+            return true;
+        }
         let Some(host) = host else {
             return false;
         };
@@ -94,17 +97,13 @@ impl Origins {
         if self.hosts.iter().any(|h| h == host || h == name) {
             return true;
         }
-        match listener {
-            Listener::Client => self.hosts.is_empty(),
-            Listener::Admin => {
-                name == "localhost"
-                    || name
-                        .trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .parse::<IpAddr>()
-                        .is_ok()
-            }
-        }
+        listener == Listener::Admin
+            && (name == "localhost"
+                || name
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .is_ok())
     }
 }
 
