@@ -173,6 +173,10 @@ pub struct Limits {
     pub max_json_depth: usize,
     /// Seconds to complete TLS + HTTP upgrade.
     pub handshake_timeout_secs: u64,
+    /// Seconds a connection may stay open without upgrading to a WebSocket
+    /// (keep-alive requests included), counted from its accept; then it is
+    /// closed (`limit_hits_total{limit="upgrade_deadline"}`). Both listeners.
+    pub upgrade_deadline_secs: u64,
     /// Frames queued towards one client at which its links stop reading
     /// from their hosts (§5.9); frames that cannot wait (fan-out, answers)
     /// may take the queue to twice this, beyond which the client gets 4008.
@@ -284,6 +288,7 @@ impl Default for Limits {
             max_frame_bytes: 4 * 1024 * 1024,
             max_json_depth: 64,
             handshake_timeout_secs: 10,
+            upgrade_deadline_secs: 30,
             client_queue_frames: 8192,
             client_queue_bytes: 8 * 1024 * 1024,
             slow_client_secs: 30,
@@ -385,6 +390,9 @@ impl Limits {
         }
         if self.store_purge_secs == 0 {
             return bad("store_purge_secs must be at least 1");
+        }
+        if self.upgrade_deadline_secs == 0 {
+            return bad("upgrade_deadline_secs must be at least 1");
         }
         Ok(())
     }

@@ -721,6 +721,59 @@ async fn stalled_upgrade_request_is_closed_after_handshake_timeout() {
     );
 }
 
+/// A connection that keeps sending keep-alive requests without ever
+/// upgrading is closed `upgrade_deadline_secs` after its accept (counted),
+/// and its 426 answers are counted as refusals.
+#[tokio::test]
+async fn keep_alive_without_upgrade_is_closed_at_the_upgrade_deadline() {
+    let e = Edge::start_with("", "\n[limits]\nupgrade_deadline_secs = 2\n").await;
+    let tcp = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let started = tokio::time::Instant::now();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&e.t.kit.cert)));
+    let name = ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    let mut answers = 0;
+    loop {
+        assert!(
+            started.elapsed() < common::WAIT,
+            "still open after {answers} answers"
+        );
+        let asked = tls
+            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await;
+        let mut buf = [0u8; 4096];
+        let read = tokio::time::timeout(common::WAIT, tls.read(&mut buf)).await;
+        match (asked, read) {
+            (Ok(()), Ok(Ok(n))) if n > 0 => {
+                assert!(buf.starts_with(b"HTTP/1.1 426"), "{:?}", &buf[..n]);
+                answers += 1;
+            }
+            _ => break,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lived = started.elapsed();
+    assert!(
+        lived >= Duration::from_millis(1500),
+        "closed after {lived:?}"
+    );
+    assert!(answers >= 2, "keep-alive answered meanwhile: {answers}");
+    let (_, page) = admin_get(&e.t, "/metrics").await;
+    assert_eq!(
+        metric(
+            &page,
+            "ahp_relay_limit_hits_total{limit=\"upgrade_deadline\"}"
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    let refused = metric(
+        &page,
+        "ahp_relay_upgrades_refused_total{reason=\"not_websocket\"}",
+    );
+    assert_eq!(refused, Some(f64::from(answers)), "{page}");
+}
+
 // ─── 8. Tokens never shown (§3.2, §7.5) ─────────────────────────────────────
 
 /// `redact_query` hides `tkn` and `access_token` values and keeps other parameters.

@@ -252,7 +252,8 @@ impl Around for Deadline {
 }
 
 /// The client listener serves only the WebSocket upgrade: a request
-/// without one gets 426 at `/` and 404 elsewhere; a malformed one 400.
+/// without one gets 426 at `/` and 404 elsewhere (counted as
+/// `upgrades_refused_total{reason="not_websocket"}`); a malformed one 400.
 /// A well-formed one passes on with its [`WsKey`].
 #[derive(Debug, Clone)]
 pub struct WebSocketOnly;
@@ -270,13 +271,12 @@ impl Around for WebSocketOnly {
             return call(next, req).await;
         }
         let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).cloned() else {
+            let why = Refusal::Upgrade("not_websocket");
             return if req.uri().path() == "/" {
-                text(
-                    StatusCode::UPGRADE_REQUIRED,
-                    "this endpoint speaks AHP over WebSocket\n",
-                )
+                let body = "this endpoint speaks AHP over WebSocket\n";
+                refused(StatusCode::UPGRADE_REQUIRED, body, why, None)
             } else {
-                text(StatusCode::NOT_FOUND, "not found\n")
+                refused(StatusCode::NOT_FOUND, "not found\n", why, None)
             };
         };
         let header_is = |name, want: &str| {

@@ -5,7 +5,10 @@
 //! Each accepted connection gets a TLS handshake bounded by the handshake
 //! timeout, then hyper serving the listener's tower stack (`layers`), with
 //! the request head also bounded by that timeout so half-open connections
-//! cannot pile up.
+//! cannot pile up; and the whole connection, keep-alive requests included,
+//! must upgrade within `limits.upgrade_deadline_secs` of its accept or is
+//! closed, so a client that keeps asking `GET /` cannot hold TLS and HTTP
+//! buffers forever.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -118,10 +121,19 @@ impl Edge {
             })
     }
 
+    /// How long a connection may take to upgrade, keep-alive included.
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            handshake: self.handshake_timeout(),
+            upgrade: Duration::from_secs(self.port.limits().upgrade_deadline_secs),
+            port: self.port.clone(),
+        }
+    }
+
     /// Accepts client connections on `listener` until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         let stack = self.client_stack();
-        accept_loop(listener, self.tls.clone(), self.handshake_timeout(), stack).await;
+        accept_loop(listener, self.tls.clone(), self.bounds(), stack).await;
     }
 
     /// Computes the status shared by every status feed while any is open,
@@ -150,7 +162,7 @@ impl Edge {
             .service(routes);
         tokio::select! {
             () = store.watch(self.port.clone()) => {}
-            () = accept_loop(listener, None, self.handshake_timeout(), stack) => {}
+            () = accept_loop(listener, None, self.bounds(), stack) => {}
         }
     }
 }
@@ -172,11 +184,22 @@ impl<S> HttpService for S where
 {
 }
 
+/// The time bounds of one connection before it upgrades.
+#[derive(Debug, Clone)]
+struct Bounds {
+    /// The TLS handshake, and each request head.
+    handshake: Duration,
+    /// The whole connection until it upgrades.
+    upgrade: Duration,
+    /// Where a connection closed at `upgrade` is counted.
+    port: RelayPort,
+}
+
 /// Serves `stack` on every connection `listener` accepts.
 async fn accept_loop<S: HttpService>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
-    handshake: Duration,
+    bounds: Bounds,
     stack: S,
 ) {
     loop {
@@ -189,26 +212,37 @@ async fn accept_loop<S: HttpService>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let conn = connection(stream, peer, tls.clone(), handshake, stack.clone());
+        let conn = connection(stream, peer, tls.clone(), bounds.clone(), stack.clone());
         tokio::spawn(conn.instrument(tracing::debug_span!("edge.conn", %peer)));
     }
 }
 
-/// One connection: the TLS handshake (within `handshake`), then HTTP.
+/// One connection: the TLS handshake (within the handshake timeout), then
+/// HTTP, all of it until the upgrade within the upgrade deadline (the
+/// connection's future ends when it upgrades: the socket then belongs to
+/// the WebSocket task).
 async fn connection<S: HttpService>(
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
-    handshake: Duration,
+    bounds: Bounds,
     stack: S,
 ) {
-    let Some(acceptor) = tls else {
-        return http(TokioIo::new(stream), peer, handshake, stack).await;
+    let handshake = bounds.handshake;
+    let served = async move {
+        let Some(acceptor) = tls else {
+            return http(TokioIo::new(stream), peer, handshake, stack).await;
+        };
+        match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => http(TokioIo::new(tls), peer, handshake, stack).await,
+            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!("TLS handshake timed out"),
+        }
     };
-    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => http(TokioIo::new(tls), peer, handshake, stack).await,
-        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-        Err(_) => tracing::debug!("TLS handshake timed out"),
+    if tokio::time::timeout(bounds.upgrade, served).await.is_err() {
+        let hits = &bounds.port.metrics().limit_hits;
+        hits.with_label_values(&["upgrade_deadline"]).inc();
+        tracing::debug!("connection closed: no upgrade within the deadline");
     }
 }
 
