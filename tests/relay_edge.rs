@@ -723,10 +723,12 @@ async fn stalled_upgrade_request_is_closed_after_handshake_timeout() {
 
 /// A connection that keeps sending keep-alive requests without ever
 /// upgrading is closed `upgrade_deadline_secs` after its accept (counted),
-/// and its 426 answers are counted as refusals.
+/// and its 426 answers are counted as refusals; a socket that did upgrade
+/// is not bound by the deadline.
 #[tokio::test]
 async fn keep_alive_without_upgrade_is_closed_at_the_upgrade_deadline() {
     let e = Edge::start_with("", "\n[limits]\nupgrade_deadline_secs = 2\n").await;
+    let mut upgraded = e.t.raw("alice").await;
     let tcp = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
     let started = tokio::time::Instant::now();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&e.t.kit.cert)));
@@ -772,6 +774,7 @@ async fn keep_alive_without_upgrade_is_closed_at_the_upgrade_deadline() {
         "ahp_relay_upgrades_refused_total{reason=\"not_websocket\"}",
     );
     assert_eq!(refused, Some(f64::from(answers)), "{page}");
+    assert_works(&mut upgraded, "c-upgraded").await;
 }
 
 // ─── 8. Tokens never shown (§3.2, §7.5) ─────────────────────────────────────
