@@ -1,9 +1,10 @@
 //! The status page's side doors (issue 25) over real sockets: the admin
 //! listener's status data needs an admin's token (or `admin_status_open`);
 //! `Host` and `Origin` are checked on upgrades and status paths of both
-//! listeners; a feed closes when its token is revoked (4003) or its admin
-//! grant withdrawn (4000), when its viewer stays silent (1000), counts
-//! against the principal's connection cap, and feeds are capped in number.
+//! listeners; a feed closes when its token expires (4001), is revoked (4003)
+//! or its admin grant is withdrawn (4000), when its viewer stays silent
+//! (1000), counts against the principal's connection cap; feeds are capped
+//! in number and share one status computation per interval.
 
 mod common;
 
@@ -202,6 +203,26 @@ async fn a_feed_closes_4003_when_its_token_is_revoked() {
     first_status(&mut ws).await;
     std::fs::write(&deny, "feed-1\n").expect("revoke");
     assert_eq!(ws.close_code().await.map(|c| c.0), Some(4003));
+}
+
+/// A feed opened with a 2 s token closes with 4001 once `exp` + leeway
+/// (5 s in the dev config) has passed.
+#[tokio::test]
+async fn a_feed_closes_4001_when_its_token_expires() {
+    let t = start().await;
+    let minted = tokio::time::Instant::now();
+    let token = t
+        .kit
+        .token("ops", &[], Duration::from_secs(2), None)
+        .expect("token");
+    let mut ws = feed_as(&t, &token).await.socket("feed");
+    first_status(&mut ws).await;
+    assert_eq!(ws.close_code().await.map(|c| c.0), Some(4001));
+    assert!(
+        minted.elapsed() >= Duration::from_secs(5),
+        "{:?}",
+        minted.elapsed()
+    );
 }
 
 /// A feed whose principal loses the `admin` grant by a policy reload closes
