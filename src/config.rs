@@ -177,6 +177,14 @@ pub struct Limits {
     /// (keep-alive requests included), counted from its accept; then it is
     /// closed (`limit_hits_total{limit="upgrade_deadline"}`). Both listeners.
     pub upgrade_deadline_secs: u64,
+    /// Connections one listener holds before they upgrade (TLS handshake and
+    /// HTTP included); one more is closed at accept
+    /// (`upgrades_refused_total{reason="pending_connections"}`).
+    pub pending_connections: usize,
+    /// Of those, from one address (an IPv6 /64 is one; peers in
+    /// `listen.trusted_proxies` are not capped); one more is closed at
+    /// accept (`upgrades_refused_total{reason="address_connections"}`).
+    pub pending_connections_per_address: usize,
     /// Frames queued towards one client at which its links stop reading
     /// from their hosts (§5.9); frames that cannot wait (fan-out, answers)
     /// may take the queue to twice this, beyond which the client gets 4008.
@@ -289,6 +297,8 @@ impl Default for Limits {
             max_json_depth: 64,
             handshake_timeout_secs: 10,
             upgrade_deadline_secs: 30,
+            pending_connections: 4096,
+            pending_connections_per_address: 256,
             client_queue_frames: 8192,
             client_queue_bytes: 8 * 1024 * 1024,
             slow_client_secs: 30,
@@ -379,6 +389,11 @@ impl Limits {
             ("seen_refs_per_session", self.seen_refs_per_session),
             ("sessions_per_host", self.sessions_per_host),
             ("status_watchers", self.status_watchers),
+            ("pending_connections", self.pending_connections),
+            (
+                "pending_connections_per_address",
+                self.pending_connections_per_address,
+            ),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));

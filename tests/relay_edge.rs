@@ -777,6 +777,50 @@ async fn keep_alive_without_upgrade_is_closed_at_the_upgrade_deadline() {
     assert_works(&mut upgraded, "c-upgraded").await;
 }
 
+/// At `pending_connections_per_address` connections from one address that
+/// have not upgraded, the next one is closed at accept, before any TLS
+/// (counted once: the three upgraded sockets opened before do not count);
+/// a closed pending connection frees its place.
+#[tokio::test]
+async fn pending_connections_are_capped_per_address() {
+    let e = Edge::start_with("", "\n[limits]\npending_connections_per_address = 2\n").await;
+    let mut upgraded = Vec::new();
+    for _ in 0..3 {
+        upgraded.push(e.t.raw("alice").await);
+    }
+    let first = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let _second = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let mut third = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(common::WAIT, third.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the third pending connection is closed at once: {read:?}"
+    );
+    let (_, page) = admin_get(&e.t, "/metrics").await;
+    assert_eq!(
+        metric(
+            &page,
+            "ahp_relay_upgrades_refused_total{reason=\"address_connections\"}"
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    drop(first);
+    let started = tokio::time::Instant::now();
+    let port = e.t.relay.addr.port();
+    while common::relay::https_status(port, &e.t.kit.cert, "/").await != Some(426) {
+        assert!(
+            started.elapsed() < common::WAIT,
+            "the closed connection's place is never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, ws) in upgraded.iter_mut().enumerate() {
+        assert_works(ws, &format!("c-held-{i}")).await;
+    }
+}
+
 // ─── 8. Tokens never shown (§3.2, §7.5) ─────────────────────────────────────
 
 /// `redact_query` hides `tkn` and `access_token` values and keeps other parameters.

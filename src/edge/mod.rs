@@ -8,6 +8,7 @@ pub mod admin;
 pub mod layers;
 pub mod limiter;
 pub mod origin;
+pub mod pending;
 pub mod port;
 pub mod proxy;
 pub mod server;

@@ -8,7 +8,8 @@
 //! cannot pile up; and the whole connection, keep-alive requests included,
 //! must upgrade within `limits.upgrade_deadline_secs` of its accept or is
 //! closed, so a client that keeps asking `GET /` cannot hold TLS and HTTP
-//! buffers forever.
+//! buffers forever. How many connections may wait for their upgrade at
+//! once, in all and per address, is bounded at accept (`pending`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -32,6 +33,7 @@ use super::layers::{
 };
 use super::limiter::{DEFAULT_MAX_TRACKED, FailureLimiter};
 use super::origin::Origins;
+use super::pending::{Pending, Slot};
 use super::port::RelayPort;
 use super::proxy::TrustedProxies;
 use super::status::StatusFeeds;
@@ -121,11 +123,18 @@ impl Edge {
             })
     }
 
-    /// How long a connection may take to upgrade, keep-alive included.
+    /// The bounds of a listener's connections before they upgrade: time,
+    /// and a fresh count of pending connections (one per listener).
     fn bounds(&self) -> Bounds {
+        let limits = self.port.limits();
         Bounds {
             handshake: self.handshake_timeout(),
-            upgrade: Duration::from_secs(self.port.limits().upgrade_deadline_secs),
+            upgrade: Duration::from_secs(limits.upgrade_deadline_secs),
+            pending: Pending::new(
+                limits.pending_connections,
+                limits.pending_connections_per_address,
+                self.trusted.clone(),
+            ),
             port: self.port.clone(),
         }
     }
@@ -184,14 +193,16 @@ impl<S> HttpService for S where
 {
 }
 
-/// The time bounds of one connection before it upgrades.
+/// The bounds of one listener's connections before they upgrade.
 #[derive(Debug, Clone)]
 struct Bounds {
     /// The TLS handshake, and each request head.
     handshake: Duration,
     /// The whole connection until it upgrades.
     upgrade: Duration,
-    /// Where a connection closed at `upgrade` is counted.
+    /// How many may wait for their upgrade at once.
+    pending: Arc<Pending>,
+    /// Where refused and expired connections are counted.
     port: RelayPort,
 }
 
@@ -211,8 +222,24 @@ async fn accept_loop<S: HttpService>(
                 continue;
             }
         };
+        let slot = match bounds.pending.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(reason) => {
+                let refused = &bounds.port.metrics().upgrades_refused;
+                refused.with_label_values(&[reason]).inc();
+                tracing::debug!(%peer, reason, "connection refused at accept");
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
-        let conn = connection(stream, peer, tls.clone(), bounds.clone(), stack.clone());
+        let conn = connection(
+            stream,
+            peer,
+            tls.clone(),
+            bounds.clone(),
+            stack.clone(),
+            slot,
+        );
         tokio::spawn(conn.instrument(tracing::debug_span!("edge.conn", %peer)));
     }
 }
@@ -220,13 +247,14 @@ async fn accept_loop<S: HttpService>(
 /// One connection: the TLS handshake (within the handshake timeout), then
 /// HTTP, all of it until the upgrade within the upgrade deadline (the
 /// connection's future ends when it upgrades: the socket then belongs to
-/// the WebSocket task).
+/// the WebSocket task, and `_slot`, its pending place, is freed).
 async fn connection<S: HttpService>(
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     bounds: Bounds,
     stack: S,
+    _slot: Slot,
 ) {
     let handshake = bounds.handshake;
     let served = async move {
