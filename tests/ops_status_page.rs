@@ -192,10 +192,10 @@ async fn status_page_marks_a_stopped_host_down_live() {
     browser
         .text_until(common::WAIT, |text| text.contains("needs an admin token"))
         .await;
+    let token = t.token("ops");
     let fill = format!(
-        "document.getElementById('token').value = {:?}; \
-         document.getElementById('login').requestSubmit(); true",
-        t.token("ops")
+        "document.getElementById('token').value = {token:?}; \
+         document.getElementById('login').requestSubmit(); true"
     );
     browser
         .call(
@@ -212,6 +212,18 @@ async fn status_page_marks_a_stopped_host_down_live() {
         })
         .await;
     assert!(up.contains("live"), "{up}");
+    let href = browser
+        .call(
+            "Runtime.evaluate",
+            json!({"expression": "location.href", "returnByValue": true}),
+        )
+        .await;
+    let href = href["result"]["value"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(href, url, "the token never enters the page's URL");
+    assert!(!href.contains(&token));
 
     let beta = t.hosts.pop().expect("beta");
     let beta_addr = beta.addr().to_string();
