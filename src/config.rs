@@ -298,7 +298,7 @@ impl Default for Limits {
             handshake_timeout_secs: 10,
             upgrade_deadline_secs: 30,
             pending_connections: 4096,
-            pending_connections_per_address: 256,
+            pending_connections_per_address: 512,
             client_queue_frames: 8192,
             client_queue_bytes: 8 * 1024 * 1024,
             slow_client_secs: 30,
