@@ -202,8 +202,12 @@ pub struct Limits {
     pub replay_buffer_bytes: usize,
     /// Seconds to wait for a host's answer to a forwarded request.
     pub upstream_request_secs: u64,
-    /// Largest `listSessions` page.
+    /// Largest `listSessions` page a client asks for with `limit`.
     pub list_sessions_limit: usize,
+    /// The `listSessions` page without `limit`: VS Code's client neither
+    /// sends `limit` nor follows `nextCursor`, so a smaller default would
+    /// hide sessions from it silently.
+    pub list_sessions_unpaged_limit: usize,
     /// Client sessions (attached or retained) per principal; at the cap a
     /// new one drops the least recently detached (§3.6).
     pub sessions_per_principal: usize,
@@ -306,6 +310,7 @@ impl Default for Limits {
             replay_buffer_bytes: 4 * 1024 * 1024,
             upstream_request_secs: 30,
             list_sessions_limit: 200,
+            list_sessions_unpaged_limit: 5000,
             sessions_per_principal: 16,
             connections_per_principal: 32,
             links_per_session: 8,

@@ -133,6 +133,19 @@ impl DevKit {
         auth_extra: &str,
         extra: &str,
     ) -> Result<RelayConfig, DevKitError> {
+        self.config_with_relay(listen, hosts, auth_extra, "", extra)
+    }
+
+    /// [`DevKit::config`] with `relay_extra` placed in the `[relay]` table
+    /// (e.g. `default_host = "…"`).
+    pub fn config_with_relay(
+        &self,
+        listen: &str,
+        hosts: &[(String, String)],
+        auth_extra: &str,
+        relay_extra: &str,
+        extra: &str,
+    ) -> Result<RelayConfig, DevKitError> {
         let mut toml = format!(
             r#"[listen]
 addr = "{listen}"
@@ -152,6 +165,7 @@ keys = {{ type = "hs256", secret_file = "{dev_key}" }}
 [relay]
 secret_file = "{secret}"
 store = "{store}"
+{relay_extra}
 "#,
             cert = self.cert.display(),
             key = self.key.display(),

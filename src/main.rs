@@ -22,6 +22,7 @@ async fn main() -> ExitCode {
         Command::Demo(args) => cli::demo::run(args).await,
         Command::Serve(args) => cli::serve::run(args).await,
         Command::CheckConfig(args) => cli::serve::check(args),
+        Command::Policy(args) => cli::policy::run(args),
         Command::Token(args) => cli::token::run(args),
         Command::Simhost(args) => cli::simhost::run(args).await,
         Command::Client(args) => ahp_relay::client::cli::run(args).await,

@@ -71,7 +71,7 @@ fn client_value(path: &str, kind: FieldKind) -> String {
         }
         FieldKind::UriTemplate => "ahp-changeset:/a~s1/{turnId}".into(),
         FieldKind::Published => "file:///Users/me/plugin".into(),
-        FieldKind::Provider => "copilot@a".into(),
+        FieldKind::Provider => "copilot.a".into(),
         FieldKind::ClientId => OWN.into(),
     }
 }
@@ -168,9 +168,12 @@ fn every_row_round_trips_with_real_uri_shapes() {
         let mut back = client_form.clone();
         translate::translate(&mut back, shape, &to_a).unwrap_or_else(|e| panic!("{shape}: {e}"));
         assert_eq!(back, host_form, "{shape} round trip");
-        let names_a = leaves
-            .iter()
-            .any(|(_, v)| v.contains("a~") || v.contains("@a") || v.starts_with("file://a/"));
+        let names_a = leaves.iter().any(|(_, v)| {
+            v.contains("a~")
+                || v.contains(".a:/")
+                || v.ends_with(".a")
+                || v.starts_with("file://a/")
+        });
         let names_a = names_a || leaves.iter().any(|(_, v)| v.starts_with("ahp-chat://"));
         let mut other = client_form.clone();
         assert_eq!(
@@ -258,7 +261,7 @@ fn working_directories_terminals_and_customizations() {
         json!({"provider": "copilot", "customizations": [{"type": "plugin",
             "uri": "file:///p", "clientId": UP,
             "enablement": [{"kind": "workspace", "uri": "file:///w", "enabled": true}]}]}),
-        json!({"provider": "copilot@a", "customizations": [{"type": "plugin",
+        json!({"provider": "copilot.a", "customizations": [{"type": "plugin",
             "uri": "file://a/p", "clientId": OWN,
             "enablement": [{"kind": "workspace", "uri": "file://a/w", "enabled": true}]}]}),
     );

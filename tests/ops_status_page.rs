@@ -187,6 +187,9 @@ async fn status_page_marks_a_stopped_host_down_live() {
         "the page opens the live feed"
     );
 
+    if !common::external(&chromium()) {
+        return;
+    }
     let url = format!("http://{}/status", t.relay.admin_addr());
     let mut browser = Browser::open(&url).await;
     browser
@@ -325,7 +328,7 @@ async fn denials_and_latency_histograms() {
         .request(
             2,
             "createSession",
-            json!({"channel": "ahp-session:/mine", "provider": "sim@alpha"}),
+            json!({"channel": "ahp-session:/mine", "provider": "sim.alpha"}),
         )
         .await;
     assert_eq!(create["error"]["code"], -32009, "{create}");

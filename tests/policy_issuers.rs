@@ -81,7 +81,7 @@ async fn a_group_claim_of_another_issuer_is_not_that_group() {
         .request(
             1,
             "createSession",
-            json!({"channel": made, "provider": "sim@a"}),
+            json!({"channel": made, "provider": "sim.a"}),
         )
         .await;
     assert!(r.get("result").is_some(), "{r}");

@@ -236,6 +236,59 @@ async fn relay_frames_over_the_client_limit_are_not_sent() {
     assert!(metric_of(&t, m).await >= 1.0);
 }
 
+/// `initialize` whose `initialSubscriptions` include a channel whose
+/// snapshot cannot fit in one frame still succeeds: the channels that fit
+/// are subscribed, the one that does not is named in
+/// `_meta["ahp-relay/notSubscribed"]` with reason `tooLarge`, and
+/// subscribing it alone gets -32603 `tooLarge` — the client learns why and
+/// keeps its session.
+#[tokio::test]
+async fn an_initial_subscription_over_the_frame_limit_is_left_out() {
+    let t = TestRelay::start(
+        vec![fast_config("a", 2)],
+        "\n[limits]\nmax_frame_bytes = 1200\n",
+    )
+    .await;
+    let (big, host_chat) = seeded_chat("a", 1);
+    // The chat fills with one turn sent to the host directly (through the
+    // relay its echo alone would be over the limit), so its snapshot is
+    // larger than the whole frame limit once the echo is seen.
+    let mut direct = RawWs::connect(&t.hosts[0].url()).await;
+    direct.initialize("filler").await;
+    let r = direct
+        .request(1, "subscribe", json!({"channel": host_chat}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    direct
+        .dispatch(&host_chat, 1, turn_started("fill", &"x".repeat(1500)))
+        .await;
+    raw_actions_until(&mut direct, |e| {
+        e.origin.as_ref().is_some_and(|o| o.client_seq == 1)
+    })
+    .await;
+    let mut ws = t.raw("alice").await;
+    let init = ws
+        .request(
+            1,
+            "initialize",
+            json!({"channel": ROOT, "protocolVersions": ["1.0.0"], "clientId": "c",
+                "initialSubscriptions": [ROOT, big]}),
+        )
+        .await;
+    let result = &init["result"];
+    assert!(init.to_string().len() <= 1200, "{init}");
+    assert_eq!(snapshot_resources(result), vec![ROOT.to_string()], "{init}");
+    assert_eq!(
+        result["_meta"]["ahp-relay/notSubscribed"],
+        json!([{"resource": big, "reason": "tooLarge"}]),
+        "{init}"
+    );
+    let r = ws.request(2, "subscribe", json!({"channel": big})).await;
+    assert_eq!(r["error"]["data"]["reason"], "tooLarge", "{r}");
+    let r = ws.request(3, "ping", json!({"channel": ROOT})).await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+}
+
 /// A client that goes away without a close frame (a dropped network, a
 /// killed process) is a disconnect, not a bad frame: its socket is cleaned
 /// up and nothing is counted in `bad_client_frames_total`.

@@ -117,7 +117,7 @@ async fn a_content_reference_is_readable_only_where_it_was_shown() {
         .request(
             1,
             "createSession",
-            json!({"channel": session, "provider": "sim@a"}),
+            json!({"channel": session, "provider": "sim.a"}),
         )
         .await;
     assert!(r.get("error").is_none(), "{r}");

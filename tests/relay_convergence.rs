@@ -118,7 +118,7 @@ use ahp_relay::upstream::hub::HostStatus;
 use common::relay::TestRelay;
 use common::{
     Next, ROOT, RawWs, dispatch_frame, host, initialize_subscribing, ping_frame, reconnect_params,
-    request_frame, script, turn_started,
+    request_frame, script, seeded_chat, turn_started, wait_until,
 };
 use futures_util::StreamExt;
 use s13::{
@@ -1098,32 +1098,46 @@ async fn reconnect_snapshot_answer_is_the_cut() {
 }
 
 /// §3.7 close codes reach the client: a socket superseded (4009) while
-/// ~1000 large frames are still in flight to it (the client reads late),
-/// and that writes once more meanwhile, reads every queued frame and then
-/// the 4009 close frame, never a TCP reset or an EOF without close frame.
+/// large frames are still queued for it (the client reads late), and that
+/// writes once more meanwhile, reads every queued frame and then the 4009
+/// close frame, never a TCP reset or an EOF without close frame.
+///
+/// Deterministic by construction: each round streams its turn on a chat of
+/// its own (a chat that earlier rounds filled would make the next round's
+/// `initialize` snapshot depend on how far their turns got), and the
+/// reconnect is sent only once the relay has counted the turn's envelopes
+/// as pushed to the old socket — the frames in flight are observed, not
+/// hoped for after a sleep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_code_survives_frames_in_flight() {
-    let t = TestRelay::start(vec![host("a", 1, script(1000, 3000, 0))], "").await;
-    let chat = "ahp-chat:/a~a-1-main";
+    const ROUNDS: usize = 3;
+    let t = TestRelay::start(vec![host("a", ROUNDS, script(1000, 3000, 0))], "").await;
     let mut lost = Vec::new();
-    for round in 0..3 {
+    for round in 0..ROUNDS {
+        let (chat, _) = seeded_chat("a", round + 1);
         // One principal per round: retained sessions count against a cap.
         let (sub, id) = (format!("busy{round}"), "busy");
-        let (mut old, init) = init_raw(&t, &sub, id, &[chat]).await;
+        let (mut old, init) = init_raw(&t, &sub, id, &[chat.as_str()]).await;
         assert!(init["result"]["serverSeq"].is_u64(), "initialize: {init}");
-        let turn = dispatch_frame(chat, 1, turn_started(&format!("big-{round}"), "go"));
+        let relayed = &t.relay.relay.metrics.envelopes_relayed;
+        let before = relayed.get();
+        let turn = dispatch_frame(&chat, 1, turn_started(&format!("big-{round}"), "go"));
         assert!(old.try_send_json(&turn).await);
-        // The client does not read for a while: the stream queues up.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The client does not read: once the relay has pushed the whole
+        // turn (~3 MB, within the client queue's bounds) towards this
+        // socket, every frame of it is in flight — in the relay's queue or
+        // the sockets' buffers — and none was read.
+        let pushed = || relayed.get() >= before + 1000;
+        wait_until("the turn pushed towards the unread socket", pushed).await;
         let mut next = dial(&t, &sub).await.expect("dial");
         assert!(
-            next.try_send_json(&reconnect_frame(2, id, 0, &[chat]))
+            next.try_send_json(&reconnect_frame(2, id, 0, &[chat.as_str()]))
                 .await
         );
-        // One more frame from the old socket while the relay closes it.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // One more frame from the old socket while the relay closes it
+        // (it may be read before or after the supersede: either way the
+        // close code must survive).
         let _ = old.try_send_json(&ping_frame(3)).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
         let mut frames = 0;
         let close = loop {
             match old.next_within(Duration::from_secs(5)).await {
@@ -1132,6 +1146,10 @@ async fn close_code_survives_frames_in_flight() {
                 None => panic!("round {round}: the superseded socket stayed open"),
             }
         };
+        assert!(
+            frames >= 1000,
+            "round {round}: {frames} queued frames delivered"
+        );
         if !matches!(close, Some((4009, _))) {
             lost.push(format!("round {round}: {frames} frames, then {close:?}"));
         }
@@ -1157,12 +1175,16 @@ async fn overlapping_reconnects_keep_every_channel() {
     );
     // Host b stalls: a reconnect needing snapshots waits for it.
     t.hosts[1].set_stalled(true);
+    let before = t.requests_handled("reconnect");
     let mut s2 = dial(&t, "alice").await.expect("dial");
     assert!(
         s2.try_send_json(&reconnect_frame(2, "overlap", 0, &chats))
             .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the relay handles s2's reconnect", || {
+        t.requests_handled("reconnect") > before
+    })
+    .await;
     // The client gives up on s2 and tries again on s3.
     drop(s2);
     let mut s3 = dial(&t, "alice").await.expect("dial");
@@ -1170,7 +1192,10 @@ async fn overlapping_reconnects_keep_every_channel() {
         s3.try_send_json(&reconnect_frame(3, "overlap", 0, &chats))
             .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the relay handles s3's reconnect", || {
+        t.requests_handled("reconnect") > before + 1
+    })
+    .await;
     t.hosts[1].set_stalled(false);
     // s3 gets its own answer and nothing else.
     let mut strays = Vec::new();
@@ -1234,11 +1259,18 @@ async fn reconnect_answer_is_the_cut_for_relay_rejections() {
     let turn = dispatch_frame(chat_a, 1, turn_started("queued-on-a-dropped-link", "go"));
     assert!(s1.try_send_json(&turn).await);
     tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = t.requests_handled("reconnect");
     let mut s2 = dial(&t, "alice").await.expect("dial");
     assert!(
         s2.try_send_json(&reconnect_frame(2, "cut-reject", 0, &chats))
             .await
     );
+    wait_until("the relay handles s2's reconnect", || {
+        t.requests_handled("reconnect") > before
+    })
+    .await;
+    // The answer waits for stalled b while a's link resumes and gives up
+    // (the window the cut must hold in; its length bounds what is caught).
     tokio::time::sleep(Duration::from_millis(600)).await;
     t.hosts[1].set_stalled(false);
     let mut before = Vec::new();
@@ -1268,12 +1300,16 @@ async fn a_reconnect_closed_before_its_answer_baselines_nothing() {
     let s0 = init["result"]["serverSeq"].as_u64().expect("S0");
     // A reconnect needing snapshots waits for stalled host b ...
     t.hosts[1].set_stalled(true);
+    let before = t.requests_handled("reconnect");
     let mut s2 = dial(&t, "alice").await.expect("dial");
     assert!(
         s2.try_send_json(&reconnect_frame(2, "closed-early", 0, &chats))
             .await
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the relay handles s2's reconnect", || {
+        t.requests_handled("reconnect") > before
+    })
+    .await;
     // ... while the relay closes its socket (a resync).
     t.session("alice", "closed-early")
         .close(ahp_relay::rpc::Close::ResyncHostLost);

@@ -79,7 +79,7 @@ async fn an_added_host_appears_in_a_connected_clients_root() {
         f["params"]["action"]["type"] == "root/agentsChanged"
             && f["params"]["action"]["agents"].as_array().is_some_and(|a| {
                 a.iter()
-                    .any(|x| x["provider"].as_str().is_some_and(|p| p.ends_with("@b")))
+                    .any(|x| x["provider"].as_str().is_some_and(|p| p.ends_with(".b")))
             })
     })
     .await;

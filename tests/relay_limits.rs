@@ -332,7 +332,7 @@ async fn a_host_catalog_is_bounded() {
         .request(
             2,
             "createSession",
-            json!({"channel": "ahp-session:/alice-new", "provider": "sim@a"}),
+            json!({"channel": "ahp-session:/alice-new", "provider": "sim.a"}),
         )
         .await;
     assert_eq!(r["result"], Value::Null, "the host created it: {r}");
@@ -414,7 +414,7 @@ async fn create_quota_and_tombstone_purge() {
         .request(
             1,
             "createSession",
-            json!({"channel": "ahp-session:/q1", "provider": "sim@a"}),
+            json!({"channel": "ahp-session:/q1", "provider": "sim.a"}),
         )
         .await;
     assert_eq!(a["result"], Value::Null, "{a}");
@@ -422,7 +422,7 @@ async fn create_quota_and_tombstone_purge() {
         .request(
             2,
             "createSession",
-            json!({"channel": "ahp-session:/q2", "provider": "sim@a"}),
+            json!({"channel": "ahp-session:/q2", "provider": "sim.a"}),
         )
         .await;
     assert_eq!(b["error"]["code"], -32603, "{b}");
@@ -464,7 +464,7 @@ async fn a_timed_out_create_never_leaves_an_adoptable_name() {
         .request(
             2,
             "createSession",
-            json!({"channel": uri, "provider": "sim@a"}),
+            json!({"channel": uri, "provider": "sim.a"}),
         )
         .await;
     assert_eq!(reason(&r), "timeout", "{r}");
@@ -482,7 +482,7 @@ async fn a_timed_out_create_never_leaves_an_adoptable_name() {
         .request(
             3,
             "createSession",
-            json!({"channel": uri, "provider": "sim@a"}),
+            json!({"channel": uri, "provider": "sim.a"}),
         )
         .await;
     assert_eq!(r["error"]["code"], -32003, "{r}");

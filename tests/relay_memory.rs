@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use ahp_types::actions::ActionEnvelope;
 use common::relay::{TestRelay, admin_get, assert_metrics, scratch_dir};
 use common::*;
@@ -188,12 +186,17 @@ async fn drop_run() -> DropRun {
         "detached A keeps its buffer"
     );
     let mut c = Follower::start(&t, "alice", "mem-c", &chats[2]).await;
+    // Turns until C pushes the account over the budget; the pressure task
+    // then drops a buffer, waited for before anything else is numbered.
     for _ in 0..40 {
-        if dropped_buffers(&t) > 0 {
+        c.turn(&t, DROP_BUDGET).await;
+        if memory.over_target() || dropped_buffers(&t) > 0 {
+            wait_until("the pressure task drops a buffer", || {
+                dropped_buffers(&t) > 0
+            })
+            .await;
             break;
         }
-        c.turn(&t, DROP_BUDGET).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     DropRun {
         t,

@@ -112,8 +112,8 @@ async fn a_changeset_uri_belongs_to_its_session() {
     let t = TestRelay::start(vec![host], &rules()).await;
     let mut alice = t.raw("alice").await;
     alice.initialize("cs-alice").await;
-    let a_chat = own_session(&mut alice, "sim:/0a11ce00-0000-4000-8000-000000000001").await;
-    let changeset = "sim:/0a11ce00-0000-4000-8000-000000000001/changeset/session";
+    let a_chat = own_session(&mut alice, "sim.a:/0a11ce00-0000-4000-8000-000000000001").await;
+    let changeset = "sim.a:/0a11ce00-0000-4000-8000-000000000001/changeset/session";
     let echo = turn_with(&mut alice, &a_chat, 1, changeset).await;
     assert!(
         echo["params"].get("rejectionReason").is_none(),
@@ -122,17 +122,25 @@ async fn a_changeset_uri_belongs_to_its_session() {
     let host_turn = t.hosts[0]
         .received()
         .into_iter()
-        .any(|f| f.text.contains(changeset));
-    assert!(host_turn, "the host received alice's attachment");
+        .any(|f| f.text.contains(&changeset.replacen("sim.a:", "sim:", 1)));
+    assert!(
+        host_turn,
+        "the host received alice's attachment in its form"
+    );
     raw_actions_until(&mut alice, |e| {
         e.channel == a_chat && action_type(e) == "chat/turnComplete"
     })
     .await;
-    // VS Code's canvas of her chat, `ahp-canvas:/<b64url(chat)>/<id>`
-    // (qualified by its host), is hers too.
+    // VS Code's canvas of her chat, `ahp-canvas:/<b64url(chat)>/<id>` as
+    // the host names it (the chat inside in the host's form, qualified by
+    // its host in front), is hers too.
+    let host_chat = format!(
+        "ahp-chat://default/{}",
+        URL_SAFE_NO_PAD.encode("sim:/0a11ce00-0000-4000-8000-000000000001")
+    );
     let canvas = format!(
         "ahp-canvas:/a~{}/1",
-        URL_SAFE_NO_PAD.encode(a_chat.as_bytes())
+        URL_SAFE_NO_PAD.encode(host_chat.as_bytes())
     );
     let echo = turn_with(&mut alice, &a_chat, 2, &canvas).await;
     assert!(
@@ -142,14 +150,14 @@ async fn a_changeset_uri_belongs_to_its_session() {
 
     let mut bob = t.raw("bob").await;
     bob.initialize("cs-bob").await;
-    let b_chat = own_session(&mut bob, "sim:/0b0b0000-0000-4000-8000-000000000002").await;
+    let b_chat = own_session(&mut bob, "sim.a:/0b0b0000-0000-4000-8000-000000000002").await;
     t.hosts[0].clear_record();
     let mut reasons = Vec::new();
     for (seq, uri) in [
         (1, changeset),
         (
             2,
-            "sim:/0a11ce00-0000-4000-8000-000000000009/changeset/session",
+            "sim.a:/0a11ce00-0000-4000-8000-000000000009/changeset/session",
         ),
         (3, "ahp-changeset:/a~alice-turn-1"),
         (4, canvas.as_str()),
@@ -178,7 +186,7 @@ async fn own_session(ws: &mut RawWs, uri: &str) -> String {
         .request(
             90,
             "createSession",
-            json!({"channel": uri, "provider": "sim@a"}),
+            json!({"channel": uri, "provider": "sim.a"}),
         )
         .await;
     assert!(r.get("error").is_none(), "{r}");

@@ -75,7 +75,7 @@ async fn a_swapped_policy_decides_listing_and_root() {
         .iter()
         .filter_map(|a| a["provider"].as_str())
         .collect();
-    assert_eq!(agents, ["sim@a"]);
+    assert_eq!(agents, ["sim.a"]);
     assert_eq!(root["result"]["snapshot"]["state"]["activeSessions"], 1);
     assert_hidden_host_untouched(&t);
 }
@@ -112,7 +112,7 @@ async fn a_swapped_policy_decides_routing() {
             .request(
                 id,
                 "createSession",
-                json!({"channel": channel, "provider": "sim@a"}),
+                json!({"channel": channel, "provider": "sim.a"}),
             )
             .await;
         assert_eq!(create["error"]["code"], code, "{what}: {create}");

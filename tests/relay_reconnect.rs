@@ -7,7 +7,7 @@
 //! `reconnect` answer is the cut: nothing live is written before it).
 //!
 //! Host states are compared in client names: seeded host URIs qualified
-//! `<scheme>:/<host>~<id>`, providers `<p>@<host>` (see `common::names`).
+//! `<scheme>:/<host>~<id>`, providers `<p>.<host>` (see `common::names`).
 
 mod common;
 
@@ -93,10 +93,18 @@ async fn s5_drop_mid_turn_then_replay_continues_exactly_after_the_watermark() {
     .await;
     assert_contiguous(&before, s0);
     let watermark = before.last().expect("envelopes before the drop").server_seq;
-    // Abrupt drop: the transport goes away without a close frame.
+    // Abrupt drop: the transport goes away without a close frame. The
+    // client comes back once the relay has detached it and buffered more
+    // of the turn (~0.2 s of 3 s of streaming), so the replay has content
+    // and the turn is still streaming.
     drop(events);
     drop(a);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let away = t.session("alice", "s5");
+    wait_until("the relay buffered the turn while s5 is away", || {
+        let s = away.lock();
+        s.socket_id().is_none() && s.buffered_since(watermark).0.len() >= 10
+    })
+    .await;
 
     let mut b = t.raw("alice").await;
     let r = raw_reconnect(
@@ -120,7 +128,7 @@ async fn s5_drop_mid_turn_then_replay_continues_exactly_after_the_watermark() {
     );
     let last_replayed = replayed.last().map_or(watermark, |e| e.server_seq);
     let mut live = raw_actions_until(&mut b, |e| is(e, &chat, "chat/turnComplete")).await;
-    live.extend(raw_settle(&mut b, 2).await);
+    live.extend(raw_settle(&mut b, 2, &[&chat]).await);
     assert!(deltas(&live, &chat) > 0, "live deltas after the reconnect");
     assert_contiguous(&live, last_replayed);
 
@@ -192,8 +200,13 @@ async fn s6_run() -> S6Run {
     assert_eq!(first_link.len(), 1, "one link so far: {first_link:?}");
     drop(events);
     drop(a);
-    // ~50 envelopes are numbered while away: far more than the buffer holds.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // More envelopes are numbered while away than the buffer holds: the
+    // relay has evicted past the watermark.
+    let away = t.session("alice", "s6");
+    wait_until("s6's buffer evicted past its watermark", || {
+        !away.lock().buffered_since(watermark).1
+    })
+    .await;
     let mark = h.received().len();
     let mut ws = t.raw("alice").await;
     let r = raw_reconnect(
@@ -246,7 +259,7 @@ async fn s6_a_client_past_the_buffer_gets_snapshots_and_converges() {
         "snapshot taken mid-turn (machine too slow?): {chat_snap}"
     );
     let mut live = raw_actions_until(&mut b, |e| is(e, &chat, "chat/turnComplete")).await;
-    live.extend(raw_settle(&mut b, 2).await);
+    live.extend(raw_settle(&mut b, 2, &[&chat]).await);
     assert_contiguous(&live, from);
     assert!(deltas(&live, &chat) > 0, "live deltas after the snapshot");
     let reduced = reduce_chat(&chat_snap, &chat, &live);
@@ -364,7 +377,7 @@ async fn watermark_outside_s0_to_last_gets_snapshot() {
     ws.request(1, "subscribe", json!({"channel": chat})).await;
     ws.send_json(&start_turn_frame(&chat, 1, "wm-turn")).await;
     let mut envs = raw_actions_until(&mut ws, |e| is(e, &chat, "chat/turnComplete")).await;
-    envs.extend(raw_settle(&mut ws, 2).await);
+    envs.extend(raw_settle(&mut ws, 2, &[&chat]).await);
     assert_contiguous(&envs, s0);
     let last = envs.last().expect("envelopes").server_seq;
     drop(ws);
@@ -517,7 +530,7 @@ async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal(
     }
     b.send_json(&start_turn_frame(&chat, 1, "sup-turn")).await;
     let mut live = raw_actions_until(&mut b, |e| is(e, &chat, "chat/turnComplete")).await;
-    live.extend(raw_settle(&mut b, 2).await);
+    live.extend(raw_settle(&mut b, 2, &[&chat]).await);
     assert_contiguous(&live, s0);
     let echo = live[0].origin.as_ref().expect("the echo has an origin");
     assert_eq!(
@@ -576,8 +589,8 @@ async fn detach_grace_closes_links_then_retention_ends() {
     let dropped = Instant::now();
     drop(x);
     drop(y);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(h.connections(), 3, "links stay open during the grace");
+    // The links stay open during the grace: the lower bound on `elapsed`
+    // below (no fixed-time probe, which load could push past the grace).
     wait_until("links closed after the grace", || h.connections() == 1).await;
     let elapsed = dropped.elapsed();
     assert!(
@@ -608,7 +621,14 @@ async fn detach_grace_closes_links_then_retention_ends() {
     assert_eq!(host_now["turns"][0]["id"], "bob-turn", "{host_now}");
     assert_eq!(s["state"], host_now);
 
-    tokio::time::sleep_until((dropped + Duration::from_millis(3500)).into()).await;
+    // y's record goes after grace + retain (3 s); polled in the registry,
+    // since a `reconnect` before that would re-attach it.
+    wait_until("y's record dropped", || !t.has_session("alice", "s-y")).await;
+    assert!(
+        dropped.elapsed() >= Duration::from_secs(3),
+        "y's record dropped before grace + retain: {:?}",
+        dropped.elapsed()
+    );
     let mut y = t.raw("alice").await;
     let r = y
         .request(
@@ -645,7 +665,9 @@ async fn session_closed_by_the_relay_is_still_dropped_after_retention() {
         Next::Closed(None) => panic!("closed without a close frame"),
         Next::Frame(f) => panic!("unexpected frame {f}"),
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Gone after grace + retain (2 s); polled in the registry, since a
+    // `reconnect` before that would re-attach it.
+    wait_until("the record dropped", || !t.has_session("alice", "s-4000")).await;
     let mut ws = t.raw("alice").await;
     let r = ws
         .request(

@@ -194,14 +194,14 @@ const S1_SESSIONS: [&str; 5] = [
 ];
 
 /// S1 (§6.1): the root snapshot, in an `InitializeResult` or from
-/// `subscribe`, lists both hosts' agents as `<p>@<host>` with their names
+/// `subscribe`, lists both hosts' agents as `<p>.<host>` with their names
 /// suffixed by the host's label (or name).
 #[tokio::test]
 async fn s1_root_lists_both_hosts_agents_qualified_and_labelled() {
     let t = s1_relay().await;
     let expected_agents = owned(&[
-        ("alpha@a", "Sim agent (a) (a)", "alpha@a"),
-        ("beta@b", "Sim agent (b) (Box B)", "beta@b"),
+        ("alpha.a", "Sim agent (a) (a)", "alpha.a"),
+        ("beta.b", "Sim agent (b) (Box B)", "beta.b"),
     ]);
     let c1 = t.client("alice").await;
     let init = call(&c1, "initialize", initialize_subscribing("s1-one", &[ROOT]))
@@ -252,9 +252,9 @@ async fn s1_list_sessions_merges_both_hosts_newest_first() {
     assert_ne!(uris[0][..15], uris[1][..15], "{uris:?}");
     for s in all["items"].as_array().expect("items") {
         let host = if s["resource"].as_str().unwrap().contains("/a~") {
-            "alpha@a"
+            "alpha.a"
         } else {
-            "beta@b"
+            "beta.b"
         };
         assert_eq!(s["provider"], host, "{s}");
     }
@@ -482,7 +482,7 @@ async fn s11_names_survive_a_relay_restart() {
     call(
         &c,
         "createSession",
-        json!({"channel": mine, "provider": "sim@b"}),
+        json!({"channel": mine, "provider": "sim.b"}),
     )
     .await
     .expect("createSession on b");
@@ -526,11 +526,11 @@ async fn s11_names_survive_a_relay_restart() {
     let list = call(&c, "listSessions", json!({"channel": ROOT}))
         .await
         .expect("listSessions");
-    assert_eq!(item(&list, mine)["provider"], "sim@b");
+    assert_eq!(item(&list, mine)["provider"], "sim.b");
     let e = fails(
         &c,
         "createSession",
-        json!({"channel": mine, "provider": "sim@a"}),
+        json!({"channel": mine, "provider": "sim.a"}),
     )
     .await;
     assert_eq!(
@@ -554,7 +554,7 @@ async fn create_mine(c: &Client) -> &'static str {
     let r = call(
         c,
         "createSession",
-        json!({"channel": mine, "provider": "sim@b"}),
+        json!({"channel": mine, "provider": "sim.b"}),
     )
     .await
     .expect("createSession");
@@ -572,13 +572,13 @@ async fn a_client_chosen_session_uri_is_routed_by_provider_and_unique() {
     let list = call(&c, "listSessions", json!({"channel": ROOT}))
         .await
         .expect("listSessions");
-    assert_eq!(item(&list, mine)["provider"], "sim@b");
+    assert_eq!(item(&list, mine)["provider"], "sim.b");
     assert!(t.hosts[1].session_uris().iter().any(|u| u == mine));
     assert!(!t.hosts[0].session_uris().iter().any(|u| u == mine));
     let e = fails(
         &c,
         "createSession",
-        json!({"channel": mine, "provider": "sim@a"}),
+        json!({"channel": mine, "provider": "sim.a"}),
     )
     .await;
     assert_eq!(e.code, -32003, "{e:?}");
@@ -601,7 +601,7 @@ async fn client_chosen_session_uris_must_be_a_plain_id() {
         let e = fails(
             &c,
             "createSession",
-            json!({"channel": bad, "provider": "sim@a"}),
+            json!({"channel": bad, "provider": "sim.a"}),
         )
         .await;
         assert_eq!(e.code, -32602, "{bad}: {e:?}");
@@ -609,7 +609,7 @@ async fn client_chosen_session_uris_must_be_a_plain_id() {
     let e = fails(
         &c,
         "createSession",
-        json!({"channel": "ahp-session:/mine-9", "provider": "sim@a",
+        json!({"channel": "ahp-session:/mine-9", "provider": "sim.a",
             "activeClient": {"clientId": "someone-else", "tools": []}}),
     )
     .await;
@@ -665,7 +665,7 @@ async fn a_client_chosen_chat_uri_is_created_and_subscribable() {
 async fn an_unknown_provider_is_refused_and_frees_the_name() {
     let (t, c) = chosen_world().await;
     let two = "ahp-session:/mine-2";
-    for provider in ["nope@b", "sim@zzz", "sim"] {
+    for provider in ["nope.b", "sim.zzz", "sim"] {
         let e = fails(
             &c,
             "createSession",
@@ -677,7 +677,7 @@ async fn an_unknown_provider_is_refused_and_frees_the_name() {
     call(
         &c,
         "createSession",
-        json!({"channel": two, "provider": "sim@a"}),
+        json!({"channel": two, "provider": "sim.a"}),
     )
     .await
     .expect("the name is free again after the refusal");
@@ -810,7 +810,7 @@ async fn a_stopped_host_is_unavailable_while_the_other_keeps_working() {
         (
             &late,
             "createSession",
-            json!({"channel": "ahp-session:/c4-new", "provider": "sim@b"}),
+            json!({"channel": "ahp-session:/c4-new", "provider": "sim.b"}),
         ),
     ] {
         let e = fails(who, method, params.clone()).await;
@@ -878,7 +878,7 @@ fn id_calls(n: usize) -> [(&'static str, &'static str, Value, &'static str, Valu
         (
             "host error",
             "createSession",
-            json!({"channel": fresh, "provider": "nope@a"}),
+            json!({"channel": fresh, "provider": "nope.a"}),
             "/error/code",
             json!(-32002),
         ),
@@ -1213,8 +1213,12 @@ async fn bad_requests_get_their_codes_and_the_socket_keeps_working() {
     assert_eq!(r["result"]["protocolVersion"], "1.0.3", "{r}");
     let r = ws.request(6, "frobnicate", json!({"channel": ROOT})).await;
     assert_eq!(r["error"]["code"], -32601, "{r}");
-    let r = ws.request(7, "listSessions", json!({})).await;
+    // A method that routes by its channel must name it (§4.1)…
+    let r = ws.request(7, "fetchTurns", json!({})).await;
     assert_eq!(r["error"]["code"], -32602, "{r}");
+    // …a root-scoped one may leave it out, as VS Code's client does.
+    let r = ws.request(70, "listSessions", json!({})).await;
+    assert!(r["result"]["items"].is_array(), "{r}");
     ws.send_text(r#"{"jsonrpc":"2.0","id":8,"method":"subscribe"}"#)
         .await;
     let r = ws.response(&json!(8)).await;
@@ -1468,7 +1472,7 @@ fn rewrite_forms(shape: &str, store: &RedbStore) -> (Value, Value, Vec<Leaf>) {
 }
 
 /// §4.3: every shape of the rewrite table (over 100 fields) round-trips
-/// host → client → host: URIs qualified `<host>~`, providers `p@host`, the
+/// host → client → host: URIs qualified `<host>~`, providers `p.host`, the
 /// upstream id as the client's own id; a's names sent to host b fail.
 #[test]
 fn rewrite_table_round_trips_every_shape() {
@@ -1482,7 +1486,7 @@ fn rewrite_table_round_trips_every_shape() {
                 FieldKind::Uri | FieldKind::Ref => format!("{}:/a~x1", l.scheme),
                 FieldKind::UriTemplate => format!("{}:/a~x1/{{turnId}}", l.scheme),
                 FieldKind::Published => "virtual://client/x1".into(),
-                FieldKind::Provider => "p@a".into(),
+                FieldKind::Provider => "p.a".into(),
                 FieldKind::ClientId => OWN.into(),
             };
             assert_eq!(
@@ -1524,7 +1528,7 @@ fn rewrite_table_fails_closed_on_foreign_names() {
                     format!("{}:/x1", l.scheme),
                 ],
                 FieldKind::Published => Vec::new(),
-                FieldKind::Provider => vec!["p@other".into(), "p".into()],
+                FieldKind::Provider => vec!["p.other".into(), "p".into()],
                 FieldKind::ClientId => vec!["someone-else".into(), UP.into()],
             };
             for bad in refused {
@@ -1580,7 +1584,7 @@ async fn a_client_chosen_uri_has_no_qualified_alias() {
     call(
         &c,
         "createSession",
-        json!({"channel": mine, "provider": "sim@b"}),
+        json!({"channel": mine, "provider": "sim.b"}),
     )
     .await
     .expect("createSession");
@@ -1633,16 +1637,18 @@ async fn links_originate_only_integer_ids() {
     let c = t.client_init("alice", "quiet").await;
     subscribe_raw(&c, "ahp-session:/a~a-1").await;
     let up = t.upstream_id("alice", "quiet");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let frames: Vec<Value> = t.hosts[0]
-        .received_from(&up)
-        .iter()
-        .map(|f| serde_json::from_str(&f.text).expect("JSON"))
-        .collect();
-    assert!(
-        frames.iter().any(|f| f["method"] == "ping"),
-        "the link pinged after 1 s of silence: {frames:?}"
-    );
+    let frames = || -> Vec<Value> {
+        t.hosts[0]
+            .received_from(&up)
+            .iter()
+            .map(|f| serde_json::from_str(&f.text).expect("JSON"))
+            .collect()
+    };
+    wait_until("the link pings after 1 s of silence", || {
+        frames().iter().any(|f| f["method"] == "ping")
+    })
+    .await;
+    let frames = frames();
     for f in frames.iter().filter(|f| f.get("id").is_some()) {
         assert!(
             f["id"].is_u64(),
@@ -1669,12 +1675,13 @@ async fn relay_stop_closes_its_host_connections() {
     .await;
 }
 
-/// A host that refuses the relay's protocol version is hidden: no agent, no
-/// session, and its URIs answer like nonexistent ones (contract §4.1).
+/// A host that refuses every version the relay speaks (here a 2.x host) is
+/// hidden: no agent, no session, and its URIs answer like nonexistent ones
+/// (contract §4.1).
 #[tokio::test]
 async fn incompatible_host_is_hidden() {
     let old = SimHostConfig {
-        legacy_0_9: true,
+        protocol: ahp_relay::simhost::HostProtocol::V2,
         ..fast_config("old", 2)
     };
     let t = TestRelay::start_unchecked(vec![fast_config("a", 1), old], "", "").await;
@@ -1710,5 +1717,5 @@ async fn incompatible_host_is_hidden() {
         .iter()
         .filter_map(|a| a["provider"].as_str())
         .collect();
-    assert_eq!(providers, ["sim@a"]);
+    assert_eq!(providers, ["sim.a"]);
 }

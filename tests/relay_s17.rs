@@ -221,7 +221,7 @@ async fn complete_after_snapshot(
     ))
     .await;
     let mut live = raw_actions_until(&mut ws, |e| is(e, &chat, "chat/turnComplete")).await;
-    live.extend(raw_settle(&mut ws, 2).await);
+    live.extend(raw_settle(&mut ws, 2, &[&chat]).await);
     assert_contiguous(&live, from);
     let echo = live
         .iter()
@@ -270,13 +270,19 @@ async fn s17_snapshot_reconnect_keeps_the_running_client_tool_call() {
     } = run;
     let closed = old.close_code().await.map(|c| c.0);
     assert_eq!(closed, Some(4009), "the older socket was superseded");
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    let superseded = Instant::now();
+    wait_until("re-baselined by a new link's initialize", || {
+        initializes_of(h, &up) == 2
+    })
+    .await;
+    // Well past the host's 300 ms grace (waiting out a duration is the point).
+    tokio::time::sleep_until((superseded + Duration::from_millis(900)).into()).await;
 
     let methods = methods_from(h, &up);
     assert_eq!(
         initializes_of(h, &up),
         2,
-        "re-baselined by a new link's initialize"
+        "re-baselined by a new link's initialize, once"
     );
     assert!(
         !methods.iter().any(|m| m == "unsubscribe"),
@@ -424,12 +430,12 @@ async fn dropped_client_without_tool_calls_keeps_its_links_through_the_grace() {
     );
     assert_eq!(h.connections(), 2);
     assert!(t.session("alice", "idle").tool_calls.is_empty());
+    let dropped = Instant::now();
     drop(ws);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        t.session("alice", "idle").lock().socket_id().is_none(),
-        "the session is detached"
-    );
+    let s = t.session("alice", "idle");
+    wait_until("the session is detached", || s.lock().socket_id().is_none()).await;
+    // Four times the host's grace (waiting out a duration is the point).
+    tokio::time::sleep_until((dropped + Duration::from_secs(2)).into()).await;
     assert_eq!(h.connections(), 2, "the link stays open");
     assert_eq!(
         host_active_clients(h, &host_session),

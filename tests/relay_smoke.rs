@@ -30,6 +30,6 @@ async fn lists_sessions_of_every_host_with_distinct_uris() {
         list.items.iter().map(|s| s.provider.as_str()).collect();
     assert_eq!(
         providers.into_iter().collect::<Vec<_>>(),
-        ["sim@alpha", "sim@beta"]
+        ["sim.alpha", "sim.beta"]
     );
 }

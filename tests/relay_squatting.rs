@@ -189,7 +189,7 @@ async fn a_session_create_cannot_adopt_an_external_session() {
         request(
             1,
             "createSession",
-            json!({"channel": external, "provider": "sim@a"}),
+            json!({"channel": external, "provider": "sim.a"}),
         ),
         request(2, "subscribe", json!({"channel": external})),
         dispatch(
@@ -211,7 +211,7 @@ async fn a_session_create_cannot_adopt_an_external_session() {
         .request(
             1,
             "createSession",
-            json!({"channel": mine, "provider": "sim@a"}),
+            json!({"channel": mine, "provider": "sim.a"}),
         )
         .await;
     assert_eq!(created["result"], Value::Null, "{created}");
@@ -227,7 +227,7 @@ async fn a_session_create_cannot_adopt_an_external_session() {
         .request(
             4,
             "createSession",
-            json!({"channel": own, "provider": "sim@a"}),
+            json!({"channel": own, "provider": "sim.a"}),
         )
         .await;
     assert_eq!(created["result"], Value::Null, "{created}");

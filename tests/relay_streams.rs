@@ -8,7 +8,7 @@
 //! fresh subscriber's snapshot, and the host's own state with its names
 //! translated to client names by `common::names` (an independent
 //! implementation of §4.2–4.3: host URIs qualified `<host>~<id>` unless
-//! client-chosen, providers `<p>@<host>`).
+//! client-chosen, providers `<p>.<host>`).
 
 mod common;
 
@@ -144,7 +144,7 @@ async fn s2_run() -> S2Run {
         .await
         .expect("initialize");
     let s0 = u64::try_from(init.server_seq).expect("S0 is non-negative");
-    create_session(&client, S2_SESSION, "sim@b").await;
+    create_session(&client, S2_SESSION, "sim.b").await;
     let session_snap = subscribe_raw(&client, S2_SESSION).await;
     let chat = session_snap["state"]["chats"][0]["resource"]
         .as_str()
@@ -158,7 +158,7 @@ async fn s2_run() -> S2Run {
         .await
         .expect("dispatch");
     all.extend(actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await);
-    all.extend(settle(&client, &mut events).await);
+    all.extend(settle(&client, &mut events, &[&chat]).await);
     S2Run {
         t,
         s0,
@@ -175,7 +175,7 @@ async fn s2_run() -> S2Run {
 
 /// S2 (§5.1, §5.2, §4.2): S0 is microseconds since the epoch (below 2^53);
 /// a session created on host b keeps its client-chosen URI, its provider
-/// is `sim@b` and its one default chat is qualified; each snapshot's
+/// is `sim.b` and its one default chat is qualified; each snapshot's
 /// `fromSeq` is the last number issued before its answer; and everything
 /// the client gets (over 300 deltas and its own echo, with its origin) is
 /// one dense sequence after S0.
@@ -194,7 +194,7 @@ async fn s2_a_created_session_streams_one_dense_sequence() {
         r.s0,
         "nothing numbered yet: the snapshot's fromSeq is S0"
     );
-    assert_eq!(r.session_snap["state"]["provider"], "sim@b");
+    assert_eq!(r.session_snap["state"]["provider"], "sim.b");
     let chats = r.session_snap["state"]["chats"].as_array().expect("chats");
     assert_eq!(chats.len(), 1, "one default chat: {chats:?}");
     assert_eq!(r.chat, "ahp-chat:/b~s2-x-main", "default chat qualified");
@@ -296,7 +296,7 @@ async fn race_envelopes(
                 .is_some_and(|w| is_complete_of(e, chat, w))
     })
     .await;
-    envs.extend(settle(client, events).await);
+    envs.extend(settle(client, events, &[chat]).await);
     assert_strictly_increasing(&envs);
     envs
 }
@@ -433,7 +433,7 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
             actions_until(&mut lev, |e| is_complete_of(e, &chat, &turn)).await
         };
         let _ = actions_until(&mut sev, |e| is_complete_of(e, &chat, &turn)).await;
-        envs.extend(settle(&late, &mut lev).await);
+        envs.extend(settle(&late, &mut lev, &[&chat]).await);
         assert_contiguous(&envs, from);
         let reduced = reduce_chat(&snap["state"], &chat, &envs);
         let expected = host_state(&t.hosts[0], &host_chat, &[]);
@@ -500,7 +500,7 @@ async fn two_hosts_interleave_into_one_sequence() {
         done_a && done_b
     })
     .await;
-    all.extend(settle(&client, &mut events).await);
+    all.extend(settle(&client, &mut events, &[&chat_a, &chat_b]).await);
     assert_strictly_increasing(&all);
     assert_contiguous(&all, s0);
     let switches = all
@@ -613,7 +613,7 @@ async fn root_run() -> RootRun {
         .await
         .expect("spy initialize");
     let creator = t.client_init("carl", "root-creator").await;
-    create_session(&creator, ROOT_NEW, "sim@a").await;
+    create_session(&creator, ROOT_NEW, "sim.a").await;
     let direct = connect_init(&t.hosts[1].url(), "direct-user").await;
     create_session(&direct, "ahp-session:/direct-5", "sim").await;
     let mut cev = creator.events();
@@ -650,7 +650,7 @@ async fn root_run() -> RootRun {
 }
 
 /// §6.1: the relay's root snapshot (from the client's S0) merges both
-/// hosts' agents as `<p>@<host>`, counts both hosts' sessions, and carries
+/// hosts' agents as `<p>.<host>`, counts both hosts' sessions, and carries
 /// neither a host's `config` nor its `_meta`.
 #[tokio::test]
 async fn root_snapshot_merges_agents_and_hides_host_config() {
@@ -680,7 +680,7 @@ async fn root_snapshot_merges_agents_and_hides_host_config() {
         .map(|a| a["provider"].as_str().expect("provider"))
         .collect();
     providers.sort();
-    assert_eq!(providers, ["sim@a", "sim@b"], "agents qualified");
+    assert_eq!(providers, ["sim.a", "sim.b"], "agents qualified");
 }
 
 /// §6.3: a root watcher that also holds a link to the host gets
@@ -692,10 +692,10 @@ async fn root_session_added_reaches_the_watcher_once_per_session() {
     let run = root_run().await;
     let mine = added(&run.evs, ROOT_NEW);
     assert_eq!(mine.len(), 1, "sessionAdded once for {ROOT_NEW}");
-    assert_eq!(mine[0]["provider"], "sim@a");
+    assert_eq!(mine[0]["provider"], "sim.a");
     let theirs = added(&run.evs, "ahp-session:/b~direct-5");
     assert_eq!(theirs.len(), 1, "host-created session qualified, once");
-    assert_eq!(theirs[0]["provider"], "sim@b");
+    assert_eq!(theirs[0]["provider"], "sim.b");
 }
 
 /// §6.3, §4.3: every `sessionSummaryChanged` the host sends reaches a root
@@ -771,8 +771,8 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
     let mut cfg = host("v", 1, script(5, 8, 0));
     cfg.vscode_compat = true;
     // VS Code names: the client derives the default chat from the
-    // qualified session `sim:/v~<uuid>`.
-    let session = format!("sim:/v~{}", naming::seeded_uuid(&cfg, 1));
+    // qualified session `sim.v:/<uuid>`.
+    let session = format!("sim.v:/{}", naming::seeded_uuid(&cfg, 1));
     let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
     let t = TestRelay::start(vec![cfg], "").await;
     let mut a = t.raw("alice").await;
@@ -793,7 +793,7 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         ("b", "ahp-session:/s18-y", "tok-b"),
     ] {
         let creator = if who == "a" { &mut a } else { &mut b };
-        let params = json!({"channel": uri, "provider": "sim@v", "progressToken": token});
+        let params = json!({"channel": uri, "provider": "sim.v", "progressToken": token});
         creator
             .send_json(&request_frame(10, "createSession", params))
             .await;
@@ -805,9 +805,20 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         } else {
             got_b.extend(frames);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        got_a.extend(frames_before_ping(&mut a, 20).await);
-        got_b.extend(frames_before_ping(&mut b, 20).await);
+        // Both hear of the session through the watch link; then a round
+        // trip through the host on each one's own link (where the host
+        // broadcasts too) and a ping: every copy has reached the relay and
+        // whatever it forwarded is read.
+        let added = |v: &Value| {
+            v["method"] == "root/sessionAdded" && v["params"]["summary"]["resource"] == uri
+        };
+        for (raw, got) in [(&mut a, &mut got_a), (&mut b, &mut got_b)] {
+            if !got.iter().any(added) {
+                got.extend(frames_until(raw, added).await);
+            }
+            got.extend(raw_host_barrier(raw, 19, &chat).await);
+            got.extend(frames_before_ping(raw, 20).await);
+        }
     }
     for (name, got, own, other) in [
         ("a", &got_a, "tok-a", "tok-b"),
@@ -845,7 +856,7 @@ async fn s18_broadcasting_host_progress_and_catalog_once() {
         assert!(
             got.iter()
                 .filter(|f| f["method"] == "root/sessionAdded")
-                .all(|f| f["params"]["summary"]["provider"] == "sim@v"),
+                .all(|f| f["params"]["summary"]["provider"] == "sim.v"),
             "{name}: catalog provider qualified"
         );
     }
@@ -1017,7 +1028,7 @@ async fn slow_consumer_case(limits: &str) {
         .await
         .expect("dispatch");
     let mut envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
-    envs.extend(settle(&fast, &mut events).await);
+    envs.extend(settle(&fast, &mut events, &[&chat]).await);
     assert_contiguous(&envs, init.server_seq as u64);
     assert_eq!(
         reduce_chat(&snap["state"], &chat, &envs),

@@ -260,6 +260,22 @@ impl Peer {
         }
     }
 
+    /// Waits until the whole log satisfies `pred` (reading more as needed).
+    async fn wait_log(&mut self, what: &str, pred: impl Fn(&[Value]) -> bool) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !pred(&self.log) {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{}: timed out waiting for {what}",
+                self.who
+            );
+            if let Err(c) = self.read_one(left).await {
+                panic!("{}: closed {c:?} while waiting for {what}", self.who);
+            }
+        }
+    }
+
     /// Reads whatever arrives within `window` into the log.
     async fn drain(&mut self, window: Duration) {
         let deadline = tokio::time::Instant::now() + window;
@@ -328,7 +344,7 @@ async fn create_session(p: &mut Peer, uri: &str, host: &str) {
     let r = p
         .call(
             "createSession",
-            json!({"channel": uri, "provider": format!("sim@{host}")}),
+            json!({"channel": uri, "provider": format!("sim.{host}")}),
         )
         .await;
     assert_eq!(
@@ -691,7 +707,7 @@ async fn matrix_listing(
             root["activeSessions"]
         ));
     }
-    if sorted_strings(&root["agents"], "provider") != ["sim@a", "sim@b"] {
+    if sorted_strings(&root["agents"], "provider") != ["sim.a", "sim.b"] {
         problems.push(format!("{tag}: root agents {}", root["agents"]));
     }
     let listed = me.listed().await;
@@ -2120,10 +2136,48 @@ async fn visibility_changes(peers: &mut [Peer; 4]) {
             && v.to_string().contains(VIS_MY_TERM)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    for p in peers.iter_mut() {
+    // The last root news each peer gets: its final `activeSessions` (the
+    // count only grows here) and, for who sees alice's session, the summary
+    // change of her finished turn. The fan-out writes each watch event to
+    // every follower in one pass, so once these are in, so is everything
+    // before them; the ping then reads what was queued.
+    for (p, want) in peers.iter_mut().zip([1, 1, 1, 4]) {
+        p.wait_log("its final activeSessions", |log| {
+            last_active_sessions(log) == Some(json!(want))
+        })
+        .await;
+        if p.who != "bob" {
+            p.wait_log("alice's turn ended in her summary", |log| {
+                turn_ended_in_summary(log, VIS_MINE)
+            })
+            .await;
+        }
         p.settle().await;
     }
+}
+
+/// The `activeSessions` of the last `root/activeSessionsChanged` in `log`.
+fn last_active_sessions(log: &[Value]) -> Option<Value> {
+    log.iter()
+        .rev()
+        .find(|v| v["params"]["action"]["type"] == "root/activeSessionsChanged")
+        .map(|v| v["params"]["action"]["activeSessions"].clone())
+}
+
+/// Whether `log` has a `root/sessionSummaryChanged` of `session` in progress
+/// (8) and, after it, one idle (1).
+fn turn_ended_in_summary(log: &[Value], session: &str) -> bool {
+    let statuses: Vec<&Value> = log
+        .iter()
+        .filter(|v| {
+            v["method"] == "root/sessionSummaryChanged" && v["params"]["session"] == session
+        })
+        .map(|v| &v["params"]["changes"]["status"])
+        .collect();
+    statuses
+        .iter()
+        .position(|s| **s == 8)
+        .is_some_and(|i| statuses[i..].iter().any(|s| **s == 1))
 }
 
 /// Each peer's fresh root: its agents' providers, its terminals and its
@@ -2153,9 +2207,9 @@ async fn roots_of(peers: &mut [Peer; 4]) -> (Vec<Vec<String>>, Vec<Vec<String>>,
 async fn root_state_shows_only_what_the_principal_sees() {
     let (_t, mut peers) = visibility_world().await;
     let (agents, terminals, active) = roots_of(&mut peers).await;
-    assert_eq!(agents[1], ["sim@a"], "host b is invisible to bob");
+    assert_eq!(agents[1], ["sim.a"], "host b is invisible to bob");
     for i in [0, 2, 3] {
-        assert_eq!(agents[i], ["sim@a", "sim@b"]);
+        assert_eq!(agents[i], ["sim.a", "sim.b"]);
     }
     assert_eq!(
         terminals,
@@ -2242,12 +2296,7 @@ async fn fresh_views_after_catalog_changes_agree_with_the_live_ones() {
         "terminals: claimed for a session one sees"
     );
     for (p, want) in peers.iter().zip([1, 1, 1, 4]) {
-        let last = p
-            .log
-            .iter()
-            .rev()
-            .find(|v| v["params"]["action"]["type"] == "root/activeSessionsChanged")
-            .map(|v| v["params"]["action"]["activeSessions"].clone());
+        let last = last_active_sessions(&p.log);
         assert_eq!(last, Some(json!(want)), "{}'s live activeSessions", p.who);
     }
 }
@@ -2289,7 +2338,8 @@ async fn bob_detached_with_alice_buffered(t: &TestRelay) -> (Peer, Peer, u64) {
     bob.settle().await;
     let watermark = bob.seen;
     drop(bob);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let away = t.session("bob", "same");
+    wait_until("bob is detached", || away.lock().socket_id().is_none()).await;
 
     let seq = alice
         .dispatch(&her_chat, turn_started("secret", "alice's secret"))
@@ -2544,4 +2594,72 @@ async fn s19_per_principal_caps_leave_other_principals_alone() {
         .await;
     assert_eq!(r["error"]["data"]["reason"], "linkLimit", "{r}");
     subscribe_ok(&mut alices[1], "ahp-session:/b~b-1").await;
+}
+
+/// §3.3, §7.6 (issue 18, hole 1): a socket's rights are its own token's.
+/// Mallory initializes as "w1" with a token carrying group `platform`
+/// (admin on `a`, every session, external ones too) and follows the seeded
+/// session; she then reconnects "w1" with a token *without* the group. The
+/// answer is a `snapshot` built under her new rights (the seeded session
+/// absent), and from then on she is what the group-less token makes her —
+/// a viewer of her own sessions: nothing external listed, `createSession`
+/// -32009, `disposeSession` of the seeded session answered as nonexistent,
+/// `resourceWrite` -32009, and host `a` receives none of it. Before the
+/// fix she stayed admin through the `replay`.
+#[tokio::test]
+async fn a_reconnect_takes_the_groups_of_its_own_token() {
+    let platform = "groups = [\"platform\"]\nexternal_sessions = true";
+    let rules = rule("platform", &[], &["a"], "admin", "all", platform)
+        + &rule("mallory", &["mallory"], &["a"], "viewer", "own", "");
+    let t = TestRelay::start(two_hosts(), &rules).await;
+    let seeded = "ahp-session:/a~a-1";
+    let mut mal = Peer::open(&t, "mallory", &["platform"]).await;
+    let init = mal.initialize("w1").await;
+    assert!(init["result"]["serverSeq"].is_u64(), "{init}");
+    let listed = mal.call("listSessions", json!({"channel": ROOT})).await;
+    assert!(listed.to_string().contains(seeded), "as admin: {listed}");
+    let r = mal.call("subscribe", json!({"channel": seeded})).await;
+    assert!(r["result"]["snapshot"].is_object(), "as admin: {r}");
+    mal.settle().await;
+    let watermark = mal.seen;
+    drop(mal);
+
+    let mut mal = Peer::open(&t, "mallory", &[]).await;
+    mal.client_id = "w1".into();
+    let r = mal
+        .call(
+            "reconnect",
+            reconnect_params("w1", watermark, &[ROOT, seeded]),
+        )
+        .await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    let resources = sorted_strings(&r["result"]["snapshots"], "resource");
+    assert_eq!(resources, vec![ROOT.to_string()], "{r}");
+    let upstream = t.upstream_id("mallory", "w1");
+    let before = frames_from(&t.hosts[0], &upstream).len();
+
+    let listed = mal.call("listSessions", json!({"channel": ROOT})).await;
+    assert!(!listed.to_string().contains(seeded), "as viewer: {listed}");
+    let created = mal
+        .call(
+            "createSession",
+            json!({"channel": "ahp-session:/mal-1", "provider": "sim.a"}),
+        )
+        .await;
+    assert_eq!(created["error"]["code"], -32009, "{created}");
+    let disposed = mal.call("disposeSession", json!({"channel": seeded})).await;
+    assert_eq!(disposed["error"]["code"], -32001, "{disposed}");
+    let file = format!("file://a{}", t.hosts[0].sandbox().join("mal.txt").display());
+    let write = json!({"channel": ROOT, "uri": file, "data": "x", "encoding": "utf-8"});
+    let written = mal.call("resourceWrite", write).await;
+    assert_eq!(written["error"]["code"], -32009, "{written}");
+    assert!(!t.hosts[0].sandbox().join("mal.txt").exists());
+    let after: Vec<String> = frames_from(&t.hosts[0], &upstream)[before..]
+        .iter()
+        .filter_map(|f| f["method"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        after.iter().all(|m| m == "ping" || m == "unsubscribe"),
+        "host a received {after:?} after the reconnect"
+    );
 }

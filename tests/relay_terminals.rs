@@ -87,3 +87,59 @@ async fn a_terminal_without_a_host_is_refused_with_how_to_name_one() {
     assert!(host_frames(&t.hosts[0], "createTerminal").is_empty());
     assert!(host_frames(&t.hosts[1], "createTerminal").is_empty());
 }
+
+/// A client that names no host (most clients know nothing of hosts) opens a
+/// terminal where it may: with two visible hosts of which only `b` lets the
+/// principal use terminals (a viewer rule on `a`), the terminal goes to `b`
+/// without any configuration; a configured `relay.default_host` among the
+/// usable hosts wins over that, and with two usable hosts and no default
+/// the refusal says how to name one.
+#[tokio::test]
+async fn a_terminal_without_a_cwd_goes_where_the_principal_may_use_one() {
+    let rules = rule("watch-a", &["alice"], &["a"], "viewer", "all", "")
+        + &rule("work-b", &["alice"], &["b"], "operator", "all", "");
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], &rules).await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("term-3").await;
+    let params = json!({"channel": "ahp-terminal:/alice-term-3",
+        "claim": {"kind": "client", "clientId": "term-3"}});
+    let r = ws.request(1, "createTerminal", params).await;
+    assert!(r.get("result").is_some(), "{r}");
+    assert_eq!(host_frames(&t.hosts[1], "createTerminal").len(), 1, "on b");
+    assert!(
+        host_frames(&t.hosts[0], "createTerminal").is_empty(),
+        "not a"
+    );
+
+    let both = rule("both", &["alice"], &["*"], "operator", "all", "");
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], &both).await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("term-4").await;
+    let params = json!({"channel": "ahp-terminal:/alice-term-4",
+        "claim": {"kind": "client", "clientId": "term-4"}});
+    let r = ws.request(1, "createTerminal", params).await;
+    assert_eq!(
+        r["error"]["code"], -32602,
+        "two usable hosts, no default: {r}"
+    );
+}
+
+/// The demo's configuration names a default host, so its first terminal
+/// opens without a `cwd`: a `relay.default_host` among the hosts where the
+/// principal may use terminals takes the terminal.
+#[tokio::test]
+async fn a_configured_default_host_takes_a_terminal_without_a_cwd() {
+    let hosts = vec![fast_config("a", 1), fast_config("b", 1)];
+    let t = TestRelay::start_tweaked(hosts, "", "", |cfg| {
+        cfg.relay.default_host = Some("b".into());
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("term-5").await;
+    let params = json!({"channel": "ahp-terminal:/alice-term-5",
+        "claim": {"kind": "client", "clientId": "term-5"}});
+    let r = ws.request(1, "createTerminal", params).await;
+    assert!(r.get("result").is_some(), "{r}");
+    assert_eq!(host_frames(&t.hosts[1], "createTerminal").len(), 1, "on b");
+}

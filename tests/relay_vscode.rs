@@ -51,9 +51,13 @@ async fn list(client: &ahp::Client) -> Vec<Value> {
     r["items"].as_array().expect("items").clone()
 }
 
-/// Splits a qualified path-form URI `<scheme>:/<host>~<id>` into (host, `<scheme>:/<id>`).
+/// Splits a qualified URI into (host, host form): a provider-scheme session
+/// `<provider>.<host>:/<id>` or a path-form `<scheme>:/<host>~<id>`.
 fn unqualify(uri: &str) -> (String, String) {
     let (scheme, rest) = uri.split_once(":/").expect("path form");
+    if let Some((provider, host)) = ahp_relay::names::qualify::read_provider(scheme) {
+        return (host, format!("{provider}:/{rest}"));
+    }
     let (host, id) = rest.split_once('~').expect("qualified");
     (host.to_string(), format!("{scheme}:/{id}"))
 }
@@ -78,7 +82,8 @@ async fn distinct_sessions(t: &TestRelay, client: &ahp::Client, vscode: bool) ->
         assert!(a.contains(&host_uri), "{uri} names a host session");
         assert!(host == "a" || host == "b", "{uri}");
         if vscode {
-            assert!(uri.starts_with("sim:/"), "provider-scheme session: {uri}");
+            let scheme = format!("sim.{host}:/");
+            assert!(uri.starts_with(&scheme), "provider-scheme session: {uri}");
             assert_eq!(s["defaultChat"], derived_chat(uri), "{s}");
         }
     }
@@ -197,7 +202,7 @@ async fn file_uris_name_their_host() {
     let t = TestRelay::start(twin_hosts(true), "").await;
     let mut ws = t.raw("alice").await;
     ws.initialize("files").await;
-    let create = |channel: &str, dirs: Value| json!({"channel": channel, "provider": "sim@a", "workingDirectories": dirs});
+    let create = |channel: &str, dirs: Value| json!({"channel": channel, "provider": "sim.a", "workingDirectories": dirs});
     let params = create(
         "ahp-session:/mine-1",
         json!(["file://a/work/one", "file:///work/two"]),
@@ -231,7 +236,7 @@ async fn file_uris_name_their_host() {
             i.iter().find(|s| {
                 s["resource"]
                     .as_str()
-                    .is_some_and(|u| u.starts_with("sim:/b~"))
+                    .is_some_and(|u| u.starts_with("sim.b:/"))
             })
         })
         .cloned()
@@ -334,28 +339,45 @@ async fn vscode_client_creates_a_derived_chat() {
     }
 }
 
-/// VS Code's client names a new session itself, `<provider>:/<uuid>`
-/// (`AgentSession.uri`), and computes its default chat: through the relay
-/// the URI is reserved for its creator, created on the provider's host in
-/// exactly that form (not on the twin), listed verbatim, taken by no one
-/// else, and its default chat subscribes and runs a turn — against two
-/// hosts whose own ids collide, in VS Code mode and in plain mode.
+/// VS Code's client names a new session itself from the provider it was
+/// shown, `AgentSession.uri("sim.b", uuid)` = `sim.b:/<uuid>`, and computes
+/// its default chat: through the relay the URI is reserved for its creator,
+/// created on the provider's host as `sim:/<uuid>` — the shape VS Code's own
+/// host gives it — (not on the twin), listed exactly as the client named it,
+/// taken by no one else (not even spelled for the twin host), and its
+/// default chat subscribes and runs a turn — against two hosts whose own ids
+/// collide, in VS Code mode and in plain mode.
 async fn client_named_provider_session(vscode: bool) {
     let t = TestRelay::start(twin_hosts(vscode), "").await;
     let client = t.client_init("alice", "vs-create").await;
-    let session = "sim:/3f2a9c4e-0d1b-4c6e-9a7f-5b8d2e1c0a93";
+    let uuid = "3f2a9c4e-0d1b-4c6e-9a7f-5b8d2e1c0a93";
+    let (session, host_session) = (format!("sim.b:/{uuid}"), format!("sim:/{uuid}"));
+    let session = session.as_str();
     let created: Result<Value, _> = client
         .request(
             "createSession",
-            json!({"channel": session, "provider": "sim@b"}),
+            json!({"channel": session, "provider": "sim.b"}),
         )
         .await;
     assert!(created.is_ok(), "createSession: {created:?}");
     assert!(
-        t.hosts[1].channel_state(session).is_some(),
-        "host b has the session in the client's form"
+        t.hosts[1].channel_state(&host_session).is_some(),
+        "host b has the session in its provider-scheme form"
     );
-    assert!(t.hosts[0].channel_state(session).is_none(), "not host a");
+    assert!(
+        t.hosts[0].channel_state(&host_session).is_none(),
+        "not host a"
+    );
+    let r: Result<Value, _> = client
+        .request(
+            "createSession",
+            json!({"channel": format!("sim.a:/{uuid}x"), "provider": "sim.b"}),
+        )
+        .await;
+    match r {
+        Err(ahp::ClientError::Rpc(e)) => assert_eq!(e.code, -32602, "{e:?}"),
+        other => panic!("a session named for host a was made on b: {other:?}"),
+    }
     let listed: Vec<String> = list(&client)
         .await
         .iter()
@@ -383,14 +405,17 @@ async fn client_named_provider_session(vscode: bool) {
     let r: Result<Value, _> = bob
         .request(
             "createSession",
-            json!({"channel": session, "provider": "sim@a"}),
+            json!({"channel": format!("sim.a:/{uuid}"), "provider": "sim.a"}),
         )
         .await;
     match r {
         Err(ahp::ClientError::Rpc(e)) => assert_eq!(e.code, -32003, "{e:?}"),
         other => panic!("the name was taken twice: {other:?}"),
     }
-    assert!(t.hosts[0].channel_state(session).is_none(), "never on a");
+    assert!(
+        t.hosts[0].channel_state(&host_session).is_none(),
+        "never on a"
+    );
 }
 
 #[tokio::test]
@@ -401,4 +426,154 @@ async fn vscode_client_names_its_own_session() {
 #[tokio::test]
 async fn plain_host_takes_a_client_named_provider_session() {
     client_named_provider_session(false).await;
+}
+
+// ─── protocol versions and requests without `channel` (issue 26) ───────────
+
+/// `initialize` over a raw socket as `sub` offering `versions`, without
+/// `channel` (as VS Code's own host tests send it); the answer.
+async fn offer(t: &TestRelay, versions: &[&str], client_id: &str) -> (RawWs, Value) {
+    let mut ws = t.raw("alice").await;
+    let r = ws
+        .request(
+            1,
+            "initialize",
+            json!({"protocolVersions": versions, "clientId": client_id}),
+        )
+        .await;
+    (ws, r)
+}
+
+/// §4.1: the relay negotiates like a host over exactly the versions its
+/// rewrite table covers, from the highest offer whatever the order: VS
+/// Code's offers of three generations get 1.0.0 (main), 0.10.0 (1.141, the
+/// alias VS Code gives the 0.9/1.0 wire contract) and 0.9.0 (the 0.9 era);
+/// an offer of 0.8.0 or 1.1.0 alone gets -32005 naming the supported ranges.
+#[tokio::test]
+async fn vscode_version_offers_negotiate() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let offers: [(&[&str], &str); 4] = [
+        (&["1.0.0", "0.10.0", "0.9.0"], "1.0.0"),
+        (
+            &["0.10.0", "0.9.0", "0.7.0", "0.6.0", "0.5.2", "0.5.1"],
+            "0.10.0",
+        ),
+        (&["0.9.0", "0.7.0", "0.6.0", "0.5.2", "0.5.1"], "0.9.0"),
+        (&["0.9.0", "1.0.2", "0.10.0"], "1.0.2"),
+    ];
+    for (i, (versions, want)) in offers.into_iter().enumerate() {
+        let (_ws, r) = offer(&t, versions, &format!("v{i}")).await;
+        assert_eq!(r["result"]["protocolVersion"], want, "{versions:?}: {r}");
+    }
+    for versions in [&["0.8.0"][..], &["1.1.0"], &["0.10.1"]] {
+        let (_ws, r) = offer(&t, versions, "refused").await;
+        assert_eq!(r["error"]["code"], -32005, "{versions:?}: {r}");
+        let supported = r["error"]["data"]["supportedVersions"].to_string();
+        assert!(
+            supported.contains("0.10.0") && supported.contains("^0.9.0"),
+            "{r}"
+        );
+    }
+}
+
+/// A host of each VS Code generation behind one relay: one speaks only
+/// `^0.9.0`, one only `^0.10.0` (VS Code 1.141's host), one `^1.0.0`. The
+/// relay offers each link the client's version first and then the rest of
+/// the family, so a 1.0 client and a 0.9 client both see all three hosts'
+/// agents and run a turn on each host's default chat.
+#[tokio::test]
+async fn hosts_of_every_vscode_generation_serve_every_client() {
+    use ahp_relay::simhost::HostProtocol;
+    let hosts: Vec<SimHostConfig> = [
+        ("old", HostProtocol::V0_9),
+        ("mid", HostProtocol::V0_10),
+        ("new", HostProtocol::V1),
+    ]
+    .into_iter()
+    .map(|(name, protocol)| SimHostConfig {
+        protocol,
+        vscode_compat: true,
+        ..fast_config(name, 1)
+    })
+    .collect();
+    let t = TestRelay::start(hosts, "").await;
+    for (client_id, version) in [("gen-1.0", "1.0.0"), ("gen-0.9", "0.9.0")] {
+        let client = t.client("alice").await;
+        let init = client
+            .initialize(client_id.into(), vec![version.into()], vec![])
+            .await
+            .expect("initialize");
+        assert_eq!(init.protocol_version, version);
+        let items = list(&client).await;
+        let sessions: Vec<String> = items
+            .iter()
+            .filter_map(|s| s["resource"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(sessions.len(), 3, "{client_id}: {sessions:?}");
+        let mut events = client.events();
+        for (i, session) in sessions.iter().enumerate() {
+            let chat = derived_chat(session);
+            subscribe_raw(&client, &chat).await;
+            run_turn(&client, &mut events, &chat, &format!("{client_id}-{i}")).await;
+        }
+    }
+}
+
+/// VS Code's client sends `reconnect` without `channel` (it is root-scoped,
+/// §4.1): the relay answers it like any `reconnect` — here a `replay` — and a
+/// request that routes by its channel still must name one (-32602).
+#[tokio::test]
+async fn reconnect_without_channel_is_answered() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let (ws, r) = offer(&t, &["1.0.0"], "no-channel").await;
+    let seq = r["result"]["serverSeq"].as_u64().expect("serverSeq");
+    drop(ws);
+    let mut ws = t.raw("alice").await;
+    let r = ws
+        .request(
+            2,
+            "reconnect",
+            json!({"clientId": "no-channel", "lastSeenServerSeq": seq, "subscriptions": []}),
+        )
+        .await;
+    assert_eq!(r["result"]["type"], "replay", "{r}");
+    let r = ws.request(3, "subscribe", json!({})).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+}
+
+/// VS Code's terminal shapes through the relay: a terminal its shell tool
+/// minted on the host, `agenthost-terminal://shell/1`, is listed in the root
+/// as `agenthost-terminal://shell/a~1` (authority kept, host in the first
+/// segment) and subscribes; a terminal the workbench creates itself,
+/// `agenthost-terminal:/<uuid>` claimed by its own client, is reserved for
+/// it, created on the host exactly as named and subscribes too.
+#[tokio::test]
+async fn vscode_terminals_keep_their_shapes() {
+    let cfg = SimHostConfig {
+        vscode_compat: true,
+        terminals: 1,
+        ..fast_config("a", 1)
+    };
+    let t = TestRelay::start(vec![cfg], "").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("term").await;
+    let r = ws.request(1, "subscribe", json!({"channel": ROOT})).await;
+    let listed: Vec<&str> = r["result"]["snapshot"]["state"]["terminals"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|t| t["resource"].as_str()).collect())
+        .unwrap_or_default();
+    let shell = "agenthost-terminal://shell/a~1";
+    assert_eq!(listed, [shell], "{r}");
+    let r = ws.request(2, "subscribe", json!({"channel": shell})).await;
+    assert!(r["result"]["snapshot"]["state"].is_object(), "{r}");
+
+    let own = "agenthost-terminal:/7d5e6f10-0000-4000-8000-00000000c0de";
+    let claim = json!({"kind": "client", "clientId": "term"});
+    let r = ws
+        .request(3, "createTerminal", json!({"channel": own, "claim": claim}))
+        .await;
+    assert!(r.get("result").is_some(), "createTerminal: {r}");
+    assert!(t.hosts[0].channel_state(own).is_some(), "created as named");
+    let r = ws.request(4, "subscribe", json!({"channel": own})).await;
+    assert!(r["result"]["snapshot"]["state"].is_object(), "{r}");
 }

@@ -133,11 +133,18 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .iter()
         .map(|h| (h.config().name.clone(), h.url()))
         .collect();
+    // A terminal a client opens without naming a host (most clients know
+    // nothing of hosts) goes to the first host.
+    let default_host = pairs
+        .first()
+        .map(|(id, _)| format!("default_host = \"{id}\""))
+        .unwrap_or_default();
     let cfg = kit
-        .config(
+        .config_with_relay(
             &args.listen.to_string(),
             &pairs,
             "",
+            &default_host,
             crate::devkit::DEMO_POLICY,
         )
         .map_err(|e| e.to_string())?;

@@ -1,6 +1,7 @@
 //! The `ahp-relay` command line: one binary, one subcommand per job.
 
 pub mod demo;
+pub mod policy;
 pub mod serve;
 pub mod simhost;
 pub mod token;
@@ -25,6 +26,9 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Validate a configuration file.
     CheckConfig(serve::CheckArgs),
+    /// Ask the policy: `policy explain --sub S` shows what a principal holds
+    /// on every host and which rules grant it.
+    Policy(policy::PolicyArgs),
     /// Mint an HS256 token with a key file.
     Token(token::TokenArgs),
     /// Run a simulated AHP host (for demos, tests and benchmarks).

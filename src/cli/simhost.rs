@@ -47,9 +47,13 @@ pub struct SimHostArgs {
     #[arg(long)]
     pub id_seed: Option<u64>,
     /// Folder the host's file: resources live in (default: a fresh temporary
-    /// folder, removed on exit). Paths outside it are refused.
+    /// folder, removed when the host exits — on SIGTERM and Ctrl-C too).
+    /// Paths outside it are refused.
     #[arg(long)]
     pub sandbox: Option<std::path::PathBuf>,
+    /// Keep the temporary sandbox folder after exit (for debugging).
+    #[arg(long)]
+    pub keep_sandbox: bool,
     /// A protected resource the agent declares (repeatable): turns need an
     /// `authenticate` for it on the connection first.
     #[arg(long = "protected-resource")]
@@ -109,6 +113,7 @@ impl SimHostArgs {
             vscode_compat: self.vscode_compat,
             id_seed: self.id_seed,
             sandbox: self.sandbox.clone(),
+            keep_sandbox: self.keep_sandbox,
             protected_resources: self.protected_resources.clone(),
             stream_rate: self.stream_rate,
             ..SimHostConfig::default()
@@ -116,7 +121,8 @@ impl SimHostArgs {
     }
 }
 
-/// Runs a simulated host until Ctrl-C.
+/// Runs a simulated host until Ctrl-C or SIGTERM; its temporary sandbox
+/// goes with it unless `--keep-sandbox`.
 pub async fn run(args: SimHostArgs) -> ExitCode {
     let host = match SimHost::start(args.config(), args.listen).await {
         Ok(h) => h,
@@ -133,8 +139,20 @@ pub async fn run(args: SimHostArgs) -> ExitCode {
         host.url(),
         host.url()
     );
-    eprintln!("file: resources live in {}", host.sandbox().display());
-    let _ = tokio::signal::ctrl_c().await;
+    let sandbox = host.sandbox();
+    eprintln!("file: resources live in {}", sandbox.display());
+    super::serve::wait_for_shutdown().await;
     host.shutdown().await;
+    // The folder is removed here, not left to a destructor: tasks still
+    // winding down may hold the host's state past the end of `main`.
+    if args.sandbox.is_none()
+        && !args.keep_sandbox
+        && let Err(e) = std::fs::remove_dir_all(&sandbox)
+    {
+        eprintln!(
+            "warning: cannot remove the sandbox {}: {e}",
+            sandbox.display()
+        );
+    }
     ExitCode::SUCCESS
 }

@@ -4,17 +4,25 @@
 //! Through the relay such a URI keeps its exact form, so it must never look like a qualified URI
 //! (`<scheme>:/<host>~<id>`), never contain a path separator, an escape or anything a URI library
 //! could normalise into another string. The only accepted form is `<scheme>:/<id>` with `<scheme>`
-//! one of `ahp-session`, `ahp-chat`, `ahp-terminal` and `<id>` matching `[A-Za-z0-9._-]{1,128}`,
+//! one of `ahp-session`, `ahp-chat`, `ahp-terminal`, `agenthost-terminal` (VS Code's workbench
+//! terminals) and `<id>` matching `[A-Za-z0-9._-]{1,128}`,
 //! compared byte for byte (no case folding, no percent-decoding). A session may also be named in
-//! VS Code's shape `<provider>:/<id>` (its client computes `AgentSession.uri(provider, uuid)`),
-//! with `<provider>` a lowercase scheme `[a-z][a-z0-9.+-]{0,31}` that names no other kind of
-//! object: not `ahp-*`, `file` or a scheme that is never a host name (`http`, …) —
-//! [`validate_client_session_uri`].
+//! VS Code's shape (its client computes `AgentSession.uri(provider, uuid)` from the provider id it
+//! was shown): the client writes `<provider>.<host>:/<id>`, and the host form checked here is
+//! `<provider>:/<id>`, with `<provider>` a lowercase scheme `[a-z][a-z0-9.+-]{0,31}` that names no
+//! other kind of object: not `ahp-*`, `file`, a terminal or a scheme that is never a host name
+//! (`http`, …) — [`validate_client_session_uri`], after `route::router::check_client_session_uri`
+//! has read the host out of the scheme.
 
 use thiserror::Error;
 
 /// The schemes a client may use for a URI it chooses.
-const SCHEMES: [&str; 3] = ["ahp-session", "ahp-chat", "ahp-terminal"];
+const SCHEMES: [&str; 4] = [
+    "ahp-session",
+    "ahp-chat",
+    "ahp-terminal",
+    "agenthost-terminal",
+];
 
 /// The longest accepted id, in bytes (all accepted bytes are ASCII, so also in characters).
 pub const MAX_ID_LEN: usize = 128;
@@ -23,7 +31,7 @@ pub const MAX_ID_LEN: usize = 128;
 /// and `format!("{scheme}:/{id}")` reproduces it exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientUri<'a> {
-    /// One of `ahp-session`, `ahp-chat`, `ahp-terminal`.
+    /// One of `ahp-session`, `ahp-chat`, `ahp-terminal`, `agenthost-terminal`.
     pub scheme: &'a str,
     /// 1 to 128 bytes, each in `[A-Za-z0-9._-]`.
     pub id: &'a str,
@@ -34,7 +42,7 @@ pub struct ClientUri<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ClientUriError {
     /// The text before the first `:` is not an accepted scheme (or there is no `:`).
-    #[error("URI scheme must be ahp-session, ahp-chat or ahp-terminal")]
+    #[error("URI scheme must be ahp-session, ahp-chat, ahp-terminal or agenthost-terminal")]
     UnknownScheme,
     /// The scheme is not followed by `:/`.
     #[error("URI must have the form <scheme>:/<id>")]
@@ -81,8 +89,8 @@ pub fn validate_client_uri(uri: &str) -> Result<ClientUri<'_>, ClientUriError> {
 pub const MAX_PROVIDER_SCHEME_LEN: usize = 32;
 
 /// Accepts a client-chosen session URI: `ahp-session:/<id>` as [`validate_client_uri`] does, or
-/// VS Code's `<provider>:/<id>` (see the module doc) with the same id grammar. The host receives
-/// it unchanged, so a provider-scheme session keeps the shape VS Code's own host gives it.
+/// the host form `<provider>:/<id>` of VS Code's `<provider>.<host>:/<id>` (see the module doc)
+/// with the same id grammar: the shape VS Code's own host gives its sessions.
 pub fn validate_client_session_uri(uri: &str) -> Result<ClientUri<'_>, ClientUriError> {
     let (scheme, rest) = uri.split_once(':').ok_or(ClientUriError::UnknownScheme)?;
     if scheme == "ahp-session" || !provider_scheme(scheme) {

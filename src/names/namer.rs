@@ -13,7 +13,7 @@ pub fn is_store_entry(store: &dyn UriStore, host: &str, base: &str) -> bool {
     matches!(store.lookup(base), Ok(Some(e)) if e.host == host && !matches!(e.state, UriState::Tombstone { .. }))
 }
 
-/// Host → client: qualify host URIs, suffix providers with `@host`, show the
+/// Host → client: qualify host URIs, suffix providers with `.host`, show the
 /// session's own upstream id as the client's id (other ids stay opaque).
 pub struct ToClient<'a> {
     /// The host the value came from.
@@ -70,7 +70,7 @@ impl Namer for Noting<'_> {
 }
 
 /// Client → host: every value must name the target host (qualified URI of
-/// this host, store entry of this host, `…@host` provider, the sender's own
+/// this host, store entry of this host, `….host` provider, the sender's own
 /// client id); anything else fails the frame.
 pub struct ToHost<'a> {
     /// The host the frame goes to.
@@ -94,7 +94,7 @@ impl Namer for ToHost<'_> {
             FieldKind::Provider => match names::read_provider(value) {
                 Some((p, h)) if h == self.host => Ok(p.to_string()),
                 Some(_) => Err("provider belongs to another host".into()),
-                None => Err("provider must be <provider>@<host>".into()),
+                None => Err("provider must be <provider>.<host>".into()),
             },
             FieldKind::ClientId => {
                 let (up, own) = self.identity;
@@ -132,12 +132,13 @@ pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String
 }
 
 /// The store key a host URI would have if a client had chosen it: its own
-/// base, or that of the session an authority-form chat embeds.
+/// base, or that of the session an authority-form chat embeds. A
+/// provider-scheme session has none in this sense: its one client name is
+/// the scheme-qualified one, store entry or not.
 fn store_base(host_uri: &str) -> Option<String> {
-    match names::session_of_chat_uri(host_uri) {
-        Some(session) => UriParts::parse(&session).map(|p| p.base()),
-        None => UriParts::parse(host_uri).map(|p| p.base()),
-    }
+    let session = names::session_of_chat_uri(host_uri);
+    let parts = UriParts::parse(session.as_deref().unwrap_or(host_uri))?;
+    (!names::is_provider_scheme(parts.scheme)).then(|| parts.base())
 }
 
 /// Whether a qualified URI's host form is a client-chosen store entry of

@@ -4,18 +4,25 @@
 //! through the relay and the URI store records it for that host — or
 //! *qualified by computation*, in one of three shapes:
 //!
-//! - **path form** `<scheme>:/<id><rest>`, whatever the scheme (`ahp-*`
-//!   channels, VS Code's provider-scheme sessions `copilot:/<id>`, content
-//!   references `ahp-content:/<id>`): the host id goes in front of the first
-//!   path segment, `ahp-terminal:/7` from `gpu1` becoming `ahp-terminal:/gpu1~7`
-//!   (scheme kept, so reducers chosen by scheme still work; derived URIs such
-//!   as `ahp-session:/x/annotations` still derive);
+//! - **path form** `<scheme>:/<id><rest>` (`ahp-*` channels, content
+//!   references `ahp-content:/<id>`, VS Code's `agenthost-terminal:/<id>`):
+//!   the host id goes in front of the first path segment, `ahp-terminal:/7`
+//!   from `gpu1` becoming `ahp-terminal:/gpu1~7` (scheme kept, so reducers
+//!   chosen by scheme still work; derived URIs such as
+//!   `ahp-session:/x/annotations` still derive);
+//! - **provider-scheme sessions** `<provider>:/<id><rest>` (VS Code's
+//!   `copilot:/<id>`): the host goes into the scheme, `copilot.gpu1:/<id>`,
+//!   which is the provider id clients are shown — VS Code mints and parses
+//!   session URIs from it ([`is_provider_scheme`]);
 //! - **authority-form chats** `ahp-chat://<chat id>/<base64url(session)><rest>`
 //!   (VS Code's `buildChatUri`): the embedded session is qualified inside the
 //!   base64url, so qualification commutes with the derivation a client makes
 //!   from a qualified session URI;
 //! - **host-local files** `file:///p` (or `file://localhost/p`): the host id
-//!   becomes the authority, `file://gpu1/p`.
+//!   becomes the authority, `file://gpu1/p`;
+//! - **authority-form terminals** `agenthost-terminal://<authority>/<id><rest>`
+//!   (VS Code's shell tools): the first path segment is qualified,
+//!   `agenthost-terminal://shell/gpu1~<id>`.
 //!
 //! External and self-contained URIs (`http`, `https`, `data`, any other URI
 //! with an authority, opaque URIs such as `urn:`) and client-published URIs
@@ -44,6 +51,30 @@ const SINGLETONS: &[&str] = &["ahp-root", "ahp-automations"];
 
 /// The separator between host id and host-local id in a qualified URI.
 pub const QUALIFIER: char = '~';
+
+/// Schemes of terminals besides `ahp-terminal`: VS Code's workbench names
+/// the terminals it creates `agenthost-terminal:/<uuid>`.
+const TERMINAL_SCHEMES: &[&str] = &["ahp-terminal", "agenthost-terminal"];
+
+/// Path-form schemes that are neither `ahp-*` nor provider-scheme sessions:
+/// terminals, and MCP side channels (refused, §11, but still named
+/// reversibly if a host mentions one).
+const NOT_PROVIDERS: &[&str] = &["ahp-terminal", "agenthost-terminal", "mcp"];
+
+/// Whether a path-form URI of `scheme` is a *provider-scheme session* (VS
+/// Code's `AgentSession.uri(provider, id)` = `<provider>:/<id>`): any scheme
+/// that is not an `ahp-*` channel, a file, one of [`NOT_PROVIDERS`] or a
+/// pass-through scheme. Such a session is qualified in its scheme, not its path:
+/// `copilot:/abc` from `gpu1` is `copilot.gpu1:/abc` — the client-facing
+/// provider id ([`qualify_provider`]) — so the session a client mints from a
+/// provider, the one it lists and the provider it reads back from the scheme
+/// agree (contract §4.3).
+pub fn is_provider_scheme(scheme: &str) -> bool {
+    let ahp = scheme.len() >= 4 && scheme[..4].eq_ignore_ascii_case("ahp-");
+    !ahp && !scheme.eq_ignore_ascii_case("file")
+        && !NOT_PROVIDERS.iter().any(|s| s.eq_ignore_ascii_case(scheme))
+        && !PASS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme))
+}
 
 /// A path-form URI split into its parts: `<scheme>:/<head><tail>`, where
 /// `head` is the first path segment and `tail` the rest (empty or starting
@@ -94,6 +125,15 @@ enum Shape<'a> {
         authority: &'a str,
         path: &'a str,
     },
+    /// `agenthost-terminal://<authority>/<head><tail>`: the terminals VS
+    /// Code's shell tools mint on the host (`agenthost-terminal://shell/<id>`).
+    /// Qualified in the first path segment, authority kept.
+    Terminal {
+        scheme: &'a str,
+        authority: &'a str,
+        head: &'a str,
+        tail: &'a str,
+    },
     /// Not a host name: passes unchanged.
     External,
     /// A host-name scheme in a shape the relay cannot qualify reversibly.
@@ -122,6 +162,9 @@ impl<'a> Shape<'a> {
         if let Some(after) = rest.strip_prefix("//") {
             if scheme.eq_ignore_ascii_case("ahp-chat") {
                 return chat_shape(scheme, after);
+            }
+            if scheme.eq_ignore_ascii_case("agenthost-terminal") {
+                return terminal_shape(scheme, after);
             }
             if !ahp || SINGLETONS.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
                 return Shape::External;
@@ -156,6 +199,22 @@ fn file_shape<'a>(scheme: &'a str, rest: &'a str) -> Shape<'a> {
         };
     }
     Shape::Unknown
+}
+
+fn terminal_shape<'a>(scheme: &'a str, after: &'a str) -> Shape<'a> {
+    let Some((authority, path)) = after.split_once('/') else {
+        return Shape::Unknown;
+    };
+    let (head, tail) = path.split_at(path.find('/').unwrap_or(path.len()));
+    if head.is_empty() {
+        return Shape::Unknown;
+    }
+    Shape::Terminal {
+        scheme,
+        authority,
+        head,
+        tail,
+    }
 }
 
 fn chat_shape<'a>(scheme: &'a str, after: &'a str) -> Shape<'a> {
@@ -215,12 +274,12 @@ pub fn chat_for_session(chat: &str, session: &str) -> Option<String> {
 /// and the state shape of its snapshots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChannelKind {
-    /// `ahp-session:/…`, or a path-form URI of a non-`ahp-` scheme (VS
-    /// Code's provider-scheme sessions `copilot:/<id>`).
+    /// `ahp-session:/…`, or a provider-scheme session (VS Code's
+    /// `copilot:/<id>`, see [`is_provider_scheme`]).
     Session,
     /// `ahp-chat:/…` or `ahp-chat://<chat id>/<b64(session)>`.
     Chat,
-    /// `ahp-terminal:/…`.
+    /// `ahp-terminal:/…` or VS Code's `agenthost-terminal:/…`.
     Terminal,
     /// Any other `ahp-*` channel or URI (changesets, canvases, watches,
     /// content references, the root, …), files and external URIs.
@@ -231,18 +290,17 @@ pub enum ChannelKind {
 pub fn channel_kind(uri: &str) -> ChannelKind {
     match Shape::of(uri) {
         Shape::Chat { .. } => ChannelKind::Chat,
+        Shape::Terminal { .. } => ChannelKind::Terminal,
         Shape::Path(p) => {
             let is = |s: &str| p.scheme.eq_ignore_ascii_case(s);
-            if is("ahp-session") {
+            if is("ahp-session") || is_provider_scheme(p.scheme) {
                 ChannelKind::Session
             } else if is("ahp-chat") {
                 ChannelKind::Chat
-            } else if is("ahp-terminal") {
+            } else if TERMINAL_SCHEMES.iter().any(|t| is(t)) {
                 ChannelKind::Terminal
-            } else if p.scheme.len() >= 4 && p.scheme[..4].eq_ignore_ascii_case("ahp-") {
-                ChannelKind::Other
             } else {
-                ChannelKind::Session
+                ChannelKind::Other
             }
         }
         _ => ChannelKind::Other,
@@ -336,11 +394,32 @@ pub fn read_client_uri(uri: &str) -> Result<ClientName, NotAHostUri> {
                 Err(NotAHostUri)
             }
         }
+        Shape::Terminal {
+            scheme,
+            authority,
+            head,
+            tail,
+        } => match head.split_once(QUALIFIER) {
+            Some((host, id)) if !host.is_empty() && !id.is_empty() => Ok(ClientName::Qualified {
+                host: host.to_string(),
+                host_uri: format!("{scheme}://{authority}/{id}{tail}"),
+            }),
+            _ => Err(NotAHostUri),
+        },
         Shape::External | Shape::Unknown => Err(NotAHostUri),
     }
 }
 
 fn read_path(p: UriParts<'_>) -> Result<ClientName, NotAHostUri> {
+    if is_provider_scheme(p.scheme) {
+        // Only the scheme-qualified spelling names a provider-scheme
+        // session: one name per object.
+        let (provider, host) = read_provider(p.scheme).ok_or(NotAHostUri)?;
+        return Ok(ClientName::Qualified {
+            host,
+            host_uri: format!("{provider}:/{}{}", p.head, p.tail),
+        });
+    }
     match p.head.split_once(QUALIFIER) {
         Some((host, id)) if !host.is_empty() && !id.is_empty() => Ok(ClientName::Qualified {
             host: host.to_string(),
@@ -365,6 +444,14 @@ pub fn qualify(
         Shape::External => Ok(uri.to_string()),
         Shape::Unknown => Err(Unqualifiable),
         Shape::Path(p) => Ok(qualify_path(host, p, &is_store_entry)),
+        Shape::Terminal {
+            scheme,
+            authority,
+            head,
+            tail,
+        } => Ok(format!(
+            "{scheme}://{authority}/{host}{QUALIFIER}{head}{tail}"
+        )),
         Shape::Chat {
             scheme,
             chat_id,
@@ -390,6 +477,10 @@ pub fn qualify(
 }
 
 fn qualify_path(host: &str, p: UriParts<'_>, is_store_entry: &impl Fn(&str) -> bool) -> String {
+    if is_provider_scheme(p.scheme) {
+        let scheme = qualify_provider(host, p.scheme);
+        return format!("{scheme}:/{}{}", p.head, p.tail);
+    }
     if is_store_entry(&p.base()) {
         return format!("{}:/{}{}", p.scheme, p.head, p.tail);
     }
@@ -452,15 +543,23 @@ pub fn valid_host_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// A provider id as clients see it: `<provider>@<host>`.
+/// A provider id as clients see it: `<provider>.<host>`, with the host id's
+/// `-` spelled `+` (contract §4.3). It must be a legal URI scheme (RFC 3986
+/// `ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )`, and VS Code's
+/// `^\w[\w\d+.-]*$`): VS Code's client mints session URIs as
+/// `<provider>:/<uuid>`, and its workbench registers the scheme
+/// `remote-<authority>-<provider>` and reads the provider back after the last
+/// `-`, so the client form holds neither `@` nor `-`. Host ids never contain
+/// `+` or `.`, so the last `.` splits it back exactly ([`read_provider`]).
 pub fn qualify_provider(host: &str, provider: &str) -> String {
-    format!("{provider}@{host}")
+    format!("{provider}.{}", host.replace('-', "+"))
 }
 
-/// Splits a client provider id at its last `@` into (provider, host).
-pub fn read_provider(client: &str) -> Option<(&str, &str)> {
-    let (p, h) = client.rsplit_once('@')?;
-    (!p.is_empty() && valid_host_id(h)).then_some((p, h))
+/// Splits a client provider id at its last `.` into (provider, host id).
+pub fn read_provider(client: &str) -> Option<(&str, String)> {
+    let (p, h) = client.rsplit_once('.')?;
+    let host = h.replace('+', "-");
+    (!p.is_empty() && !h.contains('-') && valid_host_id(&host)).then_some((p, host))
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ pub enum FieldKind {
     /// A URI a client published (plugin and automation URIs, contract
     /// §4.2): never translated, in either direction.
     Published,
-    /// An agent provider id (`copilot` ↔ `copilot@host`).
+    /// An agent provider id (`copilot` ↔ `copilot.host`, see `qualify_provider`).
     Provider,
     /// An AHP client identity (upstream id ↔ the client's own id).
     ClientId,

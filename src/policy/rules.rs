@@ -229,7 +229,7 @@ struct Rule {
     permissions: PermSet,
     visibility: Visibility,
     external: bool,
-    admin: bool,
+    role: Role,
 }
 
 impl Rule {
@@ -292,11 +292,75 @@ impl RulePolicy {
                     permissions: role.permissions().union(PermSet::of(&extra)),
                     visibility,
                     external: r.external_sessions.unwrap_or(visibility == Visibility::All),
-                    admin: role == Role::Admin,
+                    role,
                 }
             })
             .collect();
         Self { rules }
+    }
+}
+
+/// One rule that matches a principal on a host: why it matches and what it
+/// adds to the grant (rules add up, see [`Policy::grant`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleMatch {
+    /// The rule's name.
+    pub rule: Arc<str>,
+    /// What in the token matched: `subject alice`, `subject *` or `group g`.
+    pub by: String,
+    /// What of the host matched: `id h`, `label l` or `*`.
+    pub on: String,
+    /// The rule's role.
+    pub role: Role,
+    /// The permissions it grants (its role's and its extra ones).
+    pub permissions: PermSet,
+    /// The visibility it grants.
+    pub visibility: Visibility,
+    /// Whether it shows sessions created outside the relay.
+    pub external: bool,
+}
+
+impl Rule {
+    /// Why this rule matches `who` on `host`, if it does.
+    fn explain(&self, who: Subject<'_>, host: HostRef<'_>) -> Option<RuleMatch> {
+        if !self.matches(who, host) {
+            return None;
+        }
+        let subject = self
+            .subjects
+            .iter()
+            .find(|s| *s == "*" || **s == who.principal.subject)
+            .map(|s| format!("subject {s}"));
+        let group = || {
+            let g = self.groups.iter().find(|g| who.groups.contains(g))?;
+            Some(format!("group {g}"))
+        };
+        let on = self.hosts.iter().find_map(|h| match h.as_str() {
+            "*" => Some("*".to_string()),
+            h if h == host.id => Some(format!("id {h}")),
+            h if Some(h) == host.label => Some(format!("label {h}")),
+            _ => None,
+        })?;
+        Some(RuleMatch {
+            rule: self.name.clone(),
+            by: subject.or_else(group)?,
+            on,
+            role: self.role,
+            permissions: self.permissions,
+            visibility: self.visibility,
+            external: self.external,
+        })
+    }
+}
+
+impl RulePolicy {
+    /// Every rule that matches `who` on `host`, in configuration order: the
+    /// grant on that host is their union ([`Policy::grant`]).
+    pub fn explain(&self, who: Subject<'_>, host: HostRef<'_>) -> Vec<RuleMatch> {
+        self.rules
+            .iter()
+            .filter_map(|r| r.explain(who, host))
+            .collect()
     }
 }
 
@@ -320,14 +384,14 @@ impl Policy for RulePolicy {
             permissions: first.permissions,
             visibility: first.visibility,
             external: first.external,
-            dispose_others: first.admin,
+            dispose_others: first.role == Role::Admin,
             rule: first.name.clone(),
         };
         for r in matching {
             g.permissions = g.permissions.union(r.permissions);
             g.visibility = g.visibility.max(r.visibility);
             g.external |= r.external;
-            g.dispose_others |= r.admin;
+            g.dispose_others |= r.role == Role::Admin;
         }
         Some(g)
     }

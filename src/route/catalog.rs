@@ -27,7 +27,7 @@ pub fn list_sessions(
 ) -> Result<String, RpcError> {
     let limit_cap = env.cfg.limits.list_sessions_limit;
     let limit = match params.get("limit") {
-        None | Some(Value::Null) => limit_cap,
+        None | Some(Value::Null) => env.cfg.limits.list_sessions_unpaged_limit,
         Some(v) => match v.as_u64() {
             Some(l) if l >= 1 => (l as usize).min(limit_cap),
             _ => return Err(RpcError::invalid_params("limit must be a positive integer")),

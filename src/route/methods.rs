@@ -44,6 +44,26 @@ pub enum Handling {
     NotRouted,
 }
 
+impl Handling {
+    /// Whether the method names no channel of its own (§4.1): answered by
+    /// the relay, aggregated, or routed by a provider or URI parameter. A
+    /// request of such a method may leave out `params.channel` — VS Code's
+    /// client sends `reconnect` without it — and reads as if it named the
+    /// root; every other request must name its channel.
+    pub fn root_scoped(self) -> bool {
+        matches!(
+            self,
+            Self::Initialize
+                | Self::Reconnect
+                | Self::Ping
+                | Self::ListSessions
+                | Self::Authenticate
+                | Self::ByProvider
+                | Self::ByUri
+        )
+    }
+}
+
 /// What a create makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Created {

@@ -14,7 +14,8 @@ use super::{Caller, Env};
 use crate::names::client_uri::{validate_client_session_uri, validate_client_uri};
 use crate::names::namer::{self, ToHost};
 use crate::names::qualify::{
-    ChannelKind, channel_kind, chat_for_session, is_host_name, session_of_chat_uri,
+    ChannelKind, ClientName, channel_kind, chat_for_session, is_host_name, read_client_uri,
+    session_of_chat_uri,
 };
 use crate::names::seen::is_object;
 use crate::names::translate::{self, FieldKind, Namer};
@@ -320,12 +321,13 @@ fn to_host_with(
 
 /// Checks a client-chosen URI's form (`<scheme>:/<id>`, id in
 /// `[A-Za-z0-9._-]{1,128}`) before anything else looks at the request.
-pub fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
+pub fn check_client_uri(uri: &str, schemes: &[&str]) -> Result<(), RpcError> {
     let parsed =
         validate_client_uri(uri).map_err(|e| RpcError::invalid_params(format!("{uri}: {e}")))?;
-    if parsed.scheme != scheme {
+    if !schemes.contains(&parsed.scheme) {
         return Err(RpcError::invalid_params(format!(
-            "expected a {scheme}: URI"
+            "expected a URI of scheme {}",
+            schemes.join(" or ")
         )));
     }
     Ok(())
@@ -334,12 +336,43 @@ pub fn check_client_uri(uri: &str, scheme: &str) -> Result<(), RpcError> {
 /// Checks a client-chosen session URI: `ahp-session:/<id>` or VS Code's
 /// `<provider>:/<id>` (its client names a new session itself, contract
 /// §4.2), id in `[A-Za-z0-9._-]{1,128}`; it keeps its exact form.
-pub fn check_client_session_uri(uri: &str) -> Result<(), RpcError> {
-    validate_client_session_uri(uri).map(|_| ()).map_err(|e| {
+pub fn check_client_session_uri(uri: &str) -> Result<NewSession, RpcError> {
+    let refused = |why: &dyn std::fmt::Display| {
         RpcError::invalid_params(format!(
-            "{uri}: {e} (a session is ahp-session:/<id> or <provider>:/<id>)"
+            "{uri}: {why} (a session is ahp-session:/<id> or <provider>.<host>:/<id>, \
+             the provider id as listed)"
         ))
+    };
+    let provider_form = uri
+        .split_once(':')
+        .is_some_and(|(scheme, _)| crate::names::qualify::is_provider_scheme(scheme));
+    if !provider_form {
+        validate_client_session_uri(uri).map_err(|e| refused(&e))?;
+        return Ok(NewSession {
+            key: uri.to_string(),
+            host: None,
+        });
+    }
+    let Ok(ClientName::Qualified { host, host_uri }) = read_client_uri(uri) else {
+        return Err(refused(&"the scheme is not a provider id of a host"));
+    };
+    validate_client_session_uri(&host_uri).map_err(|e| refused(&e))?;
+    Ok(NewSession {
+        key: host_uri,
+        host: Some(host),
     })
+}
+
+/// A session URI a client chose for `createSession` (§4.2), read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSession {
+    /// Its host form, which the URI store records: the URI itself for
+    /// `ahp-session:/<id>` (kept verbatim), `<provider>:/<id>` for VS Code's
+    /// `<provider>.<host>:/<id>`.
+    pub key: String,
+    /// The host its scheme names (provider-scheme sessions only): the
+    /// create must go there.
+    pub host: Option<String>,
 }
 
 /// Whether a client-chosen chat URI is VS Code's derived form of a chat of
@@ -596,21 +629,34 @@ pub fn client_terminal_host(
     {
         return resource_host(env, caller, cwd);
     }
-    let visible: Vec<Arc<HostHub>> = env
+    // The hosts where the principal may open a terminal: a configured
+    // default among them wins; else the only one; else the configured
+    // default (whose grant then answers), else the caller must say.
+    let usable: Vec<Arc<HostHub>> = env
         .hosts
         .all()
         .into_iter()
-        .filter(|h| env.access.grant_on(caller.who, h).is_some())
+        .filter(|h| {
+            env.access
+                .grant_on(caller.who, h)
+                .is_some_and(|g| g.permits(crate::policy::Permission::TerminalsUse))
+        })
         .collect();
-    if let [only] = visible.as_slice() {
+    let configured = env
+        .hosts
+        .default_host(env.cfg.relay.default_host.as_deref());
+    if let Some(d) = &configured
+        && usable.iter().any(|h| h.id == d.id)
+    {
+        return Ok(d.clone());
+    }
+    if let [only] = usable.as_slice() {
         return Ok(only.clone());
     }
-    env.hosts
-        .default_host(env.cfg.relay.default_host.as_deref())
-        .ok_or_else(|| {
-            RpcError::invalid_params(
-                "cannot choose a host for a client-claimed terminal: give cwd as \
+    configured.ok_or_else(|| {
+        RpcError::invalid_params(
+            "cannot choose a host for a client-claimed terminal: give cwd as \
                  file://<host id>/<path>, claim a session, or configure relay.default_host",
-            )
-        })
+        )
+    })
 }

@@ -173,7 +173,8 @@ impl ClientSession {
 
     /// The hosts that may receive this session's tokens for `resource`.
     fn token_hosts(&self, resource: &str) -> Vec<Arc<HostHub>> {
-        let who = self.subject();
+        let now = self.who();
+        let who = now.subject();
         self.env
             .hosts
             .all()

@@ -94,7 +94,7 @@ impl Registry {
     pub fn fan_root(&self, fields: &[RootField]) {
         for s in self.followers() {
             for field in fields {
-                let value = root::root_field(&self.env, *field, s.caller());
+                let value = root::root_field(&self.env, *field, s.who().caller());
                 let key = match field {
                     RootField::Agents => "agents",
                     RootField::Terminals => "terminals",
@@ -148,7 +148,8 @@ impl Registry {
         }
         let frame = crate::rpc::notification_frame(method, &params);
         for s in self.followers() {
-            let who = s.subject();
+            let now = s.who();
+            let who = now.subject();
             let visible = self
                 .env
                 .access

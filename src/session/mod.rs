@@ -279,6 +279,32 @@ impl Drop for ClientSession {
     }
 }
 
+/// A session's identity for one decision (see [`ClientSession::who`]).
+pub struct Who<'s> {
+    session: &'s ClientSession,
+    groups: Arc<[String]>,
+}
+
+impl Who<'_> {
+    /// The principal and its groups, for policy decisions.
+    pub fn subject(&self) -> crate::policy::Subject<'_> {
+        crate::policy::Subject {
+            principal: &self.session.key.principal,
+            groups: &self.groups,
+        }
+    }
+
+    /// Who routing decisions are for.
+    pub fn caller(&self) -> Caller<'_> {
+        Caller {
+            who: self.subject(),
+            upstream_id: &self.session.upstream_id,
+            client_id: &self.session.key.client_id,
+            seen: &self.session.seen,
+        }
+    }
+}
+
 /// One client session.
 #[derive(Debug)]
 pub struct ClientSession {
@@ -292,8 +318,8 @@ pub struct ClientSession {
     pub upstream_id: String,
     /// The protocol version negotiated with the client.
     pub version: String,
-    /// The principal's groups, from the token.
-    pub groups: Vec<String>,
+    /// The groups of the token that last attached this session (`who`).
+    groups: std::sync::RwLock<Arc<[String]>>,
     /// The client tool calls this session owns on its hosts (§5.7).
     pub tool_calls: tool_calls::OwnedToolCalls,
     /// Host objects shown to this client, so it may name them (§7.1).
@@ -349,7 +375,7 @@ impl ClientSession {
             key,
             upstream_id,
             version,
-            groups,
+            groups: std::sync::RwLock::new(groups.into()),
             tool_calls: tool_calls::OwnedToolCalls::default(),
             seen,
             core: Mutex::new(core),
@@ -361,27 +387,33 @@ impl ClientSession {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Who this session acts for, for policy decisions.
-    pub fn subject(&self) -> crate::policy::Subject<'_> {
-        crate::policy::Subject {
-            principal: &self.key.principal,
-            groups: &self.groups,
+    /// Who this session acts for now (§3.3): its principal and the groups of
+    /// the token that last attached it. A decision takes one `Who` and reads
+    /// its groups once, so a `reconnect` under a new token changes what the
+    /// next decision sees, never half of one in flight.
+    pub fn who(&self) -> Who<'_> {
+        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        Who {
+            session: self,
+            groups: groups.clone(),
         }
+    }
+
+    /// Takes the groups of the token that now attaches this session (§3.3:
+    /// a socket's identity is its own token's). Returns whether they
+    /// changed, so the caller re-evaluates what the session may keep.
+    pub(crate) fn set_groups(&self, groups: &[String]) -> bool {
+        let mut now = self.groups.write().unwrap_or_else(|e| e.into_inner());
+        if **now == *groups {
+            return false;
+        }
+        *now = groups.into();
+        true
     }
 
     /// (upstream id, client id), for name translation.
     pub fn identity(&self) -> (&str, &str) {
         (&self.upstream_id, &self.key.client_id)
-    }
-
-    /// Who routing decisions are for.
-    pub fn caller(&self) -> Caller<'_> {
-        Caller {
-            who: self.subject(),
-            upstream_id: &self.upstream_id,
-            client_id: &self.key.client_id,
-            seen: &self.seen,
-        }
     }
 
     /// The registry holding this session, while the relay runs.
@@ -392,7 +424,7 @@ impl ClientSession {
     /// The merged root for this session, remembered as what its client has
     /// seen (root actions then carry only fields that changed).
     pub fn root_snapshot(&self, core: &mut SessionCore) -> Value {
-        let root = crate::route::root::merged_root(&self.env, self.caller());
+        let root = crate::route::root::merged_root(&self.env, self.who().caller());
         if let Value::Object(fields) = &root {
             core.root_seen = fields.clone();
         }

@@ -67,6 +67,7 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
         }
     };
     conn.session = Some(session.clone());
+    adopt_identity(&session, &conn.principal.groups);
     let Some(generation) = replay_or_cut(
         &session,
         conn.socket(),
@@ -95,6 +96,22 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     drop(core);
     took();
     Ok(())
+}
+
+/// §3.3: from this `reconnect` on, the session acts with the groups of the
+/// token on the new socket (expiry and revocation are the socket's own,
+/// checked by the edge). When the groups changed, everything the session
+/// kept under the old ones is re-evaluated before the answer is written:
+/// channels and links it may no longer see are forgotten (so they are absent
+/// from the answer), and no baseline survives, so the answer is a `snapshot`
+/// built entirely under the new identity — never a `replay` of root state or
+/// envelopes that were filtered for the old one.
+fn adopt_identity(session: &ClientSession, groups: &[String]) {
+    if !session.set_groups(groups) {
+        return;
+    }
+    session.forget_invisible();
+    session.lock().baselined.clear();
 }
 
 /// Attaches `socket` and answers with `replay` when the buffer proves
@@ -271,7 +288,7 @@ fn replay(
             return None;
         }
         let routable = c == ahp_types::ROOT_RESOURCE_URI
-            || host_for(&session.env, session.caller(), c).is_ok();
+            || host_for(&session.env, session.who().caller(), c).is_ok();
         if !routable {
             missing.push(c.clone());
         }
@@ -351,12 +368,12 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
         .iter()
         .filter(|c| *c != ahp_types::ROOT_RESOURCE_URI)
     {
-        let Ok((hub, host_uri)) = host_for(&session.env, session.caller(), c) else {
+        let Ok((hub, host_uri)) = host_for(&session.env, session.who().caller(), c) else {
             continue;
         };
         if gate(
             &session.env,
-            session.caller(),
+            session.who().caller(),
             &hub,
             "subscribe",
             c,

@@ -29,8 +29,13 @@ use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::link::{Link, LinkCmd};
 use crate::wire::{self, FrameKind};
 
-/// Protocol versions a v1 relay speaks: exactly those its rewrite table covers.
-pub const SUPPORTED_VERSIONS: &[&str] = &["~1.0.0"];
+/// Protocol versions the relay speaks with clients (§4.1): exactly those
+/// whose fields its rewrite table covers — `1.0.x` and `0.9.x` with the
+/// specification's caret rules, and `0.10.0`, the version VS Code 1.141's
+/// host and client speak, which VS Code declares to share the wire contract
+/// of `0.9` and `1.0` (`agentHostProtocolCompatibility.ts`). `supportedVersions`
+/// of a -32005 lists these ranges.
+pub const SUPPORTED_VERSIONS: &[&str] = &["^1.0.0 <1.1.0", "^0.9.0", "0.10.0"];
 
 /// One client socket's state as seen by the router.
 pub struct Conn {
@@ -138,20 +143,24 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 .with_label_values(&[methods::label(method)])
                 .inc();
             let id = id.raw.to_string();
-            let Some(_channel) = frame.channel() else {
-                env.metrics
-                    .bad_client_frames
-                    .with_label_values(&["no_channel"])
-                    .inc();
-                conn.reply(
-                    &id,
-                    Err(RpcError::invalid_params(
-                        "params.channel (a string) is required",
-                    )),
-                );
-                return;
-            };
-            let params = params_of(text);
+            let mut params = params_of(text);
+            if frame.channel().is_none() {
+                let root_scoped = methods::method(method).is_some_and(|m| m.handling.root_scoped());
+                if !root_scoped {
+                    env.metrics
+                        .bad_client_frames
+                        .with_label_values(&["no_channel"])
+                        .inc();
+                    let err = RpcError::invalid_params("params.channel (a string) is required");
+                    return conn.reply(&id, Err(err));
+                }
+                if params.is_null() {
+                    params = json!({});
+                }
+                if let Some(o) = params.as_object_mut() {
+                    o.insert("channel".into(), json!(ahp_types::ROOT_RESOURCE_URI));
+                }
+            }
             let result = request(conn, &id, method, params).await;
             if let Some(result) = result {
                 let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
@@ -253,7 +262,8 @@ async fn request(
     };
     let outcome = match row.handling {
         Handling::ListSessions => {
-            let caller = session.caller();
+            let now = session.who();
+            let caller = now.caller();
             let list = catalog::list_sessions(&session.env, caller, conn.socket, params);
             return Some(list);
         }
@@ -270,14 +280,17 @@ async fn request(
     outcome.err().map(Err)
 }
 
-/// The highest offered `1.0.x`, or the error the client gets.
+/// The highest offered version the relay speaks ([`SUPPORTED_VERSIONS`]),
+/// whatever the order of the offer; a malformed entry is -32602 even beside
+/// good ones (the SDK's reading of SemVer), and an offer with none the
+/// relay speaks is -32005.
 fn negotiate(offered: &[String]) -> Result<String, RpcError> {
     ahp_types::version::negotiate_protocol_version(offered).map_err(RpcError::invalid_params)?;
     offered
         .iter()
-        .filter(|v| v.starts_with("1.0."))
-        .max_by_key(|v| v.get(4..).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0))
-        .cloned()
+        .filter_map(|v| Some((crate::upstream::version::speaks(v)?, v)))
+        .max_by_key(|(parsed, _)| *parsed)
+        .map(|(_, v)| v.clone())
         .ok_or_else(|| RpcError::unsupported_version(SUPPORTED_VERSIONS))
 }
 
@@ -307,7 +320,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
     ));
     registry.attach(session.clone())?;
     conn.session = Some(session.clone());
-    let taken = initial_snapshots(&session, &wanted).await;
+    let mut taken = initial_snapshots(&session, &wanted).await;
     let mut core = session.lock();
     if !core.answers_on(conn.socket) {
         // A `reconnect` on another socket took the session over while the
@@ -324,16 +337,26 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
         snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
             "state": session.root_snapshot(&mut core), "fromSeq": from}));
     }
-    for (_, _, _, snap) in &taken {
-        let mut snap = snap.clone();
-        if let Some(o) = snap.as_object_mut() {
+    for t in &mut taken {
+        if let Some(o) = t.snapshot.as_object_mut() {
             o.insert("fromSeq".into(), json!(from));
         }
-        snapshots.push(snap);
     }
-    let result = initialize_result(&session, &version, from, snapshots);
+    let mut result = initialize_result(&session, &version, from, snapshots);
+    let dropped = fit_initial(&session, &mut core, &mut result, &mut taken);
     session.respond(&mut core, id, &result.to_string());
-    for (hub, host_uri, client_uri, _) in taken {
+    drop(core);
+    for (hub, host_uri) in dropped {
+        unsubscribe_upstream(&session, &hub, &host_uri);
+    }
+    let mut core = session.lock();
+    for InitialSnapshot {
+        hub,
+        host_uri,
+        client_uri,
+        ..
+    } in taken
+    {
         core.baselined.insert(client_uri.clone());
         core.subs.insert(client_uri);
         session.release(&mut core, &hub, &host_uri);
@@ -347,7 +370,7 @@ async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcE
 async fn initial_snapshots(
     session: &Arc<ClientSession>,
     wanted: &[String],
-) -> Vec<(Arc<HostHub>, String, String, Value)> {
+) -> Vec<InitialSnapshot> {
     let mut waits = Vec::new();
     for channel in wanted.iter().filter(|c| *c != ahp_types::ROOT_RESOURCE_URI) {
         if let Ok(wait) = subscribe_initial(session, channel) {
@@ -358,11 +381,98 @@ async fn initial_snapshots(
     let mut taken = Vec::new();
     for (hub, host_uri, client_uri, rx) in waits {
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Some(snap))) => taken.push((hub, host_uri, client_uri, snap)),
+            Ok(Ok(Some(snapshot))) => taken.push(InitialSnapshot {
+                hub,
+                host_uri,
+                client_uri,
+                snapshot,
+            }),
             _ => unhold(session, &hub.id, &host_uri),
         }
     }
     taken
+}
+
+/// A channel of `initialSubscriptions` whose host answered with a snapshot.
+struct InitialSnapshot {
+    hub: Arc<HostHub>,
+    host_uri: String,
+    client_uri: String,
+    snapshot: Value,
+}
+
+/// Makes the `InitializeResult` fit the client frame limit: it keeps the
+/// most host snapshots it can (smallest first) such that the frame, with the
+/// note of what was left out, stays within `limits.max_frame_bytes`. A
+/// channel left out is not subscribed (held envelopes dropped, the host told
+/// to unsubscribe) and is named in `_meta["ahp-relay/notSubscribed"]` with
+/// reason `tooLarge`. So `initialize` itself succeeds, as it does when a
+/// channel's host does not answer, and a later `subscribe` of that channel
+/// gets -32603 `tooLarge`. Returns the channels left out.
+fn fit_initial(
+    session: &ClientSession,
+    core: &mut super::SessionCore,
+    result: &mut Value,
+    taken: &mut Vec<InitialSnapshot>,
+) -> Vec<(Arc<HostHub>, String)> {
+    // `{"jsonrpc":"2.0","id":…,"result":…}` around the result, id included,
+    // and `,"_meta":{"ahp-relay/notSubscribed":[]}` when something is left out.
+    const FRAME: usize = 64;
+    const META: usize = 48;
+    let limit = session.env.cfg.limits.max_frame_bytes;
+    let base = result.to_string().len() + FRAME;
+    let mut sized: Vec<(usize, usize, InitialSnapshot)> = taken
+        .drain(..)
+        .map(|t| {
+            let note = json!({"resource": &t.client_uri, "reason": "tooLarge"});
+            (
+                t.snapshot.to_string().len() + 1,
+                note.to_string().len() + 1,
+                t,
+            )
+        })
+        .collect();
+    sized.sort_by_key(|(len, _, _)| *len);
+    let fits = |keep: usize| {
+        let kept: usize = sized[..keep].iter().map(|(l, _, _)| l).sum();
+        let notes: usize = sized[keep..].iter().map(|(_, n, _)| n).sum();
+        let meta = if keep < sized.len() { META + notes } else { 0 };
+        base + kept + meta <= limit
+    };
+    let keep = (0..=sized.len()).rev().find(|&k| fits(k)).unwrap_or(0);
+    let mut left_out = Vec::new();
+    let mut dropped = Vec::new();
+    for (i, (_, _, entry)) in sized.into_iter().enumerate() {
+        if i < keep {
+            if let Some(list) = result["snapshots"].as_array_mut() {
+                list.push(entry.snapshot.clone());
+            }
+            taken.push(entry);
+            continue;
+        }
+        if let Some(m) = core.chans.get_mut(&entry.hub.id) {
+            m.remove(&entry.host_uri);
+        }
+        session.limit_hit("client_frame");
+        left_out.push(json!({"resource": entry.client_uri, "reason": "tooLarge"}));
+        dropped.push((entry.hub, entry.host_uri));
+    }
+    if let (false, Some(o)) = (left_out.is_empty(), result.as_object_mut()) {
+        o.insert("_meta".into(), json!({"ahp-relay/notSubscribed": left_out}));
+    }
+    dropped
+}
+
+/// Tells `hub` this session no longer follows `host_uri` (over its link, if
+/// one is open).
+fn unsubscribe_upstream(session: &ClientSession, hub: &HostHub, host_uri: &str) {
+    let link = session.lock().links.get(&hub.id).cloned();
+    if let Some(link) = link {
+        let frame =
+            json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}})
+                .to_string();
+        link.send(LinkCmd::Frame(frame));
+    }
 }
 
 /// The relay's own `InitializeResult` (§6.6).
@@ -373,7 +483,8 @@ fn initialize_result(
     snapshots: Vec<Value>,
 ) -> Value {
     let env = &session.env;
-    let who = session.subject();
+    let now = session.who();
+    let who = now.subject();
     let mut result = json!({
         "protocolVersion": version,
         "serverSeq": from,
@@ -402,7 +513,14 @@ fn link_for(
     missing: impl FnOnce() -> RpcError,
 ) -> Result<(Arc<Link>, Grant), RpcError> {
     let need = router::method_permission(method)?;
-    let grant = match router::gate(&session.env, session.caller(), hub, method, channel, need) {
+    let grant = match router::gate(
+        &session.env,
+        session.who().caller(),
+        hub,
+        method,
+        channel,
+        need,
+    ) {
         Ok(g) => g,
         Err(router::Denied::Invisible) => return Err(missing()),
         Err(router::Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
@@ -456,9 +574,10 @@ impl ClientSession {
             .collect();
         let lost: Vec<String> = subs
             .into_iter()
-            .filter(|c| router::host_for(&self.env, self.caller(), c).is_err())
+            .filter(|c| router::host_for(&self.env, self.who().caller(), c).is_err())
             .collect();
-        let who = self.subject();
+        let now = self.who();
+        let who = now.subject();
         let gone: Vec<Arc<str>> = self
             .env
             .hosts
@@ -541,14 +660,14 @@ fn subscribe(session: &Arc<ClientSession>, id: &str, params: Value) -> Result<()
         session.respond(&mut core, id, &snap.to_string());
         return Ok(());
     }
-    let (hub, host_uri) = router::host_for(&session.env, session.caller(), &p.channel)?;
+    let (hub, host_uri) = router::host_for(&session.env, session.who().caller(), &p.channel)?;
     session.check_subscription(&p.channel)?;
     let (link, grant) = link_for(session, &hub, "subscribe", &p.channel, || {
         router::not_found(&p.channel)
     })?;
     let params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -592,7 +711,7 @@ type InitialWait = (
 );
 
 fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<InitialWait, RpcError> {
-    let (hub, host_uri) = router::host_for(&session.env, session.caller(), channel)?;
+    let (hub, host_uri) = router::host_for(&session.env, session.who().caller(), channel)?;
     let (link, _) = link_for(session, &hub, "subscribe", channel, || {
         router::not_found(channel)
     })?;
@@ -653,7 +772,7 @@ async fn reserve(
     let owner = Owner {
         issuer: session.key.principal.issuer.clone(),
         subject: session.key.principal.subject.clone(),
-        groups: session.subject().groups.to_vec(),
+        groups: session.who().subject().groups.to_vec(),
     };
     let store = session.env.store.clone();
     let max = session.env.cfg.limits.reservations_per_principal;
@@ -700,29 +819,34 @@ async fn create_session(
     params: Value,
 ) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateSessionParams>(params)?;
-    router::check_client_session_uri(&p.channel)?;
+    let name = router::check_client_session_uri(&p.channel)?;
     let env = &session.env;
     let hub = match p.provider.as_deref() {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| env.hosts.get(h))
+            .and_then(|(_, h)| env.hosts.get(&h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => router::only_agent_host(env, session.subject()).ok_or_else(|| {
+        None => router::only_agent_host(env, session.who().subject()).ok_or_else(|| {
             RpcError::invalid_params(
-                "several agents are available: give provider (<provider>@<host>)",
+                "several agents are available: give provider (<provider>.<host>)",
             )
         })?,
     };
+    if name.host.as_deref().is_some_and(|h| h != &*hub.id) {
+        return Err(RpcError::invalid_params(
+            "the session URI's scheme names another host than the provider",
+        ));
+    }
     let (link, grant) = link_for(session, &hub, "createSession", &p.channel, || {
         RpcError::provider_not_found(p.provider.as_deref().unwrap_or_default())
     })?;
     let mut params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
         "params:createSession",
-        &p.channel,
+        &name.key,
     )?;
     if let (Some(token), Some(o)) = (p.progress_token.as_deref(), params.as_object_mut()) {
         o.insert(
@@ -730,13 +854,13 @@ async fn create_session(
             json!(format!("{}:{token}", session.upstream_id)),
         );
     }
-    reserve(session, &hub, &p.channel, "ahp-session").await?;
+    reserve(session, &hub, &name.key, "ahp-session").await?;
     let kind = PendingKind::Create {
-        store_key: p.channel.clone(),
-        await_catalog: Some(p.channel.clone()),
+        store_key: name.key.clone(),
+        await_catalog: Some(name.key.clone()),
     };
     forward(session, &link, id, "createSession", params, kind)
-        .inspect_err(|_| release_later(session, &p.channel))
+        .inspect_err(|_| release_later(session, &name.key))
 }
 
 async fn create_chat(
@@ -747,16 +871,20 @@ async fn create_chat(
     let (p, v) = typed::<CreateChatParams>(params)?;
     let derived = router::is_derived_chat(&p.chat, &p.channel);
     if !derived {
-        router::check_client_uri(&p.chat, "ahp-chat")?;
+        router::check_client_uri(&p.chat, &["ahp-chat"])?;
     }
-    let (hub, host_session) =
-        router::target_of(&session.env, session.caller(), &p.channel, "createChat")?;
+    let (hub, host_session) = router::target_of(
+        &session.env,
+        session.who().caller(),
+        &p.channel,
+        "createChat",
+    )?;
     let (link, grant) = link_for(session, &hub, "createChat", &p.channel, || {
         router::not_found(&p.channel)
     })?;
     let mut params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -787,14 +915,21 @@ async fn create_terminal(
     params: Value,
 ) -> Result<(), RpcError> {
     let (p, v) = typed::<CreateTerminalParams>(params)?;
-    router::check_client_uri(&p.channel, "ahp-terminal")?;
+    // VS Code's workbench names its terminals `agenthost-terminal:/<uuid>`.
+    router::check_client_uri(&p.channel, &["ahp-terminal", "agenthost-terminal"])?;
     let env = &session.env;
     let hub = match &p.claim {
         ahp_types::state::TerminalClaim::Session(c) => {
-            router::target_of(&session.env, session.caller(), &c.session, "createTerminal")?.0
+            router::target_of(
+                &session.env,
+                session.who().caller(),
+                &c.session,
+                "createTerminal",
+            )?
+            .0
         }
         ahp_types::state::TerminalClaim::Client(_) => {
-            router::client_terminal_host(env, session.caller(), p.cwd.as_deref())?
+            router::client_terminal_host(env, session.who().caller(), p.cwd.as_deref())?
         }
     };
     let (link, grant) = link_for(session, &hub, "createTerminal", &p.channel, || {
@@ -802,7 +937,7 @@ async fn create_terminal(
     })?;
     let params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -832,7 +967,8 @@ fn routed(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let (hub, host_uri) = router::target_of(&session.env, session.caller(), &channel, method)?;
+    let (hub, host_uri) =
+        router::target_of(&session.env, session.who().caller(), &channel, method)?;
     let (link, grant) = link_for(session, &hub, method, &channel, || {
         router::not_found(&channel)
     })?;
@@ -841,10 +977,10 @@ fn routed(
             .env
             .access
             .owner_of(&hub.id, &host_uri)
-            .is_some_and(|o| session.subject().is(&o));
+            .is_some_and(|o| session.who().subject().is(&o));
         if !own {
             audit::record(audit::Record {
-                who: session.subject(),
+                who: session.who().subject(),
                 host: &hub.id,
                 channel: &channel,
                 operation: method,
@@ -858,7 +994,7 @@ fn routed(
     }
     let params = router::to_host(
         &session.env,
-        session.caller(),
+        session.who().caller(),
         &hub,
         &grant,
         v,
@@ -890,10 +1026,10 @@ fn by_provider(
     let env = &session.env;
     let hub = match v.get("provider").and_then(Value::as_str) {
         Some(provider) => names::read_provider(provider)
-            .and_then(|(_, h)| env.hosts.get(h))
+            .and_then(|(_, h)| env.hosts.get(&h))
             .ok_or_else(|| RpcError::provider_not_found(provider))?,
-        None => router::only_agent_host(env, session.subject())
-            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>@<host>)"))?,
+        None => router::only_agent_host(env, session.who().subject())
+            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>.<host>)"))?,
     };
     let provider = v
         .get("provider")
@@ -933,12 +1069,12 @@ fn dispatch(session: &Arc<ClientSession>, params: Value) {
     {
         return root_config(session, client_seq, &action);
     }
-    let target = match router::authorize_dispatch(&session.env, session.caller(), &channel, &action)
-    {
-        Ok(t) => t,
-        Err(router::DispatchRefusal::Silent) => return,
-        Err(router::DispatchRefusal::Reject(reason)) => return reject(&reason),
-    };
+    let target =
+        match router::authorize_dispatch(&session.env, session.who().caller(), &channel, &action) {
+            Ok(t) => t,
+            Err(router::DispatchRefusal::Silent) => return,
+            Err(router::DispatchRefusal::Reject(reason)) => return reject(&reason),
+        };
     let Ok(link) = open_link(session, &target.hub) else {
         return reject(&format!("host {} unavailable", target.hub.id));
     };
@@ -981,22 +1117,14 @@ fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
     if channel == ahp_types::ROOT_RESOURCE_URI {
         return;
     }
-    let Ok((hub, host_uri)) = router::host_for(&session.env, session.caller(), &channel) else {
+    let Ok((hub, host_uri)) = router::host_for(&session.env, session.who().caller(), &channel)
+    else {
         return;
     };
-    let link = {
-        let mut core = session.lock();
-        if let Some(m) = core.chans.get_mut(&hub.id) {
-            m.remove(&host_uri);
-        }
-        core.links.get(&hub.id).cloned()
-    };
-    if let Some(link) = link {
-        let frame =
-            json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}})
-                .to_string();
-        link.send(LinkCmd::Frame(frame));
+    if let Some(m) = session.lock().chans.get_mut(&hub.id) {
+        m.remove(&host_uri);
     }
+    unsubscribe_upstream(session, &hub, &host_uri);
 }
 
 /// A client `root/configChanged`: forwarded to every host on which the
@@ -1007,7 +1135,7 @@ fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
 /// client's root state.
 fn root_config(session: &Arc<ClientSession>, client_seq: i64, action: &Value) {
     let root = ahp_types::ROOT_RESOURCE_URI;
-    let hosts = match router::root_config_hosts(&session.env, session.caller()) {
+    let hosts = match router::root_config_hosts(&session.env, session.who().caller()) {
         Ok(h) => h,
         Err(reason) => {
             let mut core = session.lock();
@@ -1041,7 +1169,8 @@ fn by_uri(
     params: Value,
 ) -> Result<(), RpcError> {
     let env = &session.env;
-    let caller = session.caller();
+    let now = session.who();
+    let caller = now.caller();
     let uri = params
         .get("uri")
         .or_else(|| params.get("source"))

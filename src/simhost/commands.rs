@@ -26,11 +26,6 @@ use super::state::{ChannelKind, chat_summary, parse_turns_cursor, turns_cursor};
 use super::typed::{typed, typed_action};
 use crate::rpc::RpcError;
 
-/// Caret ranges of the protocol versions this host speaks.
-pub const SUPPORTED_VERSIONS: &[&str] = &["^1.0.0"];
-/// What a host configured with `legacy_0_9` speaks instead.
-pub const LEGACY_VERSIONS: &[&str] = &["^0.9.0"];
-
 /// Largest `listSessions` page; also the page when `limit` is omitted.
 const MAX_PAGE: usize = 1000;
 /// Turns loaded by one `fetchTurns`.
@@ -135,6 +130,24 @@ fn snapshots_for(core: &mut HostCore, conn: ConnId, channels: &[String]) -> Vec<
     out
 }
 
+/// The highest offered version in the host's line; a malformed entry is
+/// -32602 even beside good ones (the SDK's reading of SemVer), an offer with
+/// none in the line -32005.
+fn negotiate(line: super::HostProtocol, offered: &[String]) -> Result<String, RpcError> {
+    negotiate_protocol_version(offered).map_err(RpcError::invalid_params)?;
+    let parse = |v: &str| -> Option<(u64, u64, u64)> {
+        let mut it = v.split('.').map(|p| p.parse::<u64>().ok());
+        Some((it.next()??, it.next()??, it.next()??))
+    };
+    offered
+        .iter()
+        .filter_map(|v| Some((parse(v)?, v)))
+        .filter(|((major, minor, _), _)| line.speaks(*major, *minor))
+        .max_by_key(|(parsed, _)| *parsed)
+        .map(|(_, v)| v.clone())
+        .ok_or_else(|| RpcError::unsupported_version(&[line.supported()]))
+}
+
 fn initialize(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<String, RpcError> {
     let p: InitializeParams = parse(params)?;
     if core.client_of(conn).is_some() {
@@ -142,15 +155,7 @@ fn initialize(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<Strin
             "connection is already initialized",
         ));
     }
-    let (prefix, supported) = match core.cfg.legacy_0_9 {
-        false => ("1.", SUPPORTED_VERSIONS),
-        true => ("0.9.", LEGACY_VERSIONS),
-    };
-    let version = match negotiate_protocol_version(&p.protocol_versions) {
-        Err(e) => return Err(RpcError::invalid_params(e)),
-        Ok(Some(v)) if v.starts_with(prefix) => v.to_string(),
-        Ok(_) => return Err(RpcError::unsupported_version(supported)),
-    };
+    let version = negotiate(core.cfg.protocol, &p.protocol_versions)?;
     if p.client_id.is_empty() {
         return Err(RpcError::invalid_params("clientId must not be empty"));
     }
@@ -500,9 +505,11 @@ fn fetch_turns(core: &mut HostCore, params: &Value) -> Result<String, RpcError> 
 
 fn create_terminal(core: &mut HostCore, conn: ConnId, params: &Value) -> Result<String, RpcError> {
     let p: CreateTerminalParams = parse(params)?;
-    if !well_formed(&p.channel, "ahp-terminal:/") {
+    let vscode = core.cfg.vscode_compat && well_formed(&p.channel, "agenthost-terminal:/");
+    if !well_formed(&p.channel, "ahp-terminal:/") && !vscode {
         return Err(RpcError::invalid_params(
-            "channel must be ahp-terminal:/<id> with id in [A-Za-z0-9._-]{1,128}",
+            "channel must be ahp-terminal:/<id> (in VS Code mode also agenthost-terminal:/<id>) \
+             with id in [A-Za-z0-9._-]{1,128}",
         ));
     }
     if core.state.terminals.contains_key(&p.channel) {

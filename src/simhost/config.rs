@@ -53,7 +53,8 @@ pub struct SimHostConfig {
     /// `ahp-chat:/<prefix>-<n>-main`. Two hosts given the same prefix announce
     /// colliding URIs, as cloned hosts do.
     pub session_prefix: String,
-    /// Terminals present at start: `ahp-terminal:/<n>`, claimed by the first
+    /// Terminals present at start: `ahp-terminal:/<n>` (in VS Code mode
+    /// `agenthost-terminal://shell/<n>`, as its shell tools name them), claimed by the first
     /// session's chat (needs `sessions ≥ 1`). Host-assigned ids like these
     /// collide across hosts, as real terminal ids do.
     pub terminals: usize,
@@ -75,6 +76,8 @@ pub struct SimHostConfig {
     /// `resource*` commands). `None`: a fresh temporary folder per host,
     /// removed when the host is dropped. Paths outside it are refused.
     pub sandbox: Option<std::path::PathBuf>,
+    /// Keep a temporary sandbox when the host is dropped (debugging).
+    pub keep_sandbox: bool,
     /// Largest file `resourceRead` returns and `resourceWrite` produces, in bytes.
     pub max_resource_bytes: u64,
     /// Resource watches open at once (`createResourceWatch` beyond → -32603).
@@ -104,9 +107,8 @@ pub struct SimHostConfig {
     pub record_limit: usize,
     /// Largest WebSocket message accepted, in bytes.
     pub max_frame_bytes: usize,
-    /// Speak only protocol 0.9.x (refusing 1.x with -32005): a host a v1
-    /// relay cannot serve, for tests of incompatible hosts.
-    pub legacy_0_9: bool,
+    /// The protocol versions this host speaks (caret range of one line).
+    pub protocol: HostProtocol,
     /// How long the host keeps a client-contributed tool call running after
     /// its contributor went away — its last connection closed, or it left
     /// the session's `activeClients` (`session/activeClientRemoved`, or an
@@ -141,7 +143,8 @@ impl Default for SimHostConfig {
             stream_frame_bytes: 320,
             record_limit: 100_000,
             max_frame_bytes: 4 * 1024 * 1024,
-            legacy_0_9: false,
+            protocol: HostProtocol::V1,
+            keep_sandbox: false,
             client_tool_grace_ms: 3000,
         }
     }
@@ -159,6 +162,44 @@ impl SimHostConfig {
             name: name.into(),
             session_prefix: name.into(),
             ..Self::default()
+        }
+    }
+}
+
+/// The one line of protocol versions a simulated host speaks, each a caret
+/// range as real hosts negotiate it (same major; for `0.x` the same minor):
+/// from the highest version offered in that range, whatever the order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostProtocol {
+    /// `^1.0.0`: the AHP 1.x line.
+    #[default]
+    V1,
+    /// `^0.9.0`: hosts of VS Code's 0.9 era and pi-ahp's 0.9 mode.
+    V0_9,
+    /// `^0.10.0`: VS Code 1.141's host, which accepts only this line.
+    V0_10,
+    /// `^2.0.0`: a host no client or relay of today can speak to.
+    V2,
+}
+
+impl HostProtocol {
+    /// The `supportedVersions` of a -32005.
+    pub fn supported(self) -> &'static str {
+        match self {
+            Self::V1 => "^1.0.0",
+            Self::V0_9 => "^0.9.0",
+            Self::V0_10 => "^0.10.0",
+            Self::V2 => "^2.0.0",
+        }
+    }
+
+    /// Whether (major, minor) is in this line.
+    pub fn speaks(self, major: u64, minor: u64) -> bool {
+        match self {
+            Self::V1 => major == 1,
+            Self::V0_9 => (major, minor) == (0, 9),
+            Self::V0_10 => (major, minor) == (0, 10),
+            Self::V2 => major == 2,
         }
     }
 }

@@ -77,7 +77,7 @@ impl Files {
             None => {
                 let n = NEXT_SANDBOX.fetch_add(1, Ordering::Relaxed);
                 let name = format!("ahp-simhost-{}-{n}", std::process::id());
-                (std::env::temp_dir().join(name), true)
+                (std::env::temp_dir().join(name), !cfg.keep_sandbox)
             }
         };
         std::fs::create_dir_all(&dir)?;

@@ -44,6 +44,6 @@ pub mod stream;
 pub mod typed;
 pub mod validate;
 
-pub use config::{AgentScript, SimHostConfig};
+pub use config::{AgentScript, HostProtocol, SimHostConfig};
 pub use record::FrameRecord;
 pub use server::SimHost;

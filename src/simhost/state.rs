@@ -56,7 +56,9 @@ impl ChannelKind {
         match scheme {
             "ahp-session" if rest.starts_with('/') => Self::Session,
             "ahp-chat" if rest.starts_with('/') => Self::Chat,
-            "ahp-terminal" if rest.starts_with('/') => Self::Terminal,
+            // VS Code's workbench terminals `agenthost-terminal:/<uuid>`, its
+            // shell tools' `agenthost-terminal://shell/<id>`.
+            "ahp-terminal" | "agenthost-terminal" if rest.starts_with('/') => Self::Terminal,
             "ahp-resource-watch" if rest.starts_with('/') => Self::ResourceWatch,
             s if !s.starts_with("ahp-")
                 && !NOT_SESSION_SCHEMES.contains(&s)
@@ -170,8 +172,12 @@ impl HostState {
                 "lifecycle": {"status": "running"},
                 "claim": {"kind": "session", "session": session, "chat": chat}
             });
+            let uri = match cfg.vscode_compat {
+                true => format!("agenthost-terminal://shell/{n}"),
+                false => format!("ahp-terminal:/{n}"),
+            };
             if let Some(t) = typed::<TerminalState>(terminal) {
-                self.terminals.insert(format!("ahp-terminal:/{n}"), t);
+                self.terminals.insert(uri, t);
             }
         }
         self.root.terminals = Some(self.terminal_infos());

@@ -580,7 +580,8 @@ async fn opened(ends: &Ends, channels: &[String]) -> Option<(WsStream, Vec<Strin
         0,
         "initialize",
         &json!({
-        "channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": [ends.spec.version],
+        "channel": ahp_types::ROOT_RESOURCE_URI,
+        "protocolVersions": super::version::offer(&ends.spec.version),
         "clientId": ends.spec.upstream_id, "initialSubscriptions": subs}),
     );
     let mut ws = match ends.dial().await {

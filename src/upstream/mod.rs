@@ -4,4 +4,5 @@
 pub mod dial;
 pub mod hub;
 pub mod link;
+pub mod version;
 pub mod watch;

@@ -257,7 +257,8 @@ async fn session(
 /// The watch link's `initialize` (root subscribed); a version refusal makes
 /// the host incompatible rather than down.
 async fn initialize(rpc: &mut Rpc, held: &mut Vec<Value>) -> Result<Value, Failure> {
-    let params = json!({"channel": ahp_types::ROOT_RESOURCE_URI, "protocolVersions": ["1.0.0"],
+    let params = json!({"channel": ahp_types::ROOT_RESOURCE_URI,
+        "protocolVersions": super::version::FAMILY,
         "clientId": watch_client_id(), "initialSubscriptions": [ahp_types::ROOT_RESOURCE_URI]});
     rpc.request("initialize", params, held).await.map_err(|e| {
         let refused = format!(

@@ -303,11 +303,36 @@ pub async fn drain_actions(client: &Client, events: &mut ClientEventStream) -> V
     actions_within(events, Duration::from_millis(30)).await
 }
 
-/// Envelopes still on their way to `client`: a short quiet window (frames
-/// a host sends right after the last awaited one may still be on a link),
-/// then [`drain_actions`].
-pub async fn settle(client: &Client, events: &mut ClientEventStream) -> Vec<ActionEnvelope> {
-    tokio::time::sleep(Duration::from_millis(150)).await;
+/// The `completions` request for chat `chat`: routed to the chat's host,
+/// which answers it without changing any state.
+fn barrier_params(chat: &str) -> Value {
+    json!({"channel": chat, "kind": "userMessage", "text": "", "offset": 0})
+}
+
+/// A round trip through the host of each of `chats` on `client`'s link:
+/// the host answers `completions` after every frame it queued before it,
+/// and the relay writes that answer after every envelope it read from the
+/// link before it, so once it returns every envelope those hosts sent
+/// before the barrier is on its way to `events` (no quiet window needed).
+pub async fn host_barrier(client: &Client, chats: &[&str]) {
+    for chat in chats {
+        let r: Value = client
+            .request("completions", barrier_params(chat))
+            .await
+            .unwrap_or_else(|e| panic!("completions on {chat} (host barrier): {e:?}"));
+        assert!(r["items"].is_array(), "the host answered the barrier: {r}");
+    }
+}
+
+/// Every envelope the hosts of `chats` sent `client` before now (frames a
+/// host queued right after the last awaited one included): a
+/// [`host_barrier`] for each, then [`drain_actions`].
+pub async fn settle(
+    client: &Client,
+    events: &mut ClientEventStream,
+    chats: &[&str],
+) -> Vec<ActionEnvelope> {
+    host_barrier(client, chats).await;
     drain_actions(client, events).await
 }
 
@@ -597,12 +622,41 @@ pub async fn frames_before_ping(ws: &mut RawWs, id: u64) -> Vec<Value> {
     }
 }
 
-/// Envelopes still on their way to a raw socket: a short quiet window, then
-/// a `ping` whose answer follows every frame queued before it (see
-/// [`raw_drain_actions`]).
-pub async fn raw_settle(ws: &mut RawWs, id: u64) -> Vec<ActionEnvelope> {
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    raw_drain_actions(ws, id).await
+/// Every frame that reaches a raw socket before the answer to a round trip
+/// through `chat`'s host as request `id` (see [`host_barrier`]).
+pub async fn raw_host_barrier(ws: &mut RawWs, id: u64, chat: &str) -> Vec<Value> {
+    ws.send_json(&request_frame(id, "completions", barrier_params(chat)))
+        .await;
+    let mut out = Vec::new();
+    loop {
+        let v = ws.recv_json().await.expect("socket open until the barrier");
+        if v.get("id") == Some(&json!(id)) && v.get("method").is_none() {
+            assert!(
+                v["result"]["items"].is_array(),
+                "the host answered the barrier: {v}"
+            );
+            return out;
+        }
+        out.push(v);
+    }
+}
+
+/// Every envelope the hosts of `chats` sent a raw socket before now: a
+/// [`raw_host_barrier`] per chat (request ids `id`, `id + 1`, …), then a
+/// `ping` (see [`raw_drain_actions`]).
+pub async fn raw_settle(ws: &mut RawWs, id: u64, chats: &[&str]) -> Vec<ActionEnvelope> {
+    let mut frames = Vec::new();
+    let mut next = id;
+    for chat in chats {
+        frames.extend(raw_host_barrier(ws, next, chat).await);
+        next += 1;
+    }
+    frames.extend(frames_before_ping(ws, next).await);
+    frames
+        .into_iter()
+        .filter(|v| v["method"] == "action")
+        .map(|v| serde_json::from_value(v["params"].clone()).expect("envelope parses"))
+        .collect()
 }
 
 impl RawWs {
@@ -645,4 +699,25 @@ pub async fn listed_uris(ws: &mut RawWs, id: u64) -> Vec<String> {
         .iter()
         .filter_map(|s| s["resource"].as_str().map(str::to_string))
         .collect()
+}
+
+/// Whether `program` — a part outside the Rust toolchain (chromium,
+/// PostgreSQL, HAProxy, nginx) — can be run. Without it a test skips with a
+/// printed notice, so the README's `cargo test` passes on a machine with only
+/// Rust; with `AHP_RELAY_REQUIRE_EXTERNAL=1` (set by `.ci/run`, which
+/// installs them) its absence fails the test instead.
+pub fn external(program: &str) -> bool {
+    let runs = std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if runs {
+        return true;
+    }
+    assert!(
+        std::env::var("AHP_RELAY_REQUIRE_EXTERNAL").as_deref() != Ok("1"),
+        "{program} cannot be run and AHP_RELAY_REQUIRE_EXTERNAL=1: install it (.ci/run does)"
+    );
+    eprintln!("SKIPPED: {program} is not installed; this test needs it (.ci/run installs it)");
+    false
 }

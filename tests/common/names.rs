@@ -1,7 +1,7 @@
 //! Principals, session keys and the client names of host states: an
 //! implementation of contract §4.2–4.3 independent of the relay's (host
 //! URIs qualified `<host>~<id>` unless client-chosen, providers
-//! `<p>@<host>`), so comparing a client's state with a host's proves the
+//! `<p>.<host>`), so comparing a client's state with a host's proves the
 //! relay's rewrite.
 
 use ahp_relay::devkit::DEV_ISSUER;
@@ -54,7 +54,10 @@ pub fn client_names(host: &str, v: &Value, verbatim: &[&str]) -> Value {
         Value::Object(o) => Value::Object(
             o.iter()
                 .map(|(k, x)| match (k.as_str(), x) {
-                    ("provider", Value::String(p)) => (k.clone(), json!(format!("{p}@{host}"))),
+                    ("provider", Value::String(p)) => (
+                        k.clone(),
+                        json!(ahp_relay::names::qualify::qualify_provider(host, p)),
+                    ),
                     _ => (k.clone(), client_names(host, x, verbatim)),
                 })
                 .collect(),

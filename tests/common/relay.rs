@@ -140,6 +140,26 @@ impl TestRelay {
             .unwrap_or_else(|| panic!("the relay has the session of {sub}/{client_id}"))
     }
 
+    /// Whether the relay still holds a session record for (`sub`, `client_id`).
+    pub fn has_session(&self, sub: &str, client_id: &str) -> bool {
+        self.relay
+            .relay
+            .session_of(&super::session_key(sub, client_id))
+            .is_some()
+    }
+
+    /// Client requests of `method` the relay has started to handle (its
+    /// `client_requests_total` counter): a request counted here has been
+    /// read, whether or not it is answered yet.
+    pub fn requests_handled(&self, method: &str) -> u64 {
+        self.relay
+            .relay
+            .metrics
+            .client_requests
+            .with_label_values(&[method])
+            .get()
+    }
+
     /// The upstream client id of (`sub`, `client_id`) at the hosts.
     pub fn upstream_id(&self, sub: &str, client_id: &str) -> String {
         self.relay

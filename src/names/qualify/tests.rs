@@ -35,14 +35,59 @@ fn path_form_uris_of_every_scheme() {
         round_trip("a", "ahp-session:/s1/annotations"),
         "ahp-session:/a~s1/annotations"
     );
-    assert_eq!(round_trip("gpu1", "copilot:/abc"), "copilot:/gpu1~abc");
+    assert_eq!(
+        round_trip("gpu1", "agenthost-terminal:/7"),
+        "agenthost-terminal:/gpu1~7"
+    );
     assert_eq!(round_trip("b", "ahp-content:/12"), "ahp-content:/b~12");
     assert_eq!(
         round_trip("b", "ahp-changeset:/c/x"),
         "ahp-changeset:/b~c/x"
     );
     // A host id that itself contains the qualifier still reads back.
-    assert_eq!(round_trip("h", "sim:/a~b"), "sim:/h~a~b");
+    assert_eq!(round_trip("h", "ahp-session:/a~b"), "ahp-session:/h~a~b");
+}
+
+/// VS Code's provider-scheme sessions carry the host in the scheme: the
+/// client form's scheme is the provider id clients are shown, so a session
+/// VS Code mints from that provider (`AgentSession.uri(provider, id)`) and
+/// the one it lists are spelled alike; the old path spelling names nothing.
+#[test]
+fn provider_scheme_sessions_are_qualified_in_their_scheme() {
+    assert_eq!(round_trip("gpu1", "copilot:/abc"), "copilot.gpu1:/abc");
+    assert_eq!(
+        round_trip("gpu-1", "copilot:/abc/x"),
+        "copilot.gpu+1:/abc/x"
+    );
+    assert_eq!(round_trip("h", "sim:/a~b"), "sim.h:/a~b");
+    assert_eq!(
+        qualify("gpu1", "copilot:/abc", |_| true),
+        Ok("copilot.gpu1:/abc".into()),
+        "a store entry is spelled the same"
+    );
+    assert_eq!(read_client_uri("copilot:/gpu1~abc"), Err(NotAHostUri));
+    assert_eq!(read_client_uri("copilot:/abc"), Err(NotAHostUri));
+    assert_eq!(read_client_uri("copilot.gpu-1:/abc"), Err(NotAHostUri));
+    assert_eq!(channel_kind("copilot.gpu1:/abc"), ChannelKind::Session);
+    assert_eq!(
+        channel_kind("agenthost-terminal:/gpu1~7"),
+        ChannelKind::Terminal
+    );
+    // Terminals VS Code's shell tools mint on the host keep their authority.
+    assert_eq!(
+        round_trip("gpu1", "agenthost-terminal://shell/s1/tc-1"),
+        "agenthost-terminal://shell/gpu1~s1/tc-1"
+    );
+    assert_eq!(
+        channel_kind("agenthost-terminal://shell/gpu1~s1"),
+        ChannelKind::Terminal
+    );
+    assert_eq!(
+        read_client_uri("agenthost-terminal://shell/s1"),
+        Err(NotAHostUri)
+    );
+    let scheme = qualify_provider("gpu1", "copilot");
+    assert_eq!(round_trip("gpu1", "copilot:/abc"), format!("{scheme}:/abc"));
 }
 
 #[test]
@@ -61,11 +106,11 @@ fn authority_form_chats_qualify_the_embedded_session() {
     // Exactly what a client derives from the qualified session.
     assert_eq!(
         client_chat,
-        format!("ahp-chat://default/{}", b64("copilot:/gpu1~abc"))
+        format!("ahp-chat://default/{}", b64("copilot.gpu1:/abc"))
     );
     assert_eq!(
         session_of_chat_uri(&client_chat).as_deref(),
-        Some("copilot:/gpu1~abc")
+        Some("copilot.gpu1:/abc")
     );
     let sub = format!("ahp-chat://worker-2/{}/x", b64("ahp-session:/s"));
     assert_eq!(
@@ -201,9 +246,26 @@ fn host_ids_and_providers() {
     assert!(!valid_host_id("localhost"));
     assert!(!valid_host_id("GPU"));
     assert!(!valid_host_id(""));
-    assert_eq!(qualify_provider("b", "copilot"), "copilot@b");
-    assert_eq!(read_provider("co@pilot@b"), Some(("co@pilot", "b")));
+    assert_eq!(qualify_provider("b", "copilot"), "copilot.b");
+    assert_eq!(qualify_provider("gpu-1", "copilot"), "copilot.gpu+1");
+    assert_eq!(
+        read_provider("copilot.gpu+1"),
+        Some(("copilot", "gpu-1".into()))
+    );
+    assert_eq!(read_provider("co.pilot.b"), Some(("co.pilot", "b".into())));
+    // One spelling per host: the host id's `-` is always `_`.
+    assert_eq!(read_provider("copilot.gpu-1"), None);
     assert_eq!(read_provider("copilot"), None);
+    assert_eq!(read_provider(".b"), None);
+    // The client form is a legal URI scheme (RFC 3986, VS Code's
+    // `^\w[\w\d+.-]*$`) without `-` (VS Code reads a provider back after
+    // the last `-`).
+    let scheme = qualify_provider("gpu-1", "copilot");
+    assert!(
+        scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+.".contains(&b))
+    );
 }
 
 #[test]
