@@ -87,10 +87,30 @@ pub struct ListenConfig {
     #[serde(default)]
     pub plaintext: bool,
     /// Plain-HTTP admin listener for `/healthz`, `/readyz` and `/metrics`
-    /// (default `127.0.0.1:9090`); the client listener answers only the
-    /// WebSocket upgrade.
+    /// (open to probes and scrapers) and the status page (its data for an
+    /// admin's token; default `127.0.0.1:9090`); the client listener
+    /// answers only the WebSocket upgrade (and the status page).
     #[serde(default = "default_admin_addr")]
     pub admin_addr: SocketAddr,
+    /// Serve the admin listener's status data (`/status.json`,
+    /// `/status/feed`) without a token. Trusted network only: anything that
+    /// reaches the port then reads every principal, host and denial
+    /// (the `Host` and `Origin` checks still apply). Default false: the
+    /// data needs a token with an `admin` grant on every host, as on the
+    /// client listener.
+    #[serde(default)]
+    pub admin_status_open: bool,
+    /// Origins (`scheme://host[:port]`) besides the request's own whose
+    /// pages may open WebSocket upgrades and status paths on either
+    /// listener (`edge::origin`); default none: same origin only.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Host names (or `name:port`) accepted in `Host` on the admin
+    /// listener's status paths besides IP literals and `localhost`, and,
+    /// when given, the only ones accepted on the client listener's upgrades
+    /// and status paths (`edge::origin`); default none.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
     /// Peers (CIDRs or addresses) whose `X-Forwarded-For` names the client
     /// address (contract §3.4); default none.
     #[serde(default)]
@@ -153,6 +173,18 @@ pub struct Limits {
     pub max_json_depth: usize,
     /// Seconds to complete TLS + HTTP upgrade.
     pub handshake_timeout_secs: u64,
+    /// Seconds a connection may stay open without upgrading to a WebSocket
+    /// (keep-alive requests included), counted from its accept; then it is
+    /// closed (`limit_hits_total{limit="upgrade_deadline"}`). Both listeners.
+    pub upgrade_deadline_secs: u64,
+    /// Connections one listener holds before they upgrade (TLS handshake and
+    /// HTTP included); one more is closed at accept
+    /// (`upgrades_refused_total{reason="pending_connections"}`).
+    pub pending_connections: usize,
+    /// Of those, from one address (an IPv6 /64 is one; peers in
+    /// `listen.trusted_proxies` are not capped); one more is closed at
+    /// accept (`upgrades_refused_total{reason="address_connections"}`).
+    pub pending_connections_per_address: usize,
     /// Frames queued towards one client at which its links stop reading
     /// from their hosts (§5.9); frames that cannot wait (fan-out, answers)
     /// may take the queue to twice this, beyond which the client gets 4008.
@@ -268,6 +300,9 @@ pub struct Limits {
     /// `root/sessionAdded`, with a warning and a count in
     /// `limit_hits_total{limit="host_sessions"}`.
     pub sessions_per_host: usize,
+    /// Status feeds (`/status/feed`, both listeners together) open at once;
+    /// more get 503 (`upgrades_refused_total{reason="status_watchers"}`).
+    pub status_watchers: usize,
 }
 
 impl Default for Limits {
@@ -276,6 +311,9 @@ impl Default for Limits {
             max_frame_bytes: 4 * 1024 * 1024,
             max_json_depth: 64,
             handshake_timeout_secs: 10,
+            upgrade_deadline_secs: 30,
+            pending_connections: 4096,
+            pending_connections_per_address: 512,
             client_queue_frames: 8192,
             client_queue_bytes: 8 * 1024 * 1024,
             slow_client_secs: 30,
@@ -313,6 +351,7 @@ impl Default for Limits {
             pending_create_release_secs: 600,
             seen_refs_per_session: 4096,
             sessions_per_host: 100_000,
+            status_watchers: 16,
         }
     }
 }
@@ -369,6 +408,12 @@ impl Limits {
             ("tombstones_per_principal", self.tombstones_per_principal),
             ("seen_refs_per_session", self.seen_refs_per_session),
             ("sessions_per_host", self.sessions_per_host),
+            ("status_watchers", self.status_watchers),
+            ("pending_connections", self.pending_connections),
+            (
+                "pending_connections_per_address",
+                self.pending_connections_per_address,
+            ),
         ];
         if let Some((name, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
             return bad(&format!("{name} must be at least 1"));
@@ -380,6 +425,9 @@ impl Limits {
         }
         if self.store_purge_secs == 0 {
             return bad("store_purge_secs must be at least 1");
+        }
+        if self.upgrade_deadline_secs == 0 {
+            return bad("upgrade_deadline_secs must be at least 1");
         }
         Ok(())
     }

@@ -94,9 +94,15 @@ pub enum DevKitError {
 }
 
 impl DevKit {
-    /// Creates `dir` (must not exist yet) with a certificate, key and dev key.
+    /// Creates `dir` with a certificate, key and dev key. `dir` must not
+    /// exist yet (its parent must): it is made private to its owner (0700)
+    /// and fails if anyone created it first, so nobody else can read or
+    /// plant the keys and tokens written into it.
     pub fn create(dir: &Path) -> Result<Self, DevKitError> {
-        std::fs::create_dir_all(dir)?;
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(dir)?;
         let (cert_pem, key_pem) = crate::edge::tls::self_signed(&["localhost", "127.0.0.1"])?;
         let cert = dir.join("relay-cert.pem");
         let key = dir.join("relay-key.pem");

@@ -73,6 +73,10 @@ pub struct Metrics {
     /// Detached sessions dropped to make room for a new session of the same
     /// principal at `sessions_per_principal` (contract §3.6).
     pub sessions_evicted: IntCounter,
+    /// Status page data computed (`RelayPort::status`): once per 500 ms
+    /// while any status feed is open, whatever their number, plus one per
+    /// `/status.json`.
+    pub status_builds: IntCounter,
     /// Relay-added latency per host, in seconds: from a batch of host frames
     /// read together on a per-client link until the last of them is queued
     /// for the client's socket writer (rewritten, numbered, buffered); one
@@ -228,6 +232,7 @@ impl LinkMetrics {
 /// Operations: the fair session cap and latency histograms.
 struct OpsMetrics {
     sessions_evicted: IntCounter,
+    status_builds: IntCounter,
     host_latency: HistogramVec,
     reconnect_seconds: Histogram,
 }
@@ -244,6 +249,7 @@ impl OpsMetrics {
                 "sessions_evicted_total",
                 "detached sessions dropped for a new session of the same principal at its cap",
             )?,
+            status_builds: r.counter("status_builds_total", "status page data computed")?,
             host_latency: r.register(HistogramVec::new(
                 HistogramOpts::new(
                     "ahp_relay_host_frame_latency_seconds",
@@ -347,6 +353,7 @@ impl Metrics {
             pressure_dropped_buffers: replay.pressure_dropped_buffers,
             pressure_freed_bytes: replay.pressure_freed_bytes,
             sessions_evicted: ops.sessions_evicted,
+            status_builds: ops.status_builds,
             host_latency: ops.host_latency,
             reconnect_seconds: ops.reconnect_seconds,
             limit_hits: r.counter_vec(

@@ -105,15 +105,29 @@ impl RunningRelay {
     }
 }
 
-/// Reads the relay secret, or creates it (32 random bytes, mode 0600).
+/// Known example relay secrets (the deploy manifests' placeholder): anyone
+/// can read them, so a relay keyed with one has forgeable cursors.
+const EXAMPLE_SECRETS: &[&[u8]] = &[b"replace-me-with-32-random-bytes-000000"];
+
+/// Least estimated entropy, in bits, of an existing relay secret.
+pub const MIN_SECRET_BITS: f64 = 128.0;
+
+/// Reads the relay secret, or creates it (32 random bytes, mode 0600). An
+/// existing secret is refused when shorter than 32 bytes, a known example
+/// or placeholder value, or of less than [`MIN_SECRET_BITS`] estimated
+/// entropy (e.g. one repeated character); a secret file readable by group
+/// or others is warned about.
 pub fn load_or_create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
     let err = |reason: String| StartError::Secret {
         path: path.display().to_string(),
         reason,
     };
     match std::fs::read(path) {
-        Ok(bytes) if bytes.len() >= 32 => return Ok(bytes),
-        Ok(_) => return Err(err("shorter than 32 bytes".into())),
+        Ok(bytes) => {
+            weak_secret(&bytes).map_or(Ok(()), |why| Err(err(why)))?;
+            warn_if_shared(path, "relay secret");
+            return Ok(bytes);
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e.to_string())),
     }
@@ -122,6 +136,99 @@ pub fn load_or_create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
     write_private(path, &secret).map_err(|e| err(e.to_string()))?;
     tracing::info!(path = %path.display(), "created a new relay secret");
     Ok(secret)
+}
+
+/// Why `secret` must not key a relay, if it must not.
+fn weak_secret(secret: &[u8]) -> Option<String> {
+    let trimmed = crate::auth::token::trim_newlines(secret.to_vec());
+    if secret.len() < 32 {
+        return Some("shorter than 32 bytes".into());
+    }
+    let lower = trimmed.to_ascii_lowercase();
+    let placeholder = [&b"replace-me"[..], b"change-me", b"changeme"]
+        .iter()
+        .any(|p| lower.windows(p.len()).any(|w| w == *p));
+    if placeholder || EXAMPLE_SECRETS.contains(&trimmed.as_slice()) {
+        return Some(
+            "is an example or placeholder value; write 32 random bytes \
+             (head -c 32 /dev/urandom)"
+                .into(),
+        );
+    }
+    let bits = entropy_bits(&trimmed);
+    if bits < MIN_SECRET_BITS {
+        return Some(format!(
+            "has about {bits:.0} bits of entropy, at least {MIN_SECRET_BITS:.0} are required; \
+             write 32 random bytes (head -c 32 /dev/urandom)"
+        ));
+    }
+    None
+}
+
+/// The Shannon entropy of `bytes` (by byte frequency) times their number:
+/// an estimate of the secret's strength that a repeated pattern, a word or
+/// a short alphabet cannot pass.
+fn entropy_bits(bytes: &[u8]) -> f64 {
+    let mut counts = [0u32; 256];
+    for b in bytes {
+        counts[usize::from(*b)] += 1;
+    }
+    let n = bytes.len() as f64;
+    let per_byte: f64 = counts
+        .iter()
+        .filter(|c| **c > 0)
+        .map(|c| {
+            let p = f64::from(*c) / n;
+            -p * p.log2()
+        })
+        .sum();
+    per_byte * n
+}
+
+/// Warns when the secret file at `path` can be read by its group or by
+/// others (what a leaked backup or another account on the machine reads).
+pub fn warn_if_shared(path: &Path, what: &str) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{:o}", meta.permissions().mode() & 0o777),
+                "{what} file is readable by group or others; make it 0600 (or 0400)"
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (path, what);
+}
+
+/// Warns about every secret file of `cfg` readable by group or others: the
+/// issuers' HS256 secrets, the TLS key and the hosts' credential files (the
+/// relay secret is checked as it is read).
+fn warn_about_shared_secrets(cfg: &RelayConfig) {
+    for issuer in &cfg.auth.issuers {
+        if let crate::auth::KeySource::Hs256 { secret_file } = &issuer.keys {
+            warn_if_shared(secret_file, "HS256 issuer secret");
+        }
+    }
+    if let Some(key) = &cfg.listen.tls_key {
+        warn_if_shared(key, "TLS private key");
+    }
+    for host in &cfg.hosts {
+        let files = [
+            (&host.token_file, "host token"),
+            (&host.query_token_file, "host query token"),
+            (&host.client_key_file, "host client key"),
+        ];
+        for (file, what) in files {
+            if let Some(file) = file {
+                warn_if_shared(file, what);
+            }
+        }
+    }
 }
 
 /// Writes `bytes` to a new file readable only by its owner.
@@ -135,8 +242,9 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Re-reads issuer keys (PEM/JWKS files) and the `jti` deny list every few
-/// seconds or on SIGHUP; a broken file keeps the previous keys (contract
-/// §3.3). The config file's `[policy]` is reloaded when the file changes
+/// seconds or on SIGHUP; a broken file keeps the previous keys of its
+/// issuer (contract §3.3) and does not hold back the others or the deny
+/// list (`Authenticator::reload`). The config file's `[policy]` is reloaded when the file changes
 /// (or on SIGHUP): a valid new policy applies to the next request at once,
 /// and clients that lost sight of a subscribed channel are closed with 4000
 /// (§7.6); its `[[hosts]]` too: added hosts are dialled, removed or changed
@@ -177,7 +285,10 @@ async fn reload_files(relay: Arc<Relay>) {
         if (forced || ticks.is_multiple_of(5))
             && let Err(e) = relay.auth.reload()
         {
-            tracing::warn!(error = %e, "auth reload failed; keeping the previous keys");
+            tracing::warn!(
+                error = %e,
+                "auth reload failed for these files; each keeps its previous keys or deny list"
+            );
         }
         let now = stamp(&relay.cfg.source);
         if now == seen && !forced {
@@ -208,6 +319,7 @@ async fn reload_files(relay: Arc<Relay>) {
 /// returns, so a returned relay accepts connections.
 pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let secret = load_or_create_secret(&cfg.relay.secret_file)?;
+    warn_about_shared_secrets(&cfg);
     let store = RedbStore::open(&cfg.relay.store).map_err(|e| StartError::Store(e.to_string()))?;
     let auth = Authenticator::load(&cfg.auth).map_err(|e| StartError::Load(e.to_string()))?;
     tracing::info!(issuers = cfg.auth.issuers.len(), "auth keys loaded");
@@ -233,6 +345,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         tokio::spawn(relay.registry.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),
         tokio::spawn(edge.clone().serve_admin(admin)),
+        tokio::spawn(edge.clone().feed_status()),
         tokio::spawn(reload_files(relay.clone())),
         tokio::spawn(relay.registry.clone().sweep_idle_links()),
         tokio::spawn(relay.registry.clone().settle_lost_creates()),
@@ -257,4 +370,30 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError>
         .local_addr()
         .map_err(|source| StartError::Bind { addr, source })?;
     Ok((listener, bound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random(n: usize) -> Vec<u8> {
+        let mut b = vec![0u8; n];
+        crate::identity::random_fill(&mut b).unwrap();
+        b
+    }
+
+    #[test]
+    fn random_secrets_pass_and_weak_ones_do_not() {
+        for _ in 0..1000 {
+            let raw = random(32);
+            assert_eq!(weak_secret(&raw), None, "{raw:?}");
+            let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(weak_secret(format!("{hex}\n").as_bytes()), None, "{hex}");
+        }
+        let example = b"replace-me-with-32-random-bytes-000000\n";
+        assert!(weak_secret(example).unwrap().contains("example"));
+        assert!(weak_secret(&[b'a'; 64]).unwrap().contains("entropy"));
+        assert!(weak_secret(b"0123456701234567012345670123456701234567").is_some());
+        assert!(weak_secret(&random(31)).unwrap().contains("shorter"));
+    }
 }

@@ -192,6 +192,8 @@ fn config(dir: &TempDir) -> AuthConfig {
         allow_query_token: true,
         max_unrevocable_lifetime_secs: 3600,
         deny_list_file: Some(dir.write("deny.txt", "# revoked tokens\n\n  revoked-1  \n")),
+        max_groups: ahp_relay::auth::DEFAULT_MAX_GROUPS,
+        max_groups_bytes: ahp_relay::auth::DEFAULT_MAX_GROUPS_BYTES,
     }
 }
 
@@ -948,10 +950,16 @@ fn reload_swaps_keys_and_keeps_old_ones_on_error() {
     assert!(auth.verify(&jwks_token, NOW).is_ok());
 }
 
+/// Keys and the deny list reload independently: a broken key file keeps its
+/// issuer's previous keys without holding back the new deny list, and an
+/// unreadable deny list keeps the previous entries without holding back new
+/// keys.
 #[test]
-fn reload_applies_the_deny_list_atomically_with_keys() {
+fn reload_applies_the_deny_list_and_each_issuer_independently() {
     let dir = TempDir::new();
-    let cfg = config(&dir);
+    let mut cfg = config(&dir);
+    let key_file = dir.write("rotating.pem", &read_fixture("rsa_public.pem"));
+    cfg.issuers[0] = pem_issuer(RSA_ISS, PemAlgorithm::Rs256, vec![key_file.clone()]);
     let auth = Authenticator::load(&cfg).unwrap();
     let token = rsa(&with(claims(RSA_ISS), "jti", json!("j-7")));
     assert!(auth.verify(&token, NOW).is_ok());
@@ -960,15 +968,40 @@ fn reload_applies_the_deny_list_atomically_with_keys() {
     auth.reload().unwrap();
     assert!(auth.is_revoked("j-7"));
     assert_eq!(refused(&auth, &token), AuthError::Revoked);
-    // A reload that fails on a key file leaves the deny list as it was, too.
-    std::fs::write(&deny, "revoked-1\n").unwrap();
-    std::fs::remove_file(match &cfg.issuers[4].keys {
-        KeySource::Hs256 { secret_file } => secret_file,
+
+    // A broken key file (the HS256 secret gone) fails the reload, names the
+    // file, keeps that issuer's keys — and the new deny list applies.
+    let hs_file = match &cfg.issuers[4].keys {
+        KeySource::Hs256 { secret_file } => secret_file.clone(),
         other => panic!("unexpected {other:?}"),
-    })
-    .unwrap();
-    assert!(auth.reload().is_err());
-    assert!(auth.is_revoked("j-7"));
+    };
+    std::fs::remove_file(&hs_file).unwrap();
+    std::fs::write(&deny, "revoked-1\n").unwrap();
+    let err = auth.reload().unwrap_err().to_string();
+    assert!(err.contains("hs.secret"), "{err}");
+    assert!(!auth.is_revoked("j-7"), "the new deny list applies");
+    assert!(auth.verify(&token, NOW).is_ok());
+    let hs_token = sign(Algorithm::HS256, HS_SECRET, None, &claims(DEV_ISS));
+    assert!(
+        auth.verify(&hs_token, NOW).is_ok(),
+        "the issuer keeps its keys"
+    );
+
+    // A rotated key of another issuer still loads meanwhile; an unreadable
+    // deny list keeps its previous entries; the error names both files.
+    std::fs::write(&key_file, read_fixture("rsa2_public.pem")).unwrap();
+    std::fs::remove_file(&deny).unwrap();
+    let err = auth.reload().unwrap_err().to_string();
+    assert!(
+        err.contains("hs.secret") && err.contains("deny.txt"),
+        "{err}"
+    );
+    assert_eq!(
+        refused(&auth, &token),
+        AuthError::BadSignature,
+        "new RSA key"
+    );
+    assert!(auth.is_revoked("revoked-1"), "previous deny list kept");
 }
 
 // ----- hygiene ----------------------------------------------------------------------------

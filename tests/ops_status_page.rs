@@ -1,6 +1,7 @@
 //! The status page in a real headless browser (Debian `chromium`, driven
-//! over the DevTools protocol): it loads from the admin listener, shows the
-//! simhosts, and marks one down within 5 s of stopping it, live. A
+//! over the DevTools protocol): it loads from the admin listener, asks for
+//! the admin token in its form (never in a URL), shows the simhosts, and
+//! marks one down within 5 s of stopping it, live. A
 //! screenshot of that state goes to `target/ops-status-page.png`; the page
 //! text as the browser saw it is printed.
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::fast_config;
-use common::relay::{TestRelay, admin_get, rule};
+use common::relay::{TestRelay, admin_get, admin_get_as, rule};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -191,6 +192,20 @@ async fn status_page_marks_a_stopped_host_down_live() {
     }
     let url = format!("http://{}/status", t.relay.admin_addr());
     let mut browser = Browser::open(&url).await;
+    browser
+        .text_until(common::WAIT, |text| text.contains("needs an admin token"))
+        .await;
+    let token = t.token("ops");
+    let fill = format!(
+        "document.getElementById('token').value = {token:?}; \
+         document.getElementById('login').requestSubmit(); true"
+    );
+    browser
+        .call(
+            "Runtime.evaluate",
+            json!({"expression": fill, "returnByValue": true}),
+        )
+        .await;
     let up = browser
         .text_until(common::WAIT, |text| {
             ["alpha", "beta"]
@@ -200,6 +215,18 @@ async fn status_page_marks_a_stopped_host_down_live() {
         })
         .await;
     assert!(up.contains("live"), "{up}");
+    let href = browser
+        .call(
+            "Runtime.evaluate",
+            json!({"expression": "location.href", "returnByValue": true}),
+        )
+        .await;
+    let href = href["result"]["value"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(href, url, "the token never enters the page's URL");
+    assert!(!href.contains(&token));
 
     let beta = t.hosts.pop().expect("beta");
     let beta_addr = beta.addr().to_string();
@@ -284,7 +311,8 @@ async fn client_listener_status_needs_an_admin_grant() {
 /// and a `reconnect` land in the latency histograms.
 #[tokio::test]
 async fn denials_and_latency_histograms() {
-    let policy = rule("carol-viewer", &["carol"], &["*"], "viewer", "all", "");
+    let policy = rule("carol-viewer", &["carol"], &["*"], "viewer", "all", "")
+        + &rule("ops-admin", &["ops"], &["*"], "admin", "all", "");
     let t = TestRelay::start(vec![fast_config("alpha", 1)], &policy).await;
     let mut ws = t.raw("carol").await;
     ws.initialize("c").await;
@@ -315,7 +343,7 @@ async fn denials_and_latency_histograms() {
         .await;
     assert_eq!(gone["error"]["code"], -32008, "{gone}");
 
-    let (_, body) = admin_get(&t, "/status.json").await;
+    let (_, body) = admin_get_as(&t, "ops", "/status.json").await;
     let v: Value = serde_json::from_str(&body).expect("JSON");
     let denial = v["denials"]
         .as_array()

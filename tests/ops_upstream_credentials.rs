@@ -42,9 +42,15 @@ async fn wait_status(relay: &RunningRelay, id: &str, want: HostStatus) {
     .await;
 }
 
-/// The host row of `id` on the relay's status page.
-async fn status_row(relay: &RunningRelay, id: &str) -> Value {
-    let (code, body) = common::relay::http_at(relay.admin_addr(), "/status.json")
+/// The host row of `id` on the relay's status page (read as `ops`, an
+/// admin under the dev kit's open policy).
+async fn status_row(relay: &RunningRelay, kit: &DevKit, id: &str) -> Value {
+    let token = kit
+        .token("ops", &[], std::time::Duration::from_secs(600), None)
+        .expect("token");
+    let bearer = format!("Bearer {token}");
+    let headers = [("Authorization", bearer.as_str())];
+    let (code, body) = common::relay::http_at_with(relay.admin_addr(), "/status.json", &headers)
         .await
         .expect("status answers");
     assert_eq!(code, 200);
@@ -159,7 +165,7 @@ async fn a_host_reached_with_a_tkn_query_token() {
     );
 
     // The wrong one is unreachable, named by its id alone.
-    let row = status_row(&relay, "other").await;
+    let row = status_row(&relay, &kit, "other").await;
     assert_eq!(row["state"], "unreachable", "{row}");
     let error = row["last_error"].as_str().expect("last error").to_string();
     assert!(error.starts_with("host other: "), "{error}");
@@ -178,7 +184,10 @@ async fn a_host_reached_with_a_tkn_query_token() {
     // Rotating the file fixes it at the next dial, without a reload.
     std::fs::write(&bad, "s3cret-tkn\n").expect("token file");
     wait_status(&relay, "other", HostStatus::Up).await;
-    assert_eq!(status_row(&relay, "other").await["last_error"], Value::Null);
+    assert_eq!(
+        status_row(&relay, &kit, "other").await["last_error"],
+        Value::Null
+    );
 }
 
 /// A CA and a certificate it signs for `name` (client or server).
@@ -287,7 +296,7 @@ async fn a_host_behind_mutual_tls() {
         !sessions.iter().any(|s| s.contains("nocert~")),
         "{sessions:?}"
     );
-    let row = status_row(&relay, "nocert").await;
+    let row = status_row(&relay, &kit, "nocert").await;
     let error = row["last_error"].as_str().expect("last error").to_string();
     assert!(error.starts_with("host nocert: "), "{error}");
     assert!(!error.contains("localhost:"), "no URL in {error}");

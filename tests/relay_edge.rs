@@ -307,6 +307,32 @@ async fn long_lived_token_without_jti_is_refused_401() {
     assert_eq!(u.status, 101, "long-lived with jti");
 }
 
+/// A groups claim over `auth.max_groups` (default 256) gets 401 with a
+/// reason naming the bound, counted as `too_many_groups`; 256 groups pass;
+/// `auth.max_groups_bytes` bounds the names' total size.
+#[tokio::test]
+async fn a_groups_claim_over_the_bound_is_refused_401() {
+    let e = Edge::start().await;
+    let many: Vec<String> = (0..257).map(|i| format!("g{i}")).collect();
+    let token = e.hs256(&dev_claims(json!({"groups": many})));
+    let u = e.t.upgrade_bearer(&token).await;
+    assert_refused(&e, &u, 401, &token, "257 groups");
+    let body = String::from_utf8_lossy(&u.body).to_string();
+    assert!(body.contains("max_groups"), "{body}");
+    assert_reason(&e, "too_many_groups", 1).await;
+    let fits = e.hs256(&dev_claims(json!({"groups": many[..256]})));
+    assert_eq!(e.t.upgrade_bearer(&fits).await.status, 101, "256 groups");
+
+    let e = Edge::start_with("max_groups_bytes = 64", "").await;
+    let long = vec!["x".repeat(40), "y".repeat(40)];
+    let token = e.hs256(&dev_claims(json!({"groups": long})));
+    let u = e.t.upgrade_bearer(&token).await;
+    assert_refused(&e, &u, 401, &token, "80 bytes of group names");
+    assert_reason(&e, "too_many_groups", 1).await;
+    let short = e.hs256(&dev_claims(json!({"groups": ["x".repeat(40)]})));
+    assert_eq!(e.t.upgrade_bearer(&short).await.status, 101, "40 bytes");
+}
+
 /// Two different (valid) tokens in the header and the query get 400.
 #[tokio::test]
 async fn conflicting_tokens_are_refused_400() {
@@ -503,6 +529,33 @@ async fn revoking_a_connected_token_closes_4003() {
     assert_refused(&e, &u, 403, &token, "revoked after reload");
 }
 
+/// A broken key file does not hold back revocation: with the dev issuer's
+/// secret file broken, a newly revoked `jti` still closes its socket with
+/// 4003, and the issuer keeps its previous key (a token signed with it
+/// still connects).
+#[tokio::test]
+async fn a_broken_key_file_does_not_hold_back_revocation() {
+    let dir = scratch_dir("deny-broken-key");
+    std::fs::create_dir_all(&dir).unwrap();
+    let deny = dir.join("deny.txt");
+    std::fs::write(&deny, "# nothing revoked yet\n").unwrap();
+    let e = Edge::start_with(&format!("deny_list_file = \"{}\"", deny.display()), "").await;
+    let token = e.hs256(&dev_claims(json!({"jti": "live-2"})));
+    let other = e.valid();
+    let mut ws = e.t.upgrade_bearer(&token).await.socket("before revocation");
+    assert_works(&mut ws, "c-broken").await;
+    std::fs::write(&e.t.kit.dev_key, "too short\n").unwrap();
+    std::fs::write(&deny, "live-2\n").unwrap();
+    assert_eq!(ws.close_code().await.map(|c| c.0), Some(4003));
+    let u = e.t.upgrade_bearer(&token).await;
+    assert_refused(&e, &u, 403, &token, "revoked while a key file is broken");
+    let mut ws =
+        e.t.upgrade_bearer(&other)
+            .await
+            .socket("the previous key still verifies");
+    assert_works(&mut ws, "c-other").await;
+}
+
 // ─── 5. Health and metrics (§8.2) ───────────────────────────────────────────
 
 /// `/healthz` and `/readyz` answer 200 on the admin listener and 404 on the
@@ -666,6 +719,106 @@ async fn stalled_upgrade_request_is_closed_after_handshake_timeout() {
         matches!(read, Ok(Ok(0) | Err(_))),
         "still open 4 s after a 1 s handshake timeout: {read:?}"
     );
+}
+
+/// A connection that keeps sending keep-alive requests without ever
+/// upgrading is closed `upgrade_deadline_secs` after its accept (counted),
+/// and its 426 answers are counted as refusals; a socket that did upgrade
+/// is not bound by the deadline.
+#[tokio::test]
+async fn keep_alive_without_upgrade_is_closed_at_the_upgrade_deadline() {
+    let e = Edge::start_with("", "\n[limits]\nupgrade_deadline_secs = 2\n").await;
+    let mut upgraded = e.t.raw("alice").await;
+    let tcp = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let started = tokio::time::Instant::now();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&e.t.kit.cert)));
+    let name = ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    let mut answers = 0;
+    loop {
+        assert!(
+            started.elapsed() < common::WAIT,
+            "still open after {answers} answers"
+        );
+        let asked = tls
+            .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await;
+        let mut buf = [0u8; 4096];
+        let read = tokio::time::timeout(common::WAIT, tls.read(&mut buf)).await;
+        match (asked, read) {
+            (Ok(()), Ok(Ok(n))) if n > 0 => {
+                assert!(buf.starts_with(b"HTTP/1.1 426"), "{:?}", &buf[..n]);
+                answers += 1;
+            }
+            _ => break,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lived = started.elapsed();
+    assert!(
+        lived >= Duration::from_millis(1500),
+        "closed after {lived:?}"
+    );
+    assert!(answers >= 2, "keep-alive answered meanwhile: {answers}");
+    let (_, page) = admin_get(&e.t, "/metrics").await;
+    assert_eq!(
+        metric(
+            &page,
+            "ahp_relay_limit_hits_total{limit=\"upgrade_deadline\"}"
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    let refused = metric(
+        &page,
+        "ahp_relay_upgrades_refused_total{reason=\"not_websocket\"}",
+    );
+    assert_eq!(refused, Some(f64::from(answers)), "{page}");
+    assert_works(&mut upgraded, "c-upgraded").await;
+}
+
+/// At `pending_connections_per_address` connections from one address that
+/// have not upgraded, the next one is closed at accept, before any TLS
+/// (counted once: the three upgraded sockets opened before do not count);
+/// a closed pending connection frees its place.
+#[tokio::test]
+async fn pending_connections_are_capped_per_address() {
+    let e = Edge::start_with("", "\n[limits]\npending_connections_per_address = 2\n").await;
+    let mut upgraded = Vec::new();
+    for _ in 0..3 {
+        upgraded.push(e.t.raw("alice").await);
+    }
+    let first = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let _second = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let mut third = TcpStream::connect(e.t.relay.addr).await.expect("tcp");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(common::WAIT, third.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the third pending connection is closed at once: {read:?}"
+    );
+    let (_, page) = admin_get(&e.t, "/metrics").await;
+    assert_eq!(
+        metric(
+            &page,
+            "ahp_relay_upgrades_refused_total{reason=\"address_connections\"}"
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    drop(first);
+    let started = tokio::time::Instant::now();
+    let port = e.t.relay.addr.port();
+    while common::relay::https_status(port, &e.t.kit.cert, "/").await != Some(426) {
+        assert!(
+            started.elapsed() < common::WAIT,
+            "the closed connection's place is never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, ws) in upgraded.iter_mut().enumerate() {
+        assert_works(ws, &format!("c-held-{i}")).await;
+    }
 }
 
 // ─── 8. Tokens never shown (§3.2, §7.5) ─────────────────────────────────────

@@ -36,7 +36,10 @@
 //!   cannot shorten it). Above `max_unrevocable_lifetime_secs` the token needs a `jti`.
 //! - **Claims.** `sub` must be a non-empty string; `jti`, when present, too. Groups come
 //!   from the top-level claim named by `groups_claim`: an array of strings, a single string
-//!   (one group; the empty string means none), or absent/`null` (none).
+//!   (one group; the empty string means none), or absent/`null` (none). More than
+//!   `max_groups` groups, or more than `max_groups_bytes` bytes of group names together, is
+//!   [`AuthError::TooManyGroups`] (401): every session and stored URI carries the groups,
+//!   and every visibility check walks them.
 //! - **Size.** A token longer than [`MAX_TOKEN_BYTES`] is malformed without being parsed.
 //! - **Deny list file.** One `jti` per line, surrounding whitespace trimmed, blank lines
 //!   and lines starting with `#` ignored.
@@ -79,6 +82,11 @@ pub const DEFAULT_MAX_UNREVOCABLE_LIFETIME_SECS: u64 = 3600;
 pub const MIN_HS256_SECRET_BYTES: usize = 32;
 /// Longest token, in bytes, that [`Authenticator::verify`] will parse.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// Default most groups a token may carry (`auth.max_groups`).
+pub const DEFAULT_MAX_GROUPS: usize = 256;
+/// Default most bytes of group names a token may carry, all together
+/// (`auth.max_groups_bytes`).
+pub const DEFAULT_MAX_GROUPS_BYTES: usize = 16 * 1024;
 
 const REALM_ONLY: &str = "Bearer realm=\"ahp-relay\"";
 const INVALID_REQUEST: &str = "Bearer realm=\"ahp-relay\", error=\"invalid_request\"";
@@ -112,6 +120,20 @@ pub struct AuthConfig {
     /// File of revoked `jti` values, one per line; reloaded by [`Authenticator::reload`].
     #[serde(default)]
     pub deny_list_file: Option<PathBuf>,
+    /// Most groups a token's groups claim may list; more is refused with 401.
+    #[serde(default = "default_max_groups")]
+    pub max_groups: usize,
+    /// Most bytes all group names of a token may take together; more is refused with 401.
+    #[serde(default = "default_max_groups_bytes")]
+    pub max_groups_bytes: usize,
+}
+
+fn default_max_groups() -> usize {
+    DEFAULT_MAX_GROUPS
+}
+
+fn default_max_groups_bytes() -> usize {
+    DEFAULT_MAX_GROUPS_BYTES
 }
 
 fn default_leeway_secs() -> u64 {
@@ -278,6 +300,9 @@ pub enum AuthConfigError {
         /// What is wrong with it.
         problem: String,
     },
+    /// Several files failed one reload (each kept its previous version).
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Several(Vec<AuthConfigError>),
     /// The binary was built without a `jsonwebtoken` crypto backend feature.
     #[error("jsonwebtoken has no crypto backend (enable its `rust_crypto` feature)")]
     NoCryptoBackend,
@@ -358,6 +383,12 @@ pub enum AuthError {
     /// The token's `jti` is on the deny list.
     #[error("token has been revoked")]
     Revoked,
+    /// The groups claim lists more groups, or more bytes of group names, than
+    /// `auth.max_groups` / `auth.max_groups_bytes` allow.
+    #[error(
+        "token groups claim is over the relay's bound (auth.max_groups, auth.max_groups_bytes)"
+    )]
+    TooManyGroups,
 }
 
 impl AuthError {
@@ -389,6 +420,7 @@ impl AuthError {
             Self::InvalidClaim(_) => "invalid_claim",
             Self::LifetimeNeedsJti => "lifetime_needs_jti",
             Self::Revoked => "revoked",
+            Self::TooManyGroups => "too_many_groups",
         }
     }
 
@@ -564,15 +596,16 @@ struct IssuerKeys {
     keys: Vec<VerifyKey>,
 }
 
-/// Everything [`Authenticator::reload`] replaces at once.
+/// What verification reads: each issuer's keys and the deny list, each replaced on its own
+/// by [`Authenticator::reload`].
 struct KeyState {
-    issuers: HashMap<String, IssuerKeys>,
-    deny_list: HashSet<String>,
+    issuers: HashMap<String, Arc<IssuerKeys>>,
+    deny_list: Arc<HashSet<String>>,
 }
 
 /// Verifies upgrade tokens against the configured issuers. Shareable across threads; a
-/// [`reload`](Self::reload) swaps all keys and the deny list at once, and verifications
-/// running meanwhile finish on the state they started with.
+/// [`reload`](Self::reload) swaps in every issuer's keys and the deny list that loaded, and
+/// verifications running meanwhile finish on the state they started with.
 pub struct Authenticator {
     config: AuthConfig,
     state: RwLock<Arc<KeyState>>,
@@ -597,20 +630,55 @@ impl Authenticator {
     /// naming the setting or file if anything is unusable.
     pub fn load(config: &AuthConfig) -> Result<Self, AuthConfigError> {
         config.validate()?;
-        let state = load_state(config)?;
+        if CryptoProvider::try_get_default().is_none() {
+            return Err(AuthConfigError::NoCryptoBackend);
+        }
+        let mut issuers = HashMap::new();
+        for issuer in &config.issuers {
+            issuers.insert(issuer.issuer.clone(), Arc::new(load_issuer(issuer)?));
+        }
+        let deny_list = Arc::new(load_deny(config)?);
+        log_loaded(&issuers, &deny_list);
         Ok(Self {
             config: config.clone(),
-            state: RwLock::new(Arc::new(state)),
+            state: RwLock::new(Arc::new(KeyState { issuers, deny_list })),
         })
     }
 
-    /// Re-reads every key file and the deny list of the configuration given to
-    /// [`load`](Self::load) and swaps them in at once. On error nothing changes: the old
-    /// keys and deny list stay in force.
+    /// Re-reads every issuer's key files and the deny list of the configuration given to
+    /// [`load`](Self::load), each on its own: what loads is swapped in, what fails keeps its
+    /// previous version (an issuer its previous keys, the deny list its previous entries),
+    /// so one broken key file neither drops an issuer's keys nor stops a newly revoked
+    /// `jti` from being enforced. The error names every file that failed.
     pub fn reload(&self) -> Result<(), AuthConfigError> {
-        let state = Arc::new(load_state(&self.config)?);
+        let old = self.snapshot();
+        let mut failed = Vec::new();
+        let mut issuers = HashMap::new();
+        for issuer in &self.config.issuers {
+            match load_issuer(issuer) {
+                Ok(keys) => {
+                    issuers.insert(issuer.issuer.clone(), Arc::new(keys));
+                }
+                Err(e) => {
+                    failed.push(e);
+                    if let Some(keys) = old.issuers.get(&issuer.issuer) {
+                        issuers.insert(issuer.issuer.clone(), Arc::clone(keys));
+                    }
+                }
+            }
+        }
+        let deny_list = load_deny(&self.config).map(Arc::new).unwrap_or_else(|e| {
+            failed.push(e);
+            Arc::clone(&old.deny_list)
+        });
+        log_loaded(&issuers, &deny_list);
+        let state = Arc::new(KeyState { issuers, deny_list });
         *self.state.write().unwrap_or_else(PoisonError::into_inner) = state;
-        Ok(())
+        match failed.len() {
+            0 => Ok(()),
+            1 => Err(failed.remove(0)),
+            _ => Err(AuthConfigError::Several(failed)),
+        }
     }
 
     /// The configuration this authenticator was loaded from.
@@ -734,6 +802,10 @@ impl Authenticator {
         };
         let groups = parse_groups(claims.get(&self.config.groups_claim))
             .ok_or_else(|| AuthError::InvalidClaim(self.config.groups_claim.clone()))?;
+        let group_bytes: usize = groups.iter().map(String::len).sum();
+        if groups.len() > self.config.max_groups || group_bytes > self.config.max_groups_bytes {
+            return Err(AuthError::TooManyGroups);
+        }
         let lifetime = exp.saturating_sub(iat.map_or(now, |iat| iat.min(now)));
         if lifetime > self.config.max_unrevocable_lifetime_secs && jti.is_none() {
             return Err(AuthError::LifetimeNeedsJti);
@@ -832,56 +904,52 @@ fn parse_groups(value: Option<&Value>) -> Option<Vec<String>> {
     }
 }
 
-fn load_state(config: &AuthConfig) -> Result<KeyState, AuthConfigError> {
-    if CryptoProvider::try_get_default().is_none() {
-        return Err(AuthConfigError::NoCryptoBackend);
-    }
-    let mut issuers = HashMap::new();
-    let mut key_count = 0;
-    for issuer in &config.issuers {
-        let (select_by_kid, keys) = match &issuer.keys {
-            KeySource::Hs256 { secret_file } => (false, vec![load_hs256(secret_file)?]),
-            KeySource::Pem { algorithm, files } => (
-                false,
-                files
-                    .iter()
-                    .map(|file| load_pem(file, algorithm.algorithm()))
-                    .collect::<Result<_, _>>()?,
-            ),
-            KeySource::Jwks { file } => (true, load_jwks(file)?),
-        };
-        let keys = keys
-            .into_iter()
-            .map(|(kid, key, algorithms)| {
-                let validation = validation_for(&algorithms, issuer);
-                VerifyKey {
-                    kid,
-                    key,
-                    algorithms,
-                    validation,
-                }
-            })
-            .collect::<Vec<_>>();
-        key_count += keys.len();
-        issuers.insert(
-            issuer.issuer.clone(),
-            IssuerKeys {
-                select_by_kid,
-                keys,
-            },
-        );
-    }
-    let deny_list = match &config.deny_list_file {
-        Some(path) => load_deny_list(path)?,
-        None => HashSet::new(),
+/// The keys of one issuer, from its key source.
+fn load_issuer(issuer: &IssuerConfig) -> Result<IssuerKeys, AuthConfigError> {
+    let (select_by_kid, keys) = match &issuer.keys {
+        KeySource::Hs256 { secret_file } => (false, vec![load_hs256(secret_file)?]),
+        KeySource::Pem { algorithm, files } => (
+            false,
+            files
+                .iter()
+                .map(|file| load_pem(file, algorithm.algorithm()))
+                .collect::<Result<_, _>>()?,
+        ),
+        KeySource::Jwks { file } => (true, load_jwks(file)?),
     };
+    let keys = keys
+        .into_iter()
+        .map(|(kid, key, algorithms)| {
+            let validation = validation_for(&algorithms, issuer);
+            VerifyKey {
+                kid,
+                key,
+                algorithms,
+                validation,
+            }
+        })
+        .collect();
+    Ok(IssuerKeys {
+        select_by_kid,
+        keys,
+    })
+}
+
+/// The configured deny list (empty without a file).
+fn load_deny(config: &AuthConfig) -> Result<HashSet<String>, AuthConfigError> {
+    match &config.deny_list_file {
+        Some(path) => load_deny_list(path),
+        None => Ok(HashSet::new()),
+    }
+}
+
+fn log_loaded(issuers: &HashMap<String, Arc<IssuerKeys>>, deny_list: &HashSet<String>) {
     tracing::debug!(
         issuers = issuers.len(),
-        keys = key_count,
+        keys = issuers.values().map(|i| i.keys.len()).sum::<usize>(),
         revoked_jtis = deny_list.len(),
         "auth keys and deny list loaded"
     );
-    Ok(KeyState { issuers, deny_list })
 }
 
 /// The library-side checks for one key: its algorithms, `iss`, and a required `aud` that

@@ -87,7 +87,8 @@ fn demo_token(kit: &DevKit, sub: &str, jti: &str) -> Result<String, String> {
 }
 
 /// Prints `vars` as `NAME=value` lines and writes them as `export` lines to
-/// the kit's `env` file, whose path it returns.
+/// the kit's `env` file (new, 0600, in the kit's private directory), whose
+/// path it returns.
 fn export(kit: &DevKit, vars: &[(&str, String)]) -> Result<std::path::PathBuf, String> {
     let mut exports = String::new();
     for (name, value) in vars {
@@ -95,7 +96,7 @@ fn export(kit: &DevKit, vars: &[(&str, String)]) -> Result<std::path::PathBuf, S
         exports.push_str(&format!("export {name}={value}\n"));
     }
     let env_file = kit.dir.join("env");
-    std::fs::write(&env_file, exports).map_err(|e| e.to_string())?;
+    crate::run::write_private(&env_file, exports.as_bytes()).map_err(|e| e.to_string())?;
     Ok(env_file)
 }
 
@@ -123,11 +124,10 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
                 .map_err(|e| format!("simhost: {e}"))?,
         );
     }
-    let dir = std::env::temp_dir().join(format!(
-        "ahp-relay-demo-{}-{}",
-        std::process::id(),
-        crate::identity::unix_now()
-    ));
+    let mut tag = [0u8; 6];
+    crate::identity::random_fill(&mut tag).map_err(|e| e.to_string())?;
+    let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = std::env::temp_dir().join(format!("ahp-relay-demo-{}-{tag}", std::process::id()));
     let kit = DevKit::create(&dir).map_err(|e| e.to_string())?;
     let pairs: Vec<(String, String)> = hosts
         .iter()

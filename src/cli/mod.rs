@@ -63,11 +63,12 @@ impl Cli {
 /// Sets up logging to stderr in `format`; `RUST_LOG` overrides the default
 /// level of everything but audit lines. Audit lines (`ahp_relay::audit`)
 /// bypass `RUST_LOG` and are written by [`crate::policy::audit::layer`] as
-/// bare JSON objects, one per line, in either format.
+/// bare JSON objects, one per line, in either format. No credential
+/// reaches a log line at any level: the `log` bridge drops the records that
+/// carry them ([`NoCredentials`]).
 pub fn init_tracing(format: LogFormat) {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
-    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Audit lines only through their own layer. A directive (not a filter
@@ -85,18 +86,54 @@ pub fn init_tracing(format: LogFormat) {
             .boxed(),
         LogFormat::Json => logs.json().with_filter(filter).boxed(),
     };
-    let _ = tracing_subscriber::registry()
+    let subscriber = tracing_subscriber::registry()
         .with(logs)
-        .with(crate::policy::audit::layer(std::io::stderr))
-        .try_init();
-    cap_log_records();
+        .with(crate::policy::audit::layer(std::io::stderr));
+    if tracing::subscriber::set_global_default(subscriber).is_err() {
+        return;
+    }
+    let bridge: &'static NoCredentials =
+        Box::leak(Box::new(NoCredentials(tracing_log::LogTracer::new())));
+    if log::set_logger(bridge).is_ok() {
+        cap_log_records();
+    }
+}
+
+/// The `log` → `tracing` bridge without the records that carry credentials:
+/// below INFO, the WebSocket library logs every handshake request whole (an
+/// upstream dial's `Authorization: Bearer <host token>` and `?tkn=`) and
+/// every frame (`authenticate` carries tokens), so its DEBUG and TRACE
+/// records (`tungstenite`, `tokio_tungstenite`) are dropped before they
+/// become events, whatever `RUST_LOG` asks. Its INFO and above (none of
+/// which print a request or a frame) pass.
+struct NoCredentials(tracing_log::LogTracer);
+
+/// Whether a `log` record of `target` at `level` may carry a credential.
+fn carries_credentials(target: &str, level: log::Level) -> bool {
+    let crate_name = target.split("::").next().unwrap_or(target);
+    level > log::Level::Info && matches!(crate_name, "tungstenite" | "tokio_tungstenite")
+}
+
+impl log::Log for NoCredentials {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        !carries_credentials(metadata.target(), metadata.level()) && self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !carries_credentials(record.target(), record.level()) {
+            self.0.log(record);
+        }
+    }
+
+    fn flush(&self) {
+        self.0.flush();
+    }
 }
 
 /// Caps the `log` crate's maximum level at the most verbose level any
-/// `tracing` filter lets through. `try_init` installs the `log` → `tracing`
-/// bridge with the maximum set to TRACE, so every `log::trace!` of the
-/// WebSocket library (several per frame) would build a record, cross the
-/// bridge and only then be filtered out; capped, it costs one comparison.
+/// `tracing` filter lets through, so every `log::trace!` of the WebSocket
+/// library (several per frame) costs one comparison instead of building a
+/// record that the bridge and then the filter drop.
 fn cap_log_records() {
     use tracing::level_filters::LevelFilter;
     let level = match LevelFilter::current() {

@@ -1,6 +1,9 @@
 //! The admin listener (plain HTTP, loopback by default): `/healthz`,
-//! `/readyz` and `/metrics` (contract §8.2) and the status page (`status`:
-//! `/status`, `/status.json`, `/status/feed`), apart from the client
+//! `/readyz` and `/metrics` (contract §8.2), open to probes and scrapers,
+//! and the status page (`status`: `/status`, `/status.json`,
+//! `/status/feed`), whose data needs an admin's token as on the client
+//! listener unless `listen.admin_status_open`, and whose paths pass the
+//! `Host` and `Origin` checks (`origin`) first. Apart from the client
 //! listener so that probes and scraping never share a port, a rate limit or
 //! an ingress route with clients.
 //!
@@ -17,7 +20,9 @@ use http::{HeaderValue, Request, StatusCode, header};
 use hyper::body::Incoming;
 
 use super::layers::{Resp, text};
+use super::origin::{Listener, Origins};
 use super::port::RelayPort;
+use super::status::StatusFeeds;
 
 /// How often [`StoreProbe`] checks the store.
 pub const STORE_PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -67,15 +72,23 @@ pub struct AdminRoutes {
     pub ready: Arc<AtomicBool>,
     /// The store's health.
     pub store: StoreProbe,
+    /// The status feeds (shared with the client listener).
+    pub feeds: Arc<StatusFeeds>,
+    /// The `Host` and `Origin` checks.
+    pub origins: Arc<Origins>,
 }
 
 impl AdminRoutes {
     /// The answer to `req`.
-    pub fn answer(&self, mut req: Request<Incoming>) -> Resp {
+    pub fn answer(&self, req: Request<Incoming>) -> Resp {
+        if super::status::is_status_path(req.uri().path()) {
+            if let Some(refusal) = self.origins.refusal(req.headers(), Listener::Admin) {
+                return refusal;
+            }
+            let open = self.port.listen().admin_status_open;
+            return super::upgrade::status(&self.port, &self.feeds, open, req);
+        }
         match req.uri().path() {
-            "/status" => super::status::page(),
-            "/status.json" => super::status::json(&self.port),
-            "/status/feed" => super::status::feed(&self.port, &mut req),
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" if self.ready.load(Ordering::Relaxed) && self.store.healthy() => {
                 text(StatusCode::OK, "ready\n")

@@ -252,7 +252,8 @@ impl Around for Deadline {
 }
 
 /// The client listener serves only the WebSocket upgrade: a request
-/// without one gets 426 at `/` and 404 elsewhere; a malformed one 400.
+/// without one gets 426 at `/` and 404 elsewhere (counted as
+/// `upgrades_refused_total{reason="not_websocket"}`); a malformed one 400.
 /// A well-formed one passes on with its [`WsKey`].
 #[derive(Debug, Clone)]
 pub struct WebSocketOnly;
@@ -265,18 +266,17 @@ impl Around for WebSocketOnly {
     {
         let headers = req.headers();
         if super::status::is_status_path(req.uri().path()) {
-            // The status page for admins (`status::for_admins`), also a
-            // plain GET: its token is checked like an upgrade's.
+            // The status page (`upgrade::status`), also a plain GET: the
+            // token of its data is checked like an upgrade's.
             return call(next, req).await;
         }
         let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).cloned() else {
+            let why = Refusal::Upgrade("not_websocket");
             return if req.uri().path() == "/" {
-                text(
-                    StatusCode::UPGRADE_REQUIRED,
-                    "this endpoint speaks AHP over WebSocket\n",
-                )
+                let body = "this endpoint speaks AHP over WebSocket\n";
+                refused(StatusCode::UPGRADE_REQUIRED, body, why, None)
             } else {
-                text(StatusCode::NOT_FOUND, "not found\n")
+                refused(StatusCode::NOT_FOUND, "not found\n", why, None)
             };
         };
         let header_is = |name, want: &str| {
@@ -295,6 +295,29 @@ impl Around for WebSocketOnly {
         }
         req.extensions_mut().insert(WsKey(key));
         call(next, req).await
+    }
+}
+
+/// The `Host` and `Origin` checks of the client listener
+/// ([`Origins`](super::origin::Origins)): 403 for a page of another origin
+/// or, when `listen.allowed_hosts` is given, a `Host` not in it.
+#[derive(Debug, Clone)]
+pub struct SameOrigin {
+    /// The allowed origins and hosts.
+    pub origins: Arc<super::origin::Origins>,
+}
+
+impl Around for SameOrigin {
+    async fn around<S>(self, req: Request<Incoming>, next: S) -> Resp
+    where
+        S: Service<Request<Incoming>, Response = Resp, Error = Infallible> + Send + 'static,
+        S::Future: Send,
+    {
+        let listener = super::origin::Listener::Client;
+        match self.origins.refusal(req.headers(), listener) {
+            Some(refusal) => refusal,
+            None => call(next, req).await,
+        }
     }
 }
 

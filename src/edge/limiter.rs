@@ -147,8 +147,9 @@ impl FailureLimiter {
     }
 }
 
-/// The address group a failure is counted against (see the module doc).
-fn group(ip: IpAddr) -> IpAddr {
+/// The address group a failure (or a pending connection, `pending`) is
+/// counted against (see the module doc).
+pub fn group(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -7,9 +7,12 @@
 pub mod admin;
 pub mod layers;
 pub mod limiter;
+pub mod origin;
+pub mod pending;
 pub mod port;
 pub mod proxy;
 pub mod server;
+pub mod standing;
 pub mod status;
 pub mod tls;
 pub mod upgrade;

@@ -93,6 +93,7 @@ impl RelayPort {
     /// credential, clientId or message text).
     pub fn status(&self) -> serde_json::Value {
         let m = self.metrics();
+        m.status_builds.inc();
         let outcome = |o: &str| {
             m.reconnects
                 .get_metric_with_label_values(&[o])

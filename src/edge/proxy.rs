@@ -25,7 +25,8 @@ impl TrustedProxies {
         Self(nets.to_vec())
     }
 
-    fn trusts(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is one of the trusted proxies.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
         self.0.iter().any(|n| n.contains(ip))
     }
 

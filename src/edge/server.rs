@@ -5,7 +5,11 @@
 //! Each accepted connection gets a TLS handshake bounded by the handshake
 //! timeout, then hyper serving the listener's tower stack (`layers`), with
 //! the request head also bounded by that timeout so half-open connections
-//! cannot pile up.
+//! cannot pile up; and the whole connection, keep-alive requests included,
+//! must upgrade within `limits.upgrade_deadline_secs` of its accept or is
+//! closed, so a client that keeps asking `GET /` cannot hold TLS and HTTP
+//! buffers forever. How many connections may wait for their upgrade at
+//! once, in all and per address, is bounded at accept (`pending`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,11 +29,14 @@ use tracing::Instrument as _;
 use super::admin::{AdminRoutes, StoreProbe};
 use super::layers::{
     Admission, AroundLayer, CountOutcomes, Deadline, FailureLimit, Peer, ResolveClient, Resp,
-    Trace, WebSocketOnly,
+    SameOrigin, Trace, WebSocketOnly,
 };
 use super::limiter::{DEFAULT_MAX_TRACKED, FailureLimiter};
+use super::origin::Origins;
+use super::pending::{Pending, Slot};
 use super::port::RelayPort;
 use super::proxy::TrustedProxies;
+use super::status::StatusFeeds;
 use super::upgrade::UpgradeService;
 use crate::relay::Relay;
 
@@ -39,6 +46,8 @@ pub struct Edge {
     tls: Option<TlsAcceptor>,
     limiter: Arc<FailureLimiter>,
     trusted: Arc<TrustedProxies>,
+    origins: Arc<Origins>,
+    feeds: Arc<StatusFeeds>,
     /// False once draining began: `/readyz` answers 503 and upgrades are
     /// refused with 503.
     pub ready: Arc<AtomicBool>,
@@ -64,11 +73,15 @@ impl Edge {
             DEFAULT_MAX_TRACKED,
         );
         let trusted = TrustedProxies::new(&listen.trusted_proxies);
+        let origins = Arc::new(Origins::new(listen));
+        let feeds = StatusFeeds::new(port.limits().status_watchers);
         Arc::new(Self {
             port,
             tls,
             limiter: Arc::new(limiter),
             trusted: Arc::new(trusted),
+            origins,
+            feeds,
             ready: Arc::new(AtomicBool::new(true)),
         })
     }
@@ -79,8 +92,8 @@ impl Edge {
 
     /// The client listener's stack, outermost first: a span per request,
     /// the client address, metrics of the outcome, the answer deadline,
-    /// WebSocket-only routing, admission (drain, memory), the auth-failure
-    /// limit, and the upgrade itself.
+    /// the `Host` and `Origin` checks, WebSocket-only routing, admission
+    /// (drain, memory), the auth-failure limit, and the upgrade itself.
     fn client_stack(&self) -> impl HttpService {
         ServiceBuilder::new()
             .layer(AroundLayer(Trace { listener: "client" }))
@@ -93,6 +106,9 @@ impl Edge {
             .layer(AroundLayer(Deadline {
                 after: self.handshake_timeout(),
             }))
+            .layer(AroundLayer(SameOrigin {
+                origins: self.origins.clone(),
+            }))
             .layer(AroundLayer(WebSocketOnly))
             .layer(AroundLayer(Admission {
                 port: self.port.clone(),
@@ -103,30 +119,59 @@ impl Edge {
             }))
             .service(UpgradeService {
                 port: self.port.clone(),
+                feeds: self.feeds.clone(),
             })
+    }
+
+    /// The bounds of a listener's connections before they upgrade: time,
+    /// and a fresh count of pending connections (one per listener).
+    fn bounds(&self) -> Bounds {
+        let limits = self.port.limits();
+        Bounds {
+            handshake: self.handshake_timeout(),
+            upgrade: Duration::from_secs(limits.upgrade_deadline_secs),
+            pending: Pending::new(
+                limits.pending_connections,
+                limits.pending_connections_per_address,
+                self.trusted.clone(),
+            ),
+            port: self.port.clone(),
+        }
     }
 
     /// Accepts client connections on `listener` until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         let stack = self.client_stack();
-        accept_loop(listener, self.tls.clone(), self.handshake_timeout(), stack).await;
+        accept_loop(listener, self.tls.clone(), self.bounds(), stack).await;
+    }
+
+    /// Computes the status shared by every status feed while any is open,
+    /// until the task is dropped.
+    pub async fn feed_status(self: Arc<Self>) {
+        self.feeds.clone().run(self.port.clone()).await;
     }
 
     /// Accepts admin connections (plain HTTP) on `listener` until the task
-    /// is dropped, refreshing the store's health meanwhile.
+    /// is dropped, refreshing the store's health meanwhile. Refusals (auth,
+    /// origin, feed slots) are counted as on the client listener.
     pub async fn serve_admin(self: Arc<Self>, listener: TcpListener) {
         let store = StoreProbe::new(&self.port);
         let routes = AdminRoutes {
             port: self.port.clone(),
             ready: self.ready.clone(),
             store: store.clone(),
+            feeds: self.feeds.clone(),
+            origins: self.origins.clone(),
         };
         let stack = ServiceBuilder::new()
             .layer(AroundLayer(Trace { listener: "admin" }))
+            .layer(AroundLayer(CountOutcomes {
+                port: self.port.clone(),
+            }))
             .service(routes);
         tokio::select! {
             () = store.watch(self.port.clone()) => {}
-            () = accept_loop(listener, None, self.handshake_timeout(), stack) => {}
+            () = accept_loop(listener, None, self.bounds(), stack) => {}
         }
     }
 }
@@ -148,11 +193,24 @@ impl<S> HttpService for S where
 {
 }
 
+/// The bounds of one listener's connections before they upgrade.
+#[derive(Debug, Clone)]
+struct Bounds {
+    /// The TLS handshake, and each request head.
+    handshake: Duration,
+    /// The whole connection until it upgrades.
+    upgrade: Duration,
+    /// How many may wait for their upgrade at once.
+    pending: Arc<Pending>,
+    /// Where refused and expired connections are counted.
+    port: RelayPort,
+}
+
 /// Serves `stack` on every connection `listener` accepts.
 async fn accept_loop<S: HttpService>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
-    handshake: Duration,
+    bounds: Bounds,
     stack: S,
 ) {
     loop {
@@ -164,27 +222,55 @@ async fn accept_loop<S: HttpService>(
                 continue;
             }
         };
+        let slot = match bounds.pending.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(reason) => {
+                let refused = &bounds.port.metrics().upgrades_refused;
+                refused.with_label_values(&[reason]).inc();
+                tracing::debug!(%peer, reason, "connection refused at accept");
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
-        let conn = connection(stream, peer, tls.clone(), handshake, stack.clone());
+        let conn = connection(
+            stream,
+            peer,
+            tls.clone(),
+            bounds.clone(),
+            stack.clone(),
+            slot,
+        );
         tokio::spawn(conn.instrument(tracing::debug_span!("edge.conn", %peer)));
     }
 }
 
-/// One connection: the TLS handshake (within `handshake`), then HTTP.
+/// One connection: the TLS handshake (within the handshake timeout), then
+/// HTTP, all of it until the upgrade within the upgrade deadline (the
+/// connection's future ends when it upgrades: the socket then belongs to
+/// the WebSocket task, and `_slot`, its pending place, is freed).
 async fn connection<S: HttpService>(
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
-    handshake: Duration,
+    bounds: Bounds,
     stack: S,
+    _slot: Slot,
 ) {
-    let Some(acceptor) = tls else {
-        return http(TokioIo::new(stream), peer, handshake, stack).await;
+    let handshake = bounds.handshake;
+    let served = async move {
+        let Some(acceptor) = tls else {
+            return http(TokioIo::new(stream), peer, handshake, stack).await;
+        };
+        match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => http(TokioIo::new(tls), peer, handshake, stack).await,
+            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!("TLS handshake timed out"),
+        }
     };
-    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => http(TokioIo::new(tls), peer, handshake, stack).await,
-        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-        Err(_) => tracing::debug!("TLS handshake timed out"),
+    if tokio::time::timeout(bounds.upgrade, served).await.is_err() {
+        let hits = &bounds.port.metrics().limit_hits;
+        hits.with_label_values(&["upgrade_deadline"]).inc();
+        tracing::debug!("connection closed: no upgrade within the deadline");
     }
 }
 

@@ -1,76 +1,158 @@
-//! The status page (issue 13): `/status` (plain HTML and a little script),
-//! `/status.json` (the same data once) and `/status/feed` (a WebSocket that
-//! pushes the data as JSON whenever it changed, checked every
-//! [`FEED_EVERY`]). Served on the admin listener, and on the client
-//! listener to principals with an `admin` grant on every host
-//! ([`for_admins`]: the token as for an upgrade — header, `bearer`
-//! sub-protocol, or query where allowed; no cookie). The data comes from
-//! [`RelayPort::status`], read-only, and holds no URL, credential, clientId
-//! or message text.
+//! The status page (issue 13): `/status` (plain HTML and a little script,
+//! no data), `/status.json` (the data once) and `/status/feed` (a WebSocket
+//! that pushes the data as JSON whenever it changed, checked every
+//! [`FEED_EVERY`]). Served on the admin listener and on the client
+//! listener; the data (`/status.json`, the feed) only to principals with an
+//! `admin` grant on every host ([`answer`]: the token as for an upgrade —
+//! header, `bearer` sub-protocol, or query where allowed; no cookie), or on
+//! the admin listener to anyone when `listen.admin_status_open` says its
+//! network is trusted. The page asks for the token in a form and keeps it
+//! in page memory, so it never travels in a URL. The data comes from
+//! [`RelayPort::status`], read-only, and holds no URL, credential,
+//! clientId or message text.
+//!
+//! Feeds are bounded work: one task ([`StatusFeeds::run`]) computes the
+//! status once per [`FEED_EVERY`] while anyone watches and shares it through
+//! a `watch` channel, so a watcher holds at most the latest copy; at most
+//! `limits.status_watchers` feeds are open at once (503, counted as
+//! `upgrades_refused_total{reason="status_watchers"}`); each write must
+//! finish within [`WRITE_WITHIN`]; a feed whose viewer stays silent (not
+//! even a pong to the feed's pings) for `limits.client_idle_secs` closes
+//! with 1000; and a feed opened with a token closes when the token expires
+//! (4001), is revoked (4003) or loses the `admin` grant (4000), like a
+//! client socket ([`Standing`]). An authenticated feed also counts against
+//! the principal's `connections_per_principal`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
-use super::layers::{Body, Resp, text};
-use super::port::RelayPort;
+use super::layers::{Body, Refusal, Resp, refused, text};
+use super::port::{ConnectionGuard, RelayPort};
+use super::standing::{Needs, Standing, lost_or_never};
 use crate::auth::{Principal, TokenSource};
+use crate::rpc::Close;
 
 /// Whether `path` is one of the status page's.
 pub fn is_status_path(path: &str) -> bool {
     matches!(path, "/status" | "/status.json" | "/status/feed")
 }
 
-/// A status path on the client listener, for an authenticated `principal`:
-/// 403 without an `admin` grant on every host.
-pub fn for_admins(
-    port: &RelayPort,
-    principal: &Principal,
-    source: TokenSource,
-    mut req: Request<Incoming>,
-) -> Resp {
-    if !port.is_admin(principal) {
-        return text(
-            StatusCode::FORBIDDEN,
-            "the status page needs an admin grant\n",
-        );
+/// How often the shared status is recomputed while anyone watches.
+pub const FEED_EVERY: Duration = Duration::from_millis(500);
+
+/// How long one write to a feed (the status, a ping, the close) may take;
+/// a viewer that does not read is closed after it.
+pub const WRITE_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long the close handshake of a feed may take.
+const CLOSE_WITHIN: Duration = Duration::from_secs(3);
+
+/// The page itself (no external resources, no data).
+const PAGE: &str = include_str!("status.html");
+
+/// Who asks for the status data.
+#[derive(Debug)]
+pub enum Viewer {
+    /// An authenticated principal, and where its token was.
+    Principal(Principal, TokenSource),
+    /// Anyone: the admin listener with `listen.admin_status_open`.
+    Open,
+}
+
+/// The status shared by every feed, and the bound on their number.
+#[derive(Debug)]
+pub struct StatusFeeds {
+    latest: watch::Sender<Option<Utf8Bytes>>,
+    slots: Arc<Semaphore>,
+}
+
+impl StatusFeeds {
+    /// Room for `watchers` feeds at once.
+    pub fn new(watchers: usize) -> Arc<Self> {
+        Arc::new(Self {
+            latest: watch::Sender::new(None),
+            slots: Arc::new(Semaphore::new(watchers)),
+        })
     }
-    match req.uri().path() {
-        "/status" => page(),
-        "/status.json" => json(port),
-        _ => {
-            let mut r = feed(port, &mut req);
-            if source == TokenSource::Subprotocol && r.status() == StatusCode::SWITCHING_PROTOCOLS {
-                r.headers_mut().insert(
-                    header::SEC_WEBSOCKET_PROTOCOL,
-                    HeaderValue::from_static("bearer"),
-                );
+
+    /// Recomputes the status every [`FEED_EVERY`] while a feed is open and
+    /// publishes it when it changed; with no feed open it computes nothing
+    /// and forgets the last value (so a new feed never gets an old one).
+    /// Runs until dropped (`run::start` keeps it with the listeners).
+    pub async fn run(self: Arc<Self>, port: RelayPort) {
+        let mut tick = tokio::time::interval(FEED_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.latest.receiver_count() == 0 {
+                self.latest.send_if_modified(|v| v.take().is_some());
+                continue;
             }
-            r
+            let now = port.status().to_string();
+            self.latest.send_if_modified(|cur| {
+                if cur.as_ref().is_some_and(|c| c.as_str() == now) {
+                    return false;
+                }
+                *cur = Some(Utf8Bytes::from(now));
+                true
+            });
         }
     }
 }
 
-/// How often the feed checks for changes.
-pub const FEED_EVERY: Duration = Duration::from_millis(500);
+/// A status path for `viewer`: the page to anyone; the data to an admin
+/// (403 for a principal without the `admin` grant on every host) or to an
+/// open viewer.
+pub fn answer(
+    port: &RelayPort,
+    feeds: &StatusFeeds,
+    viewer: Viewer,
+    mut req: Request<Incoming>,
+) -> Resp {
+    if req.uri().path() == "/status" {
+        return page();
+    }
+    if let Viewer::Principal(principal, _) = &viewer
+        && !port.is_admin(principal)
+    {
+        return text(
+            StatusCode::FORBIDDEN,
+            "the status data needs an admin grant\n",
+        );
+    }
+    if req.uri().path() == "/status.json" {
+        return json(port);
+    }
+    feed(port, feeds, viewer, &mut req)
+}
 
-/// The page itself (no external resources).
-const PAGE: &str = include_str!("status.html");
-
-/// `/status`.
+/// `/status`; never inside another site's frame (no clickjacking of the
+/// token form).
 pub fn page() -> Resp {
-    typed(text(StatusCode::OK, PAGE), "text/html; charset=utf-8")
+    let mut r = typed(text(StatusCode::OK, PAGE), "text/html; charset=utf-8");
+    let h = r.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    r
 }
 
 /// `/status.json`.
-pub fn json(port: &RelayPort) -> Resp {
+fn json(port: &RelayPort) -> Resp {
     typed(
         text(StatusCode::OK, &port.status().to_string()),
         "application/json",
@@ -84,33 +166,87 @@ fn typed(mut r: Resp, content_type: &'static str) -> Resp {
     r
 }
 
-/// `/status/feed`: 101 and a socket that pushes the status, or 400 for a
-/// request that is not a WebSocket upgrade.
-pub fn feed(port: &RelayPort, req: &mut Request<Incoming>) -> Resp {
+/// What an open feed holds until it ends: its watcher slot, its
+/// principal's connection slot and its standing (none for an open viewer).
+struct Held {
+    _slot: OwnedSemaphorePermit,
+    _admitted: Option<ConnectionGuard>,
+    standing: Option<Standing>,
+}
+
+/// `/status/feed`: 101 and a socket that pushes the status; 400 for a
+/// request that is not a WebSocket upgrade, 503 with every watcher slot
+/// taken, 429 at the principal's connection cap.
+fn feed(
+    port: &RelayPort,
+    feeds: &StatusFeeds,
+    viewer: Viewer,
+    req: &mut Request<Incoming>,
+) -> Resp {
     let upgrade_asked = req
         .headers()
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned() else {
+    let key = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
+    let Some(key) = key.filter(|_| upgrade_asked) else {
         return text(StatusCode::BAD_REQUEST, "a WebSocket upgrade is required\n");
     };
-    if !upgrade_asked {
-        return text(StatusCode::BAD_REQUEST, "a WebSocket upgrade is required\n");
-    }
+    let Ok(slot) = feeds.slots.clone().try_acquire_owned() else {
+        return refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many status feeds open: retry later\n",
+            Refusal::Upgrade("status_watchers"),
+            Some(5),
+        );
+    };
+    let (held, bearer) = match viewer {
+        Viewer::Open => (
+            Held {
+                _slot: slot,
+                _admitted: None,
+                standing: None,
+            },
+            false,
+        ),
+        Viewer::Principal(principal, source) => {
+            let Some(admitted) = port.admit_connection(&principal) else {
+                return refused(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many connections for this principal\n",
+                    Refusal::Upgrade("principal_connections"),
+                    Some(5),
+                );
+            };
+            let standing = Standing::new(port, &principal, Needs::AdminGrant);
+            let held = Held {
+                _slot: slot,
+                _admitted: Some(admitted),
+                standing: Some(standing),
+            };
+            (held, source == TokenSource::Subprotocol)
+        }
+    };
     let upgrade = hyper::upgrade::on(req);
     let port = port.clone();
+    let latest = feeds.latest.subscribe();
     tokio::spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
                 let ws =
                     WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
                         .await;
-                push(port, ws).await;
+                push(port, ws, latest, held).await;
             }
             Err(e) => tracing::debug!(error = %e, "status feed upgrade failed"),
         }
     });
+    switching(&key, bearer)
+}
+
+/// `101 Switching Protocols` for `key`, naming the `bearer` sub-protocol
+/// when the token came in it (browsers require the echo).
+fn switching(key: &HeaderValue, bearer: bool) -> Resp {
     let mut resp = Response::new(Body::default());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
@@ -119,33 +255,114 @@ pub fn feed(port: &RelayPort, req: &mut Request<Incoming>) -> Resp {
     if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) {
         h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
     }
+    if bearer {
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static("bearer"),
+        );
+    }
     resp
 }
 
-/// Sends the status now and again whenever it changed, until the viewer
-/// leaves (anything it sends other than a ping ends the feed).
-async fn push<S>(port: RelayPort, ws: WebSocketStream<S>)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+/// Sends the shared status whenever it changed, and a ping every half idle
+/// period, until the viewer leaves (anything it sends other than a ping or
+/// pong ends the feed), stays silent for the idle period, does not take a
+/// write within [`WRITE_WITHIN`], or its standing is lost.
+async fn push<S>(
+    port: RelayPort,
+    ws: WebSocketStream<S>,
+    mut latest: watch::Receiver<Option<Utf8Bytes>>,
+    mut held: Held,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut sink, mut stream) = ws.split();
-    let mut tick = tokio::time::interval(FEED_EVERY);
-    let mut last = String::new();
-    loop {
+    let idle_after = Duration::from_secs(port.limits().client_idle_secs);
+    let idle_on = !idle_after.is_zero();
+    let idle = tokio::time::sleep(idle_after);
+    tokio::pin!(idle);
+    let mut ping = tokio::time::interval_at(
+        tokio::time::Instant::now() + idle_after / 2,
+        (idle_after / 2).max(Duration::from_millis(100)),
+    );
+    latest.mark_changed();
+    let close = loop {
         tokio::select! {
-            _ = tick.tick() => {
-                let now = port.status().to_string();
-                if now != last {
-                    if sink.send(Message::text(now.clone())).await.is_err() {
-                        return;
-                    }
-                    last = now;
+            close = lost_or_never(&mut held.standing, &port) => break Some(close),
+            changed = latest.changed() => {
+                if changed.is_err() {
+                    break Some(Close::Restarting);
+                }
+                let now = latest.borrow_and_update().clone();
+                if let Some(now) = now
+                    && !write(&port, &mut sink, Message::Text(now)).await
+                {
+                    return;
                 }
             }
+            _ = ping.tick(), if idle_on => {
+                if !write(&port, &mut sink, Message::Ping(Default::default())).await {
+                    return;
+                }
+            }
+            () = &mut idle, if idle_on => {
+                port.metrics().limit_hits.with_label_values(&["status_idle"]).inc();
+                break Some(Close::Idle);
+            }
             msg = stream.next() => match msg {
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
-                _ => return,
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                    idle.as_mut().reset(tokio::time::Instant::now() + idle_after);
+                }
+                _ => break None,
             },
         }
+    };
+    if let Some(close) = close {
+        close_with(sink, stream, close).await;
     }
+}
+
+/// Writes `msg` within [`WRITE_WITHIN`]; `false` (counted as
+/// `limit_hits_total{limit="status_write"}` when it timed out) if the feed
+/// must end.
+async fn write<S>(
+    port: &RelayPort,
+    sink: &mut SplitSink<WebSocketStream<S>, Message>,
+    msg: Message,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(WRITE_WITHIN, sink.send(msg)).await {
+        Ok(sent) => sent.is_ok(),
+        Err(_) => {
+            port.metrics()
+                .limit_hits
+                .with_label_values(&["status_write"])
+                .inc();
+            false
+        }
+    }
+}
+
+/// Sends `close` and reads (discarding) until the viewer answers or
+/// [`CLOSE_WITHIN`] passes: dropping a socket with unread data would make
+/// the kernel reset it and lose the close code.
+async fn close_with<S>(
+    mut sink: SplitSink<WebSocketStream<S>, Message>,
+    mut stream: SplitStream<WebSocketStream<S>>,
+    close: Close,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let frame = CloseFrame {
+        code: close.code().into(),
+        reason: close.reason().into(),
+    };
+    let handshake = async {
+        sink.send(Message::Close(Some(frame))).await.ok()?;
+        while let Some(Ok(_)) = stream.next().await {}
+        Some(())
+    };
+    let _ = tokio::time::timeout(CLOSE_WITHIN, handshake).await;
 }

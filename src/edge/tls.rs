@@ -31,7 +31,10 @@ pub enum TlsError {
     },
 }
 
-/// Loads a certificate chain and its private key.
+/// Loads a certificate chain and its private key, and checks that the key is
+/// the one the first certificate names: a certificate replaced before its key
+/// (or the other way round) is refused here rather than served, where every
+/// handshake would fail.
 pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     let pem_err = |path: &Path, e: &dyn std::fmt::Display| TlsError::Pem {
         path: path.to_path_buf(),
@@ -50,7 +53,17 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
             path: key.to_path_buf(),
             reason: e.to_string(),
         })?;
-    Ok(CertifiedKey::new(chain, signer))
+    let certified = CertifiedKey::new(chain, signer);
+    match certified.keys_match() {
+        // A key type whose public half rustls cannot derive is not a mismatch.
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
+            Ok(certified)
+        }
+        Err(e) => Err(TlsError::Key {
+            path: key.to_path_buf(),
+            reason: format!("does not match the certificate in {} ({e})", cert.display()),
+        }),
+    }
 }
 
 /// Serves the current certificate and swaps in a new one when the files
@@ -78,7 +91,10 @@ impl ReloadingCert {
         }))
     }
 
-    /// Reloads if either file changed since the last load.
+    /// Reloads if either file changed since the last load. A pair that does
+    /// not load (or whose key does not match) is not recorded as seen, so it
+    /// is tried again at the next poll: a certificate written before its key
+    /// is served once the key arrives.
     pub fn reload_if_changed(&self) {
         let stamp = mtime(&self.cert).max(mtime(&self.key));
         let seen = self.current.read().map(|c| c.1).unwrap_or(None);
@@ -181,6 +197,37 @@ mod tests {
             after,
             "a broken file keeps the old pair"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_certificate_is_served_only_with_its_own_key() {
+        let dir = std::env::temp_dir().join(format!("ahp-relay-tls-pair-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("c.pem"), dir.join("k.pem"));
+        let (c1, k1) = self_signed(&["localhost"]).unwrap();
+        let (c2, k2) = self_signed(&["localhost"]).unwrap();
+        std::fs::write(&cert, &c2).unwrap();
+        std::fs::write(&key, &k1).unwrap();
+        let err = load_certified_key(&cert, &key).unwrap_err().to_string();
+        assert!(err.contains("does not match"), "{err}");
+
+        std::fs::write(&cert, &c1).unwrap();
+        let r = ReloadingCert::load(&cert, &key).unwrap();
+        let first = first_cert(&r.current().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        std::fs::write(&cert, &c2).unwrap();
+        r.reload_if_changed();
+        assert_eq!(
+            first_cert(&r.current().unwrap()),
+            first,
+            "a new certificate without its key is not served"
+        );
+        std::fs::write(&key, &k2).unwrap();
+        r.reload_if_changed();
+        let served = r.current().unwrap();
+        assert_ne!(first_cert(&served), first, "served once its key arrives");
+        assert!(served.keys_match().is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,6 +4,8 @@
 //! refused client. Load, drain, failure limits, metrics and tracing are the
 //! layers around it (`layers`).
 
+use std::sync::Arc;
+
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -13,6 +15,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use super::layers::{Body, Refusal, Resp, WsKey, refused, text};
 use super::port::{RelayPort, unix_now};
+use super::status::{StatusFeeds, Viewer};
 use crate::auth::{AuthError, Principal, TokenSource, extract_token};
 use crate::config::Limits;
 
@@ -20,12 +23,9 @@ use crate::config::Limits;
 /// found well-formed: 401/403/400 for a refused token, 429 at the
 /// principal's connection cap, else 101 with the socket served in its own
 /// task.
-pub fn handle(port: &RelayPort, mut req: Request<Incoming>) -> Resp {
+pub fn handle(port: &RelayPort, feeds: &StatusFeeds, mut req: Request<Incoming>) -> Resp {
     if super::status::is_status_path(req.uri().path()) {
-        return match authenticate(port, &req) {
-            Ok((principal, source)) => super::status::for_admins(port, &principal, source, req),
-            Err(e) => auth_refusal(&e),
-        };
+        return status(port, feeds, false, req);
     }
     let Some(WsKey(key)) = req.extensions().get::<WsKey>().cloned() else {
         return text(StatusCode::BAD_REQUEST, "a WebSocket upgrade is required\n");
@@ -56,6 +56,21 @@ pub fn handle(port: &RelayPort, mut req: Request<Incoming>) -> Resp {
         }
     });
     switching(&key, source)
+}
+
+/// A status path on either listener: the page to anyone, the data to the
+/// principal of the request's token (refused like an upgrade without one),
+/// or to anyone when `open`.
+pub fn status(port: &RelayPort, feeds: &StatusFeeds, open: bool, req: Request<Incoming>) -> Resp {
+    let viewer = if open || req.uri().path() == "/status" {
+        Viewer::Open
+    } else {
+        match authenticate(port, &req) {
+            Ok((principal, source)) => Viewer::Principal(principal, source),
+            Err(e) => return auth_refusal(&e),
+        }
+    };
+    super::status::answer(port, feeds, viewer, req)
 }
 
 /// The principal of the request's token, and where the token was.
@@ -130,6 +145,8 @@ fn socket_config(limits: &Limits) -> WebSocketConfig {
 pub struct UpgradeService {
     /// The relay behind the edge.
     pub port: RelayPort,
+    /// The status feeds (shared with the admin listener).
+    pub feeds: Arc<StatusFeeds>,
 }
 
 impl tower::Service<Request<Incoming>> for UpgradeService {
@@ -145,6 +162,6 @@ impl tower::Service<Request<Incoming>> for UpgradeService {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        std::future::ready(Ok(handle(&self.port, req)))
+        std::future::ready(Ok(handle(&self.port, &self.feeds, req)))
     }
 }

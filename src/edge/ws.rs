@@ -13,7 +13,8 @@ use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use super::port::{ConnectionGuard, RelayPort, unix_now};
+use super::port::{ConnectionGuard, RelayPort};
+use super::standing::{Needs, Standing};
 use crate::auth::Principal;
 use crate::rpc::Close;
 use crate::session::outbox::{OutboxRx, outbox};
@@ -23,10 +24,6 @@ type Kill = Option<Close>;
 
 /// How long the close handshake (with queued frames) may take.
 const CLOSE_WITHIN: Duration = Duration::from_secs(3);
-
-/// How often an open socket checks whether its token was revoked (the deny
-/// list itself is reloaded by `run::start`).
-const REVOCATION_CHECK: Duration = Duration::from_secs(2);
 
 /// Serves one authenticated client socket until it closes; `admitted`
 /// holds the principal's connection slot until then.
@@ -44,13 +41,9 @@ pub async fn serve_client<S>(
     let (out_tx, out_rx) = outbox(limits.client_queue_frames, limits.client_queue_bytes);
     let (kill_tx, kill_rx) = watch::channel::<Kill>(None);
     let mut writer = tokio::spawn(write_loop(sink, out_rx, kill_rx.clone()));
-    let leeway = port.auth().config().leeway_secs;
-    let expires_in = principal
-        .expires_at
-        .saturating_add(leeway)
-        .saturating_sub(unix_now());
+    let standing = Standing::new(&port, &principal, Needs::Token);
     let mut conn = port.open_conn(principal, out_tx, kill_tx);
-    read_loop(&port, &mut conn, stream, kill_rx, expires_in).await;
+    read_loop(&port, &mut conn, stream, kill_rx, standing).await;
     if let Some(session) = conn.session.take() {
         port.detach(&session, conn.socket);
     }
@@ -67,8 +60,9 @@ pub async fn serve_client<S>(
 
 /// Reads client frames into the session until the socket ends, or until
 /// the client answers a close this side started (or [`CLOSE_WITHIN`]
-/// passes). Once the socket is told to close, the reader keeps reading
-/// (and discarding): dropping a connection with unread data makes the
+/// passes); closes with 4001/4003 when `standing` is lost. Once the
+/// socket is told to close, the reader keeps reading (and discarding):
+/// dropping a connection with unread data makes the
 /// kernel reset it, which would discard the frames still queued and the
 /// close code.
 async fn read_loop<S>(
@@ -76,13 +70,10 @@ async fn read_loop<S>(
     conn: &mut Conn,
     mut stream: SplitStream<WebSocketStream<S>>,
     mut killed: watch::Receiver<Kill>,
-    expires_in: u64,
+    mut standing: Standing,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let expiry = tokio::time::sleep(Duration::from_secs(expires_in));
-    tokio::pin!(expiry);
-    let mut revocation_check = tokio::time::interval(REVOCATION_CHECK);
     let mut closing: Option<tokio::time::Instant> = None;
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
     // Client idle timeout (§3.6): any text frame, AHP `ping` included, resets it.
@@ -92,11 +83,8 @@ async fn read_loop<S>(
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(closing.unwrap_or(far)), if closing.is_some() => break,
-            _ = revocation_check.tick(), if closing.is_none() => {
-                let revoked = conn.principal.jti.as_deref().is_some_and(|j| port.auth().is_revoked(j));
-                if revoked {
-                    conn.kill.send_replace(Some(Close::TokenRevoked));
-                }
+            close = standing.lost(port), if closing.is_none() => {
+                conn.kill.send_replace(Some(close));
             }
             msg = stream.next() => match msg {
                 Some(Ok(Message::Text(t))) if closing.is_none() => {
@@ -110,9 +98,6 @@ async fn read_loop<S>(
             _ = &mut idle, if closing.is_none() && !idle_after.is_zero() => {
                 port.metrics().limit_hits.with_label_values(&["idle"]).inc();
                 conn.kill.send_replace(Some(Close::Idle));
-            }
-            _ = &mut expiry, if closing.is_none() => {
-                conn.kill.send_replace(Some(Close::TokenExpired));
             }
             changed = killed.changed(), if closing.is_none() => {
                 if changed.is_err() || killed.borrow().is_some() {

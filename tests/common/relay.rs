@@ -217,33 +217,18 @@ impl TestRelay {
             "wss://localhost:{}/{path_and_query}",
             self.relay.addr.port()
         );
-        let mut req = url.into_client_request().expect("request");
-        for (name, value) in headers {
-            req.headers_mut().append(
-                name.clone(),
-                HeaderValue::from_str(value).expect("header value"),
-            );
-        }
         let connector = Connector::Rustls(Arc::new(trusting(&self.kit.cert)));
-        let attempt = connect_async_tls_with_config(req, None, true, Some(connector));
-        match tokio::time::timeout(WAIT, attempt)
-            .await
-            .expect("upgrade answered in time")
-        {
-            Ok((ws, resp)) => Upgrade {
-                status: resp.status().as_u16(),
-                headers: resp.headers().clone(),
-                body: Vec::new(),
-                ws: Some(RawWs::from_stream(ws)),
-            },
-            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Upgrade {
-                status: resp.status().as_u16(),
-                headers: resp.headers().clone(),
-                body: resp.body().clone().unwrap_or_default(),
-                ws: None,
-            },
-            Err(e) => panic!("upgrade failed below HTTP: {e}"),
-        }
+        upgrade_at(&url, headers, Some(connector)).await
+    }
+
+    /// A plain-HTTP upgrade to `/<path_and_query>` on the admin listener with `headers`.
+    pub async fn admin_upgrade(
+        &self,
+        path_and_query: &str,
+        headers: &[(HeaderName, &str)],
+    ) -> Upgrade {
+        let url = format!("ws://{}/{path_and_query}", self.relay.admin_addr());
+        upgrade_at(&url, headers, None).await
     }
 
     /// An upgrade carrying `token` as `Authorization: Bearer`.
@@ -258,6 +243,43 @@ impl TestRelay {
             .await
             .expect("raw websocket through the relay");
         super::RawWs::from_stream(ws)
+    }
+}
+
+/// An upgrade to `url` with `headers` added, through `connector` (TLS) when given.
+pub async fn upgrade_at(
+    url: &str,
+    headers: &[(HeaderName, &str)],
+    connector: Option<Connector>,
+) -> Upgrade {
+    let mut req = url.into_client_request().expect("request");
+    for (name, value) in headers {
+        let value = HeaderValue::from_str(value).expect("header value");
+        // `Host` replaces the URL's; other headers add to what is there.
+        if name == tokio_tungstenite::tungstenite::http::header::HOST {
+            req.headers_mut().insert(name.clone(), value);
+        } else {
+            req.headers_mut().append(name.clone(), value);
+        }
+    }
+    let attempt = connect_async_tls_with_config(req, None, true, connector);
+    match tokio::time::timeout(WAIT, attempt)
+        .await
+        .expect("upgrade answered in time")
+    {
+        Ok((ws, resp)) => Upgrade {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: Vec::new(),
+            ws: Some(RawWs::from_stream(ws)),
+        },
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => Upgrade {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: resp.body().clone().unwrap_or_default(),
+            ws: None,
+        },
+        Err(e) => panic!("upgrade failed below HTTP: {e}"),
     }
 }
 
@@ -333,10 +355,23 @@ async fn https_at(port: u16, ca: &std::path::Path, path: &str) -> Option<(u16, S
 
 /// `GET path` on the relay's admin listener (plain HTTP); the status and body.
 pub async fn admin_get(t: &TestRelay, path: &str) -> (u16, String) {
-    tokio::time::timeout(WAIT, http_at(t.relay.admin_addr(), path))
+    admin_get_with(t, path, &[]).await
+}
+
+/// `GET path` on the relay's admin listener with `headers` (a `Host` among
+/// them replaces `localhost`); the status and body.
+pub async fn admin_get_with(t: &TestRelay, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    tokio::time::timeout(WAIT, http_at_with(t.relay.admin_addr(), path, headers))
         .await
         .expect("admin answer in time")
         .expect("admin answer")
+}
+
+/// `GET path` on the relay's admin listener as `sub` (a bearer token of
+/// theirs); the status and body.
+pub async fn admin_get_as(t: &TestRelay, sub: &str, path: &str) -> (u16, String) {
+    let bearer = format!("Bearer {}", t.token(sub));
+    admin_get_with(t, path, &[("Authorization", &bearer)]).await
 }
 
 /// `GET path` over plain HTTP at `addr`: status and body, or `None` if the
@@ -345,12 +380,38 @@ pub async fn http_at(addr: std::net::SocketAddr, path: &str) -> Option<(u16, Str
     get_on(TcpStream::connect(addr).await.ok()?, path).await
 }
 
+/// `GET path` with `headers` over plain HTTP at `addr`: status and body, or
+/// `None` if the connection or answer failed.
+pub async fn http_at_with(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
+    get_with(TcpStream::connect(addr).await.ok()?, path, headers).await
+}
+
 /// Sends `GET path` on `io` and reads the answer until the server closes.
-async fn get_on<S>(mut io: S, path: &str) -> Option<(u16, String)>
+async fn get_on<S>(io: S, path: &str) -> Option<(u16, String)>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    get_with(io, path, &[]).await
+}
+
+/// Sends `GET path` with `headers` on `io` and reads the answer until the
+/// server closes.
+async fn get_with<S>(mut io: S, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut head = String::new();
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head.push_str("Host: localhost\r\n");
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    let req = format!("GET {path} HTTP/1.1\r\n{head}Connection: close\r\n\r\n");
     io.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
@@ -399,4 +460,79 @@ pub fn rule(
         "\n[[policy.rules]]\nname = \"{name}\"\nsubjects = {subjects:?}\nhosts = {hosts:?}\n\
          role = \"{role}\"\nvisibility = \"{visibility}\"\n{more}\n"
     )
+}
+
+/// An `ahp-relay serve` process (killed when dropped) and its stderr.
+pub struct ServedRelay {
+    /// The process.
+    pub child: std::process::Child,
+    /// Its stderr lines not read yet (read on a thread; ends when it exits).
+    pub lines: std::sync::mpsc::Receiver<String>,
+    /// The lines up to its announcement.
+    pub head: Vec<String>,
+    /// Its client URL, as `wss://localhost:<port>/`.
+    pub url: String,
+}
+
+impl ServedRelay {
+    /// Stops the process and returns every line it wrote.
+    pub fn output(mut self) -> Vec<String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut all = std::mem::take(&mut self.head);
+        all.extend(self.lines.iter());
+        all
+    }
+}
+
+impl Drop for ServedRelay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the `ahp-relay` binary (`serve`, text logs) on the config in
+/// `kit` with `RUST_LOG=rust_log`, and waits until it says where it listens.
+pub fn serve_binary(kit: &DevKit, rust_log: &str) -> ServedRelay {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["serve", "--config"])
+        .arg(kit.dir.join("relay.toml"))
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .env("RUST_LOG", rust_log)
+        .spawn()
+        .expect("relay binary starts");
+    let stderr = child.stderr.take();
+    let (tx, lines) = std::sync::mpsc::channel();
+    // Killed and waited for when dropped, also if it never announces.
+    let mut served = ServedRelay {
+        child,
+        lines,
+        head: Vec::new(),
+        url: String::new(),
+    };
+    let stderr = stderr.expect("stderr");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    loop {
+        let Ok(line) = served.lines.recv_timeout(WAIT) else {
+            panic!("the relay did not say where it listens: {:#?}", served.head);
+        };
+        let url = line
+            .strip_prefix("ahp-relay listening on ")
+            .map(|u| u.replace("127.0.0.1", "localhost"));
+        served.head.push(line);
+        if let Some(url) = url {
+            served.url = url;
+            return served;
+        }
+    }
 }
