@@ -316,11 +316,16 @@ impl CliError {
 /// Never panics; on failure prints one error line (and at most one `hint:`
 /// line) to stderr and returns the exit code of [`CliError::exit_code`].
 pub async fn run(args: ClientArgs) -> ExitCode {
+    let subject = args
+        .token
+        .as_deref()
+        .and_then(super::store::token_principal)
+        .map(|(_, sub)| sub);
     match execute(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             note(&err.to_string().replace(['\r', '\n'], " "));
-            if let Some(hint) = hints::for_error(&err) {
+            if let Some(hint) = hints::for_error(&err, subject.as_deref()) {
                 note(&format!("hint: {hint}"));
             }
             ExitCode::from(err.exit_code())

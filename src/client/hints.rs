@@ -12,8 +12,17 @@ use crate::upstream::dial::DialError;
 pub(super) const POLICY_EXPLAIN: &str =
     "ahp-relay policy explain --sub <subject> --config <relay.toml>";
 
-/// The hint for `err`, if there is one.
-pub(super) fn for_error(err: &CliError) -> Option<String> {
+/// [`POLICY_EXPLAIN`] with the subject filled in when it is known.
+pub(super) fn policy_explain(subject: Option<&str>) -> String {
+    match subject {
+        Some(sub) => POLICY_EXPLAIN.replace("<subject>", sub),
+        None => POLICY_EXPLAIN.to_owned(),
+    }
+}
+
+/// The hint for `err`, if there is one; `subject` is the token's, for the
+/// `policy explain` command.
+pub(super) fn for_error(err: &CliError, subject: Option<&str>) -> Option<String> {
     match err {
         CliError::MissingUrl => Some(
             "`ahp-relay demo` prints AHP_RELAY_URL, AHP_RELAY_TOKEN and AHP_RELAY_CA \
@@ -21,9 +30,10 @@ pub(super) fn for_error(err: &CliError) -> Option<String> {
                 .into(),
         ),
         CliError::Dial(d) => for_dial(d),
-        CliError::Rpc { method, code, .. } => for_rpc(method, *code),
+        CliError::Rpc { method, code, .. } => for_rpc(method, *code, subject),
         CliError::Rejected(reason) if reason.contains("permission") => Some(format!(
-            "this principal may see but not do this; `{POLICY_EXPLAIN}` shows what it holds"
+            "this principal may see but not do this; `{}` shows what it holds",
+            policy_explain(subject)
         )),
         CliError::NoPendingTool { .. } | CliError::NoActiveTurn(_) => {
             Some("`ahp-relay client tail <chat>` shows what the chat is doing".into())
@@ -59,7 +69,7 @@ fn for_dial(err: &DialError) -> Option<String> {
 }
 
 /// Hints for JSON-RPC errors by code.
-fn for_rpc(method: &str, code: i32) -> Option<String> {
+fn for_rpc(method: &str, code: i32, subject: Option<&str>) -> Option<String> {
     match code {
         codes::NOT_FOUND | codes::SESSION_NOT_FOUND => Some(
             "`ahp-relay client sessions --chats` lists the sessions and chats this principal \
@@ -69,7 +79,10 @@ fn for_rpc(method: &str, code: i32) -> Option<String> {
         codes::PROVIDER_NOT_FOUND => {
             Some("`ahp-relay client providers` lists the providers this principal can use".into())
         }
-        codes::PERMISSION_DENIED => Some(format!("`{POLICY_EXPLAIN}` shows what it holds")),
+        codes::PERMISSION_DENIED => Some(format!(
+            "`{}` shows what this principal holds on each host",
+            policy_explain(subject)
+        )),
         INVALID_PARAMS if method == "createSession" => Some(
             "`ahp-relay client providers` lists the providers; pass one with --provider".into(),
         ),
@@ -87,7 +100,7 @@ mod tests {
             url: "wss://localhost:8443/".into(),
             reason: "invalid peer certificate: UnknownIssuer".into(),
         });
-        let hint = for_error(&err).unwrap_or_default();
+        let hint = for_error(&err, None).unwrap_or_default();
         assert!(
             hint.contains("--ca") && hint.contains("AHP_RELAY_CA"),
             "{hint}"
@@ -102,7 +115,7 @@ mod tests {
                 code,
                 message: "not found".into(),
             };
-            let hint = for_error(&err).unwrap_or_default();
+            let hint = for_error(&err, None).unwrap_or_default();
             assert!(hint.contains("client sessions"), "{hint}");
         }
     }

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use super::chat::snapshot_kind;
 use super::cli::CliError;
 use super::conn::{Connection, note, print_json, print_lines};
-use super::hints::POLICY_EXPLAIN;
+use super::hints::policy_explain;
 use super::{format, ids};
 use crate::names::qualify::is_provider_scheme;
 
@@ -69,10 +69,7 @@ pub(super) async fn sessions(
 /// policy grants this principal no host; else there is nothing yet.
 async fn empty_hint(conn: &Connection) -> Result<String, CliError> {
     if root_agents(conn).await?.is_empty() {
-        let explain = match &conn.subject {
-            Some(sub) => POLICY_EXPLAIN.replace("<subject>", sub),
-            None => POLICY_EXPLAIN.to_owned(),
-        };
+        let explain = policy_explain(conn.subject.as_deref());
         return Ok(format!(
             "no host is visible to this principal (no policy rule grants it one, or its \
              hosts are down); `{explain}` shows what it holds on each host"
