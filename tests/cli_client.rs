@@ -580,3 +580,29 @@ async fn vscode_mode_default_chats_are_shown_ready_to_use() {
     let sent = alice.run(&["send", &row[1], "hello", "--wait"]).await.ok();
     assert!(!sent.stdout.trim().is_empty(), "{sent:#?}");
 }
+
+/// The stored id outlives the relay's memory of it: once the relay has
+/// dropped the retained session (`retain_secs`), the next run's `reconnect`
+/// gets `NotFound`, the run `initialize`s the same id instead, and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_session_is_initialized_again_under_the_same_id() {
+    let limits = "[limits]\ndetach_grace_secs = 1\nretain_secs = 1\n";
+    let t = TestRelay::start(hosts(false), &format!("{limits}{DEMO_POLICY}")).await;
+    let alice = User::new(&t, "alice");
+    alice.run(&["sessions"]).await.ok();
+    let ids = alice.stored_ids();
+    assert_eq!(ids.len(), 1);
+    common::wait_until("the relay drops the retained session", || {
+        !t.has_session("alice", &ids[0])
+    })
+    .await;
+    let again = alice.run(&["sessions"]).await.ok();
+    assert_eq!(
+        again.rows("SESSION\tSTATUS\tMODIFIED\tPROVIDER\tTITLE").len(),
+        2
+    );
+    assert_eq!(alice.stored_ids(), ids, "the same id");
+    assert_eq!(t.requests_handled("reconnect"), 1, "tried first");
+    assert_eq!(t.requests_handled("initialize"), 2, "then initialized");
+    assert!(t.has_session("alice", &ids[0]));
+}
