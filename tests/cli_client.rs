@@ -598,11 +598,53 @@ async fn a_forgotten_session_is_initialized_again_under_the_same_id() {
     .await;
     let again = alice.run(&["sessions"]).await.ok();
     assert_eq!(
-        again.rows("SESSION\tSTATUS\tMODIFIED\tPROVIDER\tTITLE").len(),
+        again
+            .rows("SESSION\tSTATUS\tMODIFIED\tPROVIDER\tTITLE")
+            .len(),
         2
     );
     assert_eq!(alice.stored_ids(), ids, "the same id");
     assert_eq!(t.requests_handled("reconnect"), 1, "tried first");
     assert_eq!(t.requests_handled("initialize"), 2, "then initialized");
     assert!(t.has_session("alice", &ids[0]));
+}
+
+/// `terminal --cwd file://<host>/<path>` creates a terminal on that host
+/// and attaches to it: what is typed on stdin reaches the terminal (the
+/// simulated host echoes it as output, which is printed); when stdin ends
+/// the command detaches once its input was accepted. Attaching again by
+/// URI prints the terminal's content so far.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_attaches_stdin_and_stdout() {
+    let t = TestRelay::start(hosts(false), DEMO_POLICY).await;
+    let alice = User::new(&t, "alice");
+    let cwd = format!("file://buildbox{}", t.hosts[0].sandbox().display());
+    let mut term = alice
+        .command(&["terminal", "--cwd", &cwd])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("terminal runs");
+    let mut lines = BufReader::new(term.stderr.take().expect("stderr")).lines();
+    let created = stderr_line(&mut lines, "created ").await;
+    let uri = created.trim_start_matches("created ").to_owned();
+    assert!(uri.starts_with("ahp-terminal:/"), "{uri}");
+    let mut stdin = term.stdin.take().expect("stdin");
+    stdin.write_all(b"echo hi\n").await.expect("typed");
+    let mut out = BufReader::new(term.stdout.take().expect("stdout")).lines();
+    let echoed = tokio::time::timeout(WAIT, out.next_line())
+        .await
+        .expect("output in time")
+        .expect("stdout");
+    assert_eq!(echoed.as_deref(), Some("echo hi"));
+    drop(stdin);
+    let status = tokio::time::timeout(WAIT, term.wait())
+        .await
+        .expect("detaches at the end of stdin")
+        .expect("status");
+    assert!(status.success());
+
+    let again = alice.run_with_stdin(&["terminal", &uri], b"").await.ok();
+    assert!(again.stdout.contains("echo hi"), "{again:#?}");
 }

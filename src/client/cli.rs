@@ -15,7 +15,7 @@ use std::time::Duration;
 use ahp::ClientError;
 
 use super::conn::{Connection, note};
-use super::{files, hints, objects, turns};
+use super::{files, hints, objects, terminal, turns};
 use crate::upstream::dial::DialError;
 
 /// Options of `ahp-relay client`, accepted before or after the subcommand.
@@ -155,6 +155,16 @@ pub enum ClientCommand {
         /// The tool call (default: the only one waiting).
         tool_call: Option<String>,
     },
+    /// Attach stdin/stdout to a terminal (like `kubectl exec -it`), or
+    /// create one on the host `--cwd` names; Ctrl-] detaches.
+    Terminal {
+        /// Terminal URI (`ahp-terminal:/...`) to attach to.
+        #[arg(conflicts_with = "cwd")]
+        terminal: Option<String>,
+        /// Create a terminal in this folder (`file://<host>/<path>`).
+        #[arg(long)]
+        cwd: Option<String>,
+    },
     /// List a directory of a host (`file://<host>/<path>`): NAME, TYPE.
     Ls {
         /// Directory URI.
@@ -225,6 +235,17 @@ pub enum CliError {
         /// The kind of snapshot received.
         kind: &'static str,
     },
+    /// The subscribed URI is not a terminal.
+    #[error("{uri} is not a terminal (the server sent a {kind} snapshot)")]
+    NotATerminal {
+        /// The URI given.
+        uri: String,
+        /// The kind of snapshot received.
+        kind: &'static str,
+    },
+    /// `terminal` without a terminal URI nor `--cwd`.
+    #[error("name a terminal to attach to, or --cwd file://<host>/<path> to create one")]
+    TerminalTarget,
     /// The server echoed our action with a `rejectionReason` (exit code 2).
     #[error("rejected: {0}")]
     Rejected(String),
@@ -374,6 +395,7 @@ async fn dispatch(conn: &Connection, command: ClientCommand, json: bool) -> Resu
         C::Cancel { chat } => turns::cancel(conn, &chat).await,
         C::Approve { chat, tool_call } => turns::confirm(conn, &chat, tool_call, true).await,
         C::Deny { chat, tool_call } => turns::confirm(conn, &chat, tool_call, false).await,
+        C::Terminal { terminal: uri, cwd } => terminal::terminal(conn, uri, cwd).await,
         C::Ls { uri } => files::ls(conn, &uri, json).await,
         C::Cat { uri } => files::cat(conn, &uri).await,
         C::Put { uri, file } => files::put(conn, &uri, file).await,

@@ -10,6 +10,7 @@
 //! - `objects`: sessions (`--chats`), providers, create and dispose;
 //! - `turns`: `tail`, `send`, `cancel`, `approve`, `deny`;
 //! - `files`: `ls`, `cat`, `put` through `resource*`;
+//! - `terminal`: attach stdin/stdout to a host's terminal, or create one;
 //! - `hints`: the `hint:` line under an error;
 //! - `chat`, `format`, `ids`: chat-channel logic, tables, ids.
 
@@ -23,4 +24,5 @@ mod hints;
 mod ids;
 mod objects;
 mod store;
+mod terminal;
 mod turns;
