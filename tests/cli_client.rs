@@ -346,6 +346,16 @@ async fn a_stuck_turn_times_out_and_is_cancelled_or_denied() {
         .expect("send runs");
     let mut lines = BufReader::new(send.stderr.take().expect("stderr")).lines();
     stderr_line(&mut lines, "waiting: ").await;
+    // `tail` reports the wait too, from the snapshot, with the same command.
+    let mut tail = alice
+        .command(&["tail", chat, "--turns", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tail runs");
+    let mut tail_err = BufReader::new(tail.stderr.take().expect("stderr")).lines();
+    let told = stderr_line(&mut tail_err, "waiting: ").await;
+    assert!(told.contains(" client approve "), "{told}");
     let denied = alice.run(&["deny", chat]).await.ok();
     assert!(
         denied.stderr.contains("denied tool `sim_shell`"),
@@ -356,6 +366,11 @@ async fn a_stuck_turn_times_out_and_is_cancelled_or_denied() {
         .expect("send ends once denied")
         .expect("output");
     assert!(out.status.code().is_some(), "{out:?}");
+    let tailed = tokio::time::timeout(WAIT, tail.wait())
+        .await
+        .expect("tail ends with the turn")
+        .expect("status");
+    assert!(tailed.success());
 }
 
 /// Where the answer is empty or "not found" by design, a hint says why and
@@ -578,6 +593,17 @@ async fn vscode_mode_default_chats_are_shown_ready_to_use() {
     assert_eq!(row[1], format!("ahp-chat://default/{b64}"));
     assert_eq!(row[2], "*");
     let sent = alice.run(&["send", &row[1], "hello", "--wait"]).await.ok();
+    assert!(!sent.stdout.trim().is_empty(), "{sent:#?}");
+
+    let created = alice
+        .run(&["create-session", "--provider", "copilot.buildbox"])
+        .await
+        .ok();
+    let fields: Vec<&str> = created.stdout.trim_end().split('\t').collect();
+    let [_, chat] = fields[..] else {
+        panic!("session and chat: {created:#?}")
+    };
+    let sent = alice.run(&["send", chat, "hello", "--wait"]).await.ok();
     assert!(!sent.stdout.trim().is_empty(), "{sent:#?}");
 }
 

@@ -26,22 +26,48 @@ pub(super) async fn tail(
         emit(text)?;
     }
     tokio::select! {
-        outcome = follow_chat(&mut sub, &start, turns) => outcome,
+        outcome = follow_chat(&mut sub, &start, chat, turns) => outcome,
         () = interrupted() => Ok(()),
     }
 }
 
-/// Print deltas and a newline per finished turn; return after `turns` turns.
+/// Print deltas and a newline per finished turn, and on stderr each tool
+/// call that waits for approval with its command; return after `turns` turns.
 async fn follow_chat(
     sub: &mut SessionSubscription,
     start: &ChatStart,
+    chat: &str,
     turns: Option<u64>,
 ) -> Result<(), CliError> {
     let mut finished = 0u64;
+    let mut names: Vec<(String, String)> = Vec::new();
+    for pending in &start.pending_tools {
+        note(&approval_line(chat, pending));
+    }
     loop {
         let env = next_live_action(sub, start).await?;
         match chat_event(&env) {
             ChatEvent::Delta { text, .. } => emit(text)?,
+            ChatEvent::ToolCallStarted {
+                tool_call_id,
+                tool_name,
+                ..
+            } => names.push((tool_call_id.to_owned(), tool_name.to_owned())),
+            ChatEvent::ToolCallAwaitsConfirmation {
+                turn_id,
+                tool_call_id,
+            } => {
+                let tool_name = names
+                    .iter()
+                    .find(|(id, _)| id == tool_call_id)
+                    .map_or_else(|| tool_call_id.to_owned(), |(_, n)| n.clone());
+                let pending = PendingTool {
+                    turn_id: turn_id.to_owned(),
+                    tool_call_id: tool_call_id.to_owned(),
+                    tool_name,
+                };
+                note(&approval_line(chat, &pending));
+            }
             ChatEvent::TurnEnded { .. } => {
                 emit("\n")?;
                 finished += 1;
