@@ -545,6 +545,14 @@ async fn bob_sees_only_the_session_he_created() {
         before.stderr.contains("no session yet"),
         "bob sees hosts, not sessions: {before:#?}"
     );
+    let unnamed = bob.run(&["create-session"]).await;
+    assert_eq!(unnamed.code, Some(1), "two providers: {unnamed:#?}");
+    assert!(
+        unnamed
+            .stderr
+            .contains("hint: `ahp-relay client providers` lists"),
+        "{unnamed:#?}"
+    );
     let created = bob
         .run(&["create-session", "--provider", "claude.gpu1"])
         .await
