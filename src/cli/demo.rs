@@ -42,9 +42,8 @@ pub struct DemoArgs {
 
 /// The simulated hosts of the demo: names, providers and session prefixes.
 /// `gpu1` and `laptop` share a prefix, so their session, chat and terminal
-/// URIs collide as cloned hosts' do; the relay keeps them apart. Public so
-/// the test of the README's newcomer path runs against the same hosts.
-pub fn host_configs(
+/// URIs collide as cloned hosts' do; the relay keeps them apart.
+fn host_configs(
     n: usize,
     sessions: usize,
     script: &AgentScript,
