@@ -55,6 +55,11 @@ fn for_dial(err: &DialError) -> Option<String> {
                     .into(),
             )
         }
+        DialError::Connect { .. } => Some(
+            "nothing answers there: is the relay (or `ahp-relay demo`) running, and is \
+             AHP_RELAY_URL / --url its address?"
+                .into(),
+        ),
         DialError::UpgradeRefused { status: 401, .. } => Some(
             "the relay refused the token (AHP_RELAY_TOKEN / --token): mint a fresh one \
              with `ahp-relay token --sub <name>` (key: AHP_RELAY_DEV_KEY)"
@@ -105,6 +110,16 @@ mod tests {
             hint.contains("--ca") && hint.contains("AHP_RELAY_CA"),
             "{hint}"
         );
+    }
+
+    #[test]
+    fn a_refused_connection_asks_whether_the_relay_runs() {
+        let err = CliError::Dial(DialError::Connect {
+            url: "wss://localhost:8443/".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        });
+        let hint = for_error(&err, None).unwrap_or_default();
+        assert!(hint.contains("AHP_RELAY_URL"), "{hint}");
     }
 
     #[test]
