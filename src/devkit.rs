@@ -60,6 +60,48 @@ role = "viewer"
 visibility = "all"
 "#;
 
+/// A certificate authority and a server certificate it signed, as PEM: the
+/// pair `ahp-relay cert` writes for testing a relay with a certificate of
+/// its own (the server certificate is an end entity, so rustls accepts it,
+/// unlike a self-signed CA certificate serving as its own leaf).
+#[derive(Debug, Clone)]
+pub struct TestPki {
+    /// The CA certificate: what clients trust (`--ca`, `AHP_RELAY_CA`).
+    pub ca_cert: String,
+    /// The CA's private key (to sign more certificates).
+    pub ca_key: String,
+    /// The server certificate for `names` (DNS names or IP addresses).
+    pub server_cert: String,
+    /// Its private key (`[listen] tls_key`).
+    pub server_key: String,
+}
+
+/// A fresh CA (`CN=ahp-relay test CA`) and a server certificate for `names`
+/// signed by it; an IP address in `names` becomes an IP subject alternative name.
+pub fn test_pki(names: &[String]) -> Result<TestPki, rcgen::Error> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "ahp-relay test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let server_key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(names.to_vec())?;
+    if let Some(first) = names.first() {
+        params
+            .distinguished_name
+            .push(DnType::CommonName, first.as_str());
+    }
+    let server = params.signed_by(&server_key, &ca)?;
+    Ok(TestPki {
+        ca_cert: ca.pem(),
+        ca_key: ca.key().serialize_pem(),
+        server_cert: server.pem(),
+        server_key: server_key.serialize_pem(),
+    })
+}
+
 /// Files of a dev setup.
 #[derive(Debug, Clone)]
 pub struct DevKit {

@@ -24,6 +24,7 @@ async fn main() -> ExitCode {
         Command::CheckConfig(args) => cli::serve::check(args),
         Command::Policy(args) => cli::policy::run(args),
         Command::Token(args) => cli::token::run(args),
+        Command::Cert(args) => cli::cert::run(args),
         Command::Simhost(args) => cli::simhost::run(args).await,
         Command::Client(args) => ahp_relay::client::cli::run(args).await,
     }

@@ -112,7 +112,7 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
         .collect();
     wait_until_async(|| async { admin_status(admin).await == Some(503) }).await;
     match dial_stream(&opts).await {
-        Err(ahp_relay::upstream::dial::DialError::UpgradeRefused { status }) => {
+        Err(ahp_relay::upstream::dial::DialError::UpgradeRefused { status, .. }) => {
             assert_eq!(status, 503, "a new upgrade while draining");
         }
         Err(e) => panic!("expected 503 while draining, got {e}"),

@@ -33,6 +33,11 @@ pub struct DemoArgs {
     /// Log lines as human-readable `text` or one JSON object per line.
     #[arg(long, value_enum, default_value_t)]
     pub log_format: super::LogFormat,
+    /// Where to write the `export` lines of the variables (default: `env`
+    /// in the demo's fresh temporary folder); the path is printed. Removed
+    /// when the demo stops.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Option<std::path::PathBuf>,
 }
 
 /// The simulated hosts of the demo: names, providers and session prefixes.
@@ -87,17 +92,18 @@ fn demo_token(kit: &DevKit, sub: &str, jti: &str) -> Result<String, String> {
 }
 
 /// Prints `vars` as `NAME=value` lines and writes them as `export` lines to
-/// the kit's `env` file (new, 0600, in the kit's private directory), whose
-/// path it returns.
-fn export(kit: &DevKit, vars: &[(&str, String)]) -> Result<std::path::PathBuf, String> {
+/// `env_file` — created anew, 0600 (it holds tokens): a file already
+/// there (a demo that did not stop cleanly) is replaced, never written
+/// through, so a symlink planted at the path cannot redirect it.
+fn export(env_file: &std::path::Path, vars: &[(&str, String)]) -> Result<(), String> {
     let mut exports = String::new();
     for (name, value) in vars {
         println!("{name}={value}");
         exports.push_str(&format!("export {name}={value}\n"));
     }
-    let env_file = kit.dir.join("env");
-    crate::run::write_private(&env_file, exports.as_bytes()).map_err(|e| e.to_string())?;
-    Ok(env_file)
+    let _ = std::fs::remove_file(env_file);
+    crate::run::write_private(env_file, exports.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", env_file.display()))
 }
 
 /// What to try next, printed after the variables.
@@ -111,7 +117,9 @@ fn print_usage(
     println!();
     println!("ahp-relay demo: the relay at {url} in front of {host_count} simulated hosts.");
     print_hints(env_file, vscode_compat);
-    println!("Status page: {admin_url}status (the ADMIN token is an `admin` principal's).");
+    println!(
+        "Status page: {admin_url}status (log in with AHP_RELAY_ADMIN_TOKEN, an admin's token)."
+    );
 }
 
 async fn demo(args: DemoArgs) -> Result<(), String> {
@@ -166,7 +174,8 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
             demo_token(&kit, "ops", "demo-admin-token")?,
         ),
     ];
-    let env_file = export(&kit, &vars)?;
+    let env_file = args.env_file.clone().unwrap_or_else(|| kit.dir.join("env"));
+    export(&env_file, &vars)?;
     print_usage(&url, hosts.len(), &env_file, &vars[5].1, args.vscode_compat);
     println!("Press Ctrl-C to stop.");
     super::serve::wait_for_shutdown().await;
@@ -175,6 +184,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         h.shutdown().await;
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&env_file);
     Ok(())
 }
 
@@ -186,7 +196,7 @@ fn print_hints(env_file: &std::path::Path, vscode_compat: bool) {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "ahp-relay".into());
     println!("In another terminal: source {} — then:", env_file.display());
-    println!("  {bin} client sessions");
+    println!("  {bin} client sessions --chats");
     if !vscode_compat {
         println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
     }

@@ -1,5 +1,6 @@
 //! The `ahp-relay` command line: one binary, one subcommand per job.
 
+pub mod cert;
 pub mod demo;
 pub mod policy;
 pub mod serve;
@@ -31,9 +32,11 @@ pub enum Command {
     Policy(policy::PolicyArgs),
     /// Mint an HS256 token with a key file.
     Token(token::TokenArgs),
+    /// Make a CA and a server certificate for testing `serve`.
+    Cert(cert::CertArgs),
     /// Run a simulated AHP host (for demos, tests and benchmarks).
     Simhost(simhost::SimHostArgs),
-    /// A small AHP client: list sessions, tail a chat, send a message.
+    /// An AHP client: sessions, chats, turns, tool approvals and files.
     Client(crate::client::cli::ClientArgs),
 }
 

@@ -4,12 +4,12 @@
 
 use ahp_types::actions::{
     ActionEnvelope, ChatPendingMessageSetAction, ChatToolCallConfirmedAction,
-    ChatTurnStartedAction, StateAction,
+    ChatTurnCancelledAction, ChatTurnStartedAction, StateAction,
 };
 use ahp_types::commands::SubscribeResult;
 use ahp_types::state::{
     ActiveTurn, Message, MessageKind, MessageOrigin, PendingMessageKind, ResponsePart,
-    SnapshotState,
+    SnapshotState, ToolCallCancellationReason, ToolCallConfirmationReason, ToolCallState,
 };
 
 /// How a turn finished.
@@ -33,11 +33,19 @@ pub(super) enum ChatEvent<'a> {
         turn_id: &'a str,
         queued_message_id: Option<&'a str>,
     },
+    /// A tool call started (`chat/toolCallStart`): its name, for messages.
+    ToolCallStarted {
+        turn_id: &'a str,
+        tool_call_id: &'a str,
+        tool_name: &'a str,
+    },
     /// A tool call entered `pending-confirmation` (`chat/toolCallReady` without `confirmed`).
     ToolCallAwaitsConfirmation {
         turn_id: &'a str,
         tool_call_id: &'a str,
     },
+    /// A tool call was confirmed or denied (`chat/toolCallConfirmed`).
+    ToolCallConfirmed { tool_call_id: &'a str },
     /// A turn ended.
     TurnEnded { turn_id: &'a str, end: TurnEnd },
     /// Anything else, including every envelope carrying a `rejectionReason`.
@@ -58,6 +66,14 @@ pub(super) fn chat_event(env: &ActionEnvelope) -> ChatEvent<'_> {
         StateAction::ChatTurnStarted(a) => ChatEvent::TurnStarted {
             turn_id: &a.turn_id,
             queued_message_id: a.queued_message_id.as_deref(),
+        },
+        StateAction::ChatToolCallStart(a) => ChatEvent::ToolCallStarted {
+            turn_id: &a.turn_id,
+            tool_call_id: &a.tool_call_id,
+            tool_name: &a.tool_name,
+        },
+        StateAction::ChatToolCallConfirmed(a) => ChatEvent::ToolCallConfirmed {
+            tool_call_id: &a.tool_call_id,
         },
         StateAction::ChatToolCallReady(a) if a.confirmed.is_none() => {
             ChatEvent::ToolCallAwaitsConfirmation {
@@ -93,6 +109,21 @@ pub(super) struct ChatStart {
     from_seq: Option<i64>,
     /// Markdown text already streamed in the snapshot's active turn, if any.
     pub(super) active_text: Option<String>,
+    /// The id of the snapshot's active turn, if any.
+    pub(super) active_turn: Option<String>,
+    /// The tool calls of the active turn that wait for confirmation.
+    pub(super) pending_tools: Vec<PendingTool>,
+}
+
+/// A tool call waiting for the user's confirmation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PendingTool {
+    /// The turn it belongs to.
+    pub(super) turn_id: String,
+    /// Its `toolCallId`.
+    pub(super) tool_call_id: String,
+    /// Its tool's name.
+    pub(super) tool_name: String,
 }
 
 impl ChatStart {
@@ -107,6 +138,11 @@ impl ChatStart {
             SnapshotState::Chat(chat) => Ok(Self {
                 from_seq: Some(snapshot.from_seq),
                 active_text: chat.active_turn.as_ref().map(active_turn_text),
+                active_turn: chat.active_turn.as_ref().map(|t| t.id.clone()),
+                pending_tools: chat
+                    .active_turn
+                    .as_ref()
+                    .map_or_else(Vec::new, pending_tools),
             }),
             other => Err(snapshot_kind(&other)),
         }
@@ -132,8 +168,26 @@ fn active_turn_text(turn: &ActiveTurn) -> String {
         .collect()
 }
 
+/// The tool calls of `turn` in `pending-confirmation`.
+fn pending_tools(turn: &ActiveTurn) -> Vec<PendingTool> {
+    turn.response_parts
+        .iter()
+        .filter_map(|part| match part {
+            ResponsePart::ToolCall(t) => match &t.tool_call {
+                ToolCallState::PendingConfirmation(p) => Some(PendingTool {
+                    turn_id: turn.id.clone(),
+                    tool_call_id: p.tool_call_id.clone(),
+                    tool_name: p.tool_name.clone(),
+                }),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
 /// Human name of a snapshot's channel kind.
-fn snapshot_kind(state: &SnapshotState) -> &'static str {
+pub(super) fn snapshot_kind(state: &SnapshotState) -> &'static str {
     match state {
         SnapshotState::Session(_) => "session",
         SnapshotState::Chat(_) => "chat",
@@ -169,6 +223,8 @@ pub(super) enum Step<'a> {
         turn_id: &'a str,
         tool_call_id: &'a str,
     },
+    /// The followed turn now waits for the user to confirm this tool call.
+    AwaitsApproval(PendingTool),
     /// The followed turn ended.
     Finished(TurnEnd),
 }
@@ -178,6 +234,10 @@ pub(super) enum Step<'a> {
 pub(super) struct TurnFollower {
     target: Target,
     approve_tools: bool,
+    /// Names of the followed turn's tool calls, by `toolCallId`.
+    tool_names: Vec<(String, String)>,
+    /// The tool calls the turn waits on (not approved by the follower).
+    waiting: Vec<PendingTool>,
 }
 
 impl TurnFollower {
@@ -186,7 +246,14 @@ impl TurnFollower {
         Self {
             target,
             approve_tools,
+            tool_names: Vec::new(),
+            waiting: Vec::new(),
         }
+    }
+
+    /// The tool calls the followed turn waits on for the user's confirmation.
+    pub(super) fn waiting(&self) -> &[PendingTool] {
+        &self.waiting
     }
 
     /// React to one (live, chat-channel) envelope.
@@ -207,13 +274,46 @@ impl TurnFollower {
             ChatEvent::ToolCallAwaitsConfirmation {
                 turn_id,
                 tool_call_id,
-            } if self.approve_tools && self.is_target(turn_id) => Step::Approve {
+            } if self.is_target(turn_id) => self.on_confirmation(turn_id, tool_call_id),
+            ChatEvent::ToolCallStarted {
                 turn_id,
                 tool_call_id,
-            },
+                tool_name,
+            } if self.is_target(turn_id) => {
+                self.tool_names
+                    .push((tool_call_id.to_owned(), tool_name.to_owned()));
+                Step::Ignore
+            }
+            ChatEvent::ToolCallConfirmed { tool_call_id } => {
+                self.waiting.retain(|p| p.tool_call_id != tool_call_id);
+                Step::Ignore
+            }
             ChatEvent::TurnEnded { turn_id, end } if self.is_target(turn_id) => Step::Finished(end),
             _ => Step::Ignore,
         }
+    }
+
+    /// A tool call of the followed turn asks for confirmation: approve it,
+    /// or remember and report that the turn now waits for the user.
+    fn on_confirmation<'a>(&mut self, turn_id: &'a str, tool_call_id: &'a str) -> Step<'a> {
+        if self.approve_tools {
+            return Step::Approve {
+                turn_id,
+                tool_call_id,
+            };
+        }
+        let tool_name = self
+            .tool_names
+            .iter()
+            .find(|(id, _)| id == tool_call_id)
+            .map_or_else(|| tool_call_id.to_owned(), |(_, name)| name.clone());
+        let pending = PendingTool {
+            turn_id: turn_id.to_owned(),
+            tool_call_id: tool_call_id.to_owned(),
+            tool_name,
+        };
+        self.waiting.push(pending.clone());
+        Step::AwaitsApproval(pending)
     }
 
     /// True when `turn_id` is the (resolved) followed turn.
@@ -258,17 +358,33 @@ pub(super) fn queue_message(id: String, text: String) -> StateAction {
 
 /// `chat/toolCallConfirmed` approving a tool call.
 pub(super) fn approve_tool_call(turn_id: &str, tool_call_id: &str) -> StateAction {
+    confirm_tool_call(turn_id, tool_call_id, true)
+}
+
+/// `chat/toolCallConfirmed` approving (`approved`, by user action) or
+/// denying (reason `denied`) a tool call.
+pub(super) fn confirm_tool_call(turn_id: &str, tool_call_id: &str, approved: bool) -> StateAction {
     StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
         turn_id: turn_id.to_owned(),
         tool_call_id: tool_call_id.to_owned(),
         meta: None,
-        approved: true,
-        confirmed: None,
-        reason: None,
+        approved,
+        confirmed: approved.then_some(ToolCallConfirmationReason::UserAction),
+        reason: (!approved).then_some(ToolCallCancellationReason::Denied),
         edited_tool_input: None,
         user_suggestion: None,
         reason_message: None,
         selected_option_id: None,
+    })
+}
+
+/// `chat/turnCancelled` for the active turn `turn_id`. The duration is the
+/// producer's measure; a client that did not run the turn has none, so 0.
+pub(super) fn cancel_turn(turn_id: &str) -> StateAction {
+    StateAction::ChatTurnCancelled(ChatTurnCancelledAction {
+        turn_id: turn_id.to_owned(),
+        duration: 0,
+        meta: None,
     })
 }
 
@@ -388,15 +504,36 @@ mod tests {
         assert_eq!(f.on_action(&done), Step::Finished(TurnEnd::Complete));
     }
 
+    /// Without `--approve-tools` the follower never approves: it reports
+    /// the wait, with the tool's name, until the call is confirmed.
     #[test]
-    fn follower_without_approval_never_approves() {
+    fn follower_without_approval_reports_the_wait() {
         let mut f = TurnFollower::new(Target::Turn("t1".into()), false);
+        let start = env(
+            2,
+            json!({"type": "chat/toolCallStart", "turnId": "t1", "toolCallId": "tc",
+            "toolName": "sim_shell", "displayName": "Run command"}),
+        );
+        assert_eq!(f.on_action(&start), Step::Ignore);
         let ready = env(
             3,
             json!({"type": "chat/toolCallReady", "turnId": "t1",
             "toolCallId": "tc", "invocationMessage": "run"}),
         );
-        assert_eq!(f.on_action(&ready), Step::Ignore);
+        let pending = PendingTool {
+            turn_id: "t1".into(),
+            tool_call_id: "tc".into(),
+            tool_name: "sim_shell".into(),
+        };
+        assert_eq!(f.on_action(&ready), Step::AwaitsApproval(pending.clone()));
+        assert_eq!(f.waiting(), [pending]);
+        let confirmed = env(
+            4,
+            json!({"type": "chat/toolCallConfirmed", "turnId": "t1", "toolCallId": "tc",
+            "approved": true}),
+        );
+        assert_eq!(f.on_action(&confirmed), Step::Ignore);
+        assert!(f.waiting().is_empty());
     }
 
     #[test]
@@ -449,7 +586,18 @@ mod tests {
         assert_eq!(
             approve,
             json!({"type": "chat/toolCallConfirmed", "turnId": "t", "toolCallId": "tc",
-                "approved": true})
+                "approved": true, "confirmed": "user-action"})
+        );
+        let deny = serde_json::to_value(confirm_tool_call("t", "tc", false)).unwrap();
+        assert_eq!(
+            deny,
+            json!({"type": "chat/toolCallConfirmed", "turnId": "t", "toolCallId": "tc",
+                "approved": false, "reason": "denied"})
+        );
+        let cancel = serde_json::to_value(cancel_turn("t")).unwrap();
+        assert_eq!(
+            cancel,
+            json!({"type": "chat/turnCancelled", "turnId": "t", "duration": 0})
         );
     }
 }

@@ -1,35 +1,22 @@
-//! `ahp-relay client`: command-line arguments and the `sessions`, `tail` and
-//! `send` commands.
+//! `ahp-relay client`: command-line arguments, errors with their hints, and
+//! the dispatch to each command.
 //!
-//! Output contract: data goes to stdout (session lines, reply text), status
-//! lines and errors go to stderr, one line each. Exit codes: 0 success,
-//! 1 any failure, 2 the server rejected the dispatched action, 3 no echo of
-//! the dispatched action arrived within `--timeout`.
+//! Output contract: data goes to stdout (tables with a header line, `--json`
+//! documents, reply text, file content), status lines and errors go to
+//! stderr: an error is one line, followed by at most one `hint:` line saying
+//! what to try. Exit codes: 0 success, 1 any failure, 2 the server rejected
+//! the dispatched action, 3 `--timeout` passed before the echo of a dispatch
+//! (or, with `send --wait`, before the turn ended).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ahp::{Client, ClientConfig, ClientError, SessionSubscription, SubscriptionEvent};
-use ahp_types::ROOT_RESOURCE_URI;
-use ahp_types::actions::ActionEnvelope;
-use ahp_types::commands::{ListSessionsParams, ListSessionsResult};
-use ahp_types::state::SessionSummary;
+use ahp::ClientError;
 
-use super::chat::{
-    ChatEvent, ChatStart, Step, Target, TurnEnd, TurnFollower, approve_tool_call, chat_event,
-    is_echo_of, queue_message, start_turn,
-};
-use super::{format, ids};
-use crate::upstream::dial::{DialError, DialOptions, connect_client};
-
-/// Protocol versions offered in `initialize`.
-const PROTOCOL_VERSIONS: [&str; 1] = ["1.0.0"];
-/// Per-subscription broadcast buffer: large enough that no event is skipped.
-const SUBSCRIPTION_BUFFER: usize = 65_536;
-/// `sessions` stops paging after this many items.
-const MAX_SESSIONS: usize = 10_000;
+use super::conn::{Connection, note};
+use super::{files, hints, objects, terminal, turns};
+use crate::upstream::dial::DialError;
 
 /// Options of `ahp-relay client`, accepted before or after the subcommand.
 #[derive(clap::Args)]
@@ -52,10 +39,15 @@ pub struct ClientArgs {
     /// Do not verify the server certificate for `wss://` (overrides --ca).
     #[arg(long, global = true)]
     pub insecure: bool,
-    /// Client id sent in `initialize` [default: cli-<random hex>].
+    /// Client id sent in `initialize` [default: this user's stable id for
+    /// this relay, kept in `$XDG_CONFIG_HOME/ahp-relay/clients/`].
     #[arg(long, global = true, value_name = "ID")]
     pub client_id: Option<String>,
-    /// Timeout in seconds for connecting, for each request and for the echo of a dispatch.
+    /// Print listings as JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Timeout in seconds for connecting, for each request, for the echo of a
+    /// dispatch, and for the whole wait of `send --wait`.
     #[arg(
         long,
         global = true,
@@ -72,8 +64,8 @@ pub struct ClientArgs {
 /// The client subcommands.
 #[derive(clap::Subcommand)]
 pub enum ClientCommand {
-    /// Print every session, one tab-separated line each:
-    /// resource, status, modifiedAt, provider, title.
+    /// List the sessions this principal sees (a table: SESSION, STATUS,
+    /// MODIFIED, PROVIDER, TITLE), or with --chats their chats.
     Sessions {
         /// Page size for `listSessions`.
         #[arg(
@@ -82,6 +74,41 @@ pub enum ClientCommand {
             value_parser = clap::value_parser!(u32).range(1..=10_000)
         )]
         limit: u32,
+        /// One line per chat: SESSION, CHAT, DEFAULT (`*` for the session's
+        /// default chat), STATUS, TITLE.
+        #[arg(long)]
+        chats: bool,
+    },
+    /// List the agent providers this principal may create sessions with
+    /// (PROVIDER is `<provider>.<host>`).
+    Providers,
+    /// Create a session; prints its URI and its default chat's.
+    CreateSession {
+        /// Provider as listed by `providers` (`<provider>.<host>`); may be
+        /// left out when only one is visible.
+        #[arg(long)]
+        provider: Option<String>,
+        /// Session URI to create [default: `ahp-session:/cli-<random>`].
+        #[arg(long)]
+        uri: Option<String>,
+    },
+    /// Dispose a session.
+    DisposeSession {
+        /// Session URI.
+        session: String,
+    },
+    /// Create another chat in a session; prints its URI.
+    CreateChat {
+        /// Session URI.
+        session: String,
+        /// Chat URI to create [default: derived from a random id].
+        #[arg(long)]
+        uri: Option<String>,
+    },
+    /// Dispose a chat.
+    DisposeChat {
+        /// Chat URI.
+        chat: String,
     },
     /// Print the reply text streamed on a chat as it arrives.
     Tail {
@@ -97,7 +124,9 @@ pub enum ClientCommand {
         chat: String,
         /// Message text.
         text: String,
-        /// After acceptance, print the reply of the turn until it finishes.
+        /// After acceptance, print the reply of the turn until it finishes
+        /// (at most --timeout); a tool call waiting for approval is reported
+        /// with the command that approves it.
         #[arg(long)]
         wait: bool,
         /// Approve every tool call of the turn that asks for confirmation.
@@ -106,6 +135,52 @@ pub enum ClientCommand {
         /// Queue the message (`chat/pendingMessageSet`) instead of starting a turn.
         #[arg(long)]
         queue: bool,
+    },
+    /// Cancel the active turn of a chat.
+    Cancel {
+        /// Chat URI.
+        chat: String,
+    },
+    /// Approve a tool call waiting for confirmation.
+    Approve {
+        /// Chat URI.
+        chat: String,
+        /// The tool call (default: the only one waiting).
+        tool_call: Option<String>,
+    },
+    /// Deny a tool call waiting for confirmation.
+    Deny {
+        /// Chat URI.
+        chat: String,
+        /// The tool call (default: the only one waiting).
+        tool_call: Option<String>,
+    },
+    /// Attach stdin/stdout to a terminal (like `kubectl exec -it`), or
+    /// create one on the host `--cwd` names; Ctrl-] detaches.
+    Terminal {
+        /// Terminal URI (`ahp-terminal:/...`) to attach to.
+        #[arg(conflicts_with = "cwd")]
+        terminal: Option<String>,
+        /// Create a terminal in this folder (`file://<host>/<path>`).
+        #[arg(long)]
+        cwd: Option<String>,
+    },
+    /// List a directory of a host (`file://<host>/<path>`): NAME, TYPE.
+    Ls {
+        /// Directory URI.
+        uri: String,
+    },
+    /// Print a file of a host to stdout.
+    Cat {
+        /// File URI (`file://<host>/<path>`).
+        uri: String,
+    },
+    /// Write a file on a host from a local file or stdin.
+    Put {
+        /// File URI (`file://<host>/<path>`).
+        uri: String,
+        /// Local file to send (default: stdin).
+        file: Option<PathBuf>,
     },
 }
 
@@ -121,6 +196,8 @@ pub enum CliError {
     /// The server answered a request with a JSON-RPC error.
     #[error("error {code}: {message}")]
     Rpc {
+        /// The JSON-RPC method.
+        method: &'static str,
         /// JSON-RPC error code.
         code: i32,
         /// JSON-RPC error message.
@@ -150,12 +227,39 @@ pub enum CliError {
         /// The kind of snapshot received.
         kind: &'static str,
     },
+    /// The subscribed URI is not a session.
+    #[error("{uri} is not a session (the server sent a {kind} snapshot)")]
+    NotASession {
+        /// The URI given.
+        uri: String,
+        /// The kind of snapshot received.
+        kind: &'static str,
+    },
+    /// The subscribed URI is not a terminal.
+    #[error("{uri} is not a terminal (the server sent a {kind} snapshot)")]
+    NotATerminal {
+        /// The URI given.
+        uri: String,
+        /// The kind of snapshot received.
+        kind: &'static str,
+    },
+    /// `terminal` without a terminal URI nor `--cwd`.
+    #[error("name a terminal to attach to, or --cwd file://<host>/<path> to create one")]
+    TerminalTarget,
     /// The server echoed our action with a `rejectionReason` (exit code 2).
     #[error("rejected: {0}")]
     Rejected(String),
     /// No echo of our action arrived in time (exit code 3).
     #[error("timed out after {}s waiting for the server to accept the dispatched action", .0.as_secs())]
     EchoTimeout(Duration),
+    /// `send --wait`: the turn did not end within `--timeout` (exit code 3).
+    #[error("the turn did not finish within {}s{}", .timeout.as_secs(), waiting_suffix(.waiting))]
+    TurnTimeout {
+        /// The limit that was exceeded.
+        timeout: Duration,
+        /// Tool calls the turn still waits on.
+        waiting: Vec<String>,
+    },
     /// The server closed the connection.
     #[error("connection closed by the server")]
     ConnectionClosed,
@@ -165,17 +269,64 @@ pub enum CliError {
     /// The followed turn ended with `chat/error`.
     #[error("turn failed: {0}")]
     TurnFailed(String),
+    /// `cancel` on a chat without an active turn.
+    #[error("{0} has no active turn")]
+    NoActiveTurn(String),
+    /// `approve`/`deny` without a waiting tool call (or not the one named).
+    #[error("no tool call waits for confirmation on {chat}{}", named_suffix(.named))]
+    NoPendingTool {
+        /// The chat.
+        chat: String,
+        /// The tool call named, if any.
+        named: Option<String>,
+    },
+    /// `approve`/`deny` without a tool call id while several wait.
+    #[error("several tool calls wait on {chat}: name one of {}", .ids.join(", "))]
+    SeveralPendingTools {
+        /// The chat.
+        chat: String,
+        /// Their ids.
+        ids: Vec<String>,
+    },
+    /// The server sent file content that does not decode.
+    #[error("the server sent content that is not valid {0}")]
+    BadContent(&'static str),
+    /// Reading the local input of `put` failed.
+    #[error("cannot read {what}: {source}")]
+    Input {
+        /// The file or `stdin`.
+        what: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// Writing to stdout failed (e.g. closed pipe).
     #[error("cannot write to stdout: {0}")]
     Stdout(#[source] std::io::Error),
 }
 
+/// `; waiting for approval of …` or nothing.
+fn waiting_suffix(waiting: &[String]) -> String {
+    if waiting.is_empty() {
+        String::new()
+    } else {
+        format!("; it waits for approval of {}", waiting.join(", "))
+    }
+}
+
+/// ` named <id>` or nothing.
+fn named_suffix(named: &Option<String>) -> String {
+    named
+        .as_ref()
+        .map_or_else(String::new, |id| format!(" named {id}"))
+}
+
 impl CliError {
-    /// The process exit code for this error: 2 rejected, 3 echo timeout, else 1.
+    /// The process exit code for this error: 2 rejected, 3 timeouts of a
+    /// dispatch's echo or of a followed turn, else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Rejected(_) => 2,
-            CliError::EchoTimeout(_) => 3,
+            CliError::EchoTimeout(_) | CliError::TurnTimeout { .. } => 3,
             _ => 1,
         }
     }
@@ -183,347 +334,80 @@ impl CliError {
 
 /// Run one client command to completion.
 ///
-/// Never panics; on failure prints exactly one line to stderr and returns the
-/// exit code of [`CliError::exit_code`].
+/// Never panics; on failure prints one error line (and at most one `hint:`
+/// line) to stderr and returns the exit code of [`CliError::exit_code`].
 pub async fn run(args: ClientArgs) -> ExitCode {
+    let subject = args
+        .token
+        .as_deref()
+        .and_then(super::store::token_principal)
+        .map(|(_, sub)| sub);
     match execute(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             note(&err.to_string().replace(['\r', '\n'], " "));
+            if let Some(hint) = hints::for_error(&err, subject.as_deref()) {
+                note(&format!("hint: {hint}"));
+            }
             ExitCode::from(err.exit_code())
         }
     }
 }
 
-/// Connect, initialize, run the subcommand, shut the client down.
+/// Connect, (re)attach the session, run the subcommand, shut the client down.
 async fn execute(args: ClientArgs) -> Result<(), CliError> {
     let conn = Connection::open(&args).await?;
-    let outcome = match args.command {
-        ClientCommand::Sessions { limit } => sessions(&conn, limit).await,
-        ClientCommand::Tail { chat, turns } => tail(&conn, chat, turns).await,
-        ClientCommand::Send {
+    let json = args.json;
+    let outcome = dispatch(&conn, args.command, json).await;
+    conn.client.shutdown().await;
+    outcome
+}
+
+/// Run `command` on `conn`.
+async fn dispatch(conn: &Connection, command: ClientCommand, json: bool) -> Result<(), CliError> {
+    use ClientCommand as C;
+    match command {
+        C::Sessions { limit, chats } => objects::sessions(conn, limit, chats, json).await,
+        C::Providers => objects::providers(conn, json).await,
+        C::CreateSession { provider, uri } => {
+            objects::create_session(conn, provider, uri, json).await
+        }
+        C::DisposeSession { session } => objects::dispose_session(conn, &session).await,
+        C::CreateChat { session, uri } => objects::create_chat(conn, &session, uri).await,
+        C::DisposeChat { chat } => objects::dispose_chat(conn, &chat).await,
+        C::Tail { chat, turns } => turns::tail(conn, &chat, turns).await,
+        C::Send {
             chat,
             text,
             wait,
             approve_tools,
             queue,
         } => {
-            let request = SendRequest {
+            let request = turns::SendRequest {
                 chat,
                 text,
                 wait,
                 approve_tools,
                 queue,
             };
-            send(&conn, request).await
+            turns::send(conn, request).await
         }
-    };
-    conn.client.shutdown().await;
-    outcome
-}
-
-/// An initialized client plus what the commands need to know about it.
-struct Connection {
-    client: Client,
-    client_id: String,
-    timeout: Duration,
-}
-
-impl Connection {
-    /// Dial, start the SDK client and send `initialize` (no initial subscriptions).
-    async fn open(args: &ClientArgs) -> Result<Self, CliError> {
-        let url = args.url.clone().ok_or(CliError::MissingUrl)?;
-        let timeout = Duration::from_secs(args.timeout);
-        let opts = DialOptions {
-            url,
-            token: args.token.clone(),
-            ca_file: args.ca.clone(),
-            insecure: args.insecure,
-            connect_timeout: timeout,
-            extra_headers: Vec::new(),
-        };
-        let config = ClientConfig {
-            default_request_timeout: Some(timeout),
-            subscription_buffer: SUBSCRIPTION_BUFFER,
-        };
-        let client = connect_client(&opts, config).await?;
-        let client_id = args.client_id.clone().unwrap_or_else(ids::client_id);
-        let versions = PROTOCOL_VERSIONS.map(String::from).to_vec();
-        client
-            .initialize(client_id.clone(), versions, Vec::new())
-            .await
-            .map_err(request_failed("initialize", timeout))?;
-        Ok(Self {
-            client,
-            client_id,
-            timeout,
-        })
+        C::Cancel { chat } => turns::cancel(conn, &chat).await,
+        C::Approve { chat, tool_call } => turns::confirm(conn, &chat, tool_call, true).await,
+        C::Deny { chat, tool_call } => turns::confirm(conn, &chat, tool_call, false).await,
+        C::Terminal { terminal: uri, cwd } => terminal::terminal(conn, uri, cwd).await,
+        C::Ls { uri } => files::ls(conn, &uri, json).await,
+        C::Cat { uri } => files::cat(conn, &uri).await,
+        C::Put { uri, file } => files::put(conn, &uri, file).await,
     }
-
-    /// Error mapper for a failed call of `method` on this connection.
-    fn failed(&self, method: &'static str) -> impl FnOnce(ClientError) -> CliError + use<> {
-        request_failed(method, self.timeout)
-    }
-}
-
-/// Map an SDK error: JSON-RPC errors keep code and message, the SDK's request
-/// timeout (`Cancelled`) becomes [`CliError::RequestTimeout`].
-fn request_failed(method: &'static str, timeout: Duration) -> impl FnOnce(ClientError) -> CliError {
-    move |err| match err {
-        ClientError::Rpc(e) => CliError::Rpc {
-            code: e.code,
-            message: e.message,
-        },
-        ClientError::Cancelled => CliError::RequestTimeout { method, timeout },
-        source => CliError::Request { method, source },
-    }
-}
-
-// ─── sessions ───────────────────────────────────────────────────────────────
-
-/// `sessions`: print every session line, then `N sessions` on stderr.
-async fn sessions(conn: &Connection, limit: u32) -> Result<(), CliError> {
-    let all = list_sessions(conn, limit).await?;
-    print_lines(all.iter().map(format::session_line))?;
-    note(&format!("{} sessions", all.len()));
-    Ok(())
-}
-
-/// Page through `listSessions` until no `nextCursor` (or an empty page), at
-/// most [`MAX_SESSIONS`] items.
-async fn list_sessions(conn: &Connection, limit: u32) -> Result<Vec<SessionSummary>, CliError> {
-    let mut all = Vec::new();
-    let mut cursor = None;
-    loop {
-        let params = ListSessionsParams {
-            channel: ROOT_RESOURCE_URI.to_owned(),
-            meta: None,
-            limit: Some(i64::from(limit)),
-            cursor: cursor.take(),
-        };
-        let page: ListSessionsResult = conn
-            .client
-            .request("listSessions", params)
-            .await
-            .map_err(conn.failed("listSessions"))?;
-        let empty = page.items.is_empty();
-        all.extend(page.items);
-        if all.len() >= MAX_SESSIONS {
-            all.truncate(MAX_SESSIONS);
-            return Ok(all);
-        }
-        match page.next_cursor {
-            Some(next) if !empty => cursor = Some(next),
-            _ => return Ok(all),
-        }
-    }
-}
-
-// ─── tail ───────────────────────────────────────────────────────────────────
-
-/// `tail`: print the active turn's text so far, then follow the chat.
-async fn tail(conn: &Connection, chat: String, turns: Option<u64>) -> Result<(), CliError> {
-    let (start, mut sub) = subscribe_chat(conn, chat).await?;
-    if let Some(text) = &start.active_text {
-        emit(text)?;
-    }
-    tokio::select! {
-        outcome = follow_chat(&mut sub, &start, turns) => outcome,
-        () = interrupted() => Ok(()),
-    }
-}
-
-/// Print deltas and a newline per finished turn; return after `turns` turns.
-async fn follow_chat(
-    sub: &mut SessionSubscription,
-    start: &ChatStart,
-    turns: Option<u64>,
-) -> Result<(), CliError> {
-    let mut finished = 0u64;
-    loop {
-        let env = next_live_action(sub, start).await?;
-        match chat_event(&env) {
-            ChatEvent::Delta { text, .. } => emit(text)?,
-            ChatEvent::TurnEnded { .. } => {
-                emit("\n")?;
-                finished += 1;
-                if turns.is_some_and(|n| finished >= n) {
-                    return Ok(());
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Resolves on Ctrl-C; never resolves if the signal cannot be watched.
-async fn interrupted() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-// ─── send ───────────────────────────────────────────────────────────────────
-
-/// The arguments of `send`.
-struct SendRequest {
-    chat: String,
-    text: String,
-    wait: bool,
-    approve_tools: bool,
-    queue: bool,
-}
-
-/// `send`: dispatch, await the echo, optionally follow the reply.
-async fn send(conn: &Connection, req: SendRequest) -> Result<(), CliError> {
-    let (start, mut sub) = subscribe_chat(conn, req.chat.clone()).await?;
-    let (id, action, target) = if req.queue {
-        let id = ids::message_id();
-        let action = queue_message(id.clone(), req.text);
-        let target = Target::Queued {
-            message_id: id.clone(),
-        };
-        (id, action, target)
-    } else {
-        let id = ids::turn_id();
-        let action = start_turn(id.clone(), ids::now_iso8601(), req.text);
-        (id.clone(), action, Target::Turn(id))
-    };
-    let handle = conn
-        .client
-        .dispatch(req.chat.clone(), action)
-        .await
-        .map_err(conn.failed("dispatchAction"))?;
-    let echo = await_echo(conn, &mut sub, &start, handle.client_seq).await?;
-    if let Some(reason) = echo.rejection_reason {
-        return Err(CliError::Rejected(reason));
-    }
-    note(&format!("accepted {id} serverSeq={}", echo.server_seq));
-    if !req.wait {
-        return Ok(());
-    }
-    let follower = TurnFollower::new(target, req.approve_tools);
-    follow_turn(conn, &mut sub, &start, &req.chat, follower).await
-}
-
-/// Wait up to `--timeout` for the envelope echoing our dispatch `client_seq`.
-async fn await_echo(
-    conn: &Connection,
-    sub: &mut SessionSubscription,
-    start: &ChatStart,
-    client_seq: i64,
-) -> Result<ActionEnvelope, CliError> {
-    let wait = async {
-        loop {
-            let env = next_live_action(sub, start).await?;
-            if is_echo_of(&env, &conn.client_id, client_seq) {
-                return Ok(env);
-            }
-        }
-    };
-    tokio::time::timeout(conn.timeout, wait)
-        .await
-        .map_err(|_| CliError::EchoTimeout(conn.timeout))?
-}
-
-/// Print the followed turn's reply, approve its tools if asked, until it ends.
-async fn follow_turn(
-    conn: &Connection,
-    sub: &mut SessionSubscription,
-    start: &ChatStart,
-    chat: &str,
-    mut follower: TurnFollower,
-) -> Result<(), CliError> {
-    loop {
-        let env = next_live_action(sub, start).await?;
-        match follower.on_action(&env) {
-            Step::Ignore => {}
-            Step::Print(text) => emit(text)?,
-            Step::Approve {
-                turn_id,
-                tool_call_id,
-            } => {
-                let action = approve_tool_call(turn_id, tool_call_id);
-                conn.client
-                    .dispatch(chat.to_owned(), action)
-                    .await
-                    .map_err(conn.failed("dispatchAction"))?;
-            }
-            Step::Finished(end) => {
-                emit("\n")?;
-                return turn_outcome(end);
-            }
-        }
-    }
-}
-
-/// Success only for a completed turn.
-fn turn_outcome(end: TurnEnd) -> Result<(), CliError> {
-    match end {
-        TurnEnd::Complete => Ok(()),
-        TurnEnd::Cancelled => Err(CliError::TurnCancelled),
-        TurnEnd::Error(message) => Err(CliError::TurnFailed(message)),
-    }
-}
-
-// ─── shared ─────────────────────────────────────────────────────────────────
-
-/// Subscribe to `chat` (the handle is attached before the request is sent)
-/// and read its snapshot.
-async fn subscribe_chat(
-    conn: &Connection,
-    chat: String,
-) -> Result<(ChatStart, SessionSubscription), CliError> {
-    let (result, sub) = conn
-        .client
-        .subscribe(chat.clone())
-        .await
-        .map_err(conn.failed("subscribe"))?;
-    let start =
-        ChatStart::from_subscribe(result).map_err(|kind| CliError::NotAChat { uri: chat, kind })?;
-    Ok((start, sub))
-}
-
-/// The next action envelope newer than the snapshot; `ConnectionClosed` when
-/// the subscription ends.
-async fn next_live_action(
-    sub: &mut SessionSubscription,
-    start: &ChatStart,
-) -> Result<ActionEnvelope, CliError> {
-    loop {
-        match sub.recv().await {
-            None => return Err(CliError::ConnectionClosed),
-            Some(SubscriptionEvent::Action(env)) if start.is_live(&env) => return Ok(env),
-            Some(_) => {}
-        }
-    }
-}
-
-/// Write `text` to stdout and flush.
-fn emit(text: &str) -> Result<(), CliError> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(CliError::Stdout)
-}
-
-/// Write each line plus a newline to stdout, then flush.
-fn print_lines(lines: impl Iterator<Item = String>) -> Result<(), CliError> {
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for line in lines {
-        writeln!(out, "{line}").map_err(CliError::Stdout)?;
-    }
-    out.flush().map_err(CliError::Stdout)
-}
-
-/// Write one status line to stderr (best effort: stderr failures are ignored).
-fn note(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::chat::TurnEnd;
+    use crate::client::conn::request_failed;
+    use crate::client::turns::turn_outcome;
     use ahp_types::messages::JsonRpcError;
     use clap::Parser;
 
@@ -546,8 +430,12 @@ mod tests {
         assert!(!args.insecure);
         assert!(matches!(
             args.command,
-            ClientCommand::Sessions { limit: 50 }
+            ClientCommand::Sessions {
+                limit: 50,
+                chats: false
+            }
         ));
+        assert!(!args.json);
     }
 
     #[test]
@@ -624,6 +512,9 @@ mod tests {
             &["sessions", "--timeout", "0"],
             &["sessions", "--timeout", "soon"],
             &["frobnicate"],
+            &["approve"],
+            &["create-chat"],
+            &["put"],
         ] {
             assert!(parse(argv).is_err(), "{argv:?} should fail");
         }

@@ -136,10 +136,16 @@ pub enum DialError {
         reason: String,
     },
     /// The server answered the upgrade request with a non-101 HTTP status.
-    #[error("upgrade refused: HTTP {status}")]
+    /// Its reason (the response body, one line) and `retry-after` are
+    /// shown when the server sent them.
+    #[error("upgrade refused: HTTP {status}{}{}", reason_suffix(.reason), retry_suffix(.retry_after))]
     UpgradeRefused {
         /// The HTTP status code (e.g. 401).
         status: u16,
+        /// The response body as one line of text, if the server sent one.
+        reason: Option<String>,
+        /// The `retry-after` header, if the server sent one.
+        retry_after: Option<String>,
     },
     /// The WebSocket handshake failed for another reason.
     #[error("WebSocket handshake with {url} failed: {reason}")]
@@ -454,9 +460,7 @@ fn roots_from_pem_file(path: &Path) -> Result<RootCertStore, DialError> {
 fn classify_ws_error(url: &str, err: tokio_tungstenite::tungstenite::Error) -> DialError {
     use tokio_tungstenite::tungstenite::Error as WsError;
     match err {
-        WsError::Http(response) => DialError::UpgradeRefused {
-            status: response.status().as_u16(),
-        },
+        WsError::Http(response) => refused(&response),
         WsError::Io(source) => match tls_failure(&source) {
             Some(reason) => DialError::Tls {
                 url: url.to_owned(),
@@ -480,6 +484,52 @@ fn classify_ws_error(url: &str, err: tokio_tungstenite::tungstenite::Error) -> D
             reason: other.to_string(),
         },
     }
+}
+
+/// Longest refusal reason kept from a response body, in characters.
+const MAX_REASON_CHARS: usize = 300;
+
+/// [`DialError::UpgradeRefused`] for a non-101 answer: its status, its body
+/// (lossy UTF-8, whitespace runs folded to one space, at most
+/// [`MAX_REASON_CHARS`]) and its `retry-after` header.
+fn refused(
+    response: &tokio_tungstenite::tungstenite::http::Response<Option<Vec<u8>>>,
+) -> DialError {
+    let reason = response.body().as_deref().and_then(|body| {
+        let text = String::from_utf8_lossy(body);
+        let line: String = text
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .chars()
+            .take(MAX_REASON_CHARS)
+            .collect();
+        (!line.is_empty()).then_some(line)
+    });
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    DialError::UpgradeRefused {
+        status: response.status().as_u16(),
+        reason,
+        retry_after,
+    }
+}
+
+/// `: <reason>` or nothing.
+fn reason_suffix(reason: &Option<String>) -> String {
+    reason
+        .as_ref()
+        .map_or_else(String::new, |r| format!(": {r}"))
+}
+
+/// ` (retry after <value>s)` or nothing.
+fn retry_suffix(retry_after: &Option<String>) -> String {
+    retry_after
+        .as_ref()
+        .map_or_else(String::new, |r| format!(" (retry after {r}s)"))
 }
 
 /// The rustls error inside an I/O error, as tokio-rustls reports handshake failures.
@@ -637,11 +687,43 @@ mod tests {
             "{request}"
         );
         assert!(
-            matches!(err, Some(DialError::UpgradeRefused { status: 401 })),
+            matches!(err, Some(DialError::UpgradeRefused { status: 401, .. })),
             "{err:?}"
         );
         let msg = err.map(|e| e.to_string()).unwrap_or_default();
         assert_eq!(msg, "upgrade refused: HTTP 401");
+    }
+
+    /// A refusal's body and `retry-after` reach the error text, so the
+    /// user reads why (e.g. "too many failed attempts") and when to retry.
+    #[tokio::test]
+    async fn refused_upgrade_carries_the_body_and_retry_after() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = sock.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "client closed before sending headers");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let body = "too many failed attempts\n  from this address\n";
+            let answer = format!(
+                "HTTP/1.1 429 Too Many Requests\r\nretry-after: 30\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            sock.write_all(answer.as_bytes()).await.unwrap();
+            sock.flush().await.unwrap();
+        });
+        let err = dial(&opts(&format!("ws://127.0.0.1:{port}/"))).await.err();
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(
+            msg,
+            "upgrade refused: HTTP 429: too many failed attempts from this address (retry after 30s)"
+        );
     }
 
     #[test]
