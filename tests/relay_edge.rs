@@ -465,6 +465,39 @@ async fn ten_failures_then_429_with_retry_after() {
     assert_eq!(status, 200, "health endpoints are not rate limited");
 }
 
+/// An address over its failure budget that retries a token it already
+/// failed with gets 429 before the token is verified again (counted as
+/// `rate_limited_unverified`: no signature check is spent on a retry loop);
+/// a different failing token from it is still verified and answered 429
+/// (`rate_limited`); a valid token from it is never refused.
+#[tokio::test]
+async fn a_known_failing_token_is_refused_before_it_is_verified() {
+    let e = Edge::start().await;
+    let now = unix_now();
+    let stale = e.hs256(&dev_claims(json!({"iat": now - 1200, "exp": now - 600})));
+    for i in 0..10 {
+        let u = e.t.upgrade_bearer(&stale).await;
+        assert_eq!(u.status, 401, "failure {i} is still a 401");
+    }
+    assert_reason(&e, "expired", 10).await;
+    for _ in 0..5 {
+        let u = e.t.upgrade_bearer(&stale).await;
+        assert_eq!(u.status, 429, "the same stale token again");
+    }
+    assert_reason(&e, "rate_limited_unverified", 5).await;
+    let other = e.hs256(&dev_claims(json!({"iat": now - 1300, "exp": now - 700})));
+    let u = e.t.upgrade_bearer(&other).await;
+    assert_eq!(u.status, 429, "another failing token");
+    assert_reason(&e, "rate_limited", 1).await;
+    assert_reason(&e, "rate_limited_unverified", 5).await;
+    let valid = e.t.upgrade_bearer(&e.valid()).await;
+    assert_works(
+        &mut valid.socket("a valid token over the budget"),
+        "c-known",
+    )
+    .await;
+}
+
 // ─── 4. Token expiry (S14) ──────────────────────────────────────────────────
 
 /// A 2 s token's socket closes with 4001 after exp + leeway; a new token resumes by `replay` (S14).

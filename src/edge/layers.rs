@@ -363,7 +363,10 @@ impl Around for Admission {
 /// Repeated authentication failures from one client address get 429 with
 /// `Retry-After` (§3.4). Only a failed authentication is ever turned into a
 /// 429, so a valid token is never refused by this limit; each failure that
-/// is answered normally is counted against [`ClientAddr`].
+/// is answered normally is counted against [`ClientAddr`]. An address over
+/// its budget that sends a token it already failed with in this window gets
+/// the 429 before the token is verified again (no signature check spent on
+/// a retry loop); any other token is verified as usual.
 #[derive(Debug, Clone)]
 pub struct FailureLimit {
     /// The per-address failure counts.
@@ -377,6 +380,22 @@ impl Around for FailureLimit {
         S::Future: Send,
     {
         let client = req.extensions().get::<ClientAddr>().map(|c| c.0);
+        // Only a fingerprint key: whichever place the upgrade reads the
+        // token from, the same request gives the same string here.
+        let token = crate::auth::extract_token(req.headers(), req.uri().query(), true)
+            .ok()
+            .flatten()
+            .map(|(t, _)| t);
+        if let (Some(c), Some(t)) = (client, token.as_deref())
+            && let Some(wait) = self.limiter.known_failure(c, Instant::now(), t)
+        {
+            return refused(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many failed attempts\n",
+                Refusal::Auth("rate_limited_unverified"),
+                Some(wait.as_secs().max(1)),
+            );
+        }
         let resp = call(next, req).await;
         let (Some(client), Some(Refusal::Auth(_))) = (client, resp.extensions().get::<Refusal>())
         else {
@@ -391,7 +410,8 @@ impl Around for FailureLimit {
                 Some(wait.as_secs().max(1)),
             );
         }
-        self.limiter.record_failure(client, now);
+        self.limiter
+            .record_failure_with(client, now, token.as_deref());
         resp
     }
 }

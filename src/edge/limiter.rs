@@ -10,6 +10,12 @@
 //! as its IPv4 address, and an IPv6 address counts as its /64 (one host usually owns a
 //! whole /64, so per-address counting would be trivial to evade).
 //!
+//! An address over its budget does not cost a signature check for a token it already failed
+//! with: each window remembers keyed fingerprints of the last [`REMEMBERED_TOKENS`] tokens
+//! that failed in it, and [`FailureLimiter::known_failure`] lets the edge answer 429 for such a
+//! token before verifying it. Any other token is still verified, so a valid token — another
+//! user's behind the same address, or the same user's renewed one — is never refused.
+//!
 //! Memory is bounded: at most `max_tracked` groups are kept. Each window start is also
 //! appended to a FIFO; expired windows are dropped from its front on every recorded
 //! failure, and when a new group would exceed the cap, the group whose window started
@@ -28,10 +34,15 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// Default cap on tracked address groups.
 pub const DEFAULT_MAX_TRACKED: usize = 100_000;
 
-#[derive(Debug, Clone, Copy)]
+/// Tokens remembered per address window as having failed.
+pub const REMEMBERED_TOKENS: usize = 16;
+
+#[derive(Debug, Clone)]
 struct Window {
     start: Instant,
     failures: u32,
+    /// Keyed fingerprints of tokens that failed in this window, newest last.
+    tokens: VecDeque<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +61,8 @@ pub struct FailureLimiter {
     window: Duration,
     max_tracked: usize,
     inner: Mutex<Inner>,
+    /// Keys the token fingerprints (per process, so they mean nothing outside).
+    keys: std::collections::hash_map::RandomState,
 }
 
 impl Default for FailureLimiter {
@@ -69,6 +82,7 @@ impl FailureLimiter {
             window: window.max(Duration::from_nanos(1)),
             max_tracked: max_tracked.max(1),
             inner: Mutex::new(Inner::default()),
+            keys: std::collections::hash_map::RandomState::new(),
         }
     }
 
@@ -78,22 +92,33 @@ impl FailureLimiter {
         self.retry_after(ip, now).is_none()
     }
 
-    /// Records one failed authentication from `ip` at `now`.
+    /// Records one failed authentication from `ip` at `now`, with the token
+    /// it failed with, if any.
     pub fn record_failure(&self, ip: IpAddr, now: Instant) {
+        self.record_failure_with(ip, now, None);
+    }
+
+    /// [`FailureLimiter::record_failure`], remembering `token`'s fingerprint.
+    pub fn record_failure_with(&self, ip: IpAddr, now: Instant, token: Option<&str>) {
         let key = group(ip);
+        let print = token.map(|t| std::hash::BuildHasher::hash_one(&self.keys, t));
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         self.prune_expired(&mut inner, now);
         if let Some(window) = inner.windows.get_mut(&key)
             && self.is_open(window, now)
         {
             window.failures = window.failures.saturating_add(1);
+            remember(&mut window.tokens, print);
             return;
         }
+        let mut tokens = VecDeque::new();
+        remember(&mut tokens, print);
         inner.windows.insert(
             key,
             Window {
                 start: now,
                 failures: 1,
+                tokens,
             },
         );
         inner.order.push_back((key, now));
@@ -121,6 +146,17 @@ impl FailureLimiter {
         )
     }
 
+    /// How long `ip` must wait, if it is over its budget at `now` *and*
+    /// `token` is one it already failed with in this window: then the edge
+    /// answers 429 without verifying the token again.
+    pub fn known_failure(&self, ip: IpAddr, now: Instant, token: &str) -> Option<Duration> {
+        let wait = self.retry_after(ip, now)?;
+        let print = std::hash::BuildHasher::hash_one(&self.keys, token);
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let window = inner.windows.get(&group(ip))?;
+        window.tokens.contains(&print).then_some(wait)
+    }
+
     /// Number of address groups currently tracked (for a gauge; at most `max_tracked`).
     pub fn tracked(&self) -> usize {
         self.inner
@@ -144,6 +180,20 @@ impl FailureLimiter {
                 inner.windows.remove(&key);
             }
         }
+    }
+}
+
+/// Adds `print` to a window's remembered tokens, forgetting the oldest
+/// beyond [`REMEMBERED_TOKENS`].
+fn remember(tokens: &mut VecDeque<u64>, print: Option<u64>) {
+    let Some(print) = print else {
+        return;
+    };
+    if !tokens.contains(&print) {
+        tokens.push_back(print);
+    }
+    while tokens.len() > REMEMBERED_TOKENS {
+        tokens.pop_front();
     }
 }
 
@@ -188,6 +238,26 @@ mod tests {
             limiter.check(v4(1), end),
             "a new window starts with one failure"
         );
+    }
+
+    #[test]
+    fn a_known_failing_token_is_refused_without_a_new_check() {
+        let limiter = FailureLimiter::new(2, Duration::from_secs(60), 10);
+        let t0 = Instant::now();
+        limiter.record_failure_with(v4(1), t0, Some("stale"));
+        assert_eq!(
+            limiter.known_failure(v4(1), t0, "stale"),
+            None,
+            "within budget"
+        );
+        limiter.record_failure_with(v4(1), t0, Some("stale"));
+        assert!(limiter.known_failure(v4(1), t0, "stale").is_some());
+        assert_eq!(limiter.known_failure(v4(1), t0, "renewed"), None);
+        assert_eq!(limiter.known_failure(v4(2), t0, "stale"), None);
+        for i in 0..REMEMBERED_TOKENS {
+            limiter.record_failure_with(v4(1), t0, Some(&format!("other-{i}")));
+        }
+        assert_eq!(limiter.known_failure(v4(1), t0, "stale"), None, "bounded");
     }
 
     #[test]
