@@ -57,6 +57,19 @@ async fn trace_logs_hold_no_credential() {
     let opts = options(&kit, relay.url.clone(), Some(header_token.clone()));
     let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("header token"));
     ws.initialize("logs-1").await;
+    // The relay process dials its host on its own schedule: wait until the
+    // host's catalog is in (an observable event, not a sleep).
+    let deadline = std::time::Instant::now() + common::WAIT;
+    let mut id = 100;
+    while !common::listed_uris(&mut ws, id)
+        .await
+        .iter()
+        .any(|u| u == "ahp-session:/a~a-1")
+    {
+        assert!(std::time::Instant::now() < deadline, "host a never listed");
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = ws
         .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
         .await;
@@ -102,4 +115,36 @@ async fn trace_logs_hold_no_credential() {
             );
         }
     }
+}
+
+/// At the default log level a refused upgrade is one line with its reason
+/// and the client address, so an operator sees why a user cannot connect —
+/// and the refused token is not in it.
+#[tokio::test]
+async fn refused_upgrades_are_logged_with_their_reason_not_their_token() {
+    let host = start_host(fast_config("a", 1)).await;
+    let kit = DevKit::create(&scratch_dir("log-refusals")).expect("kit");
+    kit.config("127.0.0.1:0", &[("a".to_string(), host.url())], "", "")
+        .expect("config");
+    let relay = serve_binary(&kit, "info");
+    let valid = kit
+        .token("alice", &[], Duration::from_secs(600), Some("log-jti-3"))
+        .expect("token");
+    // The same token with a signature that does not verify.
+    let (head, sig) = valid.rsplit_once('.').expect("a JWT");
+    let flipped = if sig.starts_with('A') { "B" } else { "A" };
+    let forged = format!("{head}.{flipped}{}", &sig[1..]);
+    let refused = dial_stream(&options(&kit, relay.url.clone(), Some(forged.clone()))).await;
+    assert!(refused.is_err(), "a forged token is refused");
+    // The line is written before the 401 is sent; `output` stops the relay
+    // and reads everything it wrote.
+    let lines = relay.output();
+    let line = lines
+        .iter()
+        .find(|l| l.contains("upgrade refused"))
+        .unwrap_or_else(|| panic!("no refusal line: {lines:#?}"));
+    assert!(line.contains("bad_signature"), "{line}");
+    assert!(line.contains("127.0.0.1"), "{line}");
+    let signature = forged.rsplit('.').next().unwrap_or_default();
+    assert!(lines.iter().all(|l| !l.contains(signature)), "{lines:#?}");
 }

@@ -213,15 +213,32 @@ impl Around for CountOutcomes {
         S: Service<Request<Incoming>, Response = Resp, Error = Infallible> + Send + 'static,
         S::Future: Send,
     {
+        let client = req.extensions().get::<ClientAddr>().map(|c| c.0);
         let resp = call(next, req).await;
         let m = self.port.metrics();
         match resp.extensions().get::<Refusal>() {
-            Some(Refusal::Auth(r)) => m.auth_failures.with_label_values(&[r]).inc(),
+            Some(Refusal::Auth(r)) => {
+                m.auth_failures.with_label_values(&[r]).inc();
+                log_auth_refusal(r, resp.status(), client);
+            }
             Some(Refusal::Upgrade(r)) => m.upgrades_refused.with_label_values(&[r]).inc(),
             None if resp.status() == StatusCode::SWITCHING_PROTOCOLS => m.connections.inc(),
             None => {}
         }
         resp
+    }
+}
+
+/// One log line per refused authentication, with its reason and the client
+/// address — never the token or the query string. Refusals of an address
+/// already over its failure budget (429) are logged at debug only, so a
+/// client in a retry loop cannot flood the log.
+fn log_auth_refusal(reason: &str, status: StatusCode, client: Option<std::net::IpAddr>) {
+    let client = client.map(|c| c.to_string()).unwrap_or_default();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        tracing::debug!(reason, %client, status = status.as_u16(), "upgrade refused");
+    } else {
+        tracing::info!(reason, %client, status = status.as_u16(), "upgrade refused");
     }
 }
 
