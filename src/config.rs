@@ -433,6 +433,16 @@ impl Limits {
     }
 }
 
+/// The 1-based line of the `index`-th `[[name]]` table header in `text`.
+fn nth_table_line(text: &str, name: &str, index: usize) -> Option<usize> {
+    let header = format!("[[{name}]]");
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim() == header)
+        .nth(index)
+        .map(|(n, _)| n + 1)
+}
+
 impl RelayConfig {
     /// Reads and validates a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -452,6 +462,16 @@ impl RelayConfig {
             message: e.to_string(),
         })?;
         cfg.source = Some(path.to_path_buf());
+        // A `[[hosts]]` entry's error names the line of its table header.
+        if let Some((index, message)) = cfg.host_problem()
+            && let Some(line) = nth_table_line(text, "hosts", index)
+        {
+            return Err(ConfigError::InvalidAt {
+                path: path.to_path_buf(),
+                line,
+                message,
+            });
+        }
         cfg.validate()?;
         cfg.validate_policy().map_err(|e| ConfigError::InvalidAt {
             path: path.to_path_buf(),
@@ -498,33 +518,8 @@ impl RelayConfig {
                 );
             }
         }
-        let mut seen = std::collections::HashSet::new();
-        for h in &self.hosts {
-            if !valid_host_id(&h.id) {
-                return bad(format!(
-                    "host id {:?} must match [a-z0-9-]{{1,32}} and not be localhost",
-                    h.id
-                ));
-            }
-            if !seen.insert(h.id.as_str()) {
-                return bad(format!("host id {:?} appears twice", h.id));
-            }
-            let plain = h.url.starts_with("ws://");
-            if !(plain || h.url.starts_with("wss://")) {
-                return bad(format!(
-                    "host {}: url must be wss:// (or ws:// with allow_plaintext)",
-                    h.id
-                ));
-            }
-            if plain && !h.allow_plaintext {
-                return bad(format!("host {}: ws:// needs allow_plaintext = true", h.id));
-            }
-            if h.client_cert_file.is_some() != h.client_key_file.is_some() {
-                return bad(format!(
-                    "host {}: client_cert_file and client_key_file go together",
-                    h.id
-                ));
-            }
+        if let Some((_, problem)) = self.host_problem() {
+            return bad(problem);
         }
         if let Some(d) = &self.relay.default_host
             && !self.hosts.iter().any(|h| &h.id == d)
@@ -536,6 +531,38 @@ impl RelayConfig {
         }
         self.limits.validate()?;
         Ok(())
+    }
+
+    /// The first `[[hosts]]` entry that is wrong, by index, and what is wrong.
+    fn host_problem(&self) -> Option<(usize, String)> {
+        let mut seen = std::collections::HashSet::new();
+        for (i, h) in self.hosts.iter().enumerate() {
+            let plain = h.url.starts_with("ws://");
+            let problem = if !valid_host_id(&h.id) {
+                format!(
+                    "host id {:?} must match [a-z0-9-]{{1,32}} and not be localhost",
+                    h.id
+                )
+            } else if !seen.insert(h.id.as_str()) {
+                format!("host id {:?} appears twice", h.id)
+            } else if !(plain || h.url.starts_with("wss://")) {
+                format!(
+                    "host {}: url must be wss:// (or ws:// with allow_plaintext)",
+                    h.id
+                )
+            } else if plain && !h.allow_plaintext {
+                format!("host {}: ws:// needs allow_plaintext = true", h.id)
+            } else if h.client_cert_file.is_some() != h.client_key_file.is_some() {
+                format!(
+                    "host {}: client_cert_file and client_key_file go together",
+                    h.id
+                )
+            } else {
+                continue;
+            };
+            return Some((i, problem));
+        }
+        None
     }
 
     /// The host with this id.

@@ -131,6 +131,15 @@ pub fn load_or_create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e.to_string())),
     }
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.is_dir()
+    {
+        return Err(err(format!(
+            "no secret there, and its directory {} does not exist to create one in",
+            dir.display()
+        )));
+    }
     let mut secret = vec![0u8; 32];
     crate::identity::random_fill(&mut secret).map_err(|e| err(e.to_string()))?;
     write_private(path, &secret).map_err(|e| err(e.to_string()))?;
@@ -380,6 +389,20 @@ mod tests {
         let mut b = vec![0u8; n];
         crate::identity::random_fill(&mut b).unwrap();
         b
+    }
+
+    #[test]
+    fn a_secret_in_a_missing_directory_names_the_directory() {
+        let dir =
+            std::env::temp_dir().join(format!("ahp-relay-no-such-dir-{}", std::process::id()));
+        let err = load_or_create_secret(&dir.join("relay.secret"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("directory") && err.contains(&dir.display().to_string()),
+            "{err}"
+        );
     }
 
     #[test]

@@ -176,3 +176,34 @@ fn kubernetes_configmap_config_loads() {
     assert!(!cfg.policy.rules.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `[[hosts]]` entry that is wrong is reported with the line of its table
+/// header, like every other config error (issue 23).
+#[test]
+fn host_errors_name_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("ahp-relay-host-lines-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("relay.toml");
+    let text = "[listen]\naddr = \"127.0.0.1:0\"\nplaintext = true\n\n[[auth.issuers]]\n\
+                issuer = \"x\"\naudience = [\"y\"]\n\
+                keys = { type = \"hs256\", secret_file = \"/k\" }\n\n[relay]\n\
+                secret_file = \"/s\"\nstore = \"/u\"\n\n[[hosts]]\nid = \"a\"\n\
+                url = \"wss://a.example/\"\n\n[[hosts]]\nid = \"b\"\nurl = \"ws://b.example/\"\n";
+    std::fs::write(&path, text).expect("write");
+    let err = RelayConfig::load(&path).expect_err("ws:// without allow_plaintext");
+    let shown = err.to_string();
+    assert!(
+        shown.ends_with("relay.toml:18: host b: ws:// needs allow_plaintext = true"),
+        "{shown}"
+    );
+    let dup = text.replace("id = \"b\"\nurl = \"ws://", "id = \"a\"\nurl = \"wss://");
+    std::fs::write(&path, dup).expect("write");
+    let shown = RelayConfig::load(&path)
+        .expect_err("duplicate id")
+        .to_string();
+    assert!(
+        shown.ends_with("relay.toml:18: host id \"a\" appears twice"),
+        "{shown}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -45,6 +45,13 @@ pub(super) fn for_error(err: &CliError, subject: Option<&str>) -> Option<String>
 /// Hints for a failed dial: trust, token, rate limit.
 fn for_dial(err: &DialError) -> Option<String> {
     match err {
+        DialError::Tls { reason, .. } if reason.contains("CaUsedAsEndEntity") => Some(
+            "the relay serves a CA certificate as its own (what `openssl req -x509` makes by \
+             default), which TLS refuses for a server: make a CA and a server certificate \
+             signed by it with `ahp-relay cert --host NAME`, serve the server pair and trust \
+             the CA (--ca / AHP_RELAY_CA)"
+                .into(),
+        ),
         DialError::Tls { reason, .. }
             if reason.contains("UnknownIssuer") || reason.contains("invalid peer certificate") =>
         {
@@ -110,6 +117,16 @@ mod tests {
             hint.contains("--ca") && hint.contains("AHP_RELAY_CA"),
             "{hint}"
         );
+    }
+
+    #[test]
+    fn a_ca_served_as_the_server_certificate_is_explained() {
+        let err = CliError::Dial(DialError::Tls {
+            url: "wss://localhost:8443/".into(),
+            reason: "invalid peer certificate: CaUsedAsEndEntity".into(),
+        });
+        let hint = for_error(&err, None).unwrap_or_default();
+        assert!(hint.contains("ahp-relay cert"), "{hint}");
     }
 
     #[test]
