@@ -195,6 +195,26 @@ async fn requests_per_second_is_a_token_bucket() {
     assert!(hits(&t, "rate").await >= 6.0);
 }
 
+/// Responses count against the request rate (§7.6): a client flooding
+/// responses to ids the relay never sent spends its own budget — its next
+/// request is rate-limited — and each is dropped (counted) without reaching
+/// a host.
+#[tokio::test]
+async fn responses_count_against_the_rate() {
+    let t = start("requests_per_second = 1\nrequest_burst = 3").await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("answers").await;
+    let dropped_before = t.relay.relay.metrics.client_notifications_dropped.get();
+    let frames: Vec<Value> = (1..=20)
+        .map(|id| json!({"jsonrpc": "2.0", "id": 9000 + id, "result": {"junk": id}}))
+        .collect();
+    ws.send_at_once(&frames).await;
+    let r = ws.request(1, "ping", json!({"channel": ROOT})).await;
+    assert_eq!(reason(&r), "rateLimited", "{r}");
+    let dropped = t.relay.relay.metrics.client_notifications_dropped.get() - dropped_before;
+    assert_eq!(dropped, 20, "each unsolicited response dropped and counted");
+}
+
 /// A client that sends nothing for `client_idle_secs` is closed with 1000
 /// and a reason; one that pings in time stays open.
 #[tokio::test]

@@ -137,6 +137,11 @@ impl ClientSession {
         });
     }
 
+    /// Whether the relay awaits the client's answer to its request `n`.
+    pub fn awaits_client_answer(&self, n: u64) -> bool {
+        self.lock().host_requests.contains_key(&n)
+    }
+
     /// Relays the client's answer (`None`: timeout) to request `n` back to
     /// the host that asked, under the host's own id.
     pub fn answer_host_request(&self, n: u64, answer: Option<&Value>) {

@@ -126,13 +126,16 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
             return;
         }
     };
-    // Responses answer requests the relay sent (bounded by them) and are
-    // never rate-limited: dropping one would fail a host's request.
+    // Every frame counts against the rate (§7.6), responses too: a flood
+    // of them slows only their sender's own requests. A response is still
+    // never dropped for the rate when it answers a host's request (that
+    // would fail the host's request); one that answers nothing is dropped
+    // below before it is parsed.
     let answer = matches!(
         frame.kind,
         FrameKind::Response { .. } | FrameKind::ErrorResponse { .. }
     );
-    if !answer && !conn.bucket.take() {
+    if !conn.bucket.take() && !answer {
         return over_rate(conn, text, &frame.kind);
     }
     match &frame.kind {
@@ -181,7 +184,9 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
         }
         FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. } => {
             match (conn.session.clone(), id.as_u64()) {
-                (Some(session), Some(n)) => {
+                // Looked up by id first: only an answer the relay awaits
+                // is parsed.
+                (Some(session), Some(n)) if session.awaits_client_answer(n) => {
                     let answer = serde_json::from_str::<Value>(text).ok();
                     session.answer_host_request(n, answer.as_ref());
                 }
