@@ -320,7 +320,8 @@ pub struct Principal {
     pub issuer: String,
     /// The token's `sub` (non-empty).
     pub subject: String,
-    /// Groups from the configured groups claim (possibly empty).
+    /// Groups from the configured groups claim (possibly empty), sorted and
+    /// without repeats.
     pub groups: Vec<String>,
     /// The token's `exp`, unix seconds. The edge closes the socket with 4001 once
     /// `expires_at + leeway_secs` has passed.
@@ -800,12 +801,16 @@ impl Authenticator {
             Some(Value::String(jti)) if !jti.is_empty() => Some(jti.clone()),
             Some(_) => return Err(AuthError::InvalidClaim("jti".to_owned())),
         };
-        let groups = parse_groups(claims.get(&self.config.groups_claim))
+        let mut groups = parse_groups(claims.get(&self.config.groups_claim))
             .ok_or_else(|| AuthError::InvalidClaim(self.config.groups_claim.clone()))?;
         let group_bytes: usize = groups.iter().map(String::len).sum();
         if groups.len() > self.config.max_groups || group_bytes > self.config.max_groups_bytes {
             return Err(AuthError::TooManyGroups);
         }
+        // Sorted and without repeats: group checks merge sorted lists
+        // (`policy::shares_group`).
+        groups.sort();
+        groups.dedup();
         let lifetime = exp.saturating_sub(iat.map_or(now, |iat| iat.min(now)));
         if lifetime > self.config.max_unrevocable_lifetime_secs && jti.is_none() {
             return Err(AuthError::LifetimeNeedsJti);

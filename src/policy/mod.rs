@@ -127,6 +127,31 @@ pub enum Visibility {
     All,
 }
 
+/// Whether two group lists share a group, in time linear in their lengths:
+/// a merge when both are sorted (the edge sorts a token's groups, and owners
+/// are recorded from them), else a set of the shorter one. Groups are bounded
+/// per token (`auth.max_groups`), but a check runs once per listed session, so
+/// a pairwise comparison would cost every list the product of two bounds.
+pub fn shares_group(a: &[String], b: &[String]) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    if a.is_sorted() && b.is_sorted() {
+        let (mut i, mut j) = (0, 0);
+        while let (Some(x), Some(y)) = (a.get(i), b.get(j)) {
+            match x.cmp(y) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => return true,
+            }
+        }
+        return false;
+    }
+    let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    let set: std::collections::HashSet<&str> = small.iter().map(String::as_str).collect();
+    large.iter().any(|g| set.contains(g.as_str()))
+}
+
 /// Who is asking.
 #[derive(Debug, Clone, Copy)]
 pub struct Subject<'a> {
@@ -191,8 +216,7 @@ impl Grant {
                 Visibility::All => true,
                 // Groups are (issuer, group) pairs: another issuer's `platform` is another group.
                 Visibility::Group => {
-                    o.issuer == who.principal.issuer
-                        && o.groups.iter().any(|g| who.groups.contains(g))
+                    o.issuer == who.principal.issuer && shares_group(&o.groups, who.groups)
                 }
                 Visibility::Own => false,
             },
@@ -205,4 +229,27 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     /// What `who` holds on `host`; `None` means the host is invisible to it
     /// (its agents, sessions and terminals do not exist for it).
     fn grant(&self, who: Subject<'_>, host: HostRef<'_>) -> Option<Grant>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shares_group;
+
+    fn v(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn shares_group_by_merge_or_set() {
+        assert!(shares_group(&v(&["a", "m", "z"]), &v(&["b", "m"])));
+        assert!(!shares_group(&v(&["a", "c"]), &v(&["b", "d"])));
+        // Unsorted lists (owners stored before groups were sorted) still match.
+        assert!(shares_group(&v(&["z", "m", "a"]), &v(&["m"])));
+        assert!(!shares_group(&v(&["z", "a"]), &v(&["m", "b"])));
+        assert!(!shares_group(&[], &v(&["a"])));
+        // Thousands against thousands stays linear: this finishes at once.
+        let a: Vec<String> = (0..5000).map(|i| format!("g{i:05}")).collect();
+        let b: Vec<String> = (5000..10000).map(|i| format!("g{i:05}")).collect();
+        assert!(!shares_group(&a, &b));
+    }
 }

@@ -245,7 +245,7 @@ impl Rule {
             .subjects
             .iter()
             .any(|s| s == "*" || *s == who.principal.subject);
-        let group = self.groups.iter().any(|g| who.groups.contains(g));
+        let group = super::shares_group(&self.groups, who.groups);
         let on_host = self
             .hosts
             .iter()
@@ -287,7 +287,7 @@ impl RulePolicy {
                     name: rule_name(i, r).into(),
                     issuer: r.issuer.as_ref().map(|i| i.get_ref().clone()),
                     subjects: r.subjects.clone(),
-                    groups: r.groups.clone(),
+                    groups: sorted(&r.groups),
                     hosts: r.hosts.get_ref().clone(),
                     permissions: role.permissions().union(PermSet::of(&extra)),
                     visibility,
@@ -362,6 +362,14 @@ impl RulePolicy {
             .filter_map(|r| r.explain(who, host))
             .collect()
     }
+}
+
+/// `groups` sorted and without repeats (what [`super::shares_group`] merges).
+fn sorted(groups: &[String]) -> Vec<String> {
+    let mut g = groups.to_vec();
+    g.sort();
+    g.dedup();
+    g
 }
 
 impl PermissionName {
