@@ -24,6 +24,9 @@ fn start(extra: &[&str]) -> (Child, PathBuf) {
             break PathBuf::from(d);
         }
     };
+    // Keep reading: a closed pipe would make the host's next line to
+    // stderr fail, and so its exit.
+    std::thread::spawn(move || lines.for_each(drop));
     (child, dir)
 }
 

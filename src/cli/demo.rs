@@ -123,6 +123,8 @@ fn print_usage(
 }
 
 async fn demo(args: DemoArgs) -> Result<(), String> {
+    // Installed before anything is announced (see `shutdown_signal`).
+    let shutdown = super::serve::shutdown_signal();
     let script = AgentScript::from(&args.script);
     let mut hosts = Vec::new();
     for cfg in host_configs(args.hosts, args.sessions, &script, args.vscode_compat) {
@@ -178,7 +180,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     export(&env_file, &vars)?;
     print_usage(&url, hosts.len(), &env_file, &vars[5].1, args.vscode_compat);
     println!("Press Ctrl-C to stop.");
-    super::serve::wait_for_shutdown().await;
+    shutdown.await;
     running.stop();
     for h in hosts {
         h.shutdown().await;

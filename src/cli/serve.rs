@@ -54,6 +54,8 @@ pub fn check(args: CheckArgs) -> ExitCode {
 
 /// Runs the relay until Ctrl-C or SIGTERM.
 pub async fn run(args: ServeArgs) -> ExitCode {
+    // Installed before the relay announces itself (see `shutdown_signal`).
+    let shutdown = shutdown_signal();
     let format = args.log_format;
     let cfg = match RelayConfig::load(&args.config) {
         Ok(c) => c,
@@ -70,31 +72,40 @@ pub async fn run(args: ServeArgs) -> ExitCode {
         }
     };
     announce(format, &format!("ahp-relay listening on {}", running.url()));
-    wait_for_shutdown().await;
+    shutdown.await;
     announce(format, "ahp-relay draining");
     running.drain().await;
     ExitCode::SUCCESS
 }
 
-/// Resolves on Ctrl-C or (on Unix) SIGTERM.
-pub async fn wait_for_shutdown() {
+/// A future resolving on Ctrl-C or (on Unix) SIGTERM, with both handlers
+/// installed before it returns: a signal that arrives before the future is
+/// first awaited is not lost (nor does it kill the process with its default
+/// action).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
-        match term {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

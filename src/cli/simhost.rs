@@ -124,6 +124,9 @@ impl SimHostArgs {
 /// Runs a simulated host until Ctrl-C or SIGTERM; its temporary sandbox
 /// goes with it unless `--keep-sandbox`.
 pub async fn run(args: SimHostArgs) -> ExitCode {
+    // Before anything is announced: a SIGTERM right after the announcement
+    // must take the clean path, not the signal's default action.
+    let shutdown = super::serve::shutdown_signal();
     let host = match SimHost::start(args.config(), args.listen).await {
         Ok(h) => h,
         Err(e) => {
@@ -141,7 +144,7 @@ pub async fn run(args: SimHostArgs) -> ExitCode {
     );
     let sandbox = host.sandbox();
     eprintln!("file: resources live in {}", sandbox.display());
-    super::serve::wait_for_shutdown().await;
+    shutdown.await;
     host.shutdown().await;
     // The folder is removed here, not left to a destructor: tasks still
     // winding down may hold the host's state past the end of `main`.
