@@ -32,6 +32,9 @@ const V1141_OFFER: &[&str] = &["0.10.0", "0.9.0", "0.7.0", "0.6.0", "0.5.2", "0.
 /// The host id: its `-` is spelled `+` in the provider id VS Code sees.
 const HOST: &str = "gpu-1";
 
+/// The client id of the window that drops and reconnects.
+const WINDOW: &str = "vscode-window-1";
+
 /// A raw socket driven as VS Code's client drives it: request ids count
 /// up, and every action envelope that passes is noted, so
 /// `lastSeenServerSeq` is what the client really saw.
@@ -117,7 +120,7 @@ fn initialize_params(client_id: &str, offer: &[&str]) -> Value {
     json!({"protocolVersions": offer, "clientId": client_id,
         "clientInfo": {"name": "Visual Studio Code", "version": "1.141.0"},
         "_meta": {"vscode.clientConnectionKind": "remote"},
-        "initialSubscriptions": ["ahp-root://"]})
+        "initialSubscriptions": [ROOT]})
 }
 
 /// `buildChatUri(session, 'default')`: base64url of the session string,
@@ -139,16 +142,38 @@ async fn a_vscode_day(line: HostProtocol, offer: &[&str], want: &str) {
         ..fast_config(HOST, 1)
     };
     let t = TestRelay::start(vec![cfg], "").await;
-    let client_id = "vscode-window-1";
     let mut vs = VsCode::new(t.raw("alice").await);
+    let provider = connect(&mut vs, WINDOW, offer, want).await;
+    let session = create_session(&t, &mut vs, &provider).await;
+    if offer == MAIN_OFFER {
+        main_names_a_session_ahp_session(&t, &mut vs, &provider).await;
+    }
+    let chat = default_chat(&session);
+    for channel in [session.as_str(), chat.as_str()] {
+        let r = vs.request("subscribe", json!({"channel": channel})).await;
+        assert!(
+            r["result"]["snapshot"]["state"].is_object(),
+            "{channel}: {r}"
+        );
+    }
+    vs.run_turn(&chat, 1, "vs-turn-1").await;
+    let terminal = create_terminal(&t, &mut vs).await;
+    let last_seen = vs.last_seen;
+    drop_and_miss_a_turn(&t, vs, &chat, offer, want).await;
+    let subscriptions = [ROOT, &session, &chat, terminal];
+    reconnect_replays(&t, last_seen, &chat, &subscriptions).await;
+}
 
-    // initialize, no channel; the root snapshot lists the agent.
+/// `initialize` without channel offering `offer` (the relay picks `want`),
+/// then `listSessions {channel: root}` without limit; the provider id the
+/// root lists.
+async fn connect(vs: &mut VsCode, client_id: &str, offer: &[&str], want: &str) -> String {
     let r = vs
         .request("initialize", initialize_params(client_id, offer))
         .await;
     assert_eq!(r["result"]["protocolVersion"], want, "{r}");
     let root = &r["result"]["snapshots"][0];
-    assert_eq!(root["resource"], "ahp-root://", "{r}");
+    assert_eq!(root["resource"], ROOT, "{r}");
     let provider = root["state"]["agents"][0]["provider"]
         .as_str()
         .unwrap_or_else(|| panic!("an agent: {r}"))
@@ -160,9 +185,7 @@ async fn a_vscode_day(line: HostProtocol, offer: &[&str], want: &str) {
 
     // listSessions {channel: root}, no limit: the seeded session is listed
     // under the provider's scheme, as `AgentSession.provider` reads it.
-    let r = vs
-        .request("listSessions", json!({"channel": "ahp-root://"}))
-        .await;
+    let r = vs.request("listSessions", json!({"channel": ROOT})).await;
     let listed: Vec<String> = r["result"]["items"]
         .as_array()
         .unwrap_or_else(|| panic!("items: {r}"))
@@ -174,9 +197,12 @@ async fn a_vscode_day(line: HostProtocol, offer: &[&str], want: &str) {
         listed[0].starts_with(&format!("{provider}:/")),
         "{listed:?}"
     );
+    provider
+}
 
-    // createSession as `AgentSession.uri(provider, generateUuid())`, with
-    // `provider` and the plural `workingDirectories`.
+/// `createSession` as `AgentSession.uri(provider, generateUuid())`, with
+/// `provider` and the plural `workingDirectories`; the session URI.
+async fn create_session(t: &TestRelay, vs: &mut VsCode, provider: &str) -> String {
     let uuid = "0b6e2a41-7c39-4f1d-9e25-3a8c5d7f1b64";
     let session = format!("{provider}:/{uuid}");
     let params = json!({"channel": session, "provider": provider,
@@ -192,27 +218,15 @@ async fn a_vscode_day(line: HostProtocol, offer: &[&str], want: &str) {
         json!(["file:///home/dev/project"]),
         "the host got its own file: URI"
     );
+    session
+}
 
-    if offer == MAIN_OFFER {
-        main_names_a_session_ahp_session(&t, &mut vs, &provider).await;
-    }
-
-    // The default chat, derived without asking; subscribe, run a turn.
-    let chat = default_chat(&session);
-    for channel in [session.as_str(), chat.as_str()] {
-        let r = vs.request("subscribe", json!({"channel": channel})).await;
-        assert!(
-            r["result"]["snapshot"]["state"].is_object(),
-            "{channel}: {r}"
-        );
-    }
-    vs.run_turn(&chat, 1, "vs-turn-1").await;
-
-    // The workbench's terminal: `agenthost-terminal:/<uuid>`, claimed by
-    // this client.
+/// The workbench's terminal: `agenthost-terminal:/<uuid>`, claimed by the
+/// window itself; subscribed.
+async fn create_terminal(t: &TestRelay, vs: &mut VsCode) -> &'static str {
     let terminal = "agenthost-terminal:/5c1d9e7a-2b4f-4a63-8d0e-6f3a1b2c4d5e";
     let params = json!({"channel": terminal,
-        "claim": {"kind": "client", "clientId": client_id}, "cols": 80, "rows": 24});
+        "claim": {"kind": "client", "clientId": WINDOW}, "cols": 80, "rows": 24});
     let r = vs.request("createTerminal", params).await;
     assert!(r.get("error").is_none(), "createTerminal: {r}");
     assert!(
@@ -221,12 +235,22 @@ async fn a_vscode_day(line: HostProtocol, offer: &[&str], want: &str) {
     );
     let r = vs.request("subscribe", json!({"channel": terminal})).await;
     assert!(r["result"]["snapshot"]["state"].is_object(), "{r}");
+    terminal
+}
 
-    // Everything queued for the window has arrived (a ping's answer
-    // follows it); then the transport drops.
-    let r = vs.request("ping", json!({"channel": "ahp-root://"})).await;
+/// Everything queued for the window arrives (a ping's answer follows it),
+/// the transport drops, and another window of the same user runs a turn
+/// on `chat` meanwhile.
+async fn drop_and_miss_a_turn(
+    t: &TestRelay,
+    mut vs: VsCode,
+    chat: &str,
+    offer: &[&str],
+    want: &str,
+) {
+    let r = vs.request("ping", json!({"channel": ROOT})).await;
     assert_eq!(r["result"], Value::Null, "{r}");
-    let last_seen = vs.last_seen;
+    assert!(vs.last_seen > 0, "envelopes seen");
     vs.ws.close_cleanly().await;
 
     // Another window of the same user runs a turn meanwhile.
@@ -237,12 +261,15 @@ async fn a_vscode_day(line: HostProtocol, offer: &[&str], want: &str) {
     assert_eq!(r["result"]["protocolVersion"], want, "{r}");
     let r = other.request("subscribe", json!({"channel": chat})).await;
     assert!(r["result"]["snapshot"].is_object(), "{r}");
-    other.run_turn(&chat, 1, "vs-turn-2").await;
+    other.run_turn(chat, 1, "vs-turn-2").await;
+}
 
-    // reconnect without channel: the missed envelopes are replayed.
+/// `reconnect` without channel from where the window stopped: the missed
+/// envelopes (the other window's turn) are replayed, nothing older.
+async fn reconnect_replays(t: &TestRelay, last_seen: u64, chat: &str, subscriptions: &[&str]) {
     let mut ws = t.raw("alice").await;
-    let params = json!({"clientId": client_id, "lastSeenServerSeq": last_seen,
-        "subscriptions": ["ahp-root://", session, chat, terminal]});
+    let params = json!({"clientId": WINDOW, "lastSeenServerSeq": last_seen,
+        "subscriptions": subscriptions});
     let r = raw_reconnect(&mut ws, 1, params).await;
     assert_eq!(r["result"]["type"], "replay", "{r}");
     let replayed = r["result"]["actions"]
