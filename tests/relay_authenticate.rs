@@ -424,3 +424,35 @@ async fn beside_a_host_wide_host_a_per_connection_host_still_gets_an_operators_t
     assert_eq!(at_a[0]["token"], "tok-olga");
     assert_eq!(all_tokens_at(&t, "v"), 0, "the host-wide host got a token");
 }
+
+/// Issue 26: on a host-wide host the one token is everyone's, so when it
+/// runs out every admin there hears of it — Abe too, who never
+/// authenticated, so that one of them can supply a new token — and an
+/// operator does not (she may not supply one).
+#[tokio::test]
+async fn a_host_wide_expiry_reaches_every_admin_and_no_operator() {
+    let (v, chat) = vscode_protected("v");
+    let rules = rule("ops", &["olga"], &["v"], "operator", "all", "")
+        + &rule("boss", &["ada", "abe"], &["v"], "admin", "all", "");
+    let t = start_host_wide(vec![v], &rules, &["v"]).await;
+    let mut ada = following(&t, "ada", "ad", &chat).await;
+    let mut abe = following(&t, "abe", "ab", &chat).await;
+    let mut olga = following(&t, "olga", "ol", &chat).await;
+    let short = json!({"channel": ROOT, "resource": API, "token": "tok-a", "expiresIn": 1});
+    assert_eq!(
+        ada.request(2, "authenticate", short).await["result"],
+        json!({})
+    );
+    for ws in [&mut ada, &mut abe] {
+        let got = frames_until(ws, |f| f["method"] == "auth/required").await;
+        assert_eq!(
+            got.last().expect("auth/required")["params"]["reason"],
+            "expired"
+        );
+    }
+    let frames = frames_through_host(&mut olga, 3, &chat).await;
+    assert!(
+        frames.iter().all(|f| f["method"] != "auth/required"),
+        "{frames:?}"
+    );
+}
