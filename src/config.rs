@@ -146,7 +146,7 @@ fn default_tombstone_ttl() -> u64 {
     30 * 24 * 3600
 }
 
-pub use crate::upstream::hub::HostConfig;
+pub use crate::upstream::hub::{AuthenticateScope, HostConfig};
 
 /// The admin listener's default address: loopback, port 9090.
 pub fn default_admin_addr() -> SocketAddr {

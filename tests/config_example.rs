@@ -27,6 +27,18 @@ fn example_config_loads_and_validates() {
         cfg.policy.audit_max_value_bytes.is_some(),
         "the example shows [policy] audit_max_value_bytes"
     );
+    use ahp_relay::config::AuthenticateScope;
+    let scope = |id: &str| cfg.host(id).map(|h| h.authenticate);
+    assert_eq!(
+        scope("devbox"),
+        Some(AuthenticateScope::HostWide),
+        "the VS Code host"
+    );
+    assert_eq!(
+        scope("gpu1"),
+        Some(AuthenticateScope::PerConnection),
+        "the default"
+    );
 }
 
 /// `config/policy.example.toml` (the worked policy examples) loads, and its

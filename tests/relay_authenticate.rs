@@ -7,6 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
+use ahp_relay::config::AuthenticateScope;
 use ahp_relay::policy::{Grant, HostRef, Policy, Role, Subject, Visibility};
 use ahp_relay::simhost::{SimHost, SimHostConfig, naming};
 use common::relay::{TestRelay, rule};
@@ -190,6 +191,10 @@ async fn frames_through_host(ws: &mut RawWs, id: u64, channel: &str) -> Vec<Valu
 async fn a_broadcast_expiry_reaches_only_the_session_whose_token_ran_out() {
     let mut v = protected("v");
     v.vscode_compat = true;
+    // Tokens per connection, so each session's expiry is its own: this
+    // test is about broadcasts reaching a relay that treats the host as
+    // per-connection (the host-wide setting is tested below).
+    v.per_connection_tokens = true;
     let session = format!("sim.v:/{}", naming::seeded_uuid(&v, 1));
     let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
     let rules = rule(
@@ -313,4 +318,141 @@ async fn a_resumed_link_gets_the_token_again_on_its_new_connection() {
         .collect();
     assert_ne!(conns[0], conns[1], "sent again on the new connection");
     assert_eq!(tokens_at(&t, "a", &up)[1]["token"], "tok-8");
+}
+
+/// A VS Code-mode host `name` (one token store for the whole host) whose
+/// agent declares [`API`], and its seeded session's default chat.
+fn vscode_protected(name: &str) -> (SimHostConfig, String) {
+    let mut cfg = protected(name);
+    cfg.vscode_compat = true;
+    let session = format!("sim.{name}:/{}", naming::seeded_uuid(&cfg, 1));
+    let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
+    (cfg, chat)
+}
+
+/// A relay in front of `hosts` under `rules`, the hosts named in
+/// `host_wide` configured `authenticate = "host-wide"`.
+async fn start_host_wide(hosts: Vec<SimHostConfig>, rules: &str, host_wide: &[&str]) -> TestRelay {
+    let t = TestRelay::start_tweaked(hosts, "", rules, |cfg| {
+        for h in cfg.hosts.iter_mut() {
+            if host_wide.contains(&h.id.as_str()) {
+                h.authenticate = AuthenticateScope::HostWide;
+            }
+        }
+    })
+    .await;
+    t.wait_hosts_up().await;
+    t
+}
+
+/// Every `authenticate` host `h` received, from any upstream client.
+fn all_tokens_at(t: &TestRelay, h: &str) -> usize {
+    host(t, h)
+        .received()
+        .iter()
+        .filter(|f| f.method.as_deref() == Some("authenticate"))
+        .count()
+}
+
+/// Issue 26 (deliver 6): host v keeps one token for every user, as VS
+/// Code's does, and is configured `host-wide`. Olga operates v: her
+/// `authenticate` is refused with -32009 saying the credentials are shared
+/// and reaches no host; her turn is then refused by the host, whose
+/// broadcast `auth/required` reaches v's admin Ada and not Olga. Ada's
+/// token goes, and serves Olga's next turn too (the consequence the
+/// setting documents).
+#[tokio::test]
+async fn a_host_wide_host_takes_a_token_only_from_its_admin() {
+    let (v, chat) = vscode_protected("v");
+    let rules = rule("ops", &["olga"], &["v"], "operator", "all", "")
+        + &rule("boss", &["ada"], &["v"], "admin", "all", "");
+    let t = start_host_wide(vec![v], &rules, &["v"]).await;
+    let mut olga = following(&t, "olga", "ol", &chat).await;
+    let mut ada = following(&t, "ada", "ad", &chat).await;
+    let r = authenticate(&mut olga, 2, "tok-olga").await;
+    assert_eq!(r["error"]["code"], -32009, "{r}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("shared by every user"), "{message}");
+    assert_eq!(all_tokens_at(&t, "v"), 0, "the host received a token");
+
+    olga.send_json(&start_turn_frame(&chat, 1, "t-olga-1"))
+        .await;
+    let echo = frames_until(&mut olga, |f| f["method"] == "action").await;
+    let echo = echo.last().expect("the echo");
+    assert!(echo["params"]["rejectionReason"].is_string(), "{echo}");
+    let got = frames_until(&mut ada, |f| f["method"] == "auth/required").await;
+    assert_eq!(got.last().expect("ada's")["params"]["reason"], "required");
+    let frames = frames_through_host(&mut olga, 3, &chat).await;
+    assert!(
+        frames.iter().all(|f| f["method"] != "auth/required"),
+        "olga may not authenticate v, so she is not asked to: {frames:?}"
+    );
+
+    let r = authenticate(&mut ada, 2, "tok-ada").await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let at_v = tokens_at(&t, "v", &t.upstream_id("ada", "ad"));
+    assert_eq!(at_v.len(), 1, "{at_v:?}");
+    assert_eq!(at_v[0]["token"], "tok-ada");
+    assert_eq!(all_tokens_at(&t, "v"), 1, "only ada's token");
+    olga.send_json(&start_turn_frame(&chat, 2, "t-olga-2"))
+        .await;
+    let echo = frames_until(&mut olga, |f| {
+        f["method"] == "action" && f["params"]["origin"]["clientSeq"] == 2
+    })
+    .await;
+    let echo = echo.last().expect("the echo");
+    assert!(
+        echo["params"].get("rejectionReason").is_none(),
+        "ada's token serves olga's turn on the host-wide host: {echo}"
+    );
+}
+
+/// Per-connection hosts are unchanged beside a host-wide one: Olga
+/// operates both; her token reaches a (per-connection) and never v
+/// (host-wide), and the request succeeds.
+#[tokio::test]
+async fn beside_a_host_wide_host_a_per_connection_host_still_gets_an_operators_token() {
+    let (v, chat) = vscode_protected("v");
+    let rules = rule("ops", &["olga"], &["v", "a"], "operator", "all", "");
+    let t = start_host_wide(vec![v, protected("a")], &rules, &["v"]).await;
+    let mut olga = following(&t, "olga", "ol", &chat).await;
+    open_links(&mut olga, &["a"]).await;
+    let r = authenticate(&mut olga, 2, "tok-olga").await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let at_a = tokens_at(&t, "a", &t.upstream_id("olga", "ol"));
+    assert_eq!(at_a.len(), 1, "{at_a:?}");
+    assert_eq!(at_a[0]["token"], "tok-olga");
+    assert_eq!(all_tokens_at(&t, "v"), 0, "the host-wide host got a token");
+}
+
+/// Issue 26: on a host-wide host the one token is everyone's, so when it
+/// runs out every admin there hears of it — Abe too, who never
+/// authenticated, so that one of them can supply a new token — and an
+/// operator does not (she may not supply one).
+#[tokio::test]
+async fn a_host_wide_expiry_reaches_every_admin_and_no_operator() {
+    let (v, chat) = vscode_protected("v");
+    let rules = rule("ops", &["olga"], &["v"], "operator", "all", "")
+        + &rule("boss", &["ada", "abe"], &["v"], "admin", "all", "");
+    let t = start_host_wide(vec![v], &rules, &["v"]).await;
+    let mut ada = following(&t, "ada", "ad", &chat).await;
+    let mut abe = following(&t, "abe", "ab", &chat).await;
+    let mut olga = following(&t, "olga", "ol", &chat).await;
+    let short = json!({"channel": ROOT, "resource": API, "token": "tok-a", "expiresIn": 1});
+    assert_eq!(
+        ada.request(2, "authenticate", short).await["result"],
+        json!({})
+    );
+    for ws in [&mut ada, &mut abe] {
+        let got = frames_until(ws, |f| f["method"] == "auth/required").await;
+        assert_eq!(
+            got.last().expect("auth/required")["params"]["reason"],
+            "expired"
+        );
+    }
+    let frames = frames_through_host(&mut olga, 3, &chat).await;
+    assert!(
+        frames.iter().all(|f| f["method"] != "auth/required"),
+        "{frames:?}"
+    );
 }

@@ -1,11 +1,12 @@
 //! `authenticate` on the simulated host: an agent with protected resources
 //! refuses turns on a connection until it authenticated; tokens are per
-//! connection, can be revoked, and expire with `auth/required {expired}`.
+//! connection (host-wide in VS Code mode), can be revoked, and expire with
+//! `auth/required {expired}`.
 
 mod common;
 
-use ahp_relay::simhost::SimHost;
 use ahp_relay::simhost::clock::now_iso;
+use ahp_relay::simhost::{SimHost, naming};
 use common::*;
 use serde_json::{Value, json};
 
@@ -44,10 +45,15 @@ async fn authenticate(
 /// Dispatches a turn and returns its echo plus the `auth/required`
 /// notifications that came before the echo.
 async fn try_turn(ws: &mut RawWs, seq: i64, turn_id: &str) -> (Value, Vec<Value>) {
+    try_turn_on(ws, CHAT, seq, turn_id).await
+}
+
+/// [`try_turn`] on `chat`.
+async fn try_turn_on(ws: &mut RawWs, chat: &str, seq: i64, turn_id: &str) -> (Value, Vec<Value>) {
     let turn = json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": now_iso(),
         "message": {"text": "hi", "origin": {"kind": "user"}}});
     ws.send_json(&json!({"jsonrpc": "2.0", "method": "dispatchAction",
-        "params": {"channel": CHAT, "clientSeq": seq, "action": turn}}))
+        "params": {"channel": chat, "clientSeq": seq, "action": turn}}))
         .await;
     let mut auth = Vec::new();
     loop {
@@ -151,4 +157,53 @@ async fn expired_tokens_get_auth_required_expired() {
     assert!(echo.get("rejectionReason").is_none(), "{echo}");
     let bad = authenticate(&mut a, 4, API, "x", Some(0)).await;
     assert_eq!(bad["error"]["code"], -32602, "{bad}");
+}
+
+/// Issue 26: in VS Code mode tokens are host-wide, as in VS Code's agent
+/// host. A token given on connection a serves b's turns, and still after a
+/// has closed; b's empty token revokes it for everyone; a refused turn's
+/// `auth/required` reaches every connection.
+#[tokio::test]
+async fn vscode_mode_tokens_are_host_wide() {
+    let mut cfg = fast_config("vauth", 1);
+    cfg.protected_resources = vec![API.into()];
+    cfg.vscode_compat = true;
+    let session = format!("sim:/{}", naming::seeded_uuid(&cfg, 1));
+    let chat = naming::vscode_chat_uri(&session, naming::DEFAULT_CHAT_ID);
+    let host = start_host(cfg).await;
+    let connect = |id: &'static str| {
+        let (url, chat) = (host.url(), chat.clone());
+        async move {
+            let mut ws = RawWs::connect(&url).await;
+            ws.initialize(id).await;
+            let sub = ws.request(1, "subscribe", json!({"channel": chat})).await;
+            assert!(sub["result"]["snapshot"].is_object(), "{sub}");
+            ws
+        }
+    };
+    let mut a = connect("wide-a").await;
+    let mut b = connect("wide-b").await;
+    assert_eq!(
+        authenticate(&mut a, 2, API, "tok-a", None).await["result"],
+        json!({})
+    );
+    a.close_cleanly().await;
+    wait_until("a's connection is gone", || host.connections() == 1).await;
+    let (echo, auth) = try_turn_on(&mut b, &chat, 1, "w1").await;
+    assert!(
+        echo.get("rejectionReason").is_none(),
+        "a's token serves b: {echo}"
+    );
+    assert!(auth.is_empty(), "{auth:?}");
+    let mut c = connect("wide-c").await;
+    assert_eq!(
+        authenticate(&mut b, 3, API, "", None).await["result"],
+        json!({})
+    );
+    let (echo, _) = try_turn_on(&mut b, &chat, 2, "w2").await;
+    assert!(
+        echo["rejectionReason"].is_string(),
+        "revoked for everyone: {echo}"
+    );
+    assert_eq!(next_auth_required(&mut c).await["reason"], "required");
 }

@@ -440,6 +440,41 @@ async fn request_without_channel_is_invalid_params() {
     assert_alive(&mut other, 5).await;
 }
 
+/// Issue 26: in VS Code mode, as VS Code's own host, `initialize`,
+/// `reconnect` and `ping` need no `params.channel` (VS Code's client sends
+/// `reconnect` without one); a request that routes by its channel still
+/// needs one (-32602), and a plain host still requires it everywhere.
+#[tokio::test]
+async fn vscode_mode_takes_initialize_and_reconnect_without_channel() {
+    let cfg = SimHostConfig {
+        vscode_compat: true,
+        ..fast_config("vnc", 1)
+    };
+    let host = start_host(cfg).await;
+    let mut ws = RawWs::connect(&host.url()).await;
+    let init = json!({"protocolVersions": ["1.0.0"], "clientId": "vnc",
+        "initialSubscriptions": [ROOT]});
+    let r = ws.request(1, "initialize", init.clone()).await;
+    assert_eq!(r["result"]["protocolVersion"], "1.0.0", "{r}");
+    let seq = r["result"]["serverSeq"].as_u64().expect("serverSeq");
+    ws.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}))
+        .await;
+    assert_eq!(ws.response(&json!(2)).await["result"], Value::Null);
+    assert_eq!(
+        code(&ws.request(3, "listSessions", json!({})).await),
+        -32602
+    );
+    drop(ws);
+    let mut ws = RawWs::connect(&host.url()).await;
+    let again = json!({"clientId": "vnc", "lastSeenServerSeq": seq, "subscriptions": [ROOT]});
+    let r = ws.request(4, "reconnect", again).await;
+    assert_eq!(r["result"]["type"], "replay", "{r}");
+
+    let plain = one_session_host("pnc").await;
+    let mut ws = RawWs::connect(&plain.url()).await;
+    assert_eq!(code(&ws.request(5, "initialize", init).await), -32602);
+}
+
 /// A string request id is answered with the same id, byte for byte.
 #[tokio::test]
 async fn string_id_is_echoed_verbatim() {

@@ -200,6 +200,13 @@ impl Grant {
         self.permissions.has(p)
     }
 
+    /// Whether the principal holds the admin role here, the only role that
+    /// may change what the host holds for every user (host-wide settings,
+    /// a host-wide `authenticate`).
+    pub fn is_admin(&self) -> bool {
+        self.dispose_others
+    }
+
     /// Whether the grant shows every session, whoever created it (then no
     /// ownership lookup is needed).
     pub fn sees_everything(&self) -> bool {

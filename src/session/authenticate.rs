@@ -21,6 +21,19 @@
 //! them yet, the token is kept and the request succeeds: the hosts judge it
 //! when the first link opens (a host that refuses it then says so with
 //! `auth/required`).
+//!
+//! A host configured `authenticate = "host-wide"` (VS Code's agent host)
+//! keeps one token store for the whole process: whatever token reaches it
+//! on any connection serves every user of that host. There a token goes
+//! only from a principal holding the admin role on that host (the role
+//! that may change what the host holds for everyone); anyone else's
+//! `authenticate` reaches no such host, and when no host is left for it the
+//! request is refused with -32009 naming the shared credentials (audited,
+//! rule `host-wide-authenticate-needs-admin`). Tokens stay per client
+//! session as everywhere: one user's token is never sent on another user's
+//! link. The host's `auth/required` broadcasts concern exactly the sessions
+//! whose tokens may go there (its admins), whatever the reason: the host's
+//! one token may be another admin's.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -29,9 +42,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{ClientSession, Pending, PendingKind, SessionCore};
-use crate::policy::Permission;
+use crate::policy::{Permission, audit};
 use crate::rpc::RpcError;
-use crate::upstream::hub::HostHub;
+use crate::upstream::hub::{AuthenticateScope, HostHub};
 use crate::upstream::link::{Link, LinkCmd};
 
 /// A bearer token a client pushed; never printed.
@@ -88,6 +101,9 @@ struct Wait {
     first_error: Option<RpcError>,
 }
 
+/// The audit rule of an `authenticate` refused on a `host-wide` host.
+const HOST_WIDE_RULE: &str = "host-wide-authenticate-needs-admin";
+
 /// Whether `hub`'s agents advertise protected resource `resource`.
 fn advertises(hub: &HostHub, resource: &str) -> bool {
     hub.read(|v| {
@@ -132,9 +148,7 @@ impl ClientSession {
         let expires_in = params.get("expiresIn").and_then(Value::as_u64);
         let hosts = self.token_hosts(resource);
         if hosts.is_empty() {
-            return Err(RpcError::invalid_params(
-                "no host on this connection advertises that protected resource",
-            ));
+            return Err(self.no_token_host(resource));
         }
         let token = Token {
             token: token.to_string(),
@@ -205,13 +219,47 @@ impl ClientSession {
 
     /// The one rule for every send of a token, the first and each replay
     /// (§4.6): `hub` advertises `resource` and the policy in force, for the
-    /// identity this session has now, grants `sessions:operate` there.
+    /// identity this session has now, grants `sessions:operate` there — and,
+    /// on a host whose tokens serve every user (`host-wide`), the admin role.
     fn token_goes_to(&self, hub: &HostHub, resource: &str) -> bool {
         self.env
             .access
             .grant_on(self.who().subject(), hub)
-            .is_some_and(|g| g.permits(Permission::SessionsOperate))
+            .is_some_and(|g| {
+                g.permits(Permission::SessionsOperate)
+                    && (hub.cfg.authenticate == AuthenticateScope::PerConnection || g.is_admin())
+            })
             && advertises(hub, resource)
+    }
+
+    /// The refusal of an `authenticate` for `resource` that goes to no host:
+    /// -32009 when a visible `host-wide` host advertises it but the
+    /// principal is not its admin (audited), else -32602.
+    fn no_token_host(&self, resource: &str) -> RpcError {
+        let who = self.who();
+        let shared = self.env.hosts.all().into_iter().find(|h| {
+            h.cfg.authenticate == AuthenticateScope::HostWide
+                && advertises(h, resource)
+                && self.env.access.grant_on(who.subject(), h).is_some()
+        });
+        let Some(hub) = shared else {
+            return RpcError::invalid_params(
+                "no host on this connection advertises that protected resource",
+            );
+        };
+        audit::record(audit::Record {
+            who: who.subject(),
+            host: &hub.id,
+            channel: ahp_types::ROOT_RESOURCE_URI,
+            operation: "authenticate",
+            decision: audit::Decision::Deny,
+            rule: HOST_WIDE_RULE,
+        });
+        RpcError::permission_denied(&format!(
+            "host {} keeps one set of credentials shared by every user of it \
+             (authenticate = \"host-wide\"), so only its admins may authenticate there",
+            hub.id
+        ))
     }
 
     /// A host answered one leg of `authenticate` `group` (`None`: a replay
@@ -334,6 +382,9 @@ impl ClientSession {
     ///   runs out there after), or whose lifetime it was not told; only a
     ///   token known to have run out is forgotten — a broadcast about
     ///   someone else's token never clears this session's;
+    /// - on a `host-wide` host every such session (its admins) is concerned
+    ///   whatever the reason, since the host's one token may be another
+    ///   admin's; still only a token known to have run out is forgotten;
     /// - any other reason (`required`) concerns every such session.
     pub(super) fn auth_required_concerns(
         &self,
@@ -345,6 +396,7 @@ impl ClientSession {
         if !self.token_goes_to(hub, resource) {
             return false;
         }
+        let host_wide = hub.cfg.authenticate == AuthenticateScope::HostWide;
         if reason != Some("expired") {
             return true;
         }
@@ -354,13 +406,13 @@ impl ClientSession {
             .get(resource)
             .map(|t| t.remaining(Instant::now()));
         match left {
-            None => false,
+            None => host_wide,
             Some(None) => true,
             Some(Some(secs)) if secs <= 1 => {
                 core.tokens.by_resource.remove(resource);
                 true
             }
-            Some(Some(_)) => false,
+            Some(Some(_)) => host_wide,
         }
     }
 }

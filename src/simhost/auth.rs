@@ -5,6 +5,11 @@
 //! Guarantees:
 //! - tokens are per connection (the spec: "authentication status is
 //!   per-connection") and kept only in memory; the host never logs them;
+//! - in VS Code mode (unless `per_connection_tokens`) they are host-wide, as
+//!   in VS Code's agent host: one store for the process, written by any
+//!   connection, judging every connection's turns, outliving the
+//!   connection that gave it; a later token for a resource replaces the
+//!   earlier one, and an empty token revokes it for everyone;
 //! - a `chat/turnStarted` dispatched on a connection that lacks a live token
 //!   for any protected resource is echoed with a `rejectionReason` and that
 //!   connection gets `auth/required {reason: "required"}`;
@@ -65,14 +70,14 @@ pub fn authenticate(
         ));
     }
     let generation = core.fresh_id("token");
-    let Some(entry) = core.conn_mut(conn) else {
+    let Some(tokens) = core.tokens_mut(conn) else {
         return Ok("{}".into());
     };
     if p.token.is_empty() {
-        entry.tokens.remove(&p.resource);
+        tokens.remove(&p.resource);
         return Ok("{}".into());
     }
-    entry.tokens.insert(p.resource.clone(), generation.clone());
+    tokens.insert(p.resource.clone(), generation.clone());
     if let Some(secs) = p.expires_in.and_then(|s| u64::try_from(s).ok()) {
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -87,13 +92,13 @@ pub fn authenticate(
 /// live one, and tells the connection with `auth/required {reason: expired}`.
 fn expire(shared: &Arc<Shared>, conn: ConnId, resource: &str, generation: String) {
     let mut core = shared.lock();
-    let Some(entry) = core.conn_mut(conn) else {
+    let Some(tokens) = core.tokens_mut(conn) else {
         return;
     };
-    if entry.tokens.get(resource) != Some(&generation) {
+    if tokens.get(resource) != Some(&generation) {
         return;
     }
-    entry.tokens.remove(resource);
+    tokens.remove(resource);
     let params = json!({"channel": ahp_types::ROOT_RESOURCE_URI,
         "resource": metadata(&core, resource), "reason": "expired"});
     core.notify_conn(conn, "auth/required", &params);
@@ -102,12 +107,12 @@ fn expire(shared: &Arc<Shared>, conn: ConnId, resource: &str, generation: String
 /// The first protected resource `conn` holds no live token for, if any;
 /// in that case the connection is told with `auth/required {reason: required}`.
 pub fn missing_token(core: &HostCore, conn: ConnId) -> Option<String> {
-    let entry = core.conns.get(&conn)?;
+    let tokens = core.tokens(conn)?;
     let missing = core
         .cfg
         .protected_resources
         .iter()
-        .find(|r| !entry.tokens.contains_key(*r))?
+        .find(|r| !tokens.contains_key(*r))?
         .clone();
     let params = json!({"channel": ahp_types::ROOT_RESOURCE_URI,
         "resource": metadata(core, &missing), "reason": "required"});

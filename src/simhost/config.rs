@@ -66,9 +66,17 @@ pub struct SimHostConfig {
     /// `<provider>:/<uuid>` and chats `ahp-chat://<chatId>/<b64url(session)>`
     /// (see [`super::naming`]); the root carries a `config` that clients change
     /// with `root/configChanged`; `root/session*`, `root/progress` and
-    /// `auth/required` go to every connection; and several connections may
+    /// `auth/required` go to every connection; `authenticate` tokens are
+    /// host-wide (see `per_connection_tokens`); and several connections may
     /// share one `clientId` at the same time.
     pub vscode_compat: bool,
+    /// In VS Code mode, keep `authenticate` tokens per connection after all
+    /// (AHP's scope) while still broadcasting `auth/required`. Without it a
+    /// VS Code-mode host keeps one token store for the whole process, as
+    /// VS Code's agent host does (`node/agentHostAuthenticationService.ts`):
+    /// a token given on any connection serves every connection, survives
+    /// the connection that gave it, and the latest one replaces the others.
+    pub per_connection_tokens: bool,
     /// Seed of the VS Code-mode session uuids. `None` derives it from
     /// `session_prefix`; two hosts with the same seed mint colliding ids.
     pub id_seed: Option<u64>,
@@ -130,6 +138,7 @@ impl Default for SimHostConfig {
             script: AgentScript::default(),
             replay_log: 1000,
             vscode_compat: false,
+            per_connection_tokens: false,
             id_seed: None,
             sandbox: None,
             max_resource_bytes: 16 * 1024 * 1024,

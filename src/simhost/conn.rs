@@ -1,6 +1,7 @@
 //! One WebSocket connection to the simulated host: reads frames, answers
 //! them under the host lock, and writes what the host queued for it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
@@ -231,7 +232,35 @@ fn reply_err(shared: &Arc<Shared>, conn: ConnId, id: &Value, err: &RpcError) {
     shared.lock().send(conn, rpc::error_frame(id, err));
 }
 
+/// Requests VS Code's host answers without `params.channel`: its server
+/// never checks `channel` generically, its client sends `reconnect` without
+/// one and its own server tests send `initialize` without one. In VS Code
+/// mode these are taken as addressed to the root.
+const ROOT_WITHOUT_CHANNEL: [&str; 3] = ["initialize", "reconnect", "ping"];
+
+/// `params` with the root as its channel when VS Code mode takes `method`
+/// without one ([`ROOT_WITHOUT_CHANNEL`]); otherwise `params` as sent.
+fn addressed<'a>(shared: &Shared, method: &str, params: &'a Value) -> Cow<'a, Value> {
+    let implied = shared.cfg.vscode_compat
+        && params.get("channel").is_none()
+        && ROOT_WITHOUT_CHANNEL.contains(&method);
+    if !implied {
+        return Cow::Borrowed(params);
+    }
+    let mut owned = if params.is_object() {
+        params.clone()
+    } else {
+        Value::Object(serde_json::Map::new())
+    };
+    if let Some(o) = owned.as_object_mut() {
+        o.insert("channel".into(), ahp_types::ROOT_RESOURCE_URI.into());
+    }
+    Cow::Owned(owned)
+}
+
 fn on_request(shared: &Arc<Shared>, conn: ConnId, id: &Value, method: &str, params: &Value) {
+    let params = addressed(shared, method, params);
+    let params = params.as_ref();
     if !params.get("channel").is_some_and(Value::is_string) {
         let err = RpcError::invalid_params("params.channel (a string) is required");
         return reply_err(shared, conn, id, &err);

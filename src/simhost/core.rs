@@ -128,6 +128,10 @@ pub struct HostCore {
     pub next_grace: u64,
     /// The sandbox folder, content references and resource watches.
     pub files: super::files::Files,
+    /// Live `authenticate` tokens of the whole host (resource → token
+    /// generation), used instead of each connection's when
+    /// [`Self::host_wide_tokens`] holds.
+    pub host_tokens: HashMap<String, String>,
     next_id: u64,
 }
 
@@ -154,8 +158,33 @@ impl HostCore {
             left: HashMap::new(),
             next_grace: 1,
             files,
+            host_tokens: HashMap::new(),
             next_id: 0,
         }
+    }
+
+    /// Whether one token store serves the whole host (VS Code mode, unless
+    /// `per_connection_tokens`).
+    pub fn host_wide_tokens(&self) -> bool {
+        self.cfg.vscode_compat && !self.cfg.per_connection_tokens
+    }
+
+    /// The token store `conn`'s `authenticate` writes to and its turns are
+    /// judged by: the host's when tokens are host-wide, else the
+    /// connection's own (`None` once the connection is gone).
+    pub fn tokens_mut(&mut self, conn: ConnId) -> Option<&mut HashMap<String, String>> {
+        if self.host_wide_tokens() {
+            return Some(&mut self.host_tokens);
+        }
+        self.conns.get_mut(&conn).map(|c| &mut c.tokens)
+    }
+
+    /// Read-only [`Self::tokens_mut`].
+    pub fn tokens(&self, conn: ConnId) -> Option<&HashMap<String, String>> {
+        if self.host_wide_tokens() {
+            return Some(&self.host_tokens);
+        }
+        self.conns.get(&conn).map(|c| &c.tokens)
     }
 
     /// A host-unique id with `prefix` (turn ids, part ids, tool call ids).
@@ -509,6 +538,7 @@ impl HostCore {
         self.wakers.clear();
         self.gone.clear();
         self.left.clear();
+        self.host_tokens.clear();
         if keep_state {
             self.state.cancel_active_turns();
         } else {

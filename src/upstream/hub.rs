@@ -45,6 +45,26 @@ pub struct HostConfig {
     /// PEM CA to verify the host's certificate (default: webpki roots).
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// Whose credentials an `authenticate` sets on the host: one
+    /// connection's (the AHP default) or the whole host's (VS Code's agent
+    /// host), which decides who may supply them (`session/authenticate.rs`).
+    #[serde(default)]
+    pub authenticate: AuthenticateScope,
+}
+
+/// How far a token given to a host with `authenticate` reaches there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthenticateScope {
+    /// The host keeps tokens per connection, as AHP says: each user's token
+    /// serves only that user's own link (`"per-connection"`, the default).
+    #[default]
+    PerConnection,
+    /// The host keeps one token store for the whole process and broadcasts
+    /// `auth/required` to every connection (VS Code's agent host): a token
+    /// serves every user of the host, so only the host's admins may supply
+    /// one (`"host-wide"`).
+    HostWide,
 }
 
 /// Health of a host, as its watch link sees it.
@@ -691,6 +711,7 @@ mod tests {
             client_cert_file: None,
             client_key_file: None,
             ca_file: None,
+            authenticate: AuthenticateScope::PerConnection,
         })
         .map(|h| {
             h.limited(HubLimits {
@@ -756,6 +777,7 @@ mod tests {
             client_cert_file: cert.map(PathBuf::from),
             client_key_file: key.map(PathBuf::from),
             ca_file: None,
+            authenticate: AuthenticateScope::PerConnection,
         };
         let half = HostHub::new(cfg(Some("/etc/hostname"), None)).err();
         assert!(half.is_some_and(|e| e.to_string().contains("go together")));
