@@ -101,7 +101,7 @@ pub struct Sample {
 /// One host's series.
 #[derive(Debug, Clone, Serialize)]
 struct HostRings {
-    rtt_ms: Ring<Option<f32>>,
+    rtt_ms: Ring<Option<f64>>,
     links: Ring<u32>,
 }
 
@@ -112,7 +112,7 @@ pub struct History {
     seq: u64,
     last: Option<(Instant, u64, [u64; 3])>,
     t: Ring<u64>,
-    actions_per_sec: Ring<f32>,
+    actions_per_sec: Ring<f64>,
     attached: Ring<u32>,
     detached: Ring<u32>,
     retained: Ring<u32>,
@@ -125,6 +125,11 @@ const OUTCOMES: [&str; 3] = ["replay", "snapshot", "not_found"];
 
 fn small(n: impl TryInto<u32>) -> u32 {
     n.try_into().unwrap_or(u32::MAX)
+}
+
+/// `x` to two decimals (what a chart shows; keeps the JSON short).
+fn cents(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
 }
 
 impl History {
@@ -161,7 +166,7 @@ impl History {
                 let d = s.envelopes_relayed.saturating_sub(relayed) as f64;
                 let rate = if secs > 0.0 { d / secs } else { 0.0 };
                 let delta = [0, 1, 2].map(|i| small(s.reconnects[i].saturating_sub(rec[i])));
-                (rate as f32, delta)
+                (cents(rate), delta)
             }
             None => (0.0, [0; 3]),
         };
@@ -183,7 +188,7 @@ impl History {
                 rtt_ms: Ring::new(n),
                 links: Ring::new(n),
             });
-            rings.rtt_ms.push(h.rtt_ms.map(|r| r as f32));
+            rings.rtt_ms.push(h.rtt_ms.map(cents));
             rings.links.push(small(h.links));
         }
     }
