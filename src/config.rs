@@ -303,6 +303,9 @@ pub struct Limits {
     /// Status feeds (`/status/feed`, both listeners together) open at once;
     /// more get 503 (`upgrades_refused_total{reason="status_watchers"}`).
     pub status_watchers: usize,
+    /// Seconds of history the status page's charts show: the relay keeps
+    /// one point per 500 ms for this long in fixed rings (1 to 3600).
+    pub status_history_secs: u64,
 }
 
 impl Default for Limits {
@@ -352,6 +355,7 @@ impl Default for Limits {
             seen_refs_per_session: 4096,
             sessions_per_host: 100_000,
             status_watchers: 16,
+            status_history_secs: 900,
         }
     }
 }
@@ -422,6 +426,9 @@ impl Limits {
             return bad(
                 "upstream_max_frame_bytes must be at most 67108864 (64 MiB, the WebSocket layer's message cap)",
             );
+        }
+        if !(1..=3600).contains(&self.status_history_secs) {
+            return bad("status_history_secs must be 1 to 3600");
         }
         if self.store_purge_secs == 0 {
             return bad("store_purge_secs must be at least 1");

@@ -4,7 +4,8 @@
 //! listeners; a feed closes when its token expires (4001), is revoked (4003)
 //! or its admin grant is withdrawn (4000), when its viewer stays silent
 //! (1000), counts against the principal's connection cap; feeds are capped
-//! in number and share one status computation per interval.
+//! in number and share one status computation per interval; a feed sends
+//! the charts' history once, then one point per interval.
 
 mod common;
 
@@ -345,4 +346,45 @@ async fn six_feeds_share_one_status_computation_per_interval() {
         took >= Duration::from_millis(1200),
         "four computations in {took:?}: computed per feed, not shared"
     );
+}
+
+/// The charts' data: a feed's first status carries the whole history
+/// (sampled while nobody watched, in rings of the configured size), later
+/// ones only the newest point (`sample`), numbered upwards.
+#[tokio::test]
+async fn a_feed_sends_the_history_once_then_one_point_per_interval() {
+    let limits = "\n[limits]\nstatus_history_secs = 2\n";
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], &(policy() + limits)).await;
+    let (_, body) = admin_get_as(&t, "ops", "/status.json").await;
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    let seq = |v: &Value| v["seq"].as_u64().unwrap_or(0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut before = v["history"].clone();
+    while seq(&before) <= 4 {
+        assert!(tokio::time::Instant::now() < deadline, "{before}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (_, body) = admin_get_as(&t, "ops", "/status.json").await;
+        before = serde_json::from_str::<Value>(&body).expect("JSON")["history"].clone();
+    }
+    assert_eq!(before["capacity"], 4, "2 s of 500 ms points");
+    assert_eq!(before["t"].as_array().map(Vec::len), Some(4), "{before}");
+    assert_eq!(
+        before["hosts"]["alpha"]["links"].as_array().map(Vec::len),
+        Some(4)
+    );
+
+    let mut ws = feed_as(&t, &t.token("ops")).await.socket("feed");
+    let first = first_status(&mut ws).await;
+    assert!(first["history"]["seq"].as_u64() >= Some(5), "{first}");
+    let mut last = seq(&first["sample"]);
+    for _ in 0..2 {
+        let next = first_status(&mut ws).await;
+        assert!(next.get("history").is_none(), "history only once: {next}");
+        assert!(seq(&next["sample"]) > last, "a newer point: {next}");
+        assert!(
+            next["sample"]["hosts"]["alpha"]["rtt_ms"].is_number(),
+            "{next}"
+        );
+        last = seq(&next["sample"]);
+    }
 }

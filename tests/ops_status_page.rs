@@ -3,7 +3,10 @@
 //! the admin token in its form (never in a URL), shows the simhosts, and
 //! marks one down within 5 s of stopping it, live. A
 //! screenshot of that state goes to `target/ops-status-page.png`; the page
-//! text as the browser saw it is printed.
+//! text as the browser saw it is printed. Its charts (inline SVG drawn by
+//! the page from the feed's history) show a streamed turn's throughput and
+//! end a stopped host's RTT line; that screenshot goes to the test's
+//! scratch dir.
 
 mod common;
 
@@ -152,6 +155,42 @@ impl Browser {
         }
     }
 
+    /// The value of `expression` evaluated in the page.
+    async fn eval(&mut self, expression: &str) -> Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": expression, "returnByValue": true}),
+            )
+            .await;
+        r["result"]["value"].clone()
+    }
+
+    /// Polls `expression` until it is `true`, at most `within`; `what`
+    /// names the awaited state (with the page text) if it never comes.
+    async fn until(&mut self, within: Duration, what: &str, expression: &str) {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.eval(expression).await != json!(true) {
+            if tokio::time::Instant::now() >= deadline {
+                let text = self.text().await;
+                panic!("{what} never came; the page shows:\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Types the admin token of `t` into the page's form and submits it.
+    async fn log_in(&mut self, t: &TestRelay) {
+        self.text_until(common::WAIT, |text| text.contains("needs an admin token"))
+            .await;
+        let fill = format!(
+            "document.getElementById('token').value = {:?}; \
+             document.getElementById('login').requestSubmit(); true",
+            t.token("ops")
+        );
+        self.eval(&fill).await;
+    }
+
     /// Writes a PNG screenshot of the page to `path`.
     async fn screenshot(&mut self, path: &std::path::Path) {
         let shot = self
@@ -192,20 +231,8 @@ async fn status_page_marks_a_stopped_host_down_live() {
     }
     let url = format!("http://{}/status", t.relay.admin_addr());
     let mut browser = Browser::open(&url).await;
-    browser
-        .text_until(common::WAIT, |text| text.contains("needs an admin token"))
-        .await;
+    browser.log_in(&t).await;
     let token = t.token("ops");
-    let fill = format!(
-        "document.getElementById('token').value = {token:?}; \
-         document.getElementById('login').requestSubmit(); true"
-    );
-    browser
-        .call(
-            "Runtime.evaluate",
-            json!({"expression": fill, "returnByValue": true}),
-        )
-        .await;
     let up = browser
         .text_until(common::WAIT, |text| {
             ["alpha", "beta"]
@@ -249,6 +276,80 @@ async fn status_page_marks_a_stopped_host_down_live() {
         .expect("target dir");
     browser.screenshot(&shot).await;
     println!("status page as the browser saw it:\n{down}");
+    browser.close().await;
+}
+
+/// A chart series' path attribute: `document.querySelector` of the path
+/// named `series` in chart `chart`, then `.dataset.<attr>`.
+fn series_attr(chart: &str, series: &str, attr: &str) -> String {
+    format!(
+        "(document.querySelector('#chart-{chart} path[data-series=\"{series}\"]') || \
+         {{dataset: {{}}}}).dataset.{attr}"
+    )
+}
+
+/// The charts in a browser: after a short streamed turn the actions-per-
+/// second chart has a point above zero; after a host stops, its RTT line
+/// ends (its newest point is a gap after earlier points) while the other
+/// host's goes on. The screenshot is a non-empty PNG in the scratch dir.
+/// (A 20 s history, so the screenshot shows the lines at a readable scale.)
+#[tokio::test]
+async fn status_page_charts_a_turn_and_end_a_stopped_hosts_rtt_line() {
+    let limits = "\n[limits]\nstatus_history_secs = 20\n";
+    let hosts = vec![fast_config("alpha", 1), fast_config("beta", 1)];
+    let mut t = TestRelay::start(hosts, limits).await;
+    let mut ws = t.raw("alice").await;
+    ws.initialize("charts").await;
+    let (chat, _) = common::seeded_chat("alpha", 1);
+    let sub = ws.request(1, "subscribe", json!({"channel": chat})).await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let (code, body) = admin_get_as(&t, "ops", "/status.json").await;
+    assert_eq!(code, 200);
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["history"]["capacity"], 40, "20 s of 500 ms points: {v}");
+
+    if !common::external(&chromium()) {
+        return;
+    }
+    let url = format!("http://{}/status", t.relay.admin_addr());
+    let mut browser = Browser::open(&url).await;
+    browser.log_in(&t).await;
+    let rtt_last = |id: &str| series_attr("rtt", id, "last");
+    let both_up = format!("{} > 0 && {} > 0", rtt_last("alpha"), rtt_last("beta"));
+    browser
+        .until(common::WAIT, "both hosts' RTT", &both_up)
+        .await;
+
+    ws.dispatch(&chat, 1, common::turn_started("turn-1", "go"))
+        .await;
+    let turn =
+        common::raw_actions_until(&mut ws, |e| common::is(e, &chat, "chat/turnComplete")).await;
+    assert!(turn.len() >= 5, "a streamed turn: {} envelopes", turn.len());
+    let busy = format!("{} > 0", series_attr("actions", "actions/s", "max"));
+    browser
+        .until(common::WAIT, "a non-zero actions/s point", &busy)
+        .await;
+
+    let beta = t.hosts.pop().expect("beta");
+    beta.drop_connections();
+    drop(beta);
+    let ended = format!(
+        "{} === '' && {} > 1 && {} > 0",
+        rtt_last("beta"),
+        series_attr("rtt", "beta", "points"),
+        rtt_last("alpha")
+    );
+    browser
+        .until(common::WAIT, "the end of beta's RTT line", &ended)
+        .await;
+
+    let dir = common::relay::scratch_dir("status-charts");
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let shot = dir.join("status-charts.png");
+    browser.screenshot(&shot).await;
+    let png = std::fs::read(&shot).expect("screenshot kept");
+    assert!(png.len() > 1000 && png.starts_with(b"\x89PNG"), "a PNG");
+    println!("screenshot: {}", shot.display());
     browser.close().await;
 }
 

@@ -156,7 +156,8 @@ pub enum ClientCommand {
         tool_call: Option<String>,
     },
     /// Attach stdin/stdout to a terminal (like `kubectl exec -it`), or
-    /// create one on the host `--cwd` names; Ctrl-] detaches.
+    /// create one (on the host `--cwd` names, else where the relay picks:
+    /// its default host); Ctrl-] detaches.
     Terminal {
         /// Terminal URI (`ahp-terminal:/...`) to attach to.
         #[arg(conflicts_with = "cwd")]
@@ -243,9 +244,6 @@ pub enum CliError {
         /// The kind of snapshot received.
         kind: &'static str,
     },
-    /// `terminal` without a terminal URI nor `--cwd`.
-    #[error("name a terminal to attach to, or --cwd file://<host>/<path> to create one")]
-    TerminalTarget,
     /// The server echoed our action with a `rejectionReason` (exit code 2).
     #[error("rejected: {0}")]
     Rejected(String),

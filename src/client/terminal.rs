@@ -1,13 +1,14 @@
 //! `client terminal`: attach stdin and stdout to a host's terminal, like
 //! `kubectl exec -it` — or create one first (`--cwd file://<host>/<path>`
-//! names the host it runs on).
+//! names the host it runs on; without a URI or `--cwd` the relay picks it).
 //!
 //! What it guarantees: the terminal's content so far is printed first, then
 //! every `terminal/data` as it arrives; each chunk read from stdin is sent
 //! as one `terminal/input`. On a terminal, stdin is put in raw mode (keys,
 //! Ctrl-C included, go to the remote side) and restored on every way out;
 //! Ctrl-] detaches. When stdin ends (a pipe), the command waits for the
-//! relay's echo of every input it sent, then detaches. When the terminal
+//! relay's echo of every input it sent, prints the terminal's output until
+//! none came for [`LINGER`], then detaches. When the terminal
 //! exits, the command ends with its exit code noted on stderr.
 
 use std::io::{IsTerminal, Read};
@@ -27,6 +28,11 @@ use super::ids;
 /// Ctrl-]: detach, as telnet and `docker attach` do.
 const DETACH: u8 = 0x1d;
 
+/// After stdin ended and every input was echoed, how long the terminal's
+/// output is still printed after its last chunk (the answer to the last
+/// input arrives after that input's echo).
+const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// `terminal [URI] [--cwd CWD]`.
 pub(super) async fn terminal(
     conn: &Connection,
@@ -35,7 +41,7 @@ pub(super) async fn terminal(
 ) -> Result<(), CliError> {
     let uri = match uri {
         Some(uri) => uri,
-        None => create(conn, cwd.ok_or(CliError::TerminalTarget)?).await?,
+        None => create(conn, cwd).await?,
     };
     let (result, mut sub) = conn.subscribe(&uri).await?;
     let from_seq = match result.snapshot {
@@ -60,8 +66,11 @@ pub(super) async fn terminal(
     outcome
 }
 
-/// `createTerminal` claimed by this client, at `cwd`; returns its URI.
-async fn create(conn: &Connection, cwd: String) -> Result<String, CliError> {
+/// `createTerminal` claimed by this client, at `cwd` (without one, the
+/// relay picks the host: `relay.default_host`, or the one host where the
+/// principal may use terminals, else it says how to name one); returns its
+/// URI.
+async fn create(conn: &Connection, cwd: Option<String>) -> Result<String, CliError> {
     let uri = format!(
         "ahp-terminal:/{}",
         ids::client_id().replacen("cli-", "term-", 1)
@@ -73,7 +82,7 @@ async fn create(conn: &Connection, cwd: String) -> Result<String, CliError> {
             client_id: conn.client_id.clone(),
         }),
         name: None,
-        cwd: Some(cwd),
+        cwd,
         cols: None,
         rows: None,
     };
@@ -136,11 +145,14 @@ async fn attach(
 ) -> Result<(), CliError> {
     let mut unechoed: Vec<i64> = Vec::new();
     let mut stdin_open = true;
+    let mut quiet_until: Option<tokio::time::Instant> = None;
     loop {
-        if !stdin_open && unechoed.is_empty() {
-            return Ok(());
+        if !stdin_open && unechoed.is_empty() && quiet_until.is_none() {
+            quiet_until = Some(tokio::time::Instant::now() + LINGER);
         }
+        let quiet = quiet_until.unwrap_or_else(tokio::time::Instant::now);
         tokio::select! {
+            () = tokio::time::sleep_until(quiet), if quiet_until.is_some() => return Ok(()),
             chunk = input.recv(), if stdin_open => match chunk {
                 Some(Input::Bytes(bytes)) => {
                     let data = String::from_utf8_lossy(&bytes).into_owned();
@@ -167,7 +179,12 @@ async fn attach(
                     }
                 }
                 match &env.action {
-                    StateAction::TerminalData(d) => emit_bytes(d.data.as_bytes())?,
+                    StateAction::TerminalData(d) => {
+                        emit_bytes(d.data.as_bytes())?;
+                        if quiet_until.is_some() {
+                            quiet_until = Some(tokio::time::Instant::now() + LINGER);
+                        }
+                    }
                     StateAction::TerminalExited(e) => {
                         let code = e.exit_code.map_or_else(|| "unknown".into(), |c| c.to_string());
                         note(&format!("terminal exited (code {code})"));

@@ -5,6 +5,7 @@
 //! `port`.
 
 pub mod admin;
+pub mod history;
 pub mod layers;
 pub mod limiter;
 pub mod origin;

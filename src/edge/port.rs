@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::history::{HostSample, Sample};
 use crate::auth::{Authenticator, Principal};
 use crate::config::{Limits, ListenConfig};
 use crate::metrics::Metrics;
@@ -113,6 +114,39 @@ impl RelayPort {
                 "not_found": outcome("not_found"), "snapshot_fallback_ratio": ratio},
             "denials": crate::policy::recent::denials(),
         })
+    }
+
+    /// The counters and gauges the status page's history records once per
+    /// interval (read-only; not counted in `status_builds`). A host's RTT is
+    /// given only while it is up.
+    pub fn sample(&self) -> Sample {
+        let m = self.metrics();
+        let outcome = |o: &str| {
+            m.reconnects
+                .get_metric_with_label_values(&[o])
+                .map_or(0, |c| c.get())
+        };
+        let n = self.relay.registry.attachment();
+        let hosts = self
+            .relay
+            .hubs()
+            .map(|h| {
+                let row = h.row();
+                HostSample {
+                    id: row.id,
+                    rtt_ms: row.rtt_ms.filter(|_| row.state == "up"),
+                    links: row.links,
+                }
+            })
+            .collect();
+        Sample {
+            envelopes_relayed: m.envelopes_relayed.get(),
+            attached: n.attached,
+            detached: n.detached,
+            retained: n.retained,
+            reconnects: [outcome("replay"), outcome("snapshot"), outcome("not_found")],
+            hosts,
+        }
     }
 
     /// Whether `principal` may see the status page on the client listener:

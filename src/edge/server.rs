@@ -74,7 +74,10 @@ impl Edge {
         );
         let trusted = TrustedProxies::new(&listen.trusted_proxies);
         let origins = Arc::new(Origins::new(listen));
-        let feeds = StatusFeeds::new(port.limits().status_watchers);
+        let feeds = StatusFeeds::new(
+            port.limits().status_watchers,
+            port.limits().status_history_secs,
+        );
         Arc::new(Self {
             port,
             tls,

@@ -22,8 +22,13 @@
 //! (4001), is revoked (4003) or loses the `admin` grant (4000), like a
 //! client socket ([`Standing`]). An authenticated feed also counts against
 //! the principal's `connections_per_principal`.
+//!
+//! The charts' history ([`History`], issue 22) lives here too, in the task
+//! that computes the status: it samples every [`FEED_EVERY`] even with no
+//! feed open, into fixed-size rings; each status carries the newest point
+//! (`sample`), a feed's first status (and `/status.json`) the whole history.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::stream::{SplitSink, SplitStream};
@@ -38,6 +43,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
+use super::history::History;
 use super::layers::{Body, Refusal, Resp, refused, text};
 use super::port::{ConnectionGuard, RelayPort};
 use super::standing::{Needs, Standing, lost_or_never};
@@ -76,31 +82,43 @@ pub enum Viewer {
 pub struct StatusFeeds {
     latest: watch::Sender<Option<Utf8Bytes>>,
     slots: Arc<Semaphore>,
+    history: Mutex<History>,
 }
 
 impl StatusFeeds {
-    /// Room for `watchers` feeds at once.
-    pub fn new(watchers: usize) -> Arc<Self> {
+    /// Room for `watchers` feeds at once and `history_secs` of history.
+    pub fn new(watchers: usize, history_secs: u64) -> Arc<Self> {
         Arc::new(Self {
             latest: watch::Sender::new(None),
             slots: Arc::new(Semaphore::new(watchers)),
+            history: Mutex::new(History::new(Duration::from_secs(history_secs), FEED_EVERY)),
         })
     }
 
-    /// Recomputes the status every [`FEED_EVERY`] while a feed is open and
-    /// publishes it when it changed; with no feed open it computes nothing
-    /// and forgets the last value (so a new feed never gets an old one).
-    /// Runs until dropped (`run::start` keeps it with the listeners).
+    /// Every [`FEED_EVERY`]: records a sample in the history (always, so a
+    /// page opened later draws the recent past), and while a feed is open
+    /// recomputes the status with the newest point of every series and
+    /// publishes it when it changed; with no feed open it computes no
+    /// status and forgets the last value (so a new feed never gets an old
+    /// one). Runs until dropped (`run::start` keeps it with the listeners).
     pub async fn run(self: Arc<Self>, port: RelayPort) {
         let mut tick = tokio::time::interval(FEED_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            let sample = port.sample();
+            let latest = {
+                let mut h = self.history();
+                h.record(&sample, std::time::Instant::now(), unix_ms());
+                h.latest_json()
+            };
             if self.latest.receiver_count() == 0 {
                 self.latest.send_if_modified(|v| v.take().is_some());
                 continue;
             }
-            let now = port.status().to_string();
+            let mut status = port.status();
+            status["sample"] = latest;
+            let now = status.to_string();
             self.latest.send_if_modified(|cur| {
                 if cur.as_ref().is_some_and(|c| c.as_str() == now) {
                     return false;
@@ -110,6 +128,25 @@ impl StatusFeeds {
             });
         }
     }
+}
+
+impl StatusFeeds {
+    fn history(&self) -> std::sync::MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every point of the history (sent once to each new feed, and with
+    /// `/status.json`).
+    fn history_json(&self) -> serde_json::Value {
+        self.history().to_json()
+    }
+}
+
+/// Milliseconds since the Unix epoch (the charts' time axis).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A status path for `viewer`: the page to anyone; the data to an admin
@@ -133,7 +170,7 @@ pub fn answer(
         );
     }
     if req.uri().path() == "/status.json" {
-        return json(port);
+        return json(port, feeds);
     }
     feed(port, feeds, viewer, &mut req)
 }
@@ -151,10 +188,12 @@ pub fn page() -> Resp {
     r
 }
 
-/// `/status.json`.
-fn json(port: &RelayPort) -> Resp {
+/// `/status.json`: the status with the whole history.
+fn json(port: &RelayPort, feeds: &StatusFeeds) -> Resp {
+    let mut status = port.status();
+    status["history"] = feeds.history_json();
     typed(
-        text(StatusCode::OK, &port.status().to_string()),
+        text(StatusCode::OK, &status.to_string()),
         "application/json",
     )
 }
@@ -230,13 +269,14 @@ fn feed(
     let upgrade = hyper::upgrade::on(req);
     let port = port.clone();
     let latest = feeds.latest.subscribe();
+    let history = feeds.history_json();
     tokio::spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
                 let ws =
                     WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
                         .await;
-                push(port, ws, latest, held).await;
+                push(port, ws, (latest, history), held).await;
             }
             Err(e) => tracing::debug!(error = %e, "status feed upgrade failed"),
         }
@@ -264,14 +304,27 @@ fn switching(key: &HeaderValue, bearer: bool) -> Resp {
     resp
 }
 
-/// Sends the shared status whenever it changed, and a ping every half idle
+/// The first status a feed sends: `status` with every point of `history`
+/// (later ones carry only the newest point, `sample`).
+fn with_history(status: &Utf8Bytes, history: serde_json::Value) -> Utf8Bytes {
+    match serde_json::from_str::<serde_json::Value>(status.as_str()) {
+        Ok(mut v) => {
+            v["history"] = history;
+            Utf8Bytes::from(v.to_string())
+        }
+        Err(_) => status.clone(),
+    }
+}
+
+/// Sends the shared status whenever it changed (the first time with the
+/// history as it was when the feed opened), and a ping every half idle
 /// period, until the viewer leaves (anything it sends other than a ping or
 /// pong ends the feed), stays silent for the idle period, does not take a
 /// write within [`WRITE_WITHIN`], or its standing is lost.
 async fn push<S>(
     port: RelayPort,
     ws: WebSocketStream<S>,
-    mut latest: watch::Receiver<Option<Utf8Bytes>>,
+    (mut latest, history): (watch::Receiver<Option<Utf8Bytes>>, serde_json::Value),
     mut held: Held,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -286,6 +339,7 @@ async fn push<S>(
         (idle_after / 2).max(Duration::from_millis(100)),
     );
     latest.mark_changed();
+    let mut history = Some(history);
     let close = loop {
         tokio::select! {
             close = lost_or_never(&mut held.standing, &port) => break Some(close),
@@ -294,10 +348,14 @@ async fn push<S>(
                     break Some(Close::Restarting);
                 }
                 let now = latest.borrow_and_update().clone();
-                if let Some(now) = now
-                    && !write(&port, &mut sink, Message::Text(now)).await
-                {
-                    return;
+                if let Some(now) = now {
+                    let now = match history.take() {
+                        Some(h) => with_history(&now, h),
+                        None => now,
+                    };
+                    if !write(&port, &mut sink, Message::Text(now)).await {
+                        return;
+                    }
                 }
             }
             _ = ping.tick(), if idle_on => {

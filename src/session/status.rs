@@ -29,7 +29,33 @@ pub struct PrincipalRow {
     pub queued_bytes: usize,
 }
 
+/// How many client sessions are attached, detached and retained.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Attachment {
+    /// Sessions with a socket.
+    pub attached: usize,
+    /// Sessions without a socket whose links are still open.
+    pub detached: usize,
+    /// Sessions without a socket or links.
+    pub retained: usize,
+}
+
 impl Registry {
+    /// The sessions counted by attachment (the status page's history
+    /// samples this once per interval; no per-principal rows).
+    pub fn attachment(&self) -> Attachment {
+        let mut n = Attachment::default();
+        for entry in self.sessions.iter() {
+            let core = entry.value().lock();
+            match (&core.socket, core.links.is_empty()) {
+                (Some(_), _) => n.attached += 1,
+                (None, false) => n.detached += 1,
+                (None, true) => n.retained += 1,
+            }
+        }
+        n
+    }
+
     /// Every principal with a session, ordered by issuer and subject.
     pub fn status_rows(&self) -> Vec<PrincipalRow> {
         let mut rows: BTreeMap<(String, String), PrincipalRow> = BTreeMap::new();
