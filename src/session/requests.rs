@@ -145,24 +145,16 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 .with_label_values(&[methods::label(method)])
                 .inc();
             let id = id.raw.to_string();
-            let mut params = params_of(text);
-            if frame.channel().is_none() {
-                let root_scoped = methods::method(method).is_some_and(|m| m.handling.root_scoped());
-                if !root_scoped {
+            let params = match params_with_channel(method, frame.channel().is_some(), text) {
+                Ok(p) => p,
+                Err(err) => {
                     env.metrics
                         .bad_client_frames
                         .with_label_values(&["no_channel"])
                         .inc();
-                    let err = RpcError::invalid_params("params.channel (a string) is required");
                     return conn.reply(&id, Err(err));
                 }
-                if params.is_null() {
-                    params = json!({});
-                }
-                if let Some(o) = params.as_object_mut() {
-                    o.insert("channel".into(), json!(ahp_types::ROOT_RESOURCE_URI));
-                }
-            }
+            };
             let result = request(conn, &id, method, params).await;
             if let Some(result) = result {
                 let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
@@ -194,6 +186,28 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
             }
         }
     }
+}
+
+/// A request's params, naming the root when a root-scoped method left out
+/// `params.channel` (§4.1: VS Code sends `reconnect` so); any other method
+/// without a channel is -32602.
+fn params_with_channel(method: &str, has_channel: bool, text: &str) -> Result<Value, RpcError> {
+    let mut params = params_of(text);
+    if has_channel {
+        return Ok(params);
+    }
+    if !methods::method(method).is_some_and(|m| m.handling.root_scoped()) {
+        return Err(RpcError::invalid_params(
+            "params.channel (a string) is required",
+        ));
+    }
+    if params.is_null() {
+        params = json!({});
+    }
+    if let Some(o) = params.as_object_mut() {
+        o.insert("channel".into(), json!(ahp_types::ROOT_RESOURCE_URI));
+    }
+    Ok(params)
 }
 
 /// A frame over the connection's rate (§3.6): a request gets -32603
