@@ -79,7 +79,8 @@ async fn upgrade(
 /// Behind a trusted proxy, 20 bad upgrades forwarded for one address get
 /// 401 ten times, then 429; another forwarded address still gets 401 for
 /// a bad token, and a valid token forwarded for the locked-out address is
-/// switched (101). `/metrics` counts the ten 429s by reason.
+/// switched (101). `/metrics` counts the ten 429s by reason: the same
+/// failing token again, refused before it is verified again.
 #[tokio::test]
 async fn forwarded_attacker_locks_out_only_itself() {
     let (r, kit) = relay("trusted_proxies = [\"127.0.0.1/32\"]\nauth_failure_limit = 10").await;
@@ -104,7 +105,7 @@ async fn forwarded_attacker_locks_out_only_itself() {
     assert_eq!(
         metric(
             &page,
-            "ahp_relay_auth_failures_total{reason=\"rate_limited\"}"
+            "ahp_relay_auth_failures_total{reason=\"rate_limited_unverified\"}"
         ),
         Some(10.0),
         "{page}"
