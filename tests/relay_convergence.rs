@@ -1296,20 +1296,26 @@ async fn reconnect_answer_is_the_cut_for_relay_rejections() {
 async fn a_reconnect_closed_before_its_answer_baselines_nothing() {
     let t = TestRelay::start(vec![host_cfg("a", 1), host_cfg("b", 2)], "").await;
     let chats = ["ahp-chat:/a~a-1-main", "ahp-chat:/b~b-1-main"];
-    let (_s1, init) = init_raw(&t, "alice", "closed-early", &chats).await;
+    let (mut s1, init) = init_raw(&t, "alice", "closed-early", &chats).await;
     let s0 = init["result"]["serverSeq"].as_u64().expect("S0");
     // A reconnect needing snapshots waits for stalled host b ...
     t.hosts[1].set_stalled(true);
-    let before = t.requests_handled("reconnect");
     let mut s2 = dial(&t, "alice").await.expect("dial");
     assert!(
         s2.try_send_json(&reconnect_frame(2, "closed-early", 0, &chats))
             .await
     );
-    wait_until("the relay handles s2's reconnect", || {
-        t.requests_handled("reconnect") > before
-    })
-    .await;
+    // s2's reconnect has taken the session over once s1 is superseded
+    // (4009): only then may the relay's close hit s2 (counting the request
+    // is not enough — it is counted before it is handled).
+    let superseded = loop {
+        match s1.next_within(common::WAIT).await {
+            Some(Next::Frame(_)) => {}
+            Some(Next::Closed(c)) => break c,
+            None => panic!("s1 was never superseded"),
+        }
+    };
+    assert!(matches!(superseded, Some((4009, _))), "{superseded:?}");
     // ... while the relay closes its socket (a resync).
     t.session("alice", "closed-early")
         .close(ahp_relay::rpc::Close::ResyncHostLost);
