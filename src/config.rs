@@ -132,8 +132,18 @@ pub struct RelayState {
     /// File holding the relay secret (HMAC key for upstream client ids and
     /// cursors); generated with 32 random bytes on first start if absent.
     pub secret_file: PathBuf,
-    /// The durable URI store file.
+    /// The durable URI store: a redb file (one replica, the default), or a
+    /// `postgres://USER@HOST:PORT/DB` URL shared by several replicas
+    /// (§12.1; `?sslmode=require` for TLS).
     pub store: PathBuf,
+    /// File holding the PostgreSQL password (first line), for a
+    /// `postgres://` store.
+    #[serde(default)]
+    pub store_password_file: Option<PathBuf>,
+    /// PEM CA certificates that a `postgres://…?sslmode=require` store's
+    /// certificate must chain to (default: the public web roots).
+    #[serde(default)]
+    pub store_ca_file: Option<PathBuf>,
     /// Host that receives terminals created with a client claim and no
     /// other host hint; optional.
     pub default_host: Option<String>,

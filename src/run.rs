@@ -13,7 +13,6 @@ use crate::auth::Authenticator;
 use crate::config::RelayConfig;
 use crate::edge::server::Edge;
 use crate::edge::tls::ReloadingCert;
-use crate::names::store::RedbStore;
 use crate::relay::Relay;
 
 /// Why a relay could not start.
@@ -329,7 +328,7 @@ async fn reload_files(relay: Arc<Relay>) {
 pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let secret = load_or_create_secret(&cfg.relay.secret_file)?;
     warn_about_shared_secrets(&cfg);
-    let store = RedbStore::open(&cfg.relay.store).map_err(|e| StartError::Store(e.to_string()))?;
+    let store = open_store(&cfg).await?;
     let auth = Authenticator::load(&cfg.auth).map_err(|e| StartError::Load(e.to_string()))?;
     tracing::info!(issuers = cfg.auth.issuers.len(), "auth keys loaded");
     let tls = match (&cfg.listen.tls_cert, &cfg.listen.tls_key) {
@@ -346,7 +345,6 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     };
     let (listener, addr) = bind(cfg.listen.addr).await?;
     let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;
-    let store: Arc<dyn crate::names::store::UriStore> = Arc::new(store);
     let purge_every = Duration::from_secs(cfg.limits.store_purge_secs.max(1));
     let (relay, events) = Relay::new(cfg, secret, store.clone(), auth).map_err(StartError::Load)?;
     let edge = Edge::new(relay.clone(), tls);
@@ -368,6 +366,26 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         admin_addr,
         tasks,
     })
+}
+
+/// The URI store `[relay]` names, opened on a blocking thread (PostgreSQL
+/// may take up to its timeout to answer).
+async fn open_store(
+    cfg: &RelayConfig,
+) -> Result<Arc<dyn crate::names::store::UriStore>, StartError> {
+    let relay = cfg.relay.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        crate::names::open::open(crate::names::open::StoreLocation {
+            store: &relay.store,
+            password_file: relay.store_password_file.as_deref(),
+            ca_file: relay.store_ca_file.as_deref(),
+        })
+    })
+    .await
+    .map_err(|e| StartError::Store(e.to_string()))?;
+    let store = opened.map_err(|e| StartError::Store(e.to_string()))?;
+    tracing::info!(backend = store.backend(), "URI store open");
+    Ok(store)
 }
 
 /// A listener on `addr`, and the address it is bound to.

@@ -2,7 +2,8 @@
 //! the official `ahp` client or a raw WebSocket, and wait with timeouts.
 //! `frames` builds the JSON-RPC frames and actions tests write by hand,
 //! `names` the principals and client names, `relay` a relay over TLS in
-//! front of simulated hosts. Every test file uses these rather than its own
+//! front of simulated hosts, `postgres` a throwaway PostgreSQL cluster.
+//! Every test file uses these rather than its own
 //! copies.
 #![allow(dead_code)]
 
@@ -19,6 +20,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod frames;
 pub mod names;
+pub mod postgres;
 pub mod relay;
 
 pub use frames::*;
