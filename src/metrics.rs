@@ -89,6 +89,13 @@ pub struct Metrics {
     /// `request_timeout`, `quota`, `host_object`, `link_queue`,
     /// `client_frame`).
     pub limit_hits: IntCounterVec,
+    /// 1 while the URI store passes its health check (every 2 s, off the
+    /// request path), 0 otherwise; one series, labelled with the backend
+    /// (`redb` or `postgres`, §12.1).
+    pub store_up: IntGaugeVec,
+    /// Seconds the store's last health check took (a round trip to
+    /// PostgreSQL; 0 for the embedded file).
+    pub store_health_seconds: Gauge,
 }
 
 /// Registers metrics named `ahp_relay_<name>` in one registry.
@@ -361,6 +368,17 @@ impl Metrics {
                 "requests, frames or connections stopped by a limit",
                 "limit",
             )?,
+            store_up: r.register(IntGaugeVec::new(
+                Opts::new(
+                    "ahp_relay_store_up",
+                    "1 while the URI store passes its health check",
+                ),
+                &["backend"],
+            )?)?,
+            store_health_seconds: r.register(Gauge::new(
+                "ahp_relay_store_health_seconds",
+                "duration of the URI store's last health check",
+            )?)?,
             registry: r.registry,
         })
     }

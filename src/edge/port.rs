@@ -62,10 +62,35 @@ impl RelayPort {
         &self.relay.auth
     }
 
-    /// Whether the URI store can take writes (see `UriStore::health`; the
-    /// admin listener calls this off the request path).
-    pub fn store_healthy(&self) -> bool {
-        self.relay.store.health().is_ok()
+    /// Checks the store's health now and records the outcome and its
+    /// duration in the metrics that `/metrics` and `/status` show (§12.1);
+    /// blocks for a round trip with PostgreSQL: call it off the runtime.
+    pub fn probe_store(&self) -> bool {
+        let store = &self.relay.store;
+        let started = std::time::Instant::now();
+        let ok = store.health().is_ok();
+        let took = started.elapsed();
+        let m = self.metrics();
+        m.store_up
+            .with_label_values(&[store.backend()])
+            .set(i64::from(ok));
+        m.store_health_seconds.set(took.as_secs_f64());
+        ok
+    }
+
+    /// The store's backend and its last probed health, for `/status`.
+    fn store_row(&self) -> serde_json::Value {
+        let m = self.metrics();
+        let backend = self.relay.store.backend();
+        let up = m
+            .store_up
+            .get_metric_with_label_values(&[backend])
+            .is_ok_and(|g| g.get() == 1);
+        serde_json::json!({
+            "backend": backend,
+            "healthy": up,
+            "latency_ms": m.store_health_seconds.get() * 1000.0,
+        })
     }
 
     /// Whether new upgrades are refused for replay memory (contract §5.4).
@@ -113,6 +138,7 @@ impl RelayPort {
             "reconnects": {"replay": replay, "snapshot": snapshot,
                 "not_found": outcome("not_found"), "snapshot_fallback_ratio": ratio},
             "denials": crate::policy::recent::denials(),
+            "store": self.store_row(),
         })
     }
 

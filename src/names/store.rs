@@ -202,12 +202,6 @@ pub trait UriStore: Send + Sync {
     fn backend(&self) -> &'static str {
         "redb"
     }
-
-    /// How long the last [`UriStore::health`] round trip took, for a backend
-    /// reached over the network.
-    fn latency(&self) -> Option<std::time::Duration> {
-        None
-    }
 }
 
 /// A [`UriStore`] in one redb file, with every entry mirrored in memory so that `lookup` and

@@ -39,7 +39,7 @@ pub mod schema;
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -133,8 +133,6 @@ struct Inner {
     following: AtomicBool,
     /// Set when the store is dropped: the follower stops.
     stopped: AtomicBool,
-    /// Microseconds the last health check's round trip took.
-    latency_us: AtomicU64,
 }
 
 /// How connections are secured: TLS (rustls) exactly when the URL asks for
@@ -223,7 +221,6 @@ impl PgStore {
             writer: Mutex::new(()),
             following: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
-            latency_us: AtomicU64::new(0),
         });
         let store = Self {
             inner: inner.clone(),

@@ -3,7 +3,6 @@
 //! several writers).
 
 use std::sync::{Arc, PoisonError};
-use std::time::Instant;
 
 use deadpool_postgres::{GenericClient, Object};
 
@@ -302,16 +301,11 @@ impl UriStore for PgStore {
     }
 
     fn health(&self) -> Result<(), StoreError> {
-        let started = Instant::now();
         self.run(|pool| async move {
             let client = pool.get().await.map_err(pool_error)?;
             client.simple_query("SELECT 1").await.map_err(pg_error)?;
             Ok(())
         })?;
-        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.inner
-            .latency_us
-            .store(us, std::sync::atomic::Ordering::Relaxed);
         if !self.following() {
             return Err(StoreError::Unavailable(
                 "not following the store's changes (listening connection down)".into(),
@@ -322,13 +316,5 @@ impl UriStore for PgStore {
 
     fn backend(&self) -> &'static str {
         "postgres"
-    }
-
-    fn latency(&self) -> Option<std::time::Duration> {
-        let us = self
-            .inner
-            .latency_us
-            .load(std::sync::atomic::Ordering::Relaxed);
-        Some(std::time::Duration::from_micros(us))
     }
 }
