@@ -512,9 +512,9 @@ fn reserves_on_two_replicas_have_one_winner(open: &Open) {
     }
 }
 
-fn quota_holds_across_replicas(open: &Open) {
-    let (a, b) = (open(), open());
-    let stores = [a.as_ref(), b.as_ref()];
+/// Ten reserves of one principal at once, alternating between `stores`,
+/// with room for three: returns which of `ahp-chat:/<tag>-<i>` won.
+fn quota_race(stores: [&dyn UriStore; 2], owner: &Owner, tag: &str) -> Vec<usize> {
     const THREADS: usize = 10;
     let barrier = Barrier::new(THREADS);
     let results: Vec<Result<(), StoreError>> = std::thread::scope(|scope| {
@@ -523,8 +523,8 @@ fn quota_holds_across_replicas(open: &Open) {
                 let (barrier, store) = (&barrier, stores[i % 2]);
                 scope.spawn(move || {
                     barrier.wait();
-                    let uri = format!("ahp-chat:/q{i}");
-                    store.reserve_within(&uri, "a", &alice(), 1, quota(3, 2))
+                    let uri = format!("ahp-chat:/{tag}-{i}");
+                    store.reserve_within(&uri, "a", owner, 1, quota(3, 2))
                 })
             })
             .collect();
@@ -535,10 +535,24 @@ fn quota_holds_across_replicas(open: &Open) {
     for r in results.iter().filter(|r| r.is_err()) {
         assert_eq!(r, &Err(StoreError::Quota { max: 3 }));
     }
+    won
+}
+
+fn quota_holds_across_replicas(open: &Open) {
+    let (a, b) = (open(), open());
+    // A race is not decided the same way twice: several principals.
+    for n in 0..5 {
+        let owner = Owner {
+            subject: format!("racer-{n}"),
+            ..bob()
+        };
+        quota_race([a.as_ref(), b.as_ref()], &owner, &format!("r{n}"));
+    }
+    let won = quota_race([a.as_ref(), b.as_ref()], &alice(), "q");
     // Tombstones, written on either replica, count on the other.
-    a.tombstone(&format!("ahp-chat:/q{}", won[0]), 2, 100)
+    a.tombstone(&format!("ahp-chat:/q-{}", won[0]), 2, 100)
         .unwrap();
-    b.tombstone(&format!("ahp-chat:/q{}", won[1]), 2, 100)
+    b.tombstone(&format!("ahp-chat:/q-{}", won[1]), 2, 100)
         .unwrap();
     assert_eq!(
         a.reserve_within("ahp-chat:/more", "a", &alice(), 3, quota(3, 2)),
