@@ -681,6 +681,35 @@ fn postgres_down_then_back() {
     );
 }
 
+/// `sslmode=require`: the store connects over TLS to a server whose
+/// certificate chains to `store_ca_file`, and refuses one it cannot verify
+/// (the public web roots do not know the test CA).
+#[test]
+fn postgres_over_tls_verifies_the_server() {
+    let Some(pg) = Postgres::start("tls") else {
+        return;
+    };
+    let kit = ahp_relay::devkit::DevKit::create(&common::relay::scratch_dir("pg-tls")).unwrap();
+    pg.enable_tls(&kit.cert, &kit.key);
+    let plain = pg_options(&pg, "tls");
+    let tls = PgOptions {
+        url: format!("{}?sslmode=require", plain.url),
+        ca_file: Some(kit.cert.clone()),
+        ..plain.clone()
+    };
+    let store = PgStore::open(&tls).unwrap();
+    store
+        .reserve("ahp-session:/tls", "host-a", &alice(), 1)
+        .unwrap();
+    assert_eq!(store.health(), Ok(()));
+    let untrusted = PgOptions {
+        ca_file: None,
+        ..tls.clone()
+    };
+    let error = PgStore::open(&untrusted).err().unwrap();
+    assert!(error.is_unavailable(), "{error}");
+}
+
 /// A URL with a password and a wrong password file: the error names neither.
 #[test]
 fn postgres_errors_hold_no_secret() {

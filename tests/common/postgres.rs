@@ -192,6 +192,25 @@ impl Postgres {
         );
     }
 
+    /// Turns TLS on with `cert` and `key` (PEM) and restarts the server:
+    /// clients that ask for TLS (`sslmode=require`) get it.
+    pub fn enable_tls(&self, cert: &Path, key: &Path) {
+        let (uid, gid) = postgres_ids().expect("postgres user");
+        for (from, name) in [(cert, "server.crt"), (key, "server.key")] {
+            let to = self.data().join(name);
+            std::fs::copy(from, &to).expect("copy TLS file");
+            std::os::unix::fs::chown(&to, Some(uid), Some(gid)).expect("chown");
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+        }
+        let conf = self.data().join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).expect("postgresql.conf");
+        self.stop_server();
+        self.start_server();
+    }
+
     /// Runs one of the server's programs as `postgres`; panics with its
     /// output on failure.
     fn tool(&self, name: &str, args: &[&str]) -> Output {
