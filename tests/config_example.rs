@@ -41,6 +41,31 @@ fn example_config_loads_and_validates() {
     );
 }
 
+/// The example's commented PostgreSQL store lines, uncommented in place of
+/// its redb `store`, load: a store URL, its password file and CA file.
+#[test]
+fn example_postgres_store_lines_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let text = std::fs::read_to_string(dir.join("relay.example.toml")).expect("example");
+    let redb = "store = \"/var/lib/ahp-relay/uris.redb\"\n";
+    assert!(text.contains(redb), "the example keeps redb as the default");
+    let pg: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| l.starts_with("store = ") || l.starts_with("store_"))
+        .collect();
+    assert_eq!(pg.len(), 3, "{pg:?}");
+    let edited = text.replace(redb, &(pg.join("\n") + "\n"));
+    let path =
+        std::env::temp_dir().join(format!("ahp-relay-pg-example-{}.toml", std::process::id()));
+    std::fs::write(&path, edited).expect("write");
+    let cfg = RelayConfig::load(&path);
+    let _ = std::fs::remove_file(&path);
+    let cfg = cfg.unwrap_or_else(|e| panic!("the PostgreSQL lines load: {e}"));
+    assert!(ahp_relay::names::pg::is_postgres_url(&cfg.relay.store));
+    assert!(cfg.relay.store_password_file.is_some() && cfg.relay.store_ca_file.is_some());
+}
+
 /// `config/policy.example.toml` (the worked policy examples) loads, and its
 /// rules grant what its comments say.
 #[test]
