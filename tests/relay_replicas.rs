@@ -30,6 +30,7 @@ async fn replicas(pg: &Postgres, db: &str) -> (TestRelay, ServedRelay) {
     let a = TestRelay::start_tweaked(vec![fast_config("h", 1)], "", &rules(), |cfg| {
         cfg.relay.store = shared.into();
         cfg.relay.store_password_file = Some(password_file.clone());
+        cfg.listen.admin_status_open = true;
     })
     .await;
     a.wait_hosts_up().await;
@@ -72,6 +73,19 @@ async fn readyz_becomes(t: &TestRelay, status: u16) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// `/status.json`'s store backend and health.
+async fn store_status(t: &TestRelay) -> (String, bool) {
+    let (code, body) = admin_get(t, "/status.json").await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("status JSON");
+    let store = &v["store"];
+    assert!(store["latency_ms"].as_f64().is_some(), "{store}");
+    (
+        store["backend"].as_str().unwrap_or_default().to_owned(),
+        store["healthy"] == true,
+    )
 }
 
 fn error_code(v: &Value) -> Option<i64> {
@@ -169,6 +183,7 @@ async fn store_down_refuses_creates_and_readiness_only() {
         metric(&page, "ahp_relay_store_up{backend=\"postgres\"}"),
         Some(1.0)
     );
+    assert_eq!(store_status(&a).await, ("postgres".into(), true));
     let mut alice = peer(&a, "alice", "a1").await;
     let r = alice.request(1, "createSession", create(SESSION)).await;
     assert_eq!(r.get("result"), Some(&Value::Null), "{r}");
@@ -185,6 +200,7 @@ async fn store_down_refuses_creates_and_readiness_only() {
         metric(&page, "ahp_relay_store_up{backend=\"postgres\"}"),
         Some(0.0)
     );
+    assert_eq!(store_status(&a).await, ("postgres".into(), false));
     // Everything else keeps working: the session alice created lists and
     // subscribes from the mirror and the host.
     let listed = listed_uris(&mut alice, 3).await;

@@ -509,3 +509,44 @@ fn decode(row: &Row) -> Result<UriEntry, StoreError> {
 }
 
 mod ops;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_password_in_logs() {
+        assert_eq!(
+            redact_url("postgres://relay:s3cret@db:5432/ahp?sslmode=require"),
+            "postgres://relay:<redacted>@db:5432/ahp?sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgres://relay:p@ss@db/ahp"),
+            "postgres://relay:<redacted>@db/ahp"
+        );
+        let plain = "postgres://relay@db:5432/ahp";
+        assert_eq!(redact_url(plain), plain);
+        let options = PgOptions {
+            url: "postgres://relay:s3cret@db/ahp".into(),
+            password: Some("other-s3cret".into()),
+            ca_file: None,
+        };
+        assert!(!format!("{options:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn only_postgres_urls_select_postgres() {
+        assert!(is_postgres_url(Path::new("postgres://u@h/db")));
+        assert!(is_postgres_url(Path::new("postgresql://u@h/db")));
+        assert!(!is_postgres_url(Path::new("/var/lib/ahp-relay/uris.redb")));
+        assert!(!is_postgres_url(Path::new("postgres.redb")));
+    }
+
+    #[test]
+    fn saturated_expiries_round_trip_and_are_reached_only_at_the_end() {
+        assert_eq!(from_db(to_db(u64::MAX)), u64::MAX);
+        assert_eq!(from_db(to_db(42)), 42);
+        assert!(now_to_db(u64::MAX - 1) < to_db(u64::MAX));
+        assert_eq!(now_to_db(u64::MAX), to_db(u64::MAX));
+    }
+}
