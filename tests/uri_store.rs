@@ -710,6 +710,47 @@ fn postgres_over_tls_verifies_the_server() {
     assert!(error.is_unavailable(), "{error}");
 }
 
+/// A PostgreSQL that stops answering without closing anything: writes on
+/// several threads each fail as unavailable within the operation timeout
+/// (they do not queue behind each other), lookups keep answering from the
+/// mirror, and writes work again once it answers.
+#[test]
+fn postgres_that_stops_answering_fails_writes_in_bounded_time() {
+    let Some(pg) = Postgres::start("frozen") else {
+        return;
+    };
+    let store = PgStore::open(&pg_options(&pg, "frozen")).unwrap();
+    store
+        .reserve("ahp-session:/before", "host-a", &alice(), 1)
+        .unwrap();
+    pg.freeze(true);
+    let started = Instant::now();
+    let results: Vec<Result<(), StoreError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let store = &store;
+                scope.spawn(move || {
+                    store.reserve(&format!("ahp-session:/frozen-{i}"), "host-a", &alice(), 2)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let took = started.elapsed();
+    pg.freeze(false);
+    for r in &results {
+        assert!(r.as_ref().is_err_and(StoreError::is_unavailable), "{r:?}");
+    }
+    let bound = ahp_relay::names::pg::OP_TIMEOUT + Duration::from_secs(2);
+    assert!(took < bound, "4 writes took {took:?}, more than {bound:?}");
+    assert!(store.lookup("ahp-session:/before").unwrap().is_some());
+    eventually("writes work again", || {
+        store
+            .reserve("ahp-session:/after", "host-a", &alice(), 3)
+            .is_ok()
+    });
+}
+
 /// A URL with a password and a wrong password file: the error names neither.
 #[test]
 fn postgres_errors_hold_no_secret() {

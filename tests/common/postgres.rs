@@ -192,6 +192,41 @@ impl Postgres {
         );
     }
 
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the server and its backends:
+    /// a database that stops answering without closing anything, as behind
+    /// a dropped network path.
+    pub fn freeze(&self, frozen: bool) {
+        let pid_file =
+            std::fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
+        let main: u32 = pid_file
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("postmaster pid");
+        let mut pids = vec![main];
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // `pid (comm) state ppid …`; comm may hold spaces, not ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .arg(signal)
+            .args(pids.iter().map(u32::to_string))
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {pids:?}");
+    }
+
     /// Turns TLS on with `cert` and `key` (PEM) and restarts the server:
     /// clients that ask for TLS (`sslmode=require`) get it.
     pub fn enable_tls(&self, cert: &Path, key: &Path) {

@@ -4,9 +4,10 @@
 //! [`CHANNEL`] and forwards each announced URI, and each (re)connection and
 //! loss, to a thread that applies them: it reads the announced rows again
 //! (a batch at a time) and, after every (re)connection, the whole table —
-//! what changed while nobody listened is then read too. Reading and
-//! applying happen under the store's writer lock, on a thread of its own
-//! because that lock is held by writers that wait on the runtime.
+//! what changed while nobody listened is then read too. Each read and its
+//! application to the mirror happen under the store's writer lock, so a
+//! row read before a local write commits never lands after it. The applying
+//! thread waits on the store's runtime like any caller of the store.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

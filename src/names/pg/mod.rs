@@ -40,7 +40,7 @@ pub mod schema;
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -123,11 +123,14 @@ struct Inner {
     tls: Tls,
     handle: tokio::runtime::Handle,
     /// Committed rows as last read; see the module doc.
-    mirror: RwLock<Index>,
+    mirror: Arc<RwLock<Index>>,
     /// Held by a write from its first statement until the mirror shows its
     /// result, and by the follower from reading a row until it applied it:
     /// so the mirror receives each URI's rows in the order they were read.
-    writer: Mutex<()>,
+    /// Taken on the store's runtime inside the operation, so waiting for it
+    /// counts against [`OP_TIMEOUT`]: writes to a PostgreSQL that stopped
+    /// answering fail within it instead of queueing behind each other.
+    writer: Arc<tokio::sync::Mutex<()>>,
     /// True while the listening connection is up and the mirror was
     /// reloaded after it connected.
     following: AtomicBool,
@@ -217,8 +220,8 @@ impl PgStore {
             config,
             tls,
             handle,
-            mirror: RwLock::new(Index::default()),
-            writer: Mutex::new(()),
+            mirror: Arc::new(RwLock::new(Index::default())),
+            writer: Arc::new(tokio::sync::Mutex::new(())),
             following: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         });
@@ -268,38 +271,33 @@ impl PgStore {
 
     /// Runs the statements `op` makes on a pooled connection, retrying a
     /// transaction that lost a deadlock or serialization check, then gives
-    /// what it returned to `apply` under the writer lock.
-    fn write<T, F, Fut>(&self, op: F, apply: impl FnOnce(&mut Index, &T)) -> Result<T, StoreError>
+    /// what it returned to `apply`, all under the writer lock.
+    fn write<T, F, Fut>(&self, op: F, apply: fn(&mut Index, &T)) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: Fn(Object) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<T, Failure>> + Send + 'static,
     {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let done = self.run(|pool| async move {
+        let (writer, mirror) = (self.inner.writer.clone(), self.inner.mirror.clone());
+        self.run(|pool| async move {
+            let _writer = writer.lock().await;
             let mut attempt = 0;
-            loop {
+            let done = loop {
                 attempt += 1;
                 let client = pool.get().await.map_err(pool_error)?;
                 match op(client).await {
-                    Ok(v) => return Ok(v),
+                    Ok(v) => break v,
                     Err(Failure::Store(e)) => return Err(e),
                     Err(Failure::Pg(e)) if attempt < ATTEMPTS && is_transient(&e) => {}
                     Err(Failure::Pg(e)) => return Err(pg_error(e)),
                 }
-            }
-        })?;
-        let mut mirror = self
-            .inner
-            .mirror
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        apply(&mut mirror, &done);
-        Ok(done)
+            };
+            apply(
+                &mut mirror.write().unwrap_or_else(PoisonError::into_inner),
+                &done,
+            );
+            Ok(done)
+        })
     }
 }
 
@@ -330,42 +328,42 @@ impl Inner {
     /// Reads the whole table into a new mirror and swaps it in, under the
     /// writer lock (after the follower (re)connected: nothing missed stays).
     fn reload(&self) -> Result<(), StoreError> {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let rows = self.run(|pool| async move {
+        let (writer, mirror) = (self.writer.clone(), self.mirror.clone());
+        self.run(|pool| async move {
+            let _writer = writer.lock().await;
             let client = pool.get().await.map_err(pool_error)?;
             let rows = client
                 .query(&format!("SELECT {COLUMNS} FROM uris"), &[])
                 .await
                 .map_err(pg_error)?;
-            rows.iter().map(decode).collect::<Result<Vec<_>, _>>()
-        })?;
-        let mut fresh = Index::default();
-        for entry in rows {
-            fresh.insert(entry);
-        }
-        *self.mirror.write().unwrap_or_else(PoisonError::into_inner) = fresh;
-        Ok(())
+            let mut fresh = Index::default();
+            for row in &rows {
+                fresh.insert(decode(row)?);
+            }
+            *mirror.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+            Ok(())
+        })
     }
 
     /// Reads the rows of `uris` again and puts what it finds in the mirror
     /// (absent rows removed), under the writer lock.
     fn refresh(&self, uris: Vec<String>) -> Result<(), StoreError> {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        let wanted = uris.clone();
-        let rows = self.run(|pool| async move {
+        let (writer, mirror) = (self.writer.clone(), self.mirror.clone());
+        self.run(|pool| async move {
+            let _writer = writer.lock().await;
             let client = pool.get().await.map_err(pool_error)?;
             let sql = format!("SELECT {COLUMNS} FROM uris WHERE uri = ANY($1)");
-            let rows = client.query(&sql, &[&wanted]).await.map_err(pg_error)?;
-            rows.iter().map(decode).collect::<Result<Vec<_>, _>>()
-        })?;
-        let mut mirror = self.mirror.write().unwrap_or_else(PoisonError::into_inner);
-        for uri in &uris {
-            mirror.remove(uri);
-        }
-        for entry in rows {
-            mirror.insert(entry);
-        }
-        Ok(())
+            let rows = client.query(&sql, &[&uris]).await.map_err(pg_error)?;
+            let entries = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+            let mut mirror = mirror.write().unwrap_or_else(PoisonError::into_inner);
+            for uri in &uris {
+                mirror.remove(uri);
+            }
+            for entry in entries {
+                mirror.insert(entry);
+            }
+            Ok(())
+        })
     }
 }
 
