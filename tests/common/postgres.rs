@@ -57,6 +57,17 @@ fn my_uid() -> Option<u32> {
     String::from_utf8(out.stdout).ok()?.trim().parse().ok()
 }
 
+/// Prints why the test is skipped and returns `None`; fails instead under
+/// `AHP_RELAY_REQUIRE_EXTERNAL=1`.
+fn skip<T>(why: &str) -> Option<T> {
+    assert!(
+        std::env::var("AHP_RELAY_REQUIRE_EXTERNAL").as_deref() != Ok("1"),
+        "{why}, and AHP_RELAY_REQUIRE_EXTERNAL=1"
+    );
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local addr").port()
@@ -64,8 +75,8 @@ fn free_port() -> u16 {
 
 impl Postgres {
     /// Starts a cluster, or prints `SKIPPED: …` and returns `None` where
-    /// PostgreSQL is missing (failing instead under
-    /// `AHP_RELAY_REQUIRE_EXTERNAL=1`) or cannot run as `postgres`.
+    /// PostgreSQL is missing or cannot run as `postgres` (failing instead
+    /// under `AHP_RELAY_REQUIRE_EXTERNAL=1`, which `.ci/run` sets).
     pub fn start(tag: &str) -> Option<Self> {
         let bin = server_bin();
         let pg_ctl = bin
@@ -75,11 +86,12 @@ impl Postgres {
             return None;
         }
         let bin = bin?;
-        let (uid, gid) = postgres_ids()?;
+        let Some((uid, gid)) = postgres_ids() else {
+            return skip("there is no `postgres` OS user to run the cluster as");
+        };
         let me = my_uid()?;
         if me != 0 && me != uid {
-            eprintln!("SKIPPED: PostgreSQL tests run as root or as the postgres user");
-            return None;
+            return skip("PostgreSQL tests run as root (through runuser) or as `postgres`");
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let root = std::env::temp_dir().join(format!(
