@@ -896,3 +896,75 @@ fn reserve_within_per_sec(store: &RedbStore, count: usize) -> f64 {
     }
     count as f64 / start.elapsed().as_secs_f64()
 }
+
+/// The `p`-th percentile (0–100) of `samples`, sorted in place.
+fn percentile(samples: &mut [Duration], p: usize) -> Duration {
+    samples.sort();
+    samples[(samples.len() - 1) * p / 100]
+}
+
+/// Prints, on PostgreSQL: create latency (quota-checked reserve + confirm)
+/// p50/p99 and creates per second from one thread, the same on redb (a file,
+/// fsync) for comparison, and how long another replica takes to see a
+/// reserve (p50/p99).
+#[test]
+#[ignore = "benchmark: run with --release -- --ignored --nocapture"]
+fn bench_uri_store_postgres() {
+    const CREATES: usize = 500;
+    let Some(pg) = Postgres::start("bench") else {
+        return;
+    };
+    let options = pg_options(&pg, "bench");
+    let (a, b) = (
+        PgStore::open(&options).unwrap(),
+        PgStore::open(&options).unwrap(),
+    );
+    let dir = TempDir::new("bench-pg");
+    let redb = RedbStore::open(&dir.file()).unwrap();
+    let unlimited = quota(usize::MAX, usize::MAX);
+    let creates = |store: &dyn UriStore, tag: &str| -> (Vec<Duration>, f64) {
+        let started = Instant::now();
+        let samples = (0..CREATES)
+            .map(|i| {
+                let uri = format!("ahp-session:/{tag}-{i}");
+                let t = Instant::now();
+                store
+                    .reserve_within(&uri, "host-a", &bob(), 1, unlimited)
+                    .unwrap();
+                store.confirm(&uri).unwrap();
+                t.elapsed()
+            })
+            .collect();
+        (samples, CREATES as f64 / started.elapsed().as_secs_f64())
+    };
+    let (mut on_pg, pg_rate) = creates(&a, "pg");
+    let (mut on_redb, redb_rate) = creates(&redb, "redb");
+    let mut lag: Vec<Duration> = (0..200)
+        .map(|i| {
+            let uri = format!("ahp-session:/lag-{i}");
+            a.reserve(&uri, "host-a", &bob(), 1).unwrap();
+            let t = Instant::now();
+            while b.lookup(&uri).unwrap().is_none() {
+                assert!(t.elapsed() < Duration::from_secs(10), "b never saw {uri}");
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            t.elapsed()
+        })
+        .collect();
+    println!("uri_store on PostgreSQL (loopback, fsync off) vs redb (file, fsync):");
+    for (name, samples, rate) in [
+        ("postgres", &mut on_pg, pg_rate),
+        ("redb", &mut on_redb, redb_rate),
+    ] {
+        println!(
+            "  create (reserve+confirm) {name:8}  p50 {:7.2} ms  p99 {:7.2} ms  {rate:7.0}/s",
+            percentile(samples, 50).as_secs_f64() * 1e3,
+            percentile(samples, 99).as_secs_f64() * 1e3,
+        );
+    }
+    println!(
+        "  another replica sees a reserve after  p50 {:7.2} ms  p99 {:7.2} ms",
+        percentile(&mut lag, 50).as_secs_f64() * 1e3,
+        percentile(&mut lag, 99).as_secs_f64() * 1e3,
+    );
+}

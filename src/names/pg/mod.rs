@@ -231,7 +231,15 @@ impl PgStore {
         };
         let version = store.run(|pool| async move {
             let mut client = pool.get().await.map_err(pool_error)?;
-            schema::migrate(&mut client).await.map_err(pg_error)
+            let version = schema::migrate(&mut client).await.map_err(pg_error)?;
+            drop(client);
+            // Every pooled connection made now, so no write or follower read
+            // pays a connection's authentication round trips later.
+            let warm = futures_util::future::join_all((0..POOL_SIZE).map(|_| pool.get())).await;
+            for connection in warm {
+                drop(connection.map_err(pool_error)?);
+            }
+            Ok(version)
         })?;
         let known = schema::MIGRATIONS.last().map_or(0, |(v, _)| *v);
         if version > known {
