@@ -92,21 +92,24 @@ fn error_code(v: &Value) -> Option<i64> {
     v["error"]["code"].as_i64()
 }
 
-/// Polls `listSessions` through `ws` until it lists `uri`: a replica learns
-/// of another's write from PostgreSQL's notification, a moment later.
-async fn lists_eventually(ws: &mut RawWs, uri: &str) {
+/// Subscribes `uri` through `ws`, again until it succeeds: a replica learns
+/// of another's writes (the reserve, then the confirm that makes the session
+/// its creator's) from PostgreSQL's notifications, a moment later —
+/// milliseconds, more on a loaded machine. Returns the snapshot.
+async fn subscribes_eventually(ws: &mut RawWs, uri: &str) -> Value {
     let until = tokio::time::Instant::now() + WAIT;
     for id in 1000.. {
-        let listed = listed_uris(ws, id).await;
-        if listed.iter().any(|u| u == uri) {
-            return;
+        let r = ws.request(id, "subscribe", json!({"channel": uri})).await;
+        if r["result"]["snapshot"].is_object() {
+            return r["result"]["snapshot"].clone();
         }
         assert!(
             tokio::time::Instant::now() < until,
-            "{uri} never listed: {listed:?}"
+            "{uri} never subscribable: {r}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    unreachable!("the loop returns or fails")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,10 +123,19 @@ async fn ownership_agrees_across_replicas() {
     let mut alice_a = peer(&a, "alice", "a1").await;
     let r = alice_a.request(1, "createSession", create(SESSION)).await;
     assert_eq!(r.get("result"), Some(&Value::Null), "{r}");
+    let entry = a.relay.relay.store.lookup(SESSION).unwrap().unwrap();
+    assert_eq!(
+        entry.state,
+        ahp_relay::names::store::UriState::Confirmed,
+        "{entry:?}"
+    );
 
-    // Alice sees it as hers through B (visibility own: B knows the owner).
+    // Alice sees it as hers through B (visibility own: B knows the owner):
+    // she subscribes it and lists it.
     let mut alice_b = peer_at(&a, Some(&b.url), "alice", "a2").await;
-    lists_eventually(&mut alice_b, SESSION).await;
+    subscribes_eventually(&mut alice_b, SESSION).await;
+    let listed = listed_uris(&mut alice_b, 1).await;
+    assert!(listed.contains(&SESSION.to_string()), "{listed:?}");
 
     // The URI reserved through A is refused through B, and bob's create
     // never reaches the host.
@@ -138,7 +150,8 @@ async fn ownership_agrees_across_replicas() {
         "bob's create reached the host"
     );
 
-    // Bob cannot see, take or dispose it through B: it answers as nonexistent.
+    // Bob cannot see, take or dispose it through B, which knows it is
+    // alice's: it answers as nonexistent.
     assert!(
         !listed_uris(&mut bob_b, 2)
             .await
@@ -152,11 +165,7 @@ async fn ownership_agrees_across_replicas() {
         );
     }
 
-    // Alice operates it through B.
-    let r = alice_b
-        .request(2, "subscribe", json!({"channel": SESSION}))
-        .await;
-    assert!(r["result"]["snapshot"].is_object(), "{r}");
+    // Alice disposes it through B.
     let r = alice_b
         .request(3, "disposeSession", json!({"channel": SESSION}))
         .await;
