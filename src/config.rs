@@ -152,6 +152,17 @@ pub struct RelayState {
     pub tombstone_ttl_secs: u64,
 }
 
+impl RelayState {
+    /// Where the URI store is, as `names::open` takes it.
+    pub fn store_location(&self) -> crate::names::open::StoreLocation<'_> {
+        crate::names::open::StoreLocation {
+            store: &self.store,
+            password_file: self.store_password_file.as_deref(),
+            ca_file: self.store_ca_file.as_deref(),
+        }
+    }
+}
+
 fn default_tombstone_ttl() -> u64 {
     30 * 24 * 3600
 }
@@ -545,6 +556,9 @@ impl RelayConfig {
         }
         if self.auth.issuers.is_empty() {
             return bad("auth: at least one issuer is required".into());
+        }
+        if let Some(problem) = crate::names::open::location_problem(self.relay.store_location()) {
+            return bad(problem);
         }
         self.limits.validate()?;
         Ok(())

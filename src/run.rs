@@ -374,15 +374,10 @@ async fn open_store(
     cfg: &RelayConfig,
 ) -> Result<Arc<dyn crate::names::store::UriStore>, StartError> {
     let relay = cfg.relay.clone();
-    let opened = tokio::task::spawn_blocking(move || {
-        crate::names::open::open(crate::names::open::StoreLocation {
-            store: &relay.store,
-            password_file: relay.store_password_file.as_deref(),
-            ca_file: relay.store_ca_file.as_deref(),
-        })
-    })
-    .await
-    .map_err(|e| StartError::Store(e.to_string()))?;
+    let opened =
+        tokio::task::spawn_blocking(move || crate::names::open::open(relay.store_location()))
+            .await
+            .map_err(|e| StartError::Store(e.to_string()))?;
     let store = opened.map_err(|e| StartError::Store(e.to_string()))?;
     tracing::info!(backend = store.backend(), "URI store open");
     Ok(store)
