@@ -751,6 +751,33 @@ fn postgres_that_stops_answering_fails_writes_in_bounded_time() {
     });
 }
 
+/// Nothing listening at the URL: opening fails at once as unavailable (a
+/// relay then refuses to start and says why), also when called on a
+/// runtime thread — the store's own runtime is shut down without blocking.
+/// Needs no PostgreSQL.
+#[tokio::test]
+async fn postgres_unreachable_at_open_fails_cleanly() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let options = PgOptions {
+        url: format!("postgres://relay:url-password@127.0.0.1:{port}/ahp"),
+        password: None,
+        ca_file: None,
+    };
+    let started = Instant::now();
+    let error = PgStore::open(&options).err().unwrap();
+    assert!(error.is_unavailable(), "{error}");
+    assert!(
+        started.elapsed() < ahp_relay::names::pg::OP_TIMEOUT,
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!error.to_string().contains("url-password"), "{error}");
+}
+
 /// A URL with a password and a wrong password file: the error names neither.
 #[test]
 fn postgres_errors_hold_no_secret() {

@@ -149,16 +149,26 @@ enum Tls {
 /// The URI store in PostgreSQL; see the module doc.
 pub struct PgStore {
     inner: Arc<Inner>,
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Declared last: dropped after `inner`'s last use here.
+    _runtime: StoreRuntime,
+}
+
+/// The store's runtime, shut down without blocking when dropped, so a
+/// store (or one that failed to open) may be dropped on any thread.
+struct StoreRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for StoreRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl Drop for PgStore {
     fn drop(&mut self) {
+        // The follower stops; `_runtime` then ends every task.
         self.inner.stopped.store(true, Ordering::Relaxed);
-        if let Some(rt) = self.runtime.take() {
-            // Never blocks, so a store may be dropped on a runtime thread.
-            rt.shutdown_background();
-        }
     }
 }
 
@@ -204,15 +214,20 @@ impl PgStore {
             SslMode::Require => Tls::Rustls(rustls_connector(options.ca_file.as_deref())?),
             _ => Tls::Off,
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("ahp-store")
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::Unavailable(format!("store runtime: {e}")))?;
-        let handle = runtime.handle().clone();
+        let runtime = StoreRuntime(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("ahp-store")
+                .enable_all()
+                .build()
+                .map_err(|e| StoreError::Unavailable(format!("store runtime: {e}")))?,
+        ));
+        let Some(rt) = runtime.0.as_ref() else {
+            return Err(StoreError::Unavailable("store runtime".into()));
+        };
+        let handle = rt.handle().clone();
         let pool = {
-            let _entered = runtime.enter();
+            let _entered = rt.enter();
             build_pool(&config, &tls)?
         };
         let inner = Arc::new(Inner {
@@ -227,7 +242,7 @@ impl PgStore {
         });
         let store = Self {
             inner: inner.clone(),
-            runtime: Some(runtime),
+            _runtime: runtime,
         };
         let version = store.run(|pool| async move {
             let mut client = pool.get().await.map_err(pool_error)?;
