@@ -94,7 +94,15 @@ impl Postgres {
             return skip("PostgreSQL tests run as root (through runuser) or as `postgres`");
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let root = std::env::temp_dir().join(format!(
+        // Under /tmp rather than $TMPDIR: `postgres` must reach it, and the
+        // socket path in it must stay under the kernel's 107 bytes.
+        let tmp = Path::new("/tmp");
+        let base = if tmp.is_dir() {
+            tmp.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let root = base.join(format!(
             "ahp-pg-{tag}-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
