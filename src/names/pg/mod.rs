@@ -25,8 +25,11 @@
 //! that row again. After the listening connection (re)connects the whole
 //! table is read again, so a missed announcement is never lost for long; a
 //! replica's own writes reach its mirror when they commit. What another
-//! replica wrote is seen after one notification's delivery — far less than
-//! the host round trip a create needs before anyone can name its result.
+//! replica wrote is seen after one notification and one row read
+//! (milliseconds); until then this replica answers as it did before that
+//! write — e.g. a session another replica just confirmed is not yet its
+//! creator's here. Decisions that must agree (reserve, quota) never read
+//! the mirror.
 //!
 //! **Sync trait, async client.** [`super::store::UriStore`] is synchronous
 //! and its writes run on blocking threads; the store owns a small runtime
