@@ -567,9 +567,15 @@ fn quota_holds_across_replicas(open: &Open) {
 fn two_replicas_purge_each_tombstone_once(open: &Open) {
     let (a, b) = (open(), open());
     const N: usize = 1200;
+    // Tombstones of many principals, interleaved: each deleted row updates
+    // its principal's counts, in whatever order a purge meets them.
     for i in 0..N {
         let uri = format!("ahp-session:/purge-{i:04}");
-        a.reserve(&uri, "host-a", &bob(), 1).unwrap();
+        let owner = Owner {
+            subject: format!("owner-{}", (i * 7) % 13),
+            ..bob()
+        };
+        a.reserve(&uri, "host-a", &owner, 1).unwrap();
         a.tombstone(&uri, 1, i as u64 % 50).unwrap();
     }
     a.reserve("ahp-session:/young", "host-a", &bob(), 1)

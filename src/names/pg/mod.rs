@@ -11,9 +11,11 @@
 //!   (`FOR UPDATE`) before it counts and holds it until it commits, so two
 //!   replicas cannot both take a principal's last place, and the count reads
 //!   one row whatever the store's size (§7.6).
-//! - **Purge with no leader.** Each replica deletes expired tombstones in
-//!   batches chosen with `FOR UPDATE SKIP LOCKED`: replicas purging at once
-//!   split the work and never wait on each other.
+//! - **Purge with no leader.** Each replica purges on its own schedule; a
+//!   batch runs under a try-advisory lock, so one replica purges at a time
+//!   and another skips its turn instead of waiting, and picks its rows with
+//!   `FOR UPDATE SKIP LOCKED`, so it never waits on a row a write holds.
+//!   Each tombstone is deleted once.
 //! - A transaction that loses a deadlock or serialization check is retried
 //!   (at most [`ATTEMPTS`] times) before the write is reported unavailable.
 //!
@@ -70,6 +72,9 @@ const COLUMNS: &str = "uri, host, state, until, issuer, subject, created_at, gro
 
 /// Tombstones deleted per purge statement.
 const PURGE_BATCH: i64 = 500;
+
+/// The advisory lock key a purge batch holds ("ahppurge" in ASCII).
+const PURGE_LOCK: i64 = 0x6168_7070_7572_6765;
 
 /// Where the store is and how to reach it, from `[relay]` (§12.1).
 #[derive(Clone)]

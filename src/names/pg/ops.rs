@@ -7,7 +7,8 @@ use std::sync::{Arc, PoisonError};
 use deadpool_postgres::{GenericClient, Object};
 
 use super::{
-    COLUMNS, Failure, PURGE_BATCH, PgStore, decode, from_db, now_to_db, pg_error, pool_error, to_db,
+    COLUMNS, Failure, PURGE_BATCH, PURGE_LOCK, PgStore, decode, from_db, now_to_db, pg_error,
+    pool_error, to_db,
 };
 use crate::names::index::Index;
 use crate::names::store::{Owner, Quota, StoreError, UriEntry, UriState, UriStore};
@@ -189,21 +190,34 @@ async fn tombstone(client: Object, uri: Arc<str>, until: u64) -> Result<Change, 
     .await
 }
 
-/// Deletes expired tombstones in batches; rows another replica is purging
-/// (locked) are skipped, not waited for.
-async fn purge(client: Object, now: u64) -> Result<Change, Failure> {
-    let stmt = client
-        .prepare_cached(
-            "DELETE FROM uris WHERE uri IN (\
-                 SELECT uri FROM uris WHERE state = 2 AND until <= $1 \
-                 ORDER BY until LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             RETURNING uri",
-        )
-        .await?;
+/// Deletes expired tombstones in batches, each in a transaction holding the
+/// purge advisory lock: one replica purges at a time — another that finds
+/// the lock taken skips its turn rather than waiting — so two purges never
+/// update principals' counts in opposite orders (a deadlock). Rows are
+/// still chosen with `SKIP LOCKED`, so a purge never waits on a row another
+/// write holds.
+async fn purge(mut client: Object, now: u64) -> Result<Change, Failure> {
     let now = now_to_db(now);
     let mut gone = Vec::new();
     loop {
-        let rows = client.query(&stmt, &[&now, &PURGE_BATCH]).await?;
+        let txn = client.transaction().await?;
+        let locked: bool = txn
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&PURGE_LOCK])
+            .await?
+            .try_get(0)?;
+        if !locked {
+            return Ok(Change::Gone(gone));
+        }
+        let stmt = txn
+            .prepare_cached(
+                "DELETE FROM uris WHERE uri IN (\
+                     SELECT uri FROM uris WHERE state = 2 AND until <= $1 \
+                     ORDER BY until LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 RETURNING uri",
+            )
+            .await?;
+        let rows = txn.query(&stmt, &[&now, &PURGE_BATCH]).await?;
+        txn.commit().await?;
         let n = rows.len();
         for row in rows {
             gone.push(row.try_get(0)?);
