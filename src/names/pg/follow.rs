@@ -148,6 +148,9 @@ fn apply_events(inner: &Inner, rx: &Receiver<Event>) {
             // A reload reads every row, the changed ones included.
             reload = inner.reload().is_err();
             inner.following.store(!reload, Ordering::Relaxed);
+            if !reload {
+                tracing::info!(entries = inner.entries(), "URI store: following the table");
+            }
         } else if !changed.is_empty() && inner.refresh(changed.into_iter().collect()).is_err() {
             inner.following.store(false, Ordering::Relaxed);
             reload = true;

@@ -356,6 +356,14 @@ impl Inner {
             .unwrap_or_else(|_| Err(StoreError::Unavailable("the store was closed".into())))
     }
 
+    /// How many entries the mirror holds.
+    fn entries(&self) -> usize {
+        self.mirror
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// Reads the whole table into a new mirror and swaps it in, under the
     /// writer lock (after the follower (re)connected: nothing missed stays).
     fn reload(&self) -> Result<(), StoreError> {
