@@ -120,13 +120,13 @@ pub fn gate(
     channel: &str,
     need: Permission,
 ) -> Result<Grant, Denied> {
-    gate_on(env, caller, hub, (op, channel), need, None)
+    gate_disposing(env, caller, hub, (op, channel), need, None)
 }
 
 /// [`gate`], and when `disposed` names the host form of the object the
 /// operation disposes, the one dispose rule (`Access::may_dispose`): one
 /// decision, one audit line, whichever part refused.
-fn gate_on(
+pub(super) fn gate_disposing(
     env: &Env,
     caller: Caller<'_>,
     hub: &HostHub,
@@ -174,132 +174,6 @@ fn gate_on(
 
 /// The audit rule of a refusal by the dispose rule (§7.1).
 const DISPOSE_RULE: &str = "dispose-others-needs-admin";
-
-/// A request the router decided to forward: where, and its params in host
-/// names with the channel in its host form.
-#[derive(Debug)]
-pub struct Plan {
-    /// The target host.
-    pub hub: Arc<HostHub>,
-    /// The request's channel, host form.
-    pub host_channel: String,
-    /// The params to forward.
-    pub params: Value,
-}
-
-/// Decides a request routed by its channel (`Handling::Routed`), from its
-/// row of the method table: the channel must be visible (else answered as
-/// nonexistent, §4.4), the row's permission granted on its host, and — for
-/// a row that disposes its channel — the dispose rule of §7.1 met, one
-/// rule for sessions, chats and terminals (-32009: the caller sees the
-/// target). Every name in the params is then translated and authorized.
-pub fn plan_routed(
-    env: &Env,
-    caller: Caller<'_>,
-    row: &methods::Method,
-    params: Value,
-) -> Result<Plan, RpcError> {
-    let method = row.name;
-    let channel = params
-        .get("channel")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let (hub, host_channel) = target_of(env, caller, &channel, method)?;
-    let need = method_permission(method)?;
-    let disposed = row.disposes().then_some(host_channel.as_str());
-    let grant = match gate_on(env, caller, &hub, (method, &channel), need, disposed) {
-        Ok(g) => g,
-        Err(Denied::Invisible) => return Err(not_found(&channel)),
-        Err(Denied::NotCreator) => {
-            return Err(RpcError::permission_denied(
-                "disposing what another principal created needs the admin role",
-            ));
-        }
-        Err(Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
-    };
-    let shape = format!("params:{method}");
-    let params = to_host(env, caller, &hub, &grant, params, &shape, &host_channel)?;
-    Ok(Plan {
-        hub,
-        host_channel,
-        params,
-    })
-}
-
-/// Decides a request routed by its provider (`Handling::ByProvider`:
-/// `resolveSessionConfig`, `sessionConfigCompletions`; contract §4.3).
-/// The target host is the one that owns what the request names: the
-/// session (or other channel) its `channel` names when it is not the root
-/// — visible, else answered as nonexistent (§4.4) — else its `provider`'s
-/// host, else the only agent the caller sees. The row's permission must
-/// be granted there; then every name in the params — `provider`,
-/// `workingDirectory`, the channel — is translated and authorized on that
-/// host along the method's row of the rewrite table, so a name of another
-/// host (a provider of h1 with a session of h2, a `file://h2/…` directory
-/// sent to h1) is -32602 and nothing reaches a host.
-pub fn plan_by_provider(
-    env: &Env,
-    caller: Caller<'_>,
-    row: &methods::Method,
-    params: Value,
-) -> Result<Plan, RpcError> {
-    let method = row.name;
-    let root = ahp_types::ROOT_RESOURCE_URI;
-    let channel = params
-        .get("channel")
-        .and_then(Value::as_str)
-        .unwrap_or(root)
-        .to_string();
-    let provider = params
-        .get("provider")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let (hub, host_channel) = if channel == root {
-        (
-            provider_host(env, caller, provider.as_deref())?,
-            root.to_string(),
-        )
-    } else {
-        target_of(env, caller, &channel, method)?
-    };
-    let need = method_permission(method)?;
-    let grant = match gate(env, caller, &hub, method, &channel, need) {
-        Ok(g) => g,
-        Err(Denied::Invisible) if channel == root => {
-            return Err(RpcError::provider_not_found(
-                provider.as_deref().unwrap_or_default(),
-            ));
-        }
-        Err(Denied::Invisible) => return Err(not_found(&channel)),
-        Err(Denied::NotPermitted | Denied::NotCreator) => {
-            return Err(RpcError::permission_denied(method));
-        }
-    };
-    let shape = format!("params:{method}");
-    let params = to_host(env, caller, &hub, &grant, params, &shape, &host_channel)?;
-    Ok(Plan {
-        hub,
-        host_channel,
-        params,
-    })
-}
-
-/// The host a `provider` (`<provider>.<host>`) names, or without one the
-/// only host whose agent the caller sees; else -32002 / -32602.
-fn provider_host(
-    env: &Env,
-    caller: Caller<'_>,
-    provider: Option<&str>,
-) -> Result<Arc<HostHub>, RpcError> {
-    match provider {
-        Some(p) => crate::names::qualify::read_provider(p)
-            .and_then(|(_, h)| env.hosts.get(&h))
-            .ok_or_else(|| RpcError::provider_not_found(p)),
-        None => only_agent_host(env, caller.who)
-            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>.<host>)")),
-    }
-}
 
 /// Why [`Authorizing`] refused a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,11 +16,12 @@ mod links;
 pub mod outbox;
 pub mod reconnect;
 pub mod registry;
-pub mod requests;
+pub mod request;
 pub mod sequence;
 mod settle;
 pub mod status;
 pub mod tool_calls;
+mod visibility;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::requests::Conn;
+use super::request::Conn;
 use super::{Chan, ClientSession, SessionCore};
 use crate::policy::Permission;
 use crate::route::methods::typed;
