@@ -68,11 +68,11 @@ impl Registry {
         let orphans: Vec<Arc<ClientSession>> = self
             .sessions
             .iter()
-            .filter(|s| s.lock().orphaned.contains(host))
+            .filter(|s| s.lock().channels.orphaned.contains(host))
             .map(|s| s.clone())
             .collect();
         for s in orphans {
-            s.lock().orphaned.remove(host);
+            s.lock().channels.orphaned.remove(host);
             self.env
                 .metrics
                 .resyncs
@@ -103,12 +103,14 @@ impl Registry {
                 let mut core = s.lock();
                 // Checked again under the lock: a snapshot `reconnect` may
                 // have stopped root delivery (its cut) since `followers()`.
-                if !core.subs.contains(ahp_types::ROOT_RESOURCE_URI)
-                    || core.root_seen.get(key) == Some(&value)
+                if !core.channels.subs.contains(ahp_types::ROOT_RESOURCE_URI)
+                    || core.channels.root_seen.get(key) == Some(&value)
                 {
                     continue;
                 }
-                core.root_seen.insert(key.to_string(), value.clone());
+                core.channels
+                    .root_seen
+                    .insert(key.to_string(), value.clone());
                 let action = match field {
                     RootField::Agents => json!({"type": "root/agentsChanged", "agents": value}),
                     RootField::Terminals => {
@@ -157,7 +159,7 @@ impl Registry {
                 .is_some_and(|g| self.env.access.sees_session(who, &g, hub, &host_session));
             if visible {
                 let mut core = s.lock();
-                if core.subs.contains(ahp_types::ROOT_RESOURCE_URI) {
+                if core.channels.subs.contains(ahp_types::ROOT_RESOURCE_URI) {
                     s.push(&mut core, frame.clone());
                 }
             }

@@ -21,6 +21,7 @@ impl ClientSession {
         self.forget_unreadable_refs();
         let subs: Vec<String> = self
             .lock()
+            .channels
             .subs
             .iter()
             .filter(|c| *c != ahp_types::ROOT_RESOURCE_URI)
@@ -42,15 +43,15 @@ impl ClientSession {
             .collect();
         let mut core = self.lock();
         for c in &lost {
-            core.baselined.remove(c);
-            core.subs.remove(c);
+            core.channels.baselined.remove(c);
+            core.channels.subs.remove(c);
         }
-        for chans in core.chans.values_mut() {
+        for chans in core.channels.chans.values_mut() {
             chans.retain(|_, chan| !lost.iter().any(|c| c == chan.client()));
         }
         for host in gone {
-            core.links.remove(&host);
-            core.chans.remove(&host);
+            core.links.open.remove(&host);
+            core.channels.chans.remove(&host);
         }
         drop(core);
         // After the links to invisible hosts are gone: they take their

@@ -18,7 +18,7 @@ use crate::upstream::link::{Link, LinkCmd};
 /// Tells `hub` this session no longer follows `host_uri` (over its link, if
 /// one is open).
 pub(crate) fn unsubscribe_upstream(session: &ClientSession, hub: &HostHub, host_uri: &str) {
-    let link = session.lock().links.get(&hub.id).cloned();
+    let link = session.lock().links.open.get(&hub.id).cloned();
     if let Some(link) = link {
         let frame =
             json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}})
@@ -37,10 +37,10 @@ pub(crate) fn open_link(
         return Err(RpcError::host_unavailable(&hub.id));
     }
     let mut core = session.lock();
-    if let Some(l) = core.links.get(&hub.id) {
+    if let Some(l) = core.links.open.get(&hub.id) {
         return Ok(l.clone());
     }
-    if core.links.len() >= session.env.cfg.limits.links_per_session {
+    if core.links.open.len() >= session.env.cfg.limits.links_per_session {
         return Err(RpcError::internal(
             "too many hosts in use by this client session",
             Some(json!({"reason": "linkLimit", "retryable": false})),
@@ -54,7 +54,7 @@ pub(crate) fn open_link(
         ));
     }
     let link = session.open_link_locked(&mut core, hub, Default::default());
-    core.links.insert(hub.id.clone(), link.clone());
+    core.links.open.insert(hub.id.clone(), link.clone());
     Ok(link)
 }
 
@@ -79,7 +79,7 @@ pub(super) fn forward(
         if !matches!(kind, PendingKind::Initial { .. }) {
             session.check_pending(&core)?;
         }
-        core.pending.insert(
+        core.links.pending.insert(
             (link.id, n),
             Pending {
                 client_id: id.to_string(),
@@ -89,7 +89,7 @@ pub(super) fn forward(
         );
     }
     if !link.send(LinkCmd::Frame(frame)) {
-        session.lock().pending.remove(&(link.id, n));
+        session.lock().links.pending.remove(&(link.id, n));
         if link.is_busy() {
             session.limit_hit("link_queue");
             return Err(RpcError::limited(
@@ -106,7 +106,7 @@ pub(super) fn forward(
 
 /// Stops holding a host channel whose subscribe never reached the host.
 pub(super) fn unhold(session: &ClientSession, host: &Arc<str>, host_uri: &str) {
-    if let Some(m) = session.lock().chans.get_mut(host) {
+    if let Some(m) = session.lock().channels.chans.get_mut(host) {
         m.remove(host_uri);
     }
 }
@@ -114,7 +114,7 @@ pub(super) fn unhold(session: &ClientSession, host: &Arc<str>, host_uri: &str) {
 /// Starts holding a host channel's envelopes until its snapshot is written.
 pub(super) fn hold(session: &ClientSession, host: &Arc<str>, host_uri: &str, client_uri: &str) {
     let mut core = session.lock();
-    core.chans.entry(host.clone()).or_default().insert(
+    core.channels.chans.entry(host.clone()).or_default().insert(
         host_uri.to_string(),
         Chan::Holding {
             client: client_uri.into(),

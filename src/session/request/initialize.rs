@@ -76,8 +76,11 @@ pub(super) async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Resu
     let from = core.last();
     let mut snapshots = Vec::new();
     if wanted.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
-        core.subs.insert(ahp_types::ROOT_RESOURCE_URI.to_string());
-        core.baselined
+        core.channels
+            .subs
+            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
+        core.channels
+            .baselined
             .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
         snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
             "state": session.root_snapshot(&mut core), "fromSeq": from}));
@@ -102,8 +105,8 @@ pub(super) async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Resu
         ..
     } in taken
     {
-        core.baselined.insert(client_uri.clone());
-        core.subs.insert(client_uri);
+        core.channels.baselined.insert(client_uri.clone());
+        core.channels.subs.insert(client_uri);
         session.release(&mut core, &hub, &host_uri);
     }
     Ok(())
@@ -195,7 +198,7 @@ fn fit_initial(
             taken.push(entry);
             continue;
         }
-        if let Some(m) = core.chans.get_mut(&entry.hub.id) {
+        if let Some(m) = core.channels.chans.get_mut(&entry.hub.id) {
             m.remove(&entry.host_uri);
         }
         session.limit_hit("client_frame");

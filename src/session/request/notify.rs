@@ -60,10 +60,10 @@ pub(super) fn dispatch(session: &Arc<ClientSession>, params: Value) {
     let registration = (target.hub.id.clone(), target.host_channel);
     match target.action_type.as_str() {
         "session/activeClientSet" => {
-            session.lock().registered.insert(registration);
+            session.lock().links.registered.insert(registration);
         }
         "session/activeClientRemoved" => {
-            session.lock().registered.remove(&registration);
+            session.lock().links.registered.remove(&registration);
         }
         _ => {}
     }
@@ -78,7 +78,7 @@ pub(super) fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
     else {
         return;
     };
-    session.lock().subs.remove(&channel);
+    session.lock().channels.subs.remove(&channel);
     if channel == ahp_types::ROOT_RESOURCE_URI {
         return;
     }
@@ -86,7 +86,7 @@ pub(super) fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
     else {
         return;
     };
-    if let Some(m) = session.lock().chans.get_mut(&hub.id) {
+    if let Some(m) = session.lock().channels.chans.get_mut(&hub.id) {
         m.remove(&host_uri);
     }
     unsubscribe_upstream(session, &hub, &host_uri);
