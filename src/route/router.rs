@@ -18,7 +18,7 @@ use crate::names::qualify::{
     session_of_chat_uri,
 };
 use crate::names::seen::is_object;
-use crate::names::translate::{self, FieldKind, Namer};
+use crate::names::translate::{self, FieldKind, NameError, Namer};
 use crate::policy::audit::{self, Decision};
 use crate::policy::objects::{UriOwner, owner_of_uri};
 use crate::policy::table;
@@ -175,7 +175,7 @@ pub(super) fn gate_disposing(
 /// The audit rule of a refusal by the dispose rule (§7.1).
 const DISPOSE_RULE: &str = "dispose-others-needs-admin";
 
-/// Why [`Authorizing`] refused a field.
+/// Why [`Authorizing`] refused a field, as the answer reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// Malformed, another host's, or an invisible session, chat or
@@ -206,16 +206,16 @@ struct Authorizing<'a> {
     hub: &'a HostHub,
     grant: &'a Grant,
     target: Option<&'a str>,
-    refusal: std::cell::Cell<Refusal>,
 }
 
-impl Authorizing<'_> {
-    fn refuse(&self, why: Refusal, text: &str) -> Result<String, String> {
-        if why == Refusal::Invisible {
-            count_invisible(self.env);
+impl Refusal {
+    /// The answer a refused name gets.
+    pub fn of(name: NameError) -> Self {
+        match name {
+            NameError::Invisible => Self::Invisible,
+            NameError::Denied => Self::Denied,
+            _ => Self::Untranslatable,
         }
-        self.refusal.set(why);
-        Err(text.into())
     }
 }
 
@@ -228,7 +228,7 @@ fn count_invisible(env: &Env) {
 }
 
 impl Namer for Authorizing<'_> {
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
         self.to_host.translate(kind, value)
     }
 
@@ -238,7 +238,7 @@ impl Namer for Authorizing<'_> {
         path: &str,
         kind: FieldKind,
         value: &str,
-    ) -> Result<String, String> {
+    ) -> Result<String, NameError> {
         let host_value = self.to_host.translate(kind, value)?;
         let uri = matches!(
             kind,
@@ -253,12 +253,15 @@ impl Namer for Authorizing<'_> {
         let access = &self.env.access;
         if !access.sees_named(self.caller.who, self.grant, self.hub, &host_value, shown) {
             return match owner_of_uri(&host_value) {
-                UriOwner::Itself => self.refuse(Refusal::Untranslatable, "unknown URI"),
-                _ => self.refuse(Refusal::Invisible, "unknown URI"),
+                UriOwner::Itself => Err(NameError::Unknown),
+                _ => {
+                    count_invisible(self.env);
+                    Err(NameError::Invisible)
+                }
             };
         }
         if !self.grant.permits(field_need(shape, path)) {
-            return self.refuse(Refusal::Denied, "permission denied");
+            return Err(NameError::Denied);
         }
         Ok(host_value)
     }
@@ -301,9 +304,8 @@ pub fn translate_to_host(
         hub,
         grant,
         target,
-        refusal: std::cell::Cell::new(Refusal::Untranslatable),
     };
-    translate::translate(value, shape, &namer).map_err(|e| (namer.refusal.get(), e.to_string()))
+    translate::translate(value, shape, &namer).map_err(|e| (Refusal::of(e.reason), e.to_string()))
 }
 
 /// Translates request `params` to host names along `shape` (fields
@@ -611,8 +613,8 @@ pub fn resource_to_host(
     uri: &str,
     params: Value,
 ) -> Result<Value, RpcError> {
-    let host_uri =
-        namer::to_host_uri(env.store.as_ref(), &hub.id, uri).map_err(RpcError::invalid_params)?;
+    let host_uri = namer::to_host_uri(env.store.as_ref(), &hub.id, uri)
+        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
     let grant = env
         .access
         .grant_on(caller.who, hub)
