@@ -193,18 +193,19 @@ pub struct ClientSession {
 }
 
 impl ClientSession {
-    /// A new session numbering from a fresh S0, attached to `socket`.
+    /// A new session numbering from a fresh S0 above `floor` (0 for a new
+    /// client; an adopted one's watermark, §12.2), attached to `socket`.
     pub fn new(
         registry: &Arc<Registry>,
         key: SessionKey,
-        version: String,
+        (version, floor): (String, u64),
         groups: Vec<String>,
         socket: Socket,
     ) -> Self {
         let env = registry.env.clone();
         let upstream_id = env.keys.upstream_id(&key.principal, &key.client_id);
         let limits = &env.cfg.limits;
-        let s0 = registry.origins.next();
+        let s0 = registry.origins.next_above(floor);
         let core = SessionCore::new(s0, socket, limits);
         let seen = crate::names::seen::Seen::new(
             limits.seen_refs_per_session,
