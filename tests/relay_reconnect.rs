@@ -19,8 +19,8 @@ use ahp::hosts::{
     MultiHostClient, ReconnectPolicy,
 };
 use ahp::{
-    BoxedTransport, ClientConfig, ClientError, HostedResourceKey, MultiHostStateMirror,
-    SubscriptionEvent, TransportError,
+    BoxedTransport, ClientConfig, HostedResourceKey, MultiHostStateMirror, SubscriptionEvent,
+    TransportError,
 };
 use ahp_relay::simhost::SimHost;
 use ahp_relay::upstream::dial::DialOptions;
