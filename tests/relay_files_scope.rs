@@ -189,6 +189,43 @@ async fn others_get_what_their_sessions_and_roles_give() {
     assert_eq!(s.writes_on_host(), 2, "alice's and root's writes only");
 }
 
+/// bob cannot make alice's directory one of his sessions' (§7.1): a
+/// session of his working in it, or in a directory containing it, is
+/// -32009; one working in a symlink to it is created but grants nothing
+/// there (the directory is not canonical); one in a directory of his own
+/// lets him save there.
+#[tokio::test]
+async fn bob_cannot_claim_alices_directory() {
+    let s = Setup::start().await;
+    link(&s.sandbox.join("proj"), &s.sandbox.join("bob-link"));
+    std::fs::create_dir_all(s.sandbox.join("bob-proj")).expect("bob's dir");
+    let mut bob = s.user("bob").await;
+    let create = |n: u32, dir: String| {
+        json!({"channel": format!("ahp-session:/bob-files-{n}"), "provider": "sim.a",
+            "workingDirectories": [dir]})
+    };
+    for (n, rel) in [(1, "proj"), (2, "proj/sub"), (3, "")] {
+        let r = bob
+            .request(u64::from(n), "createSession", create(n, s.uri(rel)))
+            .await;
+        denied(&r, &format!("bob claims {rel:?}"));
+    }
+    for (n, rel) in [(4, "bob-link"), (5, "bob-proj")] {
+        let r = bob
+            .request(u64::from(n), "createSession", create(n, s.uri(rel)))
+            .await;
+        assert_eq!(r.get("result"), Some(&Value::Null), "{rel}: {r}");
+    }
+    denied(
+        &write(&mut bob, 6, &s.uri("bob-link/x.txt")).await,
+        "through his link",
+    );
+    assert!(!s.sandbox.join("proj/x.txt").exists());
+    let r = write(&mut bob, 7, &s.uri("bob-proj/x.txt")).await;
+    assert!(r.get("result").is_some(), "bob saves in his own: {r}");
+    assert_eq!(s.writes_on_host(), 1, "bob's own save only");
+}
+
 /// The scope follows the policy and the catalog (§7.6): after a reload
 /// that drops alice's option her save is refused; with the option back,
 /// it works again until she disposes her session — then its directory

@@ -19,18 +19,29 @@
 //!    yet: its nearest existing ancestor, after checking with
 //!    `followSymlinks: false` that no dangling link stands in its place),
 //!    each granting directory too, and the canonical path must lie inside
-//!    the canonical form of one of them ([`confirmed`]). So `..` after a
-//!    symlink, a link inside the directory pointing out of it, or a
-//!    directory that is itself a link are judged on what the host will
-//!    really touch. The directories compared are those that contain the
-//!    path lexically: a link from one working directory into another is
-//!    refused even when both are in scope (fail closed). The final
-//!    decision is audited ([`record`]).
+//!    one of them ([`confirmed`]). So `..` after a symlink or a link inside
+//!    the directory pointing out of it are judged on what the host will
+//!    really touch. A working directory grants only where the host's
+//!    canonical form of it is the form it lists ([`is_canonical`]): a
+//!    directory that is, or lies under, a symlink grants nothing, so a
+//!    session pointed at a link into another tenant's directory gains no
+//!    access there (a workspace under a symlinked path, such as macOS's
+//!    `/tmp`, must be listed by its real path). The directories compared
+//!    are those that contain the path lexically: a link from one working
+//!    directory into another is refused even when both are in scope (fail
+//!    closed). The final decision is audited ([`decided`]).
+//! 3. **Claiming a directory** ([`may_claim`]): a principal whose files
+//!    come from the scope alone may not name, as a working directory of a
+//!    session it creates or changes, a directory that contains or lies
+//!    inside a working directory of a session it cannot operate on that
+//!    host (-32009): the scope follows the principal's sessions, and a new
+//!    session must not make another tenant's directory one of them.
 //!
-//! What remains is the host's own race: a link swapped between the
-//! resolve and the command. The host acts with its OS privileges anyway
-//! (README "Isolation boundary"); the scope keeps the relay's users from
-//! naming paths outside their sessions, not the agents they drive.
+//! What remains is the host's own race: a link made or swapped between
+//! the resolve and the command (by the host's user, or an agent someone
+//! drives there). The host acts with its OS privileges anyway (README
+//! "Isolation boundary"); the scope keeps the relay's users from naming
+//! paths outside their sessions, not the agents they drive.
 
 use serde_json::Value;
 
@@ -161,6 +172,57 @@ fn granting_dirs(
     dirs
 }
 
+/// The working-directory fields a request claims for a session: those of
+/// a new session, and those a session is set to (`(shape, field)` of the
+/// rewrite table). A chat's directories must be its session's (the host
+/// checks), and removing a directory claims nothing.
+const CLAIMS: &[(&str, &str)] = &[
+    ("params:createSession", "workingDirectories[]"),
+    ("session/workingDirectorySet", "directory"),
+    ("session/workingDirectoryReplaced", "replacement"),
+];
+
+/// Whether field `path` of rewrite-table row `shape` claims a working
+/// directory ([`CLAIMS`]).
+pub fn claims_directory(shape: &str, path: &str) -> bool {
+    CLAIMS.iter().any(|(s, p)| *s == shape && *p == path)
+}
+
+/// Whether the caller may claim `dir` (host form) as a working directory
+/// on `hub`: always with `files:write` on the whole host or without a
+/// session-directory scope (a claim then grants no files); with the scope
+/// alone, only a directory that neither contains nor lies inside a working
+/// directory of a session the caller cannot operate there, compared
+/// lexically by whole segments.
+pub fn may_claim(
+    env: &Env,
+    caller: Caller<'_>,
+    (hub, grant): (&HostHub, &Grant),
+    dir: &str,
+) -> bool {
+    if !grant.session_files || grant.permits(Permission::FilesWrite) {
+        return true;
+    }
+    let Some(dir) = normalized(dir) else {
+        return false;
+    };
+    let overlapping: Vec<String> = hub.read(|v| {
+        v.catalog
+            .iter()
+            .filter(|(_, summary)| {
+                working_dirs(summary)
+                    .filter_map(normalized)
+                    .any(|w| w.starts_with(&dir) || dir.starts_with(&w))
+            })
+            .map(|(session, _)| session.clone())
+            .collect()
+    });
+    let operates = grant.permits(Permission::SessionsOperate);
+    overlapping
+        .iter()
+        .all(|s| operates && env.access.sees_channel(caller.who, grant, hub, s))
+}
+
 /// A session summary's working directories.
 fn working_dirs(summary: &Value) -> impl Iterator<Item = &str> {
     summary
@@ -265,6 +327,15 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
         }
     }
     Some(out)
+}
+
+/// Whether `canonical`, the host's canonical form of the working directory
+/// `listed`, names the same path: a working directory grants files only
+/// where it is itself canonical, so a directory that is (or lies under) a
+/// symlink grants nothing — else a session pointed at a link into another
+/// tenant's directory would reach that directory.
+pub fn is_canonical(listed: &str, canonical: &str) -> bool {
+    normalized(listed).is_some_and(|l| normalized(canonical).is_some_and(|c| c == l))
 }
 
 /// Whether the host's canonical form of a path (`resourceResolve` with

@@ -264,6 +264,11 @@ impl Namer for Authorizing<'_> {
         if !self.grant.permits(field_need(shape, path)) {
             return Err(NameError::Denied);
         }
+        if files::claims_directory(shape, path)
+            && !files::may_claim(self.env, self.caller, (self.hub, self.grant), &host_value)
+        {
+            return Err(NameError::Denied);
+        }
         Ok(host_value)
     }
 }

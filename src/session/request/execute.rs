@@ -259,9 +259,10 @@ const MAX_MISSING_DEPTH: usize = 32;
 /// Confirms on the host that `path`, allowed by a session-directory scope,
 /// lies inside one of its granting directories once `..` and symlinks are
 /// resolved (contract §7.1, `route::files`): the host's canonical form of
-/// the path (or of its nearest existing ancestor) against the canonical
-/// forms of the directories. The decision is audited; a path outside, or
-/// one the host will not resolve, is -32009.
+/// the path (or of its nearest existing ancestor) against the directories
+/// whose canonical form is the one the host lists (a directory that is, or
+/// lies under, a symlink grants nothing). The decision is audited; a path
+/// outside, or one the host will not resolve, is -32009.
 async fn confirm_inside(
     session: &Arc<ClientSession>,
     link: &Link,
@@ -275,7 +276,9 @@ async fn confirm_inside(
     };
     let mut dirs = Vec::new();
     for dir in &path.dirs {
-        if let Ok(c) = resolve(session, link, dir, true).await {
+        if let Ok(c) = resolve(session, link, dir, true).await
+            && files::is_canonical(dir, &c)
+        {
             dirs.push(c);
         }
     }
