@@ -136,6 +136,40 @@ async fn alice_saves_in_her_working_directory_and_nowhere_else() {
         .await;
     assert!(r.get("result").is_some(), "alice follows her watch: {r}");
     assert_eq!(s.writes_on_host(), 1);
+    let (copy, moved) = (s.uri("proj/copy.txt"), s.uri("proj/sub/moved.txt"));
+    let r = s
+        .alice
+        .request(
+            7,
+            "resourceMkdir",
+            json!({"channel": "ahp-root://", "uri": s.uri("proj/sub")}),
+        )
+        .await;
+    assert!(r.get("result").is_some(), "mkdir inside: {r}");
+    let cp = |source: &str, destination: &str| json!({"channel": "ahp-root://", "source": source, "destination": destination});
+    let r = s.alice.request(8, "resourceCopy", cp(&notes, &copy)).await;
+    assert!(r.get("result").is_some(), "copy inside: {r}");
+    let r = s.alice.request(9, "resourceMove", cp(&copy, &moved)).await;
+    assert!(r.get("result").is_some(), "move inside: {r}");
+    assert!(s.sandbox.join("proj/sub/moved.txt").exists());
+    let out_of = [
+        (cp(&notes, &s.uri("outside/copied.txt")), "copy out"),
+        (
+            cp(&s.uri("outside/target.txt"), &copy),
+            "copy in from outside",
+        ),
+    ];
+    for (n, (params, what)) in out_of.into_iter().enumerate() {
+        let r = s.alice.request(30 + n as u64, "resourceCopy", params).await;
+        denied(&r, what);
+    }
+    let r = s
+        .alice
+        .request(32, "resourceMove", cp(&moved, &s.uri("outside/moved.txt")))
+        .await;
+    denied(&r, "move out");
+    assert!(!s.sandbox.join("outside/copied.txt").exists());
+    assert!(!s.sandbox.join("proj/copy.txt").exists());
 
     let escapes = [
         ("project2/x.txt", "a sibling sharing the prefix"),
