@@ -33,7 +33,7 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 pub use self::core::SessionCore;
 pub use crate::identity::PrincipalKey;
 use crate::route::{Caller, Env};
-use crate::rpc::Close;
+use crate::rpc::{Close, RpcError};
 pub use registry::Registry;
 
 /// A session's identity: principal plus the client's own `clientId`.
@@ -93,6 +93,13 @@ pub enum PendingKind {
     Dispose {
         /// The store key, if the URI is a store entry.
         store_key: Option<String>,
+    },
+    /// The relay's own request on the client's link (a `resourceResolve`
+    /// confirming a scoped path, `route::files`): the host's raw result, or
+    /// its error, goes to the waiting request; nothing reaches the client.
+    Internal {
+        /// Receives the host's result (host names, untranslated) or error.
+        reply: oneshot::Sender<Result<Value, RpcError>>,
     },
 }
 
