@@ -22,7 +22,7 @@ use crate::session::ClientSession;
 use crate::session::outbox::Outbox;
 /// Keeps a principal's connection slot for as long as its socket lives.
 pub use crate::session::registry::ConnectionGuard;
-use crate::session::requests::Conn;
+use crate::session::request::Conn;
 
 /// The edge's handle on the relay (cheap to clone).
 #[derive(Clone)]
@@ -136,7 +136,8 @@ impl RelayPort {
             "hosts": hosts,
             "principals": self.relay.registry.status_rows(),
             "reconnects": {"replay": replay, "snapshot": snapshot,
-                "not_found": outcome("not_found"), "snapshot_fallback_ratio": ratio},
+                "adopted": outcome("adopted"), "not_found": outcome("not_found"),
+                "snapshot_fallback_ratio": ratio},
             "denials": crate::policy::recent::denials(),
             "store": self.store_row(),
         })
@@ -170,7 +171,12 @@ impl RelayPort {
             attached: n.attached,
             detached: n.detached,
             retained: n.retained,
-            reconnects: [outcome("replay"), outcome("snapshot"), outcome("not_found")],
+            reconnects: [
+                outcome("replay"),
+                outcome("snapshot"),
+                outcome("adopted"),
+                outcome("not_found"),
+            ],
             hosts,
         }
     }

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::requests::Conn;
+use super::request::Conn;
 use super::{Chan, ClientSession, SessionCore};
 use crate::policy::Permission;
 use crate::route::methods::typed;
@@ -26,7 +26,9 @@ use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
 use crate::upstream::link::{Baseline, LinkCmd};
 
-/// Handles `reconnect` on a socket without a session; writes the answer itself.
+/// Handles `reconnect` on a socket without a session; writes the answer
+/// itself. A session this relay does not know is adopted (§12.2) when the
+/// request names a channel the principal may see.
 pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcError> {
     if conn.session.is_some() {
         return Err(RpcError::invalid_request(
@@ -36,50 +38,41 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     let (p, _) = typed::<ReconnectParams>(params)?;
     let registry = conn.registry.clone();
     let started = std::time::Instant::now();
-    let outcome = |label: &str| {
+    // The duration covers the whole answer, the snapshot settle included.
+    let done = |label: &str| {
         let m = &registry.env.metrics;
         m.reconnects.with_label_values(&[label]).inc();
-    };
-    // The duration covers the whole answer, the snapshot settle included.
-    let took = || {
-        let m = &registry.env.metrics;
         m.reconnect_seconds.observe(started.elapsed().as_secs_f64());
     };
-    let key = conn.session_key(&p.client_id);
-    let Some(session) = registry.session_of(&key) else {
-        outcome("not_found");
-        took();
-        return Err(RpcError::not_found(
-            "no session for this clientId: initialize again",
-        ));
-    };
     let cap = registry.env.cfg.limits.subscriptions_per_session;
-    let requested = match super::limits::dedup_capped(p.subscriptions, cap) {
-        Ok(r) => r,
-        Err(e) => {
-            registry
-                .env
-                .metrics
-                .limit_hits
-                .with_label_values(&["subscriptions"])
-                .inc();
-            return Err(e);
+    let requested = super::limits::dedup_capped(p.subscriptions, cap).inspect_err(|_| {
+        let m = &registry.env.metrics;
+        m.limit_hits.with_label_values(&["subscriptions"]).inc();
+    })?;
+    let key = conn.session_key(&p.client_id);
+    let watermark = p.last_seen_server_seq;
+    let (session, generation, label) = match registry.session_of(&key) {
+        Some(session) => {
+            conn.session = Some(session.clone());
+            adopt_identity(&session, &conn.principal.groups);
+            let Some(generation) =
+                replay_or_cut(&session, conn.socket(), id, watermark, &requested)
+            else {
+                done("replay");
+                return Ok(());
+            };
+            (session, generation, "snapshot")
         }
+        None => match adopt_session(conn, &key, watermark, &requested)? {
+            Some((session, generation)) => (session, generation, "adopted"),
+            None => {
+                done("not_found");
+                return Err(RpcError::not_found(
+                    "no session for this clientId: initialize again",
+                ));
+            }
+        },
     };
-    conn.session = Some(session.clone());
-    adopt_identity(&session, &conn.principal.groups);
-    let Some(generation) = replay_or_cut(
-        &session,
-        conn.socket(),
-        id,
-        p.last_seen_server_seq,
-        &requested,
-    ) else {
-        outcome("replay");
-        took();
-        return Ok(());
-    };
-    outcome("snapshot");
     let waits = rebaseline(&session, &requested);
     let settle = std::time::Duration::from_secs(registry.env.cfg.limits.upstream_settle_secs);
     let adopted = settle_all(waits, settle).await;
@@ -94,9 +87,65 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     }
     answer_snapshots(&session, &mut core, id, &requested, adopted);
     drop(core);
-    took();
+    done(label);
     Ok(())
 }
+
+/// §12.2: a `reconnect` for a (principal, clientId) this relay does not
+/// know — its replica died, restarted or was drained — gets a new session
+/// under the same upstream id (links re-baselined, so hosts see the same
+/// client come back), numbering above both its S0 and the client's
+/// watermark, attached to this socket and cut for a `snapshot` answer.
+/// `None` when the request names nothing the principal may see: that stays
+/// `NotFound`, so a stranger's guess at a clientId learns nothing.
+fn adopt_session(
+    conn: &mut Conn,
+    key: &super::SessionKey,
+    watermark: i64,
+    requested: &[String],
+) -> Result<Option<(Arc<ClientSession>, u64)>, RpcError> {
+    let registry = conn.registry.clone();
+    let env = &registry.env;
+    let groups = &conn.principal.groups;
+    let who = crate::policy::Subject {
+        principal: &key.principal,
+        groups,
+    };
+    let caller_sees = |c: &String| {
+        c == ahp_types::ROOT_RESOURCE_URI
+            || crate::names::namer::route(env.store.as_ref(), c)
+                .and_then(|(h, hu)| env.hosts.get(&h).map(|hub| (hub, hu)))
+                .is_some_and(|(hub, hu)| {
+                    env.access
+                        .grant_on(who, &hub)
+                        .is_some_and(|g| env.access.sees_channel(who, &g, &hub, &hu))
+                })
+    };
+    if !requested.iter().any(caller_sees) {
+        return Ok(None);
+    }
+    let floor = u64::try_from(watermark).unwrap_or(0);
+    let session = Arc::new(ClientSession::new(
+        &registry,
+        key.clone(),
+        (ADOPTED_VERSION.to_string(), floor),
+        groups.clone(),
+        conn.socket(),
+    ));
+    registry.attach(session.clone())?;
+    conn.session = Some(session.clone());
+    let mut core = session.lock();
+    hold_for_cut(&mut core);
+    let generation = core.attach_gen();
+    drop(core);
+    Ok(Some((session, generation)))
+}
+
+/// The protocol version an adopted session speaks with its client: the
+/// `reconnect` carries none, and the relay's wire contract is the same for
+/// every version it speaks (§4.1); links still offer every version hosts
+/// may speak.
+const ADOPTED_VERSION: &str = "1.0.0";
 
 /// §3.3: from this `reconnect` on, the session acts with the groups of the
 /// token on the new socket (expiry and revocation are the socket's own,
@@ -111,7 +160,7 @@ fn adopt_identity(session: &ClientSession, groups: &[String]) {
         return;
     }
     session.forget_invisible();
-    session.lock().baselined.clear();
+    session.lock().channels.baselined.clear();
 }
 
 /// Attaches `socket` and answers with `replay` when the buffer proves
@@ -141,9 +190,9 @@ fn replay_or_cut(
 /// host channel is held until its fresh snapshot.
 fn hold_for_cut(core: &mut SessionCore) {
     core.begin_cut();
-    core.subs.remove(ahp_types::ROOT_RESOURCE_URI);
-    core.baselined.clear();
-    for chans in core.chans.values_mut() {
+    core.channels.subs.remove(ahp_types::ROOT_RESOURCE_URI);
+    core.channels.baselined.clear();
+    for chans in core.channels.chans.values_mut() {
         for chan in chans.values_mut() {
             if let Chan::Live { client } = chan {
                 *chan = Chan::Holding {
@@ -193,19 +242,22 @@ fn answer_snapshots(
         .iter()
         .flat_map(|(hub, channels, _)| channels.iter().map(|(_, h)| (&*hub.id, h.as_str())))
         .collect();
-    for (host, chans) in core.chans.iter_mut() {
+    for (host, chans) in core.channels.chans.iter_mut() {
         chans.retain(|host_uri, _| rebased.contains(&(&**host, host_uri.as_str())));
     }
     let from = core.last();
     let mut snapshots = Vec::new();
-    core.orphaned.clear();
+    core.channels.orphaned.clear();
     if requested.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
         let root = session.root_snapshot(core);
         snapshots.push(
             json!({"resource": ahp_types::ROOT_RESOURCE_URI, "state": root, "fromSeq": from}),
         );
-        core.subs.insert(ahp_types::ROOT_RESOURCE_URI.to_string());
-        core.baselined
+        core.channels
+            .subs
+            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
+        core.channels
+            .baselined
             .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
     }
     let release = adopt(session, core, adopted, from, &mut snapshots);
@@ -216,7 +268,7 @@ fn answer_snapshots(
     }
     session.end_cut(core);
     // The new links' snapshots are adopted: the old links may close now.
-    for old in std::mem::take(&mut core.retiring) {
+    for old in std::mem::take(&mut core.links.retiring) {
         // Requests in flight on a replaced link will never be answered.
         session.fail_link_requests_locked(core, old.id, &RpcError::upstream_lost(&old.host.id));
     }
@@ -240,15 +292,16 @@ fn adopt(
             let snap = init.as_ref().and_then(|r| snapshot_of(r, &host_uri));
             let (client_snap, host_from) = session.client_snapshot(&hub, snap, &client, from);
             let Some(s) = client_snap else {
-                if let Some(m) = core.chans.get_mut(&hub.id) {
+                if let Some(m) = core.channels.chans.get_mut(&hub.id) {
                     m.remove(&host_uri);
                 }
                 if init.is_none() {
-                    core.orphaned.insert(hub.id.to_string());
+                    core.channels.orphaned.insert(hub.id.to_string());
                 }
                 continue;
             };
             if let Some(Chan::Holding { from: f, .. }) = core
+                .channels
                 .chans
                 .get_mut(&hub.id)
                 .and_then(|m| m.get_mut(&host_uri))
@@ -256,8 +309,8 @@ fn adopt(
                 *f = host_from;
             }
             snapshots.push(s);
-            core.subs.insert(client.clone());
-            core.baselined.insert(client);
+            core.channels.subs.insert(client.clone());
+            core.channels.baselined.insert(client);
             release.push((hub.clone(), host_uri));
         }
     }
@@ -284,7 +337,7 @@ fn replay(
         // A channel without a baseline in this session (never snapshotted,
         // or hidden by a policy change) forces snapshots; one that had a
         // baseline but no longer routes (disposed) is reported `missing`.
-        if !core.baselined.contains(c) {
+        if !core.channels.baselined.contains(c) {
             return None;
         }
         let routable = c == ahp_types::ROOT_RESOURCE_URI
@@ -334,10 +387,12 @@ fn replay(
 /// Stops following channels the client did not ask to keep.
 fn forget_unrequested(core: &mut SessionCore, requested: &[String]) {
     let keep: HashSet<&str> = requested.iter().map(String::as_str).collect();
-    core.subs.retain(|c| keep.contains(c.as_str()));
-    core.baselined.retain(|c| keep.contains(c.as_str()));
+    core.channels.subs.retain(|c| keep.contains(c.as_str()));
+    core.channels
+        .baselined
+        .retain(|c| keep.contains(c.as_str()));
     let mut unsubscribe = Vec::new();
-    for (host, chans) in core.chans.iter_mut() {
+    for (host, chans) in core.channels.chans.iter_mut() {
         chans.retain(|host_uri, chan| {
             let kept = keep.contains(chan.client());
             if !kept {
@@ -347,7 +402,7 @@ fn forget_unrequested(core: &mut SessionCore, requested: &[String]) {
         });
     }
     for (host, host_uri) in unsubscribe {
-        if let Some(link) = core.links.get(&host) {
+        if let Some(link) = core.links.open.get(&host) {
             let frame =
                 json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}});
             link.send(LinkCmd::Frame(frame.to_string()));
@@ -397,7 +452,7 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
             reply: Some(tx),
         };
         let mut core = session.lock();
-        let m = core.chans.entry(hub.id.clone()).or_default();
+        let m = core.channels.chans.entry(hub.id.clone()).or_default();
         for (client, host_uri) in &channels {
             m.insert(
                 host_uri.clone(),
@@ -409,8 +464,8 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
             );
         }
         let link = session.open_link_locked(&mut core, &hub, baseline);
-        if let Some(old) = core.links.insert(hub.id.clone(), link) {
-            core.retiring.push(old);
+        if let Some(old) = core.links.open.insert(hub.id.clone(), link) {
+            core.links.retiring.push(old);
         }
         waits.push((hub, channels, rx));
     }

@@ -2,9 +2,9 @@
 //! the official `ahp` client or a raw WebSocket, and wait with timeouts.
 //! `frames` builds the JSON-RPC frames and actions tests write by hand,
 //! `names` the principals and client names, `relay` a relay over TLS in
-//! front of simulated hosts, `postgres` a throwaway PostgreSQL cluster.
-//! Every test file uses these rather than its own
-//! copies.
+//! front of simulated hosts, `postgres` a throwaway PostgreSQL cluster,
+//! `haproxy` a load balancer in front of relays. Every test file uses these
+//! rather than its own copies.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -19,6 +19,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod frames;
+pub mod haproxy;
 pub mod names;
 pub mod postgres;
 pub mod relay;
