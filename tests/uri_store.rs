@@ -784,6 +784,51 @@ async fn postgres_unreachable_at_open_fails_cleanly() {
     assert!(!error.to_string().contains("url-password"), "{error}");
 }
 
+/// Migrations are versioned: the first open records version 1 in
+/// `schema_migrations`, later opens (and concurrent ones) apply nothing
+/// again, and a relay refuses a database migrated past what it knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_migrations_are_versioned() {
+    let Some(pg) = Postgres::start("migrations") else {
+        return;
+    };
+    let options = pg_options(&pg, "migrations");
+    // Three replicas starting at once migrate once.
+    let opened: Vec<_> = (0..3)
+        .map(|_| {
+            let options = options.clone();
+            tokio::task::spawn_blocking(move || PgStore::open(&options).map(drop))
+        })
+        .collect();
+    for o in opened {
+        o.await.unwrap().unwrap();
+    }
+    let mut config: tokio_postgres::Config = options.url.parse().unwrap();
+    config.password(options.password.clone().unwrap_or_default());
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let versions: Vec<i32> = client
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [1]);
+    client
+        .execute("INSERT INTO schema_migrations (version) VALUES (999)", &[])
+        .await
+        .unwrap();
+    let error = tokio::task::spawn_blocking(move || PgStore::open(&options).err())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(error.to_string().contains("newer"), "{error}");
+}
+
 /// A URL with a password and a wrong password file: the error names neither.
 #[test]
 fn postgres_errors_hold_no_secret() {
