@@ -486,7 +486,10 @@ mod tests {
     fn jitter_stays_within_a_fifth() {
         for _ in 0..50 {
             let j = jittered(Duration::from_secs(10));
-            assert!(j >= Duration::from_secs(8) && j <= Duration::from_secs(12), "{j:?}");
+            assert!(
+                j >= Duration::from_secs(8) && j <= Duration::from_secs(12),
+                "{j:?}"
+            );
         }
     }
 }

@@ -40,7 +40,9 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig, frame::coding::CloseCode};
+use tokio_tungstenite::tungstenite::protocol::{
+    CloseFrame, Role, WebSocketConfig, frame::coding::CloseCode,
+};
 
 use super::layers::{ClientAddr, Peer, Refusal, Resp, WsKey, refused, text};
 use super::port::RelayPort;

@@ -248,7 +248,11 @@ impl Connectors {
 
     /// Attaches a connector for `host` from `peer`, unless one is attached
     /// (a second is refused while the first's control connection lives).
-    pub fn attach(self: &Arc<Self>, host: &str, peer: String) -> Result<Attachment, AlreadyAttached> {
+    pub fn attach(
+        self: &Arc<Self>,
+        host: &str,
+        peer: String,
+    ) -> Result<Attachment, AlreadyAttached> {
         let (tx, rx) = mpsc::channel(ORDERS);
         let generation = self.next.fetch_add(1, Ordering::Relaxed);
         {
@@ -366,7 +370,10 @@ pub fn same_token(given: &str, expected: &str) -> bool {
     use sha2::{Digest, Sha256};
     let a = Sha256::digest(given.as_bytes());
     let b = Sha256::digest(expected.as_bytes());
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 #[cfg(test)]
@@ -396,7 +403,10 @@ mod tests {
             .request("h", Vec::new(), Duration::from_millis(20))
             .await
             .err();
-        assert_eq!(err, Some(DialInError::NoConnector(Duration::from_millis(20))));
+        assert_eq!(
+            err,
+            Some(DialInError::NoConnector(Duration::from_millis(20)))
+        );
         assert!(c.attach("h", "1.2.3.4:7".into()).is_ok());
     }
 

@@ -247,7 +247,10 @@ impl HostHub {
             if token.trim().is_empty() {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
-                    format!("dial_in token file {} is empty", dial_in.token_file.display()),
+                    format!(
+                        "dial_in token file {} is empty",
+                        dial_in.token_file.display()
+                    ),
                 ));
             }
         }
@@ -729,7 +732,10 @@ impl Hosts {
                 changes.removed.push(hub.clone());
                 // A connector authenticated for a host that is gone or no
                 // longer dials in the same way must authenticate again.
-                if next.get(id).is_none_or(|h| h.cfg.dial_in != hub.cfg.dial_in) {
+                if next
+                    .get(id)
+                    .is_none_or(|h| h.cfg.dial_in != hub.cfg.dial_in)
+                {
                     self.connectors.evict(id);
                 }
             }

@@ -478,7 +478,11 @@ async fn room(paused: &mut Option<(BoxFuture<'static, ()>, tokio::time::Instant)
 
 /// Writes `first` and everything else already queued, then flushes once;
 /// `false` if the connection failed.
-async fn write_queued(ws: &mut HostSocket, first: LinkCmd, rx: &mut mpsc::Receiver<LinkCmd>) -> bool {
+async fn write_queued(
+    ws: &mut HostSocket,
+    first: LinkCmd,
+    rx: &mut mpsc::Receiver<LinkCmd>,
+) -> bool {
     let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = first;
     if ws.feed(Message::text(f)).await.is_err() {
         return false;
