@@ -83,7 +83,7 @@ pub fn handle(port: &RelayPort, mut req: Request<Incoming>) -> Resp {
     };
     match answer {
         Ok(()) => super::upgrade::switching(&key, TokenSource::AuthorizationHeader),
-        Err(refusal) => refusal,
+        Err(refusal) => *refusal,
     }
 }
 
@@ -113,7 +113,7 @@ fn authenticate(port: &RelayPort, req: &Request<Incoming>) -> Option<String> {
 
 /// Attaches the control connection of `host`'s connector and serves it
 /// once upgraded; 409 if the host has a connector already.
-fn control(port: &RelayPort, req: &mut Request<Incoming>, host: String) -> Result<(), Resp> {
+fn control(port: &RelayPort, req: &mut Request<Incoming>, host: String) -> Result<(), Box<Resp>> {
     let peer = req
         .extensions()
         .get::<ClientAddr>()
@@ -121,12 +121,12 @@ fn control(port: &RelayPort, req: &mut Request<Incoming>, host: String) -> Resul
         .or_else(|| req.extensions().get::<Peer>().map(|p| p.0.to_string()))
         .unwrap_or_default();
     let attachment = port.connectors().attach(&host, peer.clone()).map_err(|e| {
-        refused(
+        Box::new(refused(
             StatusCode::CONFLICT,
             &format!("{e}: one connector per host at a time\n"),
             Refusal::Upgrade("connector_busy"),
             Some(5),
-        )
+        ))
     })?;
     let upgrade = hyper::upgrade::on(req);
     let limits = port.limits();
@@ -154,14 +154,14 @@ fn link_socket(
     req: &mut Request<Incoming>,
     host: &str,
     link: u64,
-) -> Result<(), Resp> {
+) -> Result<(), Box<Resp>> {
     let Some(delivery) = port.connectors().claim(host, link) else {
-        return Err(refused(
+        return Err(Box::new(refused(
             StatusCode::NOT_FOUND,
             "no link request with this number (it timed out, or the connector was replaced)\n",
             Refusal::Upgrade("connector_link"),
             None,
-        ));
+        )));
     };
     let upgrade = hyper::upgrade::on(req);
     let config = link_config(port.limits().upstream_max_frame_bytes);

@@ -173,6 +173,9 @@ pub struct AlreadyAttached(pub String);
 /// Where a link's socket (or the connector's reason for not opening it) goes.
 pub type Delivery = oneshot::Sender<Result<InboundSocket, String>>;
 
+/// Where a requester waits for its [`Delivery`].
+type Awaited = oneshot::Receiver<Result<InboundSocket, String>>;
+
 /// Link requests queued towards one connector before more are refused.
 const ORDERS: usize = 256;
 
@@ -221,10 +224,10 @@ impl Attachment {
         let Some(slot) = slots.get_mut(&self.host) else {
             return;
         };
-        if slot.generation == self.generation {
-            if let Some(delivery) = slot.pending.remove(&link) {
-                let _ = delivery.send(Err(reason.to_string()));
-            }
+        if slot.generation == self.generation
+            && let Some(delivery) = slot.pending.remove(&link)
+        {
+            let _ = delivery.send(Err(reason.to_string()));
         }
     }
 }
@@ -332,7 +335,7 @@ impl Connectors {
         &self,
         host: &str,
         headers: &[(String, String)],
-    ) -> Result<Option<(u64, oneshot::Receiver<Result<InboundSocket, String>>)>, DialInError> {
+    ) -> Result<Option<(u64, Awaited)>, DialInError> {
         let mut slots = self.lock();
         let Some(slot) = slots.get_mut(host) else {
             return Ok(None);
