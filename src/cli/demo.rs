@@ -150,7 +150,10 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .collect();
     let host_list: Vec<String> = pairs.iter().map(|(id, u)| format!("{id}={u}")).collect();
     let dial_in = if args.dial_in {
-        pairs.pop().map(|(id, to)| DialIn::new(&kit, id, to)).transpose()?
+        pairs
+            .pop()
+            .map(|(id, to)| DialIn::new(&kit, id, to))
+            .transpose()?
     } else {
         None
     };
@@ -165,13 +168,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .map(|(id, _)| format!("default_host = \"{id}\""))
         .unwrap_or_default();
     let cfg = kit
-        .config_with_relay(
-            &args.listen.to_string(),
-            &pairs,
-            "",
-            &default_host,
-            &extra,
-        )
+        .config_with_relay(&args.listen.to_string(), &pairs, "", &default_host, &extra)
         .map_err(|e| e.to_string())?;
     let running = crate::run::start(cfg).await.map_err(|e| e.to_string())?;
     let url = format!("wss://localhost:{}/", running.addr.port());
