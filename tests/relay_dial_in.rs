@@ -815,3 +815,100 @@ async fn randomized_steps_through_a_dialed_and_a_dial_in_host_converge() {
         chaos(seed, 25).await;
     }
 }
+
+/// A connector that cannot reach its host (the host stopped) fails each
+/// link at once with its reason: the host turns unreachable and the status
+/// page's last error says why, in the connector's words, naming the host
+/// and not its URL.
+#[tokio::test]
+async fn a_host_its_connector_cannot_reach_is_unreachable_with_the_reason() {
+    let World {
+        t, nat, connector, ..
+    } = World::start(vec![], slow("nat", 5, 0), "").await;
+    let port = nat.addr().port();
+    nat.shutdown().await;
+    let hub = t.relay.relay.hub("nat").expect("hub");
+    wait_until("nat unreachable with the connector's reason", || {
+        let row = hub.row();
+        row.state == "unreachable"
+            && row
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("the connector could not open the link: host nat:"))
+    })
+    .await;
+    let error = hub.row().last_error.unwrap_or_default();
+    assert!(
+        !error.contains(&port.to_string()),
+        "no URL of the host: {error}"
+    );
+    assert!(connector.is_some(), "the connector keeps running");
+}
+
+/// `ahp-relay demo --dial-in` (the real binary): `laptop` is reached only
+/// through the demo's connector — the demo says so and prints the
+/// `connect` command — and a client lists laptop's sessions.
+#[tokio::test]
+async fn the_demo_runs_its_laptop_behind_a_connector() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = scratch_dir("dial-in-demo");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let env = dir.join("env");
+    let mut demo = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["demo", "--dial-in", "--listen", "127.0.0.1:0", "--env-file"])
+        .arg(&env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("demo starts");
+    let mut out = tokio::io::BufReader::new(demo.stdout.take().expect("stdout")).lines();
+    let mut printed = Vec::new();
+    while !printed
+        .iter()
+        .any(|l: &String| l.contains("ahp-relay connect --relay"))
+    {
+        let line = tokio::time::timeout(WAIT, out.next_line()).await;
+        let line = line
+            .expect("demo output in time")
+            .expect("read")
+            .expect("a line");
+        printed.push(line);
+    }
+    assert!(
+        printed.iter().any(|l| l.starts_with("laptop dials in")),
+        "{printed:#?}"
+    );
+    let vars = std::fs::read_to_string(&env).expect("env file");
+    let var = |name: &str| {
+        vars.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+            .unwrap_or_else(|| panic!("{name} in {vars}"))
+            .to_string()
+    };
+    let opts = ahp_relay::upstream::dial::DialOptions {
+        url: var("AHP_RELAY_URL"),
+        token: Some(var("AHP_RELAY_TOKEN")),
+        ca_file: Some(var("AHP_RELAY_CA").into()),
+        insecure: false,
+        connect_timeout: WAIT,
+        extra_headers: Vec::new(),
+    };
+    let ws = ahp_relay::upstream::dial::dial_stream(&opts)
+        .await
+        .expect("dial the demo");
+    let mut ws = RawWs::from_stream(ws);
+    ws.initialize("demo").await;
+    let mut id = 10;
+    loop {
+        id += 1;
+        let uris = listed_uris(&mut ws, id).await;
+        if uris.iter().any(|u| u.starts_with("ahp-session:/laptop~")) {
+            break;
+        }
+        assert!(id < 200, "laptop's sessions never listed: {uris:?}");
+        let _ = ws.next_within(Duration::from_millis(50)).await;
+    }
+    let _ = demo.start_kill();
+    let _ = demo.wait().await;
+}

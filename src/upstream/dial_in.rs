@@ -293,6 +293,11 @@ impl Connectors {
         self.arrived.notified()
     }
 
+    /// Which connector `host` has now (a number unique to this attachment).
+    pub fn generation(&self, host: &str) -> Option<u64> {
+        self.lock().get(host).map(|s| s.generation)
+    }
+
     /// The address `host`'s connector connected from, if one is attached.
     pub fn peer(&self, host: &str) -> Option<String> {
         self.lock().get(host).map(|s| s.peer.clone())

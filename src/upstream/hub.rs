@@ -156,6 +156,8 @@ pub struct HostHub {
     limits: HubLimits,
     /// Where a dial-in host's connector is found (shared by [`Hosts`]).
     connectors: Arc<Connectors>,
+    /// The connector attached when the last dial-in dial started.
+    dialed_via: std::sync::Mutex<Option<u64>>,
 }
 
 /// Bounds a hub applies to what its host sends (`[limits]`), so that no
@@ -284,6 +286,7 @@ impl HostHub {
             ops: std::sync::Mutex::new(HostOps::default()),
             limits: HubLimits::default(),
             connectors: Arc::default(),
+            dialed_via: std::sync::Mutex::new(None),
         })
     }
 
@@ -323,6 +326,8 @@ impl HostHub {
     /// upgrade request to the host.
     async fn dial_in(&self, user: Option<(&str, &str)>) -> Result<HostSocket, DialError> {
         let opts = self.dial_options(user);
+        *self.dialed_via.lock().unwrap_or_else(|e| e.into_inner()) =
+            self.connectors.generation(&self.id);
         let result = self
             .connectors
             .request(&self.id, opts.extra_headers, opts.connect_timeout)
@@ -337,18 +342,27 @@ impl HostHub {
     }
 
     /// Waits `pause` before a watch link redials, or less: a dial-in host's
-    /// wait ends as soon as a connector attaches.
+    /// wait ends as soon as a connector other than the one its last dial
+    /// found is attached (a connector that cannot reach its host does not
+    /// make the watch link redial faster than its backoff).
     pub async fn pause_before_redial(&self, pause: Duration) {
         if self.cfg.dial_in.is_none() {
             return tokio::time::sleep(pause).await;
         }
-        let arrived = self.connectors.arrival();
-        tokio::pin!(arrived);
-        arrived.as_mut().enable();
-        if self.connectors.peer(&self.id).is_some() {
-            return;
+        let deadline = tokio::time::Instant::now() + pause;
+        loop {
+            let arrived = self.connectors.arrival();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let last = *self.dialed_via.lock().unwrap_or_else(|e| e.into_inner());
+            let now = self.connectors.generation(&self.id);
+            if now.is_some() && now != last {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return;
+            }
         }
-        let _ = tokio::time::timeout(pause, arrived).await;
     }
 
     /// Dial options for a link, without credentials (see [`HostHub::dial`]);
