@@ -912,3 +912,58 @@ async fn the_demo_runs_its_laptop_behind_a_connector() {
     let _ = demo.start_kill();
     let _ = demo.wait().await;
 }
+
+/// CPU seconds process `pid` has used (user + system), from `/proc`.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Fields 14 and 15 of stat (utime, stime), counted after the `)`.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A measurement, not a check (run it on a quiet machine, in release):
+/// `AHP_RELAY_DIAL_IN_DELTAS=200000 cargo test --release --test
+/// relay_dial_in -- --ignored --nocapture`. One turn of that many ~200-byte
+/// deltas streamed through a dialed host and through a dial-in host, each
+/// to one client: actions per second of both, their ratio, and the
+/// connector's CPU per million actions.
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored --nocapture in release"]
+async fn throughput_through_the_connector_against_a_dialed_host() {
+    let deltas: u32 = std::env::var("AHP_RELAY_DIAL_IN_DELTAS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let fast = |name: &str| host(name, 1, script(deltas, 200, 0));
+    let w = World::start(vec![fast("a")], fast("nat"), "").await;
+    let pid = w
+        .connector
+        .as_ref()
+        .and_then(|c| c.child.as_ref())
+        .map(Child::id)
+        .expect("connector pid");
+    let mut rates = Vec::new();
+    for (label, chat) in [("dialed", "ahp-chat:/a~a-1-main"), ("dial-in", NAT_CHAT.0)] {
+        let (mut ws, _) = follow(&w.t, &format!("bench-{label}"), chat).await;
+        let cpu = cpu_secs(pid);
+        let started = std::time::Instant::now();
+        ws.send_json(&start_turn_frame(chat, 1, "bench")).await;
+        let seen = raw_actions_until(&mut ws, |e| is(e, chat, "chat/turnComplete")).await;
+        let secs = started.elapsed().as_secs_f64();
+        let rate = seen.len() as f64 / secs;
+        let connector_ms = (cpu_secs(pid) - cpu) * 1000.0 * 1e6 / seen.len() as f64;
+        println!(
+            "{label:8} {} actions in {secs:.2} s: {rate:.0} actions/s; connector CPU {connector_ms:.0} ms per 1M actions",
+            seen.len()
+        );
+        rates.push(rate);
+    }
+    println!("dial-in / dialed throughput: {:.2}", rates[1] / rates[0]);
+}
