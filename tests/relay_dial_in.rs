@@ -967,3 +967,51 @@ async fn throughput_through_the_connector_against_a_dialed_host() {
     }
     println!("dial-in / dialed throughput: {:.2}", rates[1] / rates[0]);
 }
+
+/// §5.9 through the connector: the dial-in host streams 30,000 deltas flat
+/// out (`[stream:n]`, paced only by its sockets) to a client that reads
+/// slowly for two seconds (100 frames per 25 ms) with a 64-frame client
+/// queue, then fast: every delta arrives once, numbered in order, and the
+/// socket stays open — the link stops reading, the connector stops
+/// copying, and the host is slowed by TCP, as for a dialed host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_behind_the_connector_is_slowed_not_closed() {
+    let mut cfg = fast_config("nat", 1);
+    cfg.stream_rate = 0;
+    let w = World::start(vec![], cfg, "[limits]\nclient_queue_frames = 64\n").await;
+    let (chat, _) = NAT_CHAT;
+    let mut ws = w.t.raw("alice").await;
+    ws.initialize("sloth").await;
+    let r = ws.request(1, "subscribe", json!({"channel": chat})).await;
+    let mut last = r["result"]["snapshot"]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    let n = 30_000;
+    let turn = json!({"type": "chat/turnStarted", "turnId": "flood", "startedAt": "2026-01-01T00:00:00Z",
+        "message": {"text": format!("load [stream:{n}]"), "origin": {"kind": "user"}}});
+    ws.send_json(&dispatch_frame(chat, 1, turn)).await;
+    let slow_until = tokio::time::Instant::now() + Duration::from_secs(2);
+    let (mut deltas, mut read, mut complete) = (0u64, 0u64, false);
+    while !complete {
+        let frame = match ws.next_within(WAIT).await {
+            Some(Next::Frame(f)) => f,
+            other => panic!("socket closed or silent after {deltas} deltas: {other:?}"),
+        };
+        read += 1;
+        if frame["method"] == "action" {
+            let p = &frame["params"];
+            let seq = p["serverSeq"].as_u64().expect("numbered");
+            assert_eq!(seq, last + 1, "numbered in order");
+            last = seq;
+            match p["action"]["type"].as_str() {
+                Some("chat/delta") if p["action"]["turnId"] == "flood" => deltas += 1,
+                Some("chat/turnComplete") => complete = true,
+                _ => {}
+            }
+        }
+        if read % 100 == 0 && tokio::time::Instant::now() < slow_until {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+    assert_eq!(deltas, n, "every delta exactly once");
+}
