@@ -113,6 +113,8 @@ pub async fn run(args: ConnectArgs) -> ExitCode {
 #[derive(Debug, Default, Clone)]
 struct Status {
     attached: bool,
+    /// Control connections accepted so far.
+    attaches: u64,
     open: usize,
     opened: u64,
     last_error: Option<String>,
@@ -129,6 +131,13 @@ struct Shown {
 }
 
 impl Shown {
+    fn attaches(&self) -> u64 {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .attaches
+    }
+
     fn change(&self, f: impl FnOnce(&mut Status)) {
         let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut s);
@@ -180,8 +189,14 @@ pub async fn connect(args: ConnectArgs) -> Result<(), ConnectError> {
     });
     let mut backoff = Duration::from_millis(250);
     loop {
-        match control(&me).await {
-            Ok(()) => backoff = Duration::from_millis(250),
+        let attaches = me.shown.attaches();
+        let ended = control(&me).await;
+        if me.shown.attaches() > attaches {
+            // It was attached: whatever ended it, retry soon.
+            backoff = Duration::from_millis(250);
+        }
+        match ended {
+            Ok(()) => {}
             Err(Stop::Fatal(e)) => return Err(e),
             Err(Stop::Retry(why)) => {
                 tracing::warn!(relay = %me.args.relay, error = %why, "cannot attach to the relay");
@@ -235,7 +250,10 @@ async fn control(me: &Arc<Connector>) -> Result<(), Stop> {
     let ws = dial_relay(me, None).await?;
     let (mut tx, mut rx) = ws.split();
     let (out, mut outbox) = mpsc::channel::<Control>(64);
-    me.shown.change(|s| s.attached = true);
+    me.shown.change(|s| {
+        s.attached = true;
+        s.attaches += 1;
+    });
     let mut heard = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(CONTROL_PING);
     loop {

@@ -88,7 +88,11 @@ pub fn handle(port: &RelayPort, mut req: Request<Incoming>) -> Resp {
 }
 
 /// The dial-in host the request's token belongs to, if the named host
-/// dials in and the `Authorization: Bearer` token is its token.
+/// dials in and the `Authorization: Bearer` token is its token. The token
+/// is compared (in constant time) whether or not the host exists, so the
+/// answer's timing does not tell which host ids dial in; the token file is
+/// read at each attempt (a small local file), so a rotated one applies to
+/// the next connector.
 fn authenticate(port: &RelayPort, req: &Request<Incoming>) -> Option<String> {
     let headers = req.headers();
     let host = headers.get(HOST_ID_HEADER)?.to_str().ok()?;
@@ -98,17 +102,19 @@ fn authenticate(port: &RelayPort, req: &Request<Incoming>) -> Option<String> {
         .ok()?
         .strip_prefix("Bearer ")?
         .trim();
-    let hub = port.hub(host)?;
-    let file = &hub.cfg.dial_in.as_ref()?.token_file;
-    let expected = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(host, error = %e, "cannot read the host's dial_in token file");
-            return None;
-        }
-    };
-    let expected = expected.trim();
-    (!expected.is_empty() && same_token(given, expected)).then(|| host.to_string())
+    let expected = port
+        .hub(host)
+        .and_then(|hub| hub.cfg.dial_in.clone())
+        .and_then(|d| match std::fs::read_to_string(&d.token_file) {
+            Ok(t) => Some(t.trim().to_string()),
+            Err(e) => {
+                tracing::warn!(host, error = %e, "cannot read the host's dial_in token file");
+                None
+            }
+        })
+        .filter(|t| !t.is_empty());
+    let matches = same_token(given, expected.as_deref().unwrap_or(""));
+    (matches && expected.is_some()).then(|| host.to_string())
 }
 
 /// Attaches the control connection of `host`'s connector and serves it
