@@ -170,6 +170,11 @@ struct Connector {
 /// cannot fix.
 pub async fn connect(args: ConnectArgs) -> Result<(), ConnectError> {
     let endpoint = endpoint(&args.relay)?;
+    if !(args.to.starts_with("ws://") || args.to.starts_with("wss://")) {
+        return Err(ConnectError::Usage(
+            "--to must be the host's ws:// or wss:// URL".into(),
+        ));
+    }
     if !crate::names::qualify::valid_host_id(&args.host_id) {
         return Err(ConnectError::Usage(format!(
             "--host-id {:?} is not a host id ([a-z0-9-]{{1,32}})",
