@@ -94,7 +94,7 @@ fn toml_host(text: &str) -> HostConfig {
 // (a) frames
 // ---------------------------------------------------------------------------------------
 
-/// A client frame: classified as `requests::on_client_frame` does; a refusal answers with
+/// A client frame: classified as `request::on_client_frame` does; a refusal answers with
 /// a valid JSON-RPC error frame; an accepted frame agrees with serde_json, and splicing a
 /// host channel and a relay id into it yields that value with those members replaced.
 pub fn wire_client(data: &[u8]) {

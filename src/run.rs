@@ -118,6 +118,29 @@ pub const MIN_SECRET_BITS: f64 = 128.0;
 /// entropy (e.g. one repeated character); a secret file readable by group
 /// or others is warned about.
 pub fn load_or_create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
+    match check_secret(path)? {
+        Some(bytes) => Ok(bytes),
+        None => create_secret(path),
+    }
+}
+
+/// Creates a relay secret at `path`: 32 random bytes, mode 0600.
+fn create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
+    let err = |reason: String| StartError::Secret {
+        path: path.display().to_string(),
+        reason,
+    };
+    let mut secret = vec![0u8; 32];
+    crate::identity::random_fill(&mut secret).map_err(|e| err(e.to_string()))?;
+    write_private(path, &secret).map_err(|e| err(e.to_string()))?;
+    tracing::info!(path = %path.display(), "created a new relay secret");
+    Ok(secret)
+}
+
+/// The relay secret at `path` if one is there and strong enough to key a
+/// relay; `None` when there is none and its directory exists to create one
+/// in; else why not.
+fn check_secret(path: &Path) -> Result<Option<Vec<u8>>, StartError> {
     let err = |reason: String| StartError::Secret {
         path: path.display().to_string(),
         reason,
@@ -126,7 +149,7 @@ pub fn load_or_create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
         Ok(bytes) => {
             weak_secret(&bytes).map_or(Ok(()), |why| Err(err(why)))?;
             warn_if_shared(path, "relay secret");
-            return Ok(bytes);
+            return Ok(Some(bytes));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e.to_string())),
@@ -140,11 +163,7 @@ pub fn load_or_create_secret(path: &Path) -> Result<Vec<u8>, StartError> {
             dir.display()
         )));
     }
-    let mut secret = vec![0u8; 32];
-    crate::identity::random_fill(&mut secret).map_err(|e| err(e.to_string()))?;
-    write_private(path, &secret).map_err(|e| err(e.to_string()))?;
-    tracing::info!(path = %path.display(), "created a new relay secret");
-    Ok(secret)
+    Ok(None)
 }
 
 /// Why `secret` must not key a relay, if it must not.
@@ -324,25 +343,57 @@ async fn reload_files(relay: Arc<Relay>) {
     }
 }
 
-/// Starts a relay: everything is loaded and the listener bound before this
-/// returns, so a returned relay accepts connections.
-pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
-    let secret = load_or_create_secret(&cfg.relay.secret_file)?;
-    warn_about_shared_secrets(&cfg);
-    let store = RedbStore::open(&cfg.relay.store).map_err(|e| StartError::Store(e.to_string()))?;
+/// What [`preflight`] loaded, for [`start`] to use.
+pub struct Preflight {
+    secret: Option<Vec<u8>>,
+    auth: Authenticator,
+    tls: Option<Arc<ReloadingCert>>,
+}
+
+/// The one gate every configuration goes through before a relay starts —
+/// `serve` runs it, and `check-config` runs exactly it: the relay secret
+/// (an existing one must be strong; a missing one needs a directory to be
+/// created in), every `[auth]` issuer's keys and the deny list, the TLS
+/// certificate and key, and every host's credentials. Files readable by
+/// group or others are warned about. Nothing is created or bound.
+pub fn preflight(cfg: &RelayConfig) -> Result<Preflight, StartError> {
+    let secret = check_secret(&cfg.relay.secret_file)?;
+    warn_about_shared_secrets(cfg);
     let auth = Authenticator::load(&cfg.auth).map_err(|e| StartError::Load(e.to_string()))?;
-    tracing::info!(issuers = cfg.auth.issuers.len(), "auth keys loaded");
     let tls = match (&cfg.listen.tls_cert, &cfg.listen.tls_key) {
         (Some(cert), Some(key)) => {
             let reloading =
                 ReloadingCert::load(cert, key).map_err(|e| StartError::Load(e.to_string()))?;
+            reloading
+                .server_config()
+                .map_err(|e| StartError::Load(e.to_string()))?;
+            Some(reloading)
+        }
+        _ => None,
+    };
+    crate::upstream::hub::Hosts::new(&cfg.hosts).map_err(StartError::Load)?;
+    Ok(Preflight { secret, auth, tls })
+}
+
+/// Starts a relay: everything is loaded and the listener bound before this
+/// returns, so a returned relay accepts connections.
+pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
+    let Preflight { secret, auth, tls } = preflight(&cfg)?;
+    let secret = match secret {
+        Some(s) => s,
+        None => create_secret(&cfg.relay.secret_file)?,
+    };
+    let store = RedbStore::open(&cfg.relay.store).map_err(|e| StartError::Store(e.to_string()))?;
+    tracing::info!(issuers = cfg.auth.issuers.len(), "auth keys loaded");
+    let tls = match tls {
+        Some(reloading) => {
             reloading.watch(Duration::from_secs(5));
             let server = reloading
                 .server_config()
                 .map_err(|e| StartError::Load(e.to_string()))?;
             Some(tokio_rustls::TlsAcceptor::from(Arc::new(server)))
         }
-        _ => None,
+        None => None,
     };
     let (listener, addr) = bind(cfg.listen.addr).await?;
     let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;

@@ -24,12 +24,26 @@ pub struct ServeArgs {
 pub struct CheckArgs {
     /// The TOML configuration to validate.
     pub config: PathBuf,
+    /// Check the document only (syntax, types, policy, hosts), not the
+    /// files it names — for a configuration repository without the
+    /// deployment's keys and secrets.
+    #[arg(long)]
+    pub document_only: bool,
 }
 
 /// Validates a configuration file and says what is wrong, with line and
-/// column for syntax and type errors.
+/// column for syntax and type errors; then, unless `--document-only`, runs
+/// the one gate `serve` runs before it binds (`run::preflight`: relay
+/// secret, `[auth]` keys and deny list, TLS certificate, host credentials).
 pub fn check(args: CheckArgs) -> ExitCode {
-    match RelayConfig::load(&args.config) {
+    let checked = RelayConfig::load(&args.config).map_err(|e| e.to_string());
+    let checked = checked.and_then(|cfg| {
+        if !args.document_only {
+            crate::run::preflight(&cfg).map_err(|e| e.to_string())?;
+        }
+        Ok(cfg)
+    });
+    match checked {
         Ok(cfg) => {
             println!(
                 "{}: ok ({} hosts, {} issuers, {} policy rules)",

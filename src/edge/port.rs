@@ -22,7 +22,7 @@ use crate::session::ClientSession;
 use crate::session::outbox::Outbox;
 /// Keeps a principal's connection slot for as long as its socket lives.
 pub use crate::session::registry::ConnectionGuard;
-use crate::session::requests::Conn;
+use crate::session::request::Conn;
 
 /// The edge's handle on the relay (cheap to clone).
 #[derive(Clone)]

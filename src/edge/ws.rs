@@ -18,7 +18,7 @@ use super::standing::{Needs, Standing};
 use crate::auth::Principal;
 use crate::rpc::Close;
 use crate::session::outbox::{OutboxRx, outbox};
-use crate::session::requests::{Conn, on_client_frame};
+use crate::session::request::{Conn, on_client_frame};
 
 type Kill = Option<Close>;
 

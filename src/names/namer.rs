@@ -6,7 +6,7 @@
 use super::qualify::{self as names, ClientName, Unqualifiable, UriParts};
 use super::seen::{Seen, ShownIn};
 use super::store::{UriState, UriStore};
-use super::translate::{FieldKind, Namer};
+use super::translate::{FieldKind, NameError, Namer};
 
 /// Whether `base` is a live client-chosen URI the store records for `host`.
 pub fn is_store_entry(store: &dyn UriStore, host: &str, base: &str) -> bool {
@@ -25,9 +25,9 @@ pub struct ToClient<'a> {
 }
 
 impl Namer for ToClient<'_> {
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
         let entry = |base: &str| is_store_entry(self.store, self.host, base);
-        let refused = |e: Unqualifiable| e.to_string();
+        let refused = NameError::from;
         Ok(match kind {
             FieldKind::Uri | FieldKind::Ref => {
                 names::qualify(self.host, value, entry).map_err(refused)?
@@ -62,7 +62,7 @@ pub struct Noting<'a> {
 }
 
 impl Namer for Noting<'_> {
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
         let client = self.to_client.translate(kind, value)?;
         if matches!(kind, FieldKind::Ref | FieldKind::UriTemplate) {
             self.seen.note(&client, self.at);
@@ -84,26 +84,26 @@ pub struct ToHost<'a> {
 }
 
 impl Namer for ToHost<'_> {
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
         match kind {
             FieldKind::Uri | FieldKind::Ref => to_host_uri(self.store, self.host, value),
             FieldKind::UriTemplate => names::map_template(
                 value,
                 |marked| to_host_uri(self.store, self.host, marked),
-                "malformed URI template".into(),
+                NameError::MalformedTemplate,
             ),
             FieldKind::Published => Ok(value.to_string()),
             FieldKind::Provider => match names::read_provider(value) {
                 Some((p, h)) if h == self.host => Ok(p.to_string()),
-                Some(_) => Err("provider belongs to another host".into()),
-                None => Err("provider must be <provider>.<host>".into()),
+                Some(_) => Err(NameError::OtherHostsProvider),
+                None => Err(NameError::MalformedProvider),
             },
             FieldKind::ClientId => {
                 let (up, own) = self.identity;
                 if value == own {
                     Ok(up.to_string())
                 } else {
-                    Err("must be the sender's own clientId".into())
+                    Err(NameError::NotOwnClientId)
                 }
             }
         }
@@ -113,23 +113,23 @@ impl Namer for ToHost<'_> {
 /// The host form of a client URI bound for `host`, or why it has none.
 /// URIs that are not host names pass unchanged; a bare `file:///p` means
 /// `host`'s file (the request is routed there).
-pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String, String> {
+pub fn to_host_uri(store: &dyn UriStore, host: &str, uri: &str) -> Result<String, NameError> {
     if !names::is_host_name(uri) {
         return Ok(uri.to_string());
     }
     match names::read_client_uri(uri) {
         Ok(ClientName::Qualified { host: h, host_uri }) if h == host => {
             if aliases_store_entry(store, &h, &host_uri) {
-                return Err("unknown URI".into());
+                return Err(NameError::Unknown);
             }
             Ok(host_uri)
         }
-        Ok(ClientName::Qualified { .. }) => Err("URI names another host".into()),
+        Ok(ClientName::Qualified { .. }) => Err(NameError::OtherHost),
         Ok(ClientName::Verbatim { key }) if is_store_entry(store, host, &key) => {
             Ok(uri.to_string())
         }
         Ok(ClientName::LocalFile { host_uri }) => Ok(host_uri),
-        Ok(ClientName::Verbatim { .. }) | Err(_) => Err("unknown URI".into()),
+        Ok(ClientName::Verbatim { .. }) | Err(_) => Err(NameError::Unknown),
     }
 }
 

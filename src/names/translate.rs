@@ -551,13 +551,60 @@ pub struct TranslateError {
     /// The offending field's path.
     pub field: String,
     /// What is wrong with its value.
-    pub reason: String,
+    pub reason: NameError,
+}
+
+/// Why one name does not translate, or was refused by a namer that
+/// authorizes what it translates. The message is what a client reads in
+/// the -32602 (or -32009) it gets; `Invisible` reads exactly as `Unknown`,
+/// so whether something exists is never revealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// A name of nothing the relay knows on the target host.
+    #[error("unknown URI")]
+    Unknown,
+    /// A name of another host than the one the frame goes to.
+    #[error("URI names another host")]
+    OtherHost,
+    /// A URI template that does not parse.
+    #[error("malformed URI template")]
+    MalformedTemplate,
+    /// A host URI of a shape the relay cannot qualify (host → client).
+    #[error("a host URI of a shape the relay cannot qualify")]
+    Unqualifiable,
+    /// A provider id of another host.
+    #[error("provider belongs to another host")]
+    OtherHostsProvider,
+    /// A provider id without its host.
+    #[error("provider must be <provider>.<host>")]
+    MalformedProvider,
+    /// A client id other than the sender's own.
+    #[error("must be the sender's own clientId")]
+    NotOwnClientId,
+    /// A value of the wrong JSON type where a name belongs.
+    #[error("expected a string")]
+    NotAString,
+    /// A value of the wrong JSON type where a list of names belongs.
+    #[error("expected an array")]
+    NotAnArray,
+    /// A name the caller may not see (answered as nonexistent).
+    #[error("unknown URI")]
+    Invisible,
+    /// A name the caller sees but may not use so.
+    #[error("permission denied")]
+    Denied,
+}
+
+impl From<super::qualify::Unqualifiable> for NameError {
+    fn from(_: super::qualify::Unqualifiable) -> Self {
+        Self::Unqualifiable
+    }
 }
 
 /// Translates single values of each kind, in one direction.
 pub trait Namer {
     /// Translates one value of `kind`; `Err(reason)` fails the frame.
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String>;
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError>;
 
     /// Translates the value of field `path` of table row `shape`; a namer
     /// that authorizes each field (contract §4.3) overrides this.
@@ -567,7 +614,7 @@ pub trait Namer {
         path: &str,
         kind: FieldKind,
         value: &str,
-    ) -> Result<String, String> {
+    ) -> Result<String, NameError> {
         let _ = (shape, path);
         self.translate(kind, value)
     }
@@ -594,7 +641,7 @@ fn leaf(
     namer: &dyn Namer,
     at: &str,
 ) -> Result<(), TranslateError> {
-    let fail = |reason: String| TranslateError {
+    let fail = |reason: NameError| TranslateError {
         field: at.to_string(),
         reason,
     };
@@ -604,7 +651,7 @@ fn leaf(
             Ok(())
         }
         Value::Null => Ok(()),
-        _ => Err(fail("expected a string".into())),
+        _ => Err(fail(NameError::NotAString)),
     }
 }
 
@@ -635,7 +682,7 @@ fn walk(
             Value::Null => Ok(()),
             _ => Err(TranslateError {
                 field: key.to_string(),
-                reason: "expected an array".into(),
+                reason: NameError::NotAnArray,
             }),
         }
     } else {
@@ -651,7 +698,7 @@ mod tests {
     /// Marks values so a round trip is visible: to-client appends `!`.
     struct Mark;
     impl Namer for Mark {
-        fn translate(&self, _k: FieldKind, v: &str) -> Result<String, String> {
+        fn translate(&self, _k: FieldKind, v: &str) -> Result<String, NameError> {
             Ok(format!("{v}!"))
         }
     }

@@ -6,6 +6,7 @@
 
 pub mod catalog;
 pub mod methods;
+pub mod plan;
 pub mod root;
 pub mod router;
 

@@ -18,7 +18,7 @@ use crate::names::qualify::{
     session_of_chat_uri,
 };
 use crate::names::seen::is_object;
-use crate::names::translate::{self, FieldKind, Namer};
+use crate::names::translate::{self, FieldKind, NameError, Namer};
 use crate::policy::audit::{self, Decision};
 use crate::policy::objects::{UriOwner, owner_of_uri};
 use crate::policy::table;
@@ -120,13 +120,13 @@ pub fn gate(
     channel: &str,
     need: Permission,
 ) -> Result<Grant, Denied> {
-    gate_on(env, caller, hub, (op, channel), need, None)
+    gate_disposing(env, caller, hub, (op, channel), need, None)
 }
 
 /// [`gate`], and when `disposed` names the host form of the object the
 /// operation disposes, the one dispose rule (`Access::may_dispose`): one
 /// decision, one audit line, whichever part refused.
-fn gate_on(
+pub(super) fn gate_disposing(
     env: &Env,
     caller: Caller<'_>,
     hub: &HostHub,
@@ -175,133 +175,7 @@ fn gate_on(
 /// The audit rule of a refusal by the dispose rule (§7.1).
 const DISPOSE_RULE: &str = "dispose-others-needs-admin";
 
-/// A request the router decided to forward: where, and its params in host
-/// names with the channel in its host form.
-#[derive(Debug)]
-pub struct Plan {
-    /// The target host.
-    pub hub: Arc<HostHub>,
-    /// The request's channel, host form.
-    pub host_channel: String,
-    /// The params to forward.
-    pub params: Value,
-}
-
-/// Decides a request routed by its channel (`Handling::Routed`), from its
-/// row of the method table: the channel must be visible (else answered as
-/// nonexistent, §4.4), the row's permission granted on its host, and — for
-/// a row that disposes its channel — the dispose rule of §7.1 met, one
-/// rule for sessions, chats and terminals (-32009: the caller sees the
-/// target). Every name in the params is then translated and authorized.
-pub fn plan_routed(
-    env: &Env,
-    caller: Caller<'_>,
-    row: &methods::Method,
-    params: Value,
-) -> Result<Plan, RpcError> {
-    let method = row.name;
-    let channel = params
-        .get("channel")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let (hub, host_channel) = target_of(env, caller, &channel, method)?;
-    let need = method_permission(method)?;
-    let disposed = row.disposes().then_some(host_channel.as_str());
-    let grant = match gate_on(env, caller, &hub, (method, &channel), need, disposed) {
-        Ok(g) => g,
-        Err(Denied::Invisible) => return Err(not_found(&channel)),
-        Err(Denied::NotCreator) => {
-            return Err(RpcError::permission_denied(
-                "disposing what another principal created needs the admin role",
-            ));
-        }
-        Err(Denied::NotPermitted) => return Err(RpcError::permission_denied(method)),
-    };
-    let shape = format!("params:{method}");
-    let params = to_host(env, caller, &hub, &grant, params, &shape, &host_channel)?;
-    Ok(Plan {
-        hub,
-        host_channel,
-        params,
-    })
-}
-
-/// Decides a request routed by its provider (`Handling::ByProvider`:
-/// `resolveSessionConfig`, `sessionConfigCompletions`; contract §4.3).
-/// The target host is the one that owns what the request names: the
-/// session (or other channel) its `channel` names when it is not the root
-/// — visible, else answered as nonexistent (§4.4) — else its `provider`'s
-/// host, else the only agent the caller sees. The row's permission must
-/// be granted there; then every name in the params — `provider`,
-/// `workingDirectory`, the channel — is translated and authorized on that
-/// host along the method's row of the rewrite table, so a name of another
-/// host (a provider of h1 with a session of h2, a `file://h2/…` directory
-/// sent to h1) is -32602 and nothing reaches a host.
-pub fn plan_by_provider(
-    env: &Env,
-    caller: Caller<'_>,
-    row: &methods::Method,
-    params: Value,
-) -> Result<Plan, RpcError> {
-    let method = row.name;
-    let root = ahp_types::ROOT_RESOURCE_URI;
-    let channel = params
-        .get("channel")
-        .and_then(Value::as_str)
-        .unwrap_or(root)
-        .to_string();
-    let provider = params
-        .get("provider")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let (hub, host_channel) = if channel == root {
-        (
-            provider_host(env, caller, provider.as_deref())?,
-            root.to_string(),
-        )
-    } else {
-        target_of(env, caller, &channel, method)?
-    };
-    let need = method_permission(method)?;
-    let grant = match gate(env, caller, &hub, method, &channel, need) {
-        Ok(g) => g,
-        Err(Denied::Invisible) if channel == root => {
-            return Err(RpcError::provider_not_found(
-                provider.as_deref().unwrap_or_default(),
-            ));
-        }
-        Err(Denied::Invisible) => return Err(not_found(&channel)),
-        Err(Denied::NotPermitted | Denied::NotCreator) => {
-            return Err(RpcError::permission_denied(method));
-        }
-    };
-    let shape = format!("params:{method}");
-    let params = to_host(env, caller, &hub, &grant, params, &shape, &host_channel)?;
-    Ok(Plan {
-        hub,
-        host_channel,
-        params,
-    })
-}
-
-/// The host a `provider` (`<provider>.<host>`) names, or without one the
-/// only host whose agent the caller sees; else -32002 / -32602.
-fn provider_host(
-    env: &Env,
-    caller: Caller<'_>,
-    provider: Option<&str>,
-) -> Result<Arc<HostHub>, RpcError> {
-    match provider {
-        Some(p) => crate::names::qualify::read_provider(p)
-            .and_then(|(_, h)| env.hosts.get(&h))
-            .ok_or_else(|| RpcError::provider_not_found(p)),
-        None => only_agent_host(env, caller.who)
-            .ok_or_else(|| RpcError::invalid_params("give provider (<provider>.<host>)")),
-    }
-}
-
-/// Why [`Authorizing`] refused a field.
+/// Why [`Authorizing`] refused a field, as the answer reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// Malformed, another host's, or an invisible session, chat or
@@ -332,16 +206,16 @@ struct Authorizing<'a> {
     hub: &'a HostHub,
     grant: &'a Grant,
     target: Option<&'a str>,
-    refusal: std::cell::Cell<Refusal>,
 }
 
-impl Authorizing<'_> {
-    fn refuse(&self, why: Refusal, text: &str) -> Result<String, String> {
-        if why == Refusal::Invisible {
-            count_invisible(self.env);
+impl Refusal {
+    /// The answer a refused name gets.
+    pub fn of(name: NameError) -> Self {
+        match name {
+            NameError::Invisible => Self::Invisible,
+            NameError::Denied => Self::Denied,
+            _ => Self::Untranslatable,
         }
-        self.refusal.set(why);
-        Err(text.into())
     }
 }
 
@@ -354,7 +228,7 @@ fn count_invisible(env: &Env) {
 }
 
 impl Namer for Authorizing<'_> {
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
         self.to_host.translate(kind, value)
     }
 
@@ -364,7 +238,7 @@ impl Namer for Authorizing<'_> {
         path: &str,
         kind: FieldKind,
         value: &str,
-    ) -> Result<String, String> {
+    ) -> Result<String, NameError> {
         let host_value = self.to_host.translate(kind, value)?;
         let uri = matches!(
             kind,
@@ -379,12 +253,15 @@ impl Namer for Authorizing<'_> {
         let access = &self.env.access;
         if !access.sees_named(self.caller.who, self.grant, self.hub, &host_value, shown) {
             return match owner_of_uri(&host_value) {
-                UriOwner::Itself => self.refuse(Refusal::Untranslatable, "unknown URI"),
-                _ => self.refuse(Refusal::Invisible, "unknown URI"),
+                UriOwner::Itself => Err(NameError::Unknown),
+                _ => {
+                    count_invisible(self.env);
+                    Err(NameError::Invisible)
+                }
             };
         }
         if !self.grant.permits(field_need(shape, path)) {
-            return self.refuse(Refusal::Denied, "permission denied");
+            return Err(NameError::Denied);
         }
         Ok(host_value)
     }
@@ -427,9 +304,8 @@ pub fn translate_to_host(
         hub,
         grant,
         target,
-        refusal: std::cell::Cell::new(Refusal::Untranslatable),
     };
-    translate::translate(value, shape, &namer).map_err(|e| (namer.refusal.get(), e.to_string()))
+    translate::translate(value, shape, &namer).map_err(|e| (Refusal::of(e.reason), e.to_string()))
 }
 
 /// Translates request `params` to host names along `shape` (fields
@@ -737,8 +613,8 @@ pub fn resource_to_host(
     uri: &str,
     params: Value,
 ) -> Result<Value, RpcError> {
-    let host_uri =
-        namer::to_host_uri(env.store.as_ref(), &hub.id, uri).map_err(RpcError::invalid_params)?;
+    let host_uri = namer::to_host_uri(env.store.as_ref(), &hub.id, uri)
+        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
     let grant = env
         .access
         .grant_on(caller.who, hub)

@@ -157,23 +157,24 @@ impl ClientSession {
         };
         let mut core = self.lock();
         if token.token.is_empty() {
-            core.tokens.by_resource.remove(resource);
-            core.tokens.held.retain(|(_, r)| r != resource);
+            core.links.tokens.by_resource.remove(resource);
+            core.links.tokens.held.retain(|(_, r)| r != resource);
         } else {
-            core.tokens
+            core.links
+                .tokens
                 .by_resource
                 .insert(resource.to_string(), token.clone());
         }
         let links: Vec<Arc<Link>> = hosts
             .iter()
-            .filter_map(|h| core.links.get(&h.id).cloned())
+            .filter_map(|h| core.links.open.get(&h.id).cloned())
             .collect();
         if links.is_empty() {
             self.respond(&mut core, id, "{}");
             return Ok(());
         }
-        let group = core.tokens.next_wait;
-        core.tokens.next_wait += 1;
+        let group = core.links.tokens.next_wait;
+        core.links.tokens.next_wait += 1;
         let mut sent = 0;
         for link in links {
             let n = link.next_id();
@@ -183,15 +184,15 @@ impl ClientSession {
                 method: "authenticate".into(),
                 kind,
             };
-            core.pending.insert((link.id, n), pending);
+            core.links.pending.insert((link.id, n), pending);
             if link.send(LinkCmd::Frame(frame(n, resource, &token, expires_in))) {
                 sent += 1;
                 if !token.token.is_empty() {
                     let held = (link.host.id.clone(), resource.to_string());
-                    core.tokens.held.insert(held);
+                    core.links.tokens.held.insert(held);
                 }
             } else {
-                core.pending.remove(&(link.id, n));
+                core.links.pending.remove(&(link.id, n));
             }
         }
         if sent == 0 {
@@ -203,7 +204,7 @@ impl ClientSession {
             accepted: false,
             first_error: None,
         };
-        core.tokens.waits.insert(group, wait);
+        core.links.tokens.waits.insert(group, wait);
         Ok(())
     }
 
@@ -273,7 +274,7 @@ impl ClientSession {
         failure: Option<RpcError>,
     ) {
         let Some(group) = group else { return };
-        let Some(wait) = core.tokens.waits.get_mut(&group) else {
+        let Some(wait) = core.links.tokens.waits.get_mut(&group) else {
             return;
         };
         wait.outstanding = wait.outstanding.saturating_sub(1);
@@ -286,7 +287,7 @@ impl ClientSession {
         if wait.outstanding > 0 {
             return;
         }
-        let Some(wait) = core.tokens.waits.remove(&group) else {
+        let Some(wait) = core.links.tokens.waits.remove(&group) else {
             return;
         };
         match (wait.accepted, wait.first_error) {
@@ -301,10 +302,12 @@ impl ClientSession {
     /// where the principal only views never receives one.
     pub(super) fn replay_tokens(&self, core: &mut SessionCore, hub: &HostHub, link: &Link) {
         let now = Instant::now();
-        core.tokens
+        core.links
+            .tokens
             .by_resource
             .retain(|_, t| t.remaining(now) != Some(0));
         let tokens: Vec<(String, Token)> = core
+            .links
             .tokens
             .by_resource
             .iter()
@@ -318,10 +321,10 @@ impl ClientSession {
                 method: "authenticate".into(),
                 kind: PendingKind::Authenticate { group: None },
             };
-            core.pending.insert((link.id, n), pending);
+            core.links.pending.insert((link.id, n), pending);
             let expires_in = token.remaining(now);
             if link.send(LinkCmd::Frame(frame(n, &resource, &token, expires_in))) {
-                core.tokens.held.insert((hub.id.clone(), resource));
+                core.links.tokens.held.insert((hub.id.clone(), resource));
             }
         }
     }
@@ -335,6 +338,7 @@ impl ClientSession {
     pub(crate) fn revoke_tokens_gone(&self) {
         let mut core = self.lock();
         let gone: Vec<(Arc<str>, String)> = core
+            .links
             .tokens
             .held
             .iter()
@@ -352,8 +356,11 @@ impl ClientSession {
             scopes: None,
         };
         for (host, resource) in gone {
-            core.tokens.held.remove(&(host.clone(), resource.clone()));
-            let Some(link) = core.links.get(&host).cloned() else {
+            core.links
+                .tokens
+                .held
+                .remove(&(host.clone(), resource.clone()));
+            let Some(link) = core.links.open.get(&host).cloned() else {
                 continue;
             };
             let n = link.next_id();
@@ -362,9 +369,9 @@ impl ClientSession {
                 method: "authenticate".into(),
                 kind: PendingKind::Authenticate { group: None },
             };
-            core.pending.insert((link.id, n), pending);
+            core.links.pending.insert((link.id, n), pending);
             if !link.send(LinkCmd::Frame(frame(n, &resource, &revoke, None))) {
-                core.pending.remove(&(link.id, n));
+                core.links.pending.remove(&(link.id, n));
             }
         }
     }
@@ -401,6 +408,7 @@ impl ClientSession {
             return true;
         }
         let left = core
+            .links
             .tokens
             .by_resource
             .get(resource)
@@ -409,7 +417,7 @@ impl ClientSession {
             None => host_wide,
             Some(None) => true,
             Some(Some(secs)) if secs <= 1 => {
-                core.tokens.by_resource.remove(resource);
+                core.links.tokens.by_resource.remove(resource);
                 true
             }
             Some(Some(_)) => host_wide,

@@ -243,7 +243,7 @@ impl Drop for ReplayBuffer {
 impl super::SessionCore {
     /// Accounts this session's replay buffer in the relay-wide `memory`.
     pub(crate) fn account_replay_memory(&mut self, memory: Arc<ReplayMemory>) {
-        self.buffer.set_memory(memory);
+        self.seq.buffer.set_memory(memory);
     }
 
     /// Drops the whole replay buffer of a detached session under global
@@ -254,12 +254,9 @@ impl super::SessionCore {
     /// the client needs snapshots anyway, and open links would refill the
     /// buffer. Returns how many frames and bytes were freed.
     pub(crate) fn drop_replay_buffer(&mut self) -> (usize, usize) {
-        let freed = self.buffer.drop_all(self.last);
-        self.links.clear();
-        self.retiring.clear();
-        self.chans.clear();
-        self.pending.clear();
-        self.baselined.clear();
+        let freed = self.seq.buffer.drop_all(self.seq.last);
+        self.lose_links();
+        self.channels.baselined.clear();
         freed
     }
 }

@@ -139,7 +139,7 @@ impl ClientSession {
 
     /// Whether the relay awaits the client's answer to its request `n`.
     pub fn awaits_client_answer(&self, n: u64) -> bool {
-        self.lock().host_requests.contains_key(&n)
+        self.lock().links.host_requests.contains_key(&n)
     }
 
     /// Relays the client's answer (`None`: timeout) to request `n` back to
@@ -147,13 +147,13 @@ impl ClientSession {
     pub fn answer_host_request(&self, n: u64, answer: Option<&Value>) {
         let ((host, host_id), link) = {
             let mut core = self.lock();
-            let Some((host, host_id)) = core.host_requests.remove(&n) else {
+            let Some((host, host_id)) = core.links.host_requests.remove(&n) else {
                 // A response to an id the relay never sent (or already
                 // answered): dropped, counted.
                 self.env.metrics.client_notifications_dropped.inc();
                 return;
             };
-            let link = core.links.get(&host).cloned();
+            let link = core.links.open.get(&host).cloned();
             ((host, host_id), link)
         };
         let frame = match answer {
@@ -188,18 +188,19 @@ impl ClientSession {
         };
         // Only the host's current link speaks for its channels: a link being
         // replaced by re-baselining may still deliver a few frames.
-        if core.links.get(&host.id).map(|l| l.id) != Some(link) {
+        if core.links.open.get(&host.id).map(|l| l.id) != Some(link) {
             return;
         }
         // Host numbers only grow on one connection: an envelope at or below
         // the link's watermark repeats one already accepted (after an
         // upstream replay) and is dropped.
-        let watermark = core.watermarks.entry(link).or_insert(0);
+        let watermark = core.links.watermarks.entry(link).or_insert(0);
         if seq.value <= *watermark {
             return;
         }
         *watermark = seq.value;
         let Some(chan) = core
+            .channels
             .chans
             .get_mut(&host.id)
             .and_then(|m| m.get_mut(channel))
@@ -261,7 +262,7 @@ impl ClientSession {
         let started =
             self.tool_calls
                 .on_envelope(&host.id, channel, action_type, text, &self.upstream_id);
-        if started && core.socket.is_none() && core.detached_at.is_some() {
+        if started && core.attachment.socket.is_none() && core.attachment.detached_at.is_some() {
             tracing::debug!(host = %host.id, "client tool call started while detached: links close");
             self.close_links(core);
         }
@@ -271,7 +272,7 @@ impl ClientSession {
     /// contains (host seq ≤ its `fromSeq`) are dropped, later ones numbered
     /// after the response just written (contract §5.2).
     pub fn release(&self, core: &mut SessionCore, host: &Arc<HostHub>, host_channel: &str) {
-        let Some(chans) = core.chans.get_mut(&host.id) else {
+        let Some(chans) = core.channels.chans.get_mut(&host.id) else {
             return;
         };
         let Some(Chan::Holding { client, held, from }) = chans.remove(host_channel) else {
@@ -294,7 +295,7 @@ impl ClientSession {
 
     fn on_response(&self, host: &Arc<HostHub>, link: u64, n: u64, text: &str) {
         let mut core = self.lock();
-        let Some(pending) = core.pending.remove(&(link, n)) else {
+        let Some(pending) = core.links.pending.remove(&(link, n)) else {
             return;
         };
         let Ok(v) = serde_json::from_str::<Value>(text) else {
@@ -350,7 +351,7 @@ impl ClientSession {
         host_channel: &str,
     ) {
         if let Some(err) = a.failure {
-            if let Some(m) = core.chans.get_mut(&a.host.id) {
+            if let Some(m) = core.channels.chans.get_mut(&a.host.id) {
                 m.remove(host_channel);
             }
             return self.respond_error(core, &a.id, &err);
@@ -363,8 +364,8 @@ impl ClientSession {
             None => "{}".to_string(),
         };
         self.respond(core, &a.id, &result);
-        core.baselined.insert(client_channel.clone());
-        core.subs.insert(client_channel);
+        core.channels.baselined.insert(client_channel.clone());
+        core.channels.subs.insert(client_channel);
         self.release(core, a.host, host_channel);
     }
 
@@ -378,13 +379,14 @@ impl ClientSession {
         reply: oneshot::Sender<Option<Value>>,
     ) {
         let client = core
+            .channels
             .chans
             .get(&a.host.id)
             .and_then(|m| m.get(host_channel))
             .map(|c| c.client().to_string())
             .unwrap_or_default();
         let snap = if a.failure.is_some() {
-            if let Some(m) = core.chans.get_mut(&a.host.id) {
+            if let Some(m) = core.channels.chans.get_mut(&a.host.id) {
                 m.remove(host_channel);
             }
             None
@@ -585,13 +587,14 @@ impl ClientSession {
     /// [`ClientSession::fail_link_requests`] under a lock already held.
     pub fn fail_link_requests_locked(&self, core: &mut SessionCore, link: u64, err: &RpcError) {
         let ids: Vec<(u64, u64)> = core
+            .links
             .pending
             .keys()
             .filter(|(l, _)| *l == link)
             .cloned()
             .collect();
         for key in ids {
-            let Some(p) = core.pending.remove(&key) else {
+            let Some(p) = core.links.pending.remove(&key) else {
                 continue;
             };
             match p.kind {
@@ -621,17 +624,21 @@ impl ClientSession {
         link: u64,
     ) -> Option<(u64, Vec<String>)> {
         let core = self.lock();
-        if core.links.get(&host.id).map(|l| l.id) != Some(link) || core.socket_id().is_none() {
+        if core.links.open.get(&host.id).map(|l| l.id) != Some(link) || core.socket_id().is_none() {
             return None;
         }
         let mut channels = vec![ahp_types::ROOT_RESOURCE_URI.to_string()];
         channels.extend(
-            core.chans
+            core.channels
+                .chans
                 .get(&host.id)
                 .into_iter()
                 .flat_map(|m| m.keys().cloned()),
         );
-        Some((core.watermarks.get(&link).copied().unwrap_or(0), channels))
+        Some((
+            core.links.watermarks.get(&link).copied().unwrap_or(0),
+            channels,
+        ))
     }
 
     /// A link to `host` failed to open (`was_up` false) or dropped: requests
@@ -645,10 +652,10 @@ impl ClientSession {
         };
         self.fail_link_requests(link, &err);
         let mut core = self.lock();
-        if core.links.get(&host.id).map(|l| l.id) != Some(link) {
+        if core.links.open.get(&host.id).map(|l| l.id) != Some(link) {
             return; // an older link, already replaced
         }
-        core.links.remove(&host.id);
+        core.links.open.remove(&host.id);
         let lost = core.lose_host_channels(&host.id);
         let attached = core.socket_id();
         drop(core);
@@ -769,6 +776,7 @@ struct Answer<'a> {
 /// Records the snapshot's host `fromSeq` on a held channel (§5.2).
 fn set_held_from(core: &mut SessionCore, host: &str, host_channel: &str, from: Option<u64>) {
     if let Some(Chan::Holding { from: f, .. }) = core
+        .channels
         .chans
         .get_mut(host)
         .and_then(|m| m.get_mut(host_channel))

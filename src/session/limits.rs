@@ -87,7 +87,7 @@ impl ClientSession {
     pub(super) fn check_subscription(&self, channel: &str) -> Result<(), RpcError> {
         let cap = self.env.cfg.limits.subscriptions_per_session;
         let core = self.lock();
-        if core.subs.contains(channel) || followed(&core) < cap {
+        if core.channels.subs.contains(channel) || followed(&core) < cap {
             return Ok(());
         }
         drop(core);
@@ -103,7 +103,7 @@ impl ClientSession {
     /// `limits.pending_requests_per_connection` host answers.
     pub(super) fn check_pending(&self, core: &SessionCore) -> Result<(), RpcError> {
         let cap = self.env.cfg.limits.pending_requests_per_connection;
-        if core.pending.len() < cap {
+        if core.links.pending.len() < cap {
             return Ok(());
         }
         self.limit_hit("pending");
@@ -121,7 +121,7 @@ impl ClientSession {
     /// blocking thread).
     fn expire_request(&self, link: u64, n: u64, host: &str) {
         let mut core = self.lock();
-        let Some(p) = core.pending.remove(&(link, n)) else {
+        let Some(p) = core.links.pending.remove(&(link, n)) else {
             return;
         };
         self.limit_hit("request_timeout");
@@ -136,7 +136,7 @@ impl ClientSession {
                 let _ = reply.send(None);
             }
             PendingKind::Subscribe { host_channel, .. } => {
-                if let Some(m) = core.chans.get_mut(host)
+                if let Some(m) = core.channels.chans.get_mut(host)
                     && matches!(m.get(&host_channel), Some(Chan::Holding { .. }))
                 {
                     m.remove(&host_channel);
@@ -156,6 +156,7 @@ impl ClientSession {
 /// Channels the session follows or awaits a snapshot of.
 fn followed(core: &SessionCore) -> usize {
     let holding: usize = core
+        .channels
         .chans
         .values()
         .map(|m| {
@@ -164,7 +165,7 @@ fn followed(core: &SessionCore) -> usize {
                 .count()
         })
         .sum();
-    core.subs.len() + holding
+    core.channels.subs.len() + holding
 }
 
 /// Fails request `n` on link `link` to `host` after

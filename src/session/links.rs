@@ -49,7 +49,7 @@ impl ClientSession {
 
 impl LinkOwner for ClientSession {
     fn on_link_up(&self, _host: &Arc<HostHub>, link: u64, server_seq: u64) {
-        self.lock().watermarks.insert(link, server_seq);
+        self.lock().links.watermarks.insert(link, server_seq);
     }
 
     fn on_host_frames(
@@ -74,9 +74,14 @@ impl LinkOwner for ClientSession {
         // connection (§4.6): queue the session's tokens for it again, ahead
         // of anything the session sends from now on (decided anew there).
         let mut core = self.lock();
-        let open = core.links.get(&host.id).filter(|l| l.id == link).cloned();
+        let open = core
+            .links
+            .open
+            .get(&host.id)
+            .filter(|l| l.id == link)
+            .cloned();
         if let Some(l) = open {
-            core.tokens.forget_held(&host.id);
+            core.links.tokens.forget_held(&host.id);
             self.replay_tokens(&mut core, host, &l);
         }
     }
@@ -105,7 +110,7 @@ impl LinkOwner for ClientSession {
 
     fn room(&self) -> Room {
         let core = self.lock();
-        let Some(socket) = &core.socket else {
+        let Some(socket) = &core.attachment.socket else {
             // Detached: frames go to the replay buffer, bounded on its own.
             return Room::Take {
                 frames: usize::MAX,
@@ -120,7 +125,11 @@ impl LinkOwner for ClientSession {
 
     fn on_stalled(&self, host: &Arc<HostHub>) {
         let mut core = self.lock();
-        let full = core.socket.as_ref().is_some_and(|s| !s.out.has_room());
+        let full = core
+            .attachment
+            .socket
+            .as_ref()
+            .is_some_and(|s| !s.out.has_room());
         if full {
             tracing::info!(host = %host.id, "client queue full for slow_client_secs: closed 4008");
             self.env.metrics.slow_consumer_closes.inc();
@@ -136,15 +145,15 @@ impl ClientSession {
     /// them while attached (then it must be resynchronised).
     pub fn forget_host(&self, host: &str) -> bool {
         let mut core = self.lock();
-        if let Some(link) = core.links.remove(host) {
+        if let Some(link) = core.links.open.remove(host) {
             let err = RpcError::upstream_lost(host);
             self.fail_link_requests_locked(&mut core, link.id, &err);
         }
         let lost = core.lose_host_channels(host);
         for c in &lost {
-            core.subs.remove(c);
+            core.channels.subs.remove(c);
         }
-        core.registered.retain(|(h, _)| &**h != host);
+        core.links.registered.retain(|(h, _)| &**h != host);
         !lost.is_empty() && core.socket_id().is_some()
     }
 }

@@ -9,6 +9,7 @@
 
 mod authenticate;
 pub mod buffer;
+mod core;
 pub mod envelope;
 mod fanout;
 mod limits;
@@ -16,24 +17,23 @@ mod links;
 pub mod outbox;
 pub mod reconnect;
 pub mod registry;
-pub mod requests;
+pub mod request;
 pub mod sequence;
 mod settle;
 pub mod status;
 pub mod tool_calls;
+mod visibility;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
+pub use self::core::SessionCore;
 pub use crate::identity::PrincipalKey;
 use crate::route::{Caller, Env};
 use crate::rpc::Close;
-use crate::upstream::link::Link;
-use buffer::ReplayBuffer;
 pub use registry::Registry;
 
 /// A session's identity: principal plus the client's own `clientId`.
@@ -96,12 +96,6 @@ pub enum PendingKind {
     },
 }
 
-/// The maps read for every relayed envelope (links, watermarks, channels).
-/// foldhash is several times cheaper than SipHash on their short keys and,
-/// seeded per process, still keyed against crafted collisions; the maps are
-/// bounded by the session's limits.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
 /// The state of one host channel the session follows.
 #[derive(Debug)]
 pub enum Chan {
@@ -132,63 +126,6 @@ impl Chan {
     }
 }
 
-/// Lock-protected state of a session.
-#[derive(Debug)]
-pub struct SessionCore {
-    last: u64,
-    buffer: ReplayBuffer,
-    /// Channels (client form) the client is subscribed to.
-    pub(super) subs: HashSet<String>,
-    /// Per host: host channel → state.
-    pub(super) chans: FastMap<Arc<str>, FastMap<String, Chan>>,
-    /// Requests in flight: (link id, link request id) → pending.
-    pub(super) pending: HashMap<(u64, u64), Pending>,
-    /// Open links by host.
-    pub(super) links: FastMap<Arc<str>, Arc<Link>>,
-    /// Host → client requests waiting for the client's answer, by the id the
-    /// relay gave them: (host, the host's id as exact JSON text).
-    pub(super) host_requests: HashMap<u64, (Arc<str>, String)>,
-    next_host_request: u64,
-    /// Per link id: the host `serverSeq` of the last envelope accepted on
-    /// it, replaced by the host's numbers at every baseline (§5.8).
-    pub(super) watermarks: FastMap<u64, u64>,
-    /// The root state (client form) the client was last given, so root
-    /// actions are sent only when a field really changed.
-    pub(super) root_seen: serde_json::Map<String, Value>,
-    /// Channels (client form) that received a snapshot in this session and
-    /// kept upstream continuity since: the channels `reconnect` may replay.
-    pub(super) baselined: HashSet<String>,
-    /// The attached socket; `None` while detached.
-    socket: Option<Socket>,
-    /// Incremented by every attach; lifetime timers check it.
-    attach_gen: u64,
-    /// The id of the socket attached last (also after the relay closed it).
-    last_socket: u64,
-    /// While detached: the last number issued when the socket went away.
-    detached_at: Option<u64>,
-    /// A snapshot `reconnect` is preparing its answer: relay-made envelopes
-    /// wait (unnumbered) so nothing reaches the socket before the cut.
-    cut_pending: bool,
-    /// Relay echoes deferred while `cut_pending`: (channel, action,
-    /// clientSeq, rejection reason if rejected).
-    deferred: Vec<(String, Value, i64, Option<String>)>,
-    /// Hosts whose channels a `reconnect` had to omit because the host was
-    /// unreachable: when such a host is back, the client is resynchronised.
-    pub(super) orphaned: HashSet<String>,
-    /// Links replaced by re-baselining, kept until the new links' snapshots
-    /// are adopted (§5.5), then dropped.
-    pub(super) retiring: Vec<Arc<Link>>,
-    /// (host, host session) pairs where the client registered itself in
-    /// `activeClients` (`session/activeClientSet` dispatched, not removed):
-    /// links to those hosts are never idle.
-    pub(super) registered: HashSet<(Arc<str>, String)>,
-    /// Tokens the client pushed with `authenticate` (§4.6), memory only.
-    pub(super) tokens: authenticate::Tokens,
-    /// Since when each link has been idle (§5.7 `link_idle`).
-    idle_since: HashMap<Arc<str>, std::time::Instant>,
-    s0: u64,
-}
-
 /// The client socket a session writes to.
 #[derive(Debug)]
 pub struct Socket {
@@ -200,82 +137,9 @@ pub struct Socket {
     pub kill: watch::Sender<Option<Close>>,
 }
 
-impl SessionCore {
-    /// The current attach generation (changes with every attach and detach).
-    pub fn attach_gen(&self) -> u64 {
-        self.attach_gen
-    }
-
-    /// Starts holding relay-made envelopes until [`ClientSession::end_cut`].
-    pub fn begin_cut(&mut self) {
-        self.cut_pending = true;
-    }
-
-    /// Whether socket `id` is the attached one: an answer prepared across
-    /// an `.await` is written (and its snapshots baselined) only then.
-    pub fn answers_on(&self, id: u64) -> bool {
-        self.socket_id() == Some(id)
-    }
-
-    /// The id of the attached socket, if any.
-    pub fn socket_id(&self) -> Option<u64> {
-        self.socket.as_ref().map(|s| s.id)
-    }
-
-    /// Stops following every channel of `host` (its link is gone): they
-    /// lose their baseline, so a `reconnect` gets snapshots for them.
-    /// Returns their client forms.
-    pub(super) fn lose_host_channels(&mut self, host: &str) -> Vec<String> {
-        let lost: Vec<String> = self
-            .chans
-            .remove(host)
-            .into_iter()
-            .flat_map(|m| m.into_values())
-            .map(|c| c.client().to_string())
-            .collect();
-        for c in &lost {
-            self.baselined.remove(c);
-        }
-        lost
-    }
-
-    /// The session's S0.
-    pub fn s0(&self) -> u64 {
-        self.s0
-    }
-
-    /// Buffered frames numbered above `after`, oldest first, and whether
-    /// every frame after `after` is still buffered.
-    pub fn buffered_since(&self, after: u64) -> (Vec<Utf8Bytes>, bool) {
-        let complete = after >= self.buffer.evicted_through();
-        (
-            self.buffer.since(after).map(|(_, f)| f.clone()).collect(),
-            complete,
-        )
-    }
-
-    /// Registers a host → client request and returns the id the client sees.
-    pub fn register_host_request(&mut self, host: Arc<str>, host_id: String) -> u64 {
-        let n = self.next_host_request;
-        self.next_host_request += 1;
-        self.host_requests.insert(n, (host, host_id));
-        n
-    }
-
-    /// The last number issued (S0 before any envelope).
-    pub fn last(&self) -> u64 {
-        self.last
-    }
-
-    /// Frames and bytes in the replay buffer.
-    pub fn buffer_usage(&self) -> (usize, usize) {
-        self.buffer.usage()
-    }
-}
-
 impl Drop for ClientSession {
     fn drop(&mut self) {
-        let bytes = self.lock().buffer.usage().1;
+        let bytes = self.lock().buffer_usage().1;
         self.env.metrics.buffer_bytes.sub(bytes as i64);
     }
 }
@@ -341,31 +205,7 @@ impl ClientSession {
         let upstream_id = env.keys.upstream_id(&key.principal, &key.client_id);
         let limits = &env.cfg.limits;
         let s0 = registry.origins.next();
-        let core = SessionCore {
-            last: s0,
-            s0,
-            baselined: HashSet::new(),
-            last_socket: socket.id,
-            detached_at: None,
-            cut_pending: false,
-            deferred: Vec::new(),
-            socket: Some(socket),
-            attach_gen: 0,
-            retiring: Vec::new(),
-            registered: HashSet::new(),
-            idle_since: HashMap::new(),
-            tokens: authenticate::Tokens::default(),
-            orphaned: HashSet::new(),
-            buffer: ReplayBuffer::new(limits.replay_buffer_envelopes, limits.replay_buffer_bytes),
-            subs: HashSet::new(),
-            chans: FastMap::default(),
-            pending: HashMap::new(),
-            links: FastMap::default(),
-            host_requests: HashMap::new(),
-            next_host_request: 1,
-            root_seen: serde_json::Map::new(),
-            watermarks: FastMap::default(),
-        };
+        let core = SessionCore::new(s0, socket, limits);
         let seen = crate::names::seen::Seen::new(
             limits.seen_refs_per_session,
             env.metrics.limit_hits.with_label_values(&["seen_refs"]),
@@ -427,7 +267,7 @@ impl ClientSession {
     pub fn root_snapshot(&self, core: &mut SessionCore) -> Value {
         let root = crate::route::root::merged_root(&self.env, self.who().caller());
         if let Value::Object(fields) = &root {
-            core.root_seen = fields.clone();
+            core.channels.root_seen = fields.clone();
         }
         root
     }
@@ -440,7 +280,7 @@ impl ClientSession {
     /// sent: the client is closed with 1009 and the frame counted in
     /// `limit_hits_total{limit="client_frame"}`.
     pub fn push(&self, core: &mut SessionCore, frame: impl Into<Utf8Bytes>) {
-        let Some(socket) = &core.socket else {
+        let Some(socket) = &core.attachment.socket else {
             return;
         };
         let frame = frame.into();
@@ -455,7 +295,7 @@ impl ClientSession {
                 self.env.metrics.slow_consumer_closes.inc();
                 self.close_locked(core, Close::SlowConsumer);
             }
-            Err(outbox::Refused::Closed) => core.socket = None,
+            Err(outbox::Refused::Closed) => core.attachment.socket = None,
         }
     }
 
@@ -466,22 +306,19 @@ impl ClientSession {
         core: &mut SessionCore,
         build: impl FnOnce(u64) -> Option<String>,
     ) -> Option<u64> {
-        let n = core.last + 1;
+        let n = core.seq.last + 1;
         let frame: Utf8Bytes = build(n)?.into();
-        core.last = n;
-        let (evicted, evicted_bytes) = core.buffer.push(n, frame.clone());
+        core.seq.last = n;
+        let (evicted, evicted_bytes) = core.seq.buffer.push(n, frame.clone());
         let gap_lost = core
+            .attachment
             .detached_at
-            .is_some_and(|d| core.buffer.evicted_through() > d);
-        if evicted > 0 && gap_lost && !core.links.is_empty() {
+            .is_some_and(|d| core.seq.buffer.evicted_through() > d);
+        if evicted > 0 && gap_lost && !core.links.open.is_empty() {
             // Detached, and the buffer no longer holds everything numbered
             // since: the client will need snapshots anyway, so the links
             // close now (§5.7).
-            core.links.clear();
-            core.retiring.clear();
-            core.chans.clear();
-            core.pending.clear();
-            core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
+            core.lose_links();
         }
         let metrics = &self.env.metrics;
         metrics.buffer_evictions.inc_by(evicted as u64);
@@ -528,10 +365,10 @@ impl ClientSession {
         client_seq: i64,
         reason: Option<&str>,
     ) {
-        if core.cut_pending {
+        if core.seq.cut_pending {
             let reason = reason.map(str::to_string);
             let deferred = (channel.to_string(), action.clone(), client_seq, reason);
-            core.deferred.push(deferred);
+            core.seq.deferred.push(deferred);
             return;
         }
         let client = self.key.client_id.clone();
@@ -548,8 +385,8 @@ impl ClientSession {
     /// The reconnect answer is written: deferred rejection echoes are
     /// numbered and sent now, after it.
     pub fn end_cut(&self, core: &mut SessionCore) {
-        core.cut_pending = false;
-        for (channel, action, client_seq, reason) in std::mem::take(&mut core.deferred) {
+        core.seq.cut_pending = false;
+        for (channel, action, client_seq, reason) in std::mem::take(&mut core.seq.deferred) {
             self.echo(core, &channel, &action, client_seq, reason.as_deref());
         }
     }
@@ -592,7 +429,7 @@ impl ClientSession {
     }
 
     fn close_locked(&self, core: &mut SessionCore, close: Close) {
-        if let Some(socket) = core.socket.take() {
+        if let Some(socket) = core.attachment.socket.take() {
             socket.kill.send_replace(Some(close));
         }
     }
@@ -602,11 +439,11 @@ impl ClientSession {
     /// attach generation lifetime timers compare against.
     pub fn attach_socket(&self, core: &mut SessionCore, socket: Socket) -> u64 {
         self.close_locked(core, Close::Superseded);
-        core.detached_at = None;
-        core.last_socket = socket.id;
-        core.socket = Some(socket);
-        core.attach_gen += 1;
-        core.attach_gen
+        core.attachment.detached_at = None;
+        core.attachment.last_socket = socket.id;
+        core.attachment.socket = Some(socket);
+        core.attachment.attach_gen += 1;
+        core.attachment.attach_gen
     }
 
     /// Detaches socket `id` if it is the attached one: the session keeps its
@@ -618,14 +455,14 @@ impl ClientSession {
         let mut core = self.lock();
         // The relay may have closed this socket itself (4000, 4008): the
         // session is then already without a socket, and still detaches.
-        let ours =
-            core.socket_id() == Some(id) || (core.socket.is_none() && core.last_socket == id);
+        let ours = core.socket_id() == Some(id)
+            || (core.attachment.socket.is_none() && core.attachment.last_socket == id);
         if !ours {
             return None;
         }
-        core.detached_at = Some(core.last);
-        core.socket = None;
-        core.attach_gen += 1;
+        core.attachment.detached_at = Some(core.seq.last);
+        core.attachment.socket = None;
+        core.attachment.attach_gen += 1;
         if self.owns_client_tool_calls(&core) {
             tracing::debug!(
                 calls = self.tool_calls.len(),
@@ -633,15 +470,16 @@ impl ClientSession {
             );
             self.close_links(&mut core);
         }
-        Some(core.attach_gen)
+        Some(core.attachment.attach_gen)
     }
 
     /// Whether the session owns a client tool call on a channel it still
     /// follows on a current link (§5.7).
     pub fn owns_client_tool_calls(&self, core: &SessionCore) -> bool {
         self.tool_calls.any_followed(|host, channel| {
-            core.links.contains_key(host)
+            core.links.open.contains_key(host)
                 && core
+                    .channels
                     .chans
                     .get(host)
                     .is_some_and(|m| m.contains_key(channel))
@@ -650,18 +488,14 @@ impl ClientSession {
 
     /// Closes every link under the session lock (see [`Self::drop_links`]).
     pub fn close_links(&self, core: &mut SessionCore) {
-        core.links.clear();
-        core.retiring.clear();
-        core.pending.clear();
-        core.chans.clear();
-        core.baselined.retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
+        core.lose_links();
         self.tool_calls.clear();
     }
 
     /// Whether the session is still detached since generation `gen`.
     pub fn detached_since(&self, generation: u64) -> bool {
         let core = self.lock();
-        core.socket.is_none() && core.attach_gen == generation
+        core.attachment.socket.is_none() && core.attachment.attach_gen == generation
     }
 
     /// Closes every link: hosts see the client leave, requests in flight are
@@ -676,8 +510,8 @@ impl ClientSession {
     pub fn shut(&self) {
         self.drop_links();
         let mut core = self.lock();
-        core.socket = None;
-        core.attach_gen += 1;
+        core.attachment.socket = None;
+        core.attachment.attach_gen += 1;
     }
 
     /// Closes links idle for `idle` (no subscribed channel, no request in
@@ -688,21 +522,29 @@ impl ClientSession {
         let mut core = self.lock();
         let core = &mut *core;
         let mut closed = 0;
-        let hosts: Vec<(Arc<str>, u64)> =
-            core.links.iter().map(|(h, l)| (h.clone(), l.id)).collect();
+        let hosts: Vec<(Arc<str>, u64)> = core
+            .links
+            .open
+            .iter()
+            .map(|(h, l)| (h.clone(), l.id))
+            .collect();
         for (host, link) in hosts {
-            let busy = core.chans.get(&host).is_some_and(|m| !m.is_empty())
-                || core.pending.keys().any(|(l, _)| *l == link)
-                || core.host_requests.values().any(|(h, _)| *h == host)
-                || core.registered.iter().any(|(h, _)| *h == host);
+            let busy = core
+                .channels
+                .chans
+                .get(&host)
+                .is_some_and(|m| !m.is_empty())
+                || core.links.pending.keys().any(|(l, _)| *l == link)
+                || core.links.host_requests.values().any(|(h, _)| *h == host)
+                || core.links.registered.iter().any(|(h, _)| *h == host);
             if busy {
-                core.idle_since.remove(&host);
+                core.links.idle_since.remove(&host);
                 continue;
             }
-            let since = *core.idle_since.entry(host.clone()).or_insert(now);
+            let since = *core.links.idle_since.entry(host.clone()).or_insert(now);
             if now.duration_since(since) >= idle {
-                core.idle_since.remove(&host);
-                core.links.remove(&host);
+                core.links.idle_since.remove(&host);
+                core.links.open.remove(&host);
                 closed += 1;
             }
         }
@@ -711,6 +553,9 @@ impl ClientSession {
 
     /// Whether the client follows the relay root channel.
     pub fn follows_root(&self) -> bool {
-        self.lock().subs.contains(ahp_types::ROOT_RESOURCE_URI)
+        self.lock()
+            .channels
+            .subs
+            .contains(ahp_types::ROOT_RESOURCE_URI)
     }
 }

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::requests::Conn;
+use super::request::Conn;
 use super::{Chan, ClientSession, SessionCore};
 use crate::policy::Permission;
 use crate::route::methods::typed;
@@ -111,7 +111,7 @@ fn adopt_identity(session: &ClientSession, groups: &[String]) {
         return;
     }
     session.forget_invisible();
-    session.lock().baselined.clear();
+    session.lock().channels.baselined.clear();
 }
 
 /// Attaches `socket` and answers with `replay` when the buffer proves
@@ -141,9 +141,9 @@ fn replay_or_cut(
 /// host channel is held until its fresh snapshot.
 fn hold_for_cut(core: &mut SessionCore) {
     core.begin_cut();
-    core.subs.remove(ahp_types::ROOT_RESOURCE_URI);
-    core.baselined.clear();
-    for chans in core.chans.values_mut() {
+    core.channels.subs.remove(ahp_types::ROOT_RESOURCE_URI);
+    core.channels.baselined.clear();
+    for chans in core.channels.chans.values_mut() {
         for chan in chans.values_mut() {
             if let Chan::Live { client } = chan {
                 *chan = Chan::Holding {
@@ -193,19 +193,22 @@ fn answer_snapshots(
         .iter()
         .flat_map(|(hub, channels, _)| channels.iter().map(|(_, h)| (&*hub.id, h.as_str())))
         .collect();
-    for (host, chans) in core.chans.iter_mut() {
+    for (host, chans) in core.channels.chans.iter_mut() {
         chans.retain(|host_uri, _| rebased.contains(&(&**host, host_uri.as_str())));
     }
     let from = core.last();
     let mut snapshots = Vec::new();
-    core.orphaned.clear();
+    core.channels.orphaned.clear();
     if requested.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
         let root = session.root_snapshot(core);
         snapshots.push(
             json!({"resource": ahp_types::ROOT_RESOURCE_URI, "state": root, "fromSeq": from}),
         );
-        core.subs.insert(ahp_types::ROOT_RESOURCE_URI.to_string());
-        core.baselined
+        core.channels
+            .subs
+            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
+        core.channels
+            .baselined
             .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
     }
     let release = adopt(session, core, adopted, from, &mut snapshots);
@@ -216,7 +219,7 @@ fn answer_snapshots(
     }
     session.end_cut(core);
     // The new links' snapshots are adopted: the old links may close now.
-    for old in std::mem::take(&mut core.retiring) {
+    for old in std::mem::take(&mut core.links.retiring) {
         // Requests in flight on a replaced link will never be answered.
         session.fail_link_requests_locked(core, old.id, &RpcError::upstream_lost(&old.host.id));
     }
@@ -240,15 +243,16 @@ fn adopt(
             let snap = init.as_ref().and_then(|r| snapshot_of(r, &host_uri));
             let (client_snap, host_from) = session.client_snapshot(&hub, snap, &client, from);
             let Some(s) = client_snap else {
-                if let Some(m) = core.chans.get_mut(&hub.id) {
+                if let Some(m) = core.channels.chans.get_mut(&hub.id) {
                     m.remove(&host_uri);
                 }
                 if init.is_none() {
-                    core.orphaned.insert(hub.id.to_string());
+                    core.channels.orphaned.insert(hub.id.to_string());
                 }
                 continue;
             };
             if let Some(Chan::Holding { from: f, .. }) = core
+                .channels
                 .chans
                 .get_mut(&hub.id)
                 .and_then(|m| m.get_mut(&host_uri))
@@ -256,8 +260,8 @@ fn adopt(
                 *f = host_from;
             }
             snapshots.push(s);
-            core.subs.insert(client.clone());
-            core.baselined.insert(client);
+            core.channels.subs.insert(client.clone());
+            core.channels.baselined.insert(client);
             release.push((hub.clone(), host_uri));
         }
     }
@@ -284,7 +288,7 @@ fn replay(
         // A channel without a baseline in this session (never snapshotted,
         // or hidden by a policy change) forces snapshots; one that had a
         // baseline but no longer routes (disposed) is reported `missing`.
-        if !core.baselined.contains(c) {
+        if !core.channels.baselined.contains(c) {
             return None;
         }
         let routable = c == ahp_types::ROOT_RESOURCE_URI
@@ -334,10 +338,12 @@ fn replay(
 /// Stops following channels the client did not ask to keep.
 fn forget_unrequested(core: &mut SessionCore, requested: &[String]) {
     let keep: HashSet<&str> = requested.iter().map(String::as_str).collect();
-    core.subs.retain(|c| keep.contains(c.as_str()));
-    core.baselined.retain(|c| keep.contains(c.as_str()));
+    core.channels.subs.retain(|c| keep.contains(c.as_str()));
+    core.channels
+        .baselined
+        .retain(|c| keep.contains(c.as_str()));
     let mut unsubscribe = Vec::new();
-    for (host, chans) in core.chans.iter_mut() {
+    for (host, chans) in core.channels.chans.iter_mut() {
         chans.retain(|host_uri, chan| {
             let kept = keep.contains(chan.client());
             if !kept {
@@ -347,7 +353,7 @@ fn forget_unrequested(core: &mut SessionCore, requested: &[String]) {
         });
     }
     for (host, host_uri) in unsubscribe {
-        if let Some(link) = core.links.get(&host) {
+        if let Some(link) = core.links.open.get(&host) {
             let frame =
                 json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": host_uri}});
             link.send(LinkCmd::Frame(frame.to_string()));
@@ -397,7 +403,7 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
             reply: Some(tx),
         };
         let mut core = session.lock();
-        let m = core.chans.entry(hub.id.clone()).or_default();
+        let m = core.channels.chans.entry(hub.id.clone()).or_default();
         for (client, host_uri) in &channels {
             m.insert(
                 host_uri.clone(),
@@ -409,8 +415,8 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
             );
         }
         let link = session.open_link_locked(&mut core, &hub, baseline);
-        if let Some(old) = core.links.insert(hub.id.clone(), link) {
-            core.retiring.push(old);
+        if let Some(old) = core.links.open.insert(hub.id.clone(), link) {
+            core.links.retiring.push(old);
         }
         waits.push((hub, channels, rx));
     }

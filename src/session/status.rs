@@ -47,7 +47,7 @@ impl Registry {
         let mut n = Attachment::default();
         for entry in self.sessions.iter() {
             let core = entry.value().lock();
-            match (&core.socket, core.links.is_empty()) {
+            match (&core.attachment.socket, core.links.open.is_empty()) {
                 (Some(_), _) => n.attached += 1,
                 (None, false) => n.detached += 1,
                 (None, true) => n.retained += 1,
@@ -69,7 +69,7 @@ impl Registry {
                     ..PrincipalRow::default()
                 });
             let core = entry.value().lock();
-            match (&core.socket, core.links.is_empty()) {
+            match (&core.attachment.socket, core.links.open.is_empty()) {
                 (Some(socket), _) => {
                     row.attached += 1;
                     row.queued_bytes += socket.out.queued_bytes();
@@ -77,7 +77,8 @@ impl Registry {
                 (None, false) => row.detached += 1,
                 (None, true) => row.retained += 1,
             }
-            row.hosts.extend(core.links.keys().map(|h| h.to_string()));
+            row.hosts
+                .extend(core.links.open.keys().map(|h| h.to_string()));
         }
         rows.into_values().collect()
     }

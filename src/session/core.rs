@@ -1,0 +1,239 @@
+//! A session's lock-protected state, in named parts: the sequence and
+//! replay buffer ([`Numbering`]), the channels the client follows
+//! ([`Channels`]), the links to hosts and what is in flight on them
+//! ([`Links`]), and the attached socket ([`Attachment`]). One lock guards
+//! all four, so a transition that spans them (a link lost takes its
+//! channels' baselines) is atomic; none is held across an `.await`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+use super::authenticate;
+use super::buffer::ReplayBuffer;
+use super::{Chan, Pending, Socket};
+use crate::config::Limits;
+use crate::upstream::link::Link;
+
+/// The maps read for every relayed envelope (links, watermarks, channels).
+/// foldhash is several times cheaper than SipHash on their short keys and,
+/// seeded per process, still keyed against crafted collisions; the maps are
+/// bounded by the session's limits.
+pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Lock-protected state of a session.
+#[derive(Debug)]
+pub struct SessionCore {
+    /// The sequence and the replay buffer.
+    pub(super) seq: Numbering,
+    /// The channels the client follows.
+    pub(super) channels: Channels,
+    /// The links to hosts and what is in flight on them.
+    pub(super) links: Links,
+    /// The attached socket and the attach generation.
+    pub(super) attachment: Attachment,
+}
+
+/// The session's numbers (contract §5.1) and its replay buffer (§5.4).
+#[derive(Debug)]
+pub(super) struct Numbering {
+    /// The session's S0.
+    pub(super) s0: u64,
+    /// The last number issued.
+    pub(super) last: u64,
+    /// Numbered frames kept for `reconnect`.
+    pub(super) buffer: ReplayBuffer,
+    /// A snapshot `reconnect` is preparing its answer: relay-made envelopes
+    /// wait (unnumbered) so nothing reaches the socket before the cut.
+    pub(super) cut_pending: bool,
+    /// Relay echoes deferred while `cut_pending`: (channel, action,
+    /// clientSeq, rejection reason if rejected).
+    pub(super) deferred: Vec<(String, Value, i64, Option<String>)>,
+}
+
+/// The channels the client follows and their state per host.
+#[derive(Debug, Default)]
+pub(super) struct Channels {
+    /// Channels (client form) the client is subscribed to.
+    pub(super) subs: HashSet<String>,
+    /// Per host: host channel → state.
+    pub(super) chans: FastMap<Arc<str>, FastMap<String, Chan>>,
+    /// Channels (client form) that received a snapshot in this session and
+    /// kept upstream continuity since: the channels `reconnect` may replay.
+    pub(super) baselined: HashSet<String>,
+    /// The root state (client form) the client was last given, so root
+    /// actions are sent only when a field really changed.
+    pub(super) root_seen: serde_json::Map<String, Value>,
+    /// Hosts whose channels a `reconnect` had to omit because the host was
+    /// unreachable: when such a host is back, the client is resynchronised.
+    pub(super) orphaned: HashSet<String>,
+}
+
+/// The session's links and everything that lives on them.
+#[derive(Debug)]
+pub(super) struct Links {
+    /// Open links by host.
+    pub(super) open: FastMap<Arc<str>, Arc<Link>>,
+    /// Links replaced by re-baselining, kept until the new links' snapshots
+    /// are adopted (§5.5), then dropped.
+    pub(super) retiring: Vec<Arc<Link>>,
+    /// Requests in flight: (link id, link request id) → pending.
+    pub(super) pending: HashMap<(u64, u64), Pending>,
+    /// Host → client requests waiting for the client's answer, by the id the
+    /// relay gave them: (host, the host's id as exact JSON text).
+    pub(super) host_requests: HashMap<u64, (Arc<str>, String)>,
+    pub(super) next_host_request: u64,
+    /// Per link id: the host `serverSeq` of the last envelope accepted on
+    /// it, replaced by the host's numbers at every baseline (§5.8).
+    pub(super) watermarks: FastMap<u64, u64>,
+    /// (host, host session) pairs where the client registered itself in
+    /// `activeClients` (`session/activeClientSet` dispatched, not removed):
+    /// links to those hosts are never idle.
+    pub(super) registered: HashSet<(Arc<str>, String)>,
+    /// Tokens the client pushed with `authenticate` (§4.6), memory only.
+    pub(super) tokens: authenticate::Tokens,
+    /// Since when each link has been idle (§5.7 `link_idle`).
+    pub(super) idle_since: HashMap<Arc<str>, std::time::Instant>,
+}
+
+/// The socket the session writes to, if any.
+#[derive(Debug)]
+pub(super) struct Attachment {
+    /// The attached socket; `None` while detached.
+    pub(super) socket: Option<Socket>,
+    /// Incremented by every attach and detach; lifetime timers check it.
+    pub(super) attach_gen: u64,
+    /// The id of the socket attached last (also after the relay closed it).
+    pub(super) last_socket: u64,
+    /// While detached: the last number issued when the socket went away.
+    pub(super) detached_at: Option<u64>,
+}
+
+impl SessionCore {
+    /// A session numbering from `s0`, attached to `socket`.
+    pub(super) fn new(s0: u64, socket: Socket, limits: &Limits) -> Self {
+        Self {
+            seq: Numbering {
+                s0,
+                last: s0,
+                buffer: ReplayBuffer::new(
+                    limits.replay_buffer_envelopes,
+                    limits.replay_buffer_bytes,
+                ),
+                cut_pending: false,
+                deferred: Vec::new(),
+            },
+            channels: Channels::default(),
+            links: Links {
+                open: FastMap::default(),
+                retiring: Vec::new(),
+                pending: HashMap::new(),
+                host_requests: HashMap::new(),
+                next_host_request: 1,
+                watermarks: FastMap::default(),
+                registered: HashSet::new(),
+                tokens: authenticate::Tokens::default(),
+                idle_since: HashMap::new(),
+            },
+            attachment: Attachment {
+                last_socket: socket.id,
+                socket: Some(socket),
+                attach_gen: 0,
+                detached_at: None,
+            },
+        }
+    }
+}
+
+impl SessionCore {
+    /// The current attach generation (changes with every attach and detach).
+    pub fn attach_gen(&self) -> u64 {
+        self.attachment.attach_gen
+    }
+
+    /// Starts holding relay-made envelopes until [`ClientSession::end_cut`].
+    pub fn begin_cut(&mut self) {
+        self.seq.cut_pending = true;
+    }
+
+    /// Closes every link (current and retiring) and forgets what lived on
+    /// them: requests in flight and every host channel, whose baselines are
+    /// lost (a later `reconnect` gets snapshots; the root keeps its own).
+    pub(super) fn lose_links(&mut self) {
+        self.links.open.clear();
+        self.links.retiring.clear();
+        self.links.pending.clear();
+        self.channels.chans.clear();
+        self.channels
+            .baselined
+            .retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
+    }
+
+    /// Whether socket `id` is the attached one: an answer prepared across
+    /// an `.await` is written (and its snapshots baselined) only then.
+    pub fn answers_on(&self, id: u64) -> bool {
+        self.socket_id() == Some(id)
+    }
+
+    /// The id of the attached socket, if any.
+    pub fn socket_id(&self) -> Option<u64> {
+        self.attachment.socket.as_ref().map(|s| s.id)
+    }
+
+    /// Stops following every channel of `host` (its link is gone): they
+    /// lose their baseline, so a `reconnect` gets snapshots for them.
+    /// Returns their client forms.
+    pub(super) fn lose_host_channels(&mut self, host: &str) -> Vec<String> {
+        let lost: Vec<String> = self
+            .channels
+            .chans
+            .remove(host)
+            .into_iter()
+            .flat_map(|m| m.into_values())
+            .map(|c| c.client().to_string())
+            .collect();
+        for c in &lost {
+            self.channels.baselined.remove(c);
+        }
+        lost
+    }
+
+    /// The session's S0.
+    pub fn s0(&self) -> u64 {
+        self.seq.s0
+    }
+
+    /// Buffered frames numbered above `after`, oldest first, and whether
+    /// every frame after `after` is still buffered.
+    pub fn buffered_since(&self, after: u64) -> (Vec<Utf8Bytes>, bool) {
+        let complete = after >= self.seq.buffer.evicted_through();
+        (
+            self.seq
+                .buffer
+                .since(after)
+                .map(|(_, f)| f.clone())
+                .collect(),
+            complete,
+        )
+    }
+
+    /// Registers a host → client request and returns the id the client sees.
+    pub fn register_host_request(&mut self, host: Arc<str>, host_id: String) -> u64 {
+        let n = self.links.next_host_request;
+        self.links.next_host_request += 1;
+        self.links.host_requests.insert(n, (host, host_id));
+        n
+    }
+
+    /// The last number issued (S0 before any envelope).
+    pub fn last(&self) -> u64 {
+        self.seq.last
+    }
+
+    /// Frames and bytes in the replay buffer.
+    pub fn buffer_usage(&self) -> (usize, usize) {
+        self.seq.buffer.usage()
+    }
+}

@@ -1,0 +1,242 @@
+//! Client → relay: the life of every client frame (contract §4.1), one
+//! pipeline for every method. A frame is classified by the wire layer and
+//! its params read once through the method's row of the table; then the
+//! relay answers it (`initialize`, `reconnect`, `ping`, the root),
+//! aggregates it (`listSessions`, `authenticate`), or asks the router for
+//! its [`Plan`](crate::route::plan::Plan) — the one access decision: target
+//! host, every name translated and authorized, the permission and the
+//! dispose rule — and executes it ([`execute`]: hold, reserve, forward,
+//! answer). Methods the relay does not know are refused with -32601;
+//! nothing is forwarded verbatim, and no handler here decides access.
+
+mod conn;
+mod execute;
+mod initialize;
+mod notify;
+
+use std::sync::Arc;
+
+use ahp_types::errors::ahp_error_codes;
+use serde_json::{Value, json};
+
+use crate::route::methods::{self, Handling};
+use crate::route::{catalog, plan};
+use crate::rpc::{Close, RpcError};
+use crate::session::ClientSession;
+use crate::wire::{self, FrameKind};
+pub use conn::Conn;
+pub use initialize::SUPPORTED_VERSIONS;
+use notify::{dispatch, unsubscribe};
+
+/// Handles one text frame from the client.
+pub async fn on_client_frame(conn: &mut Conn, text: &str) {
+    let env = conn.registry.env.clone();
+    let frame = match wire::classify(text, &env.client_limits) {
+        Ok(f) => f,
+        Err(e) => {
+            env.metrics
+                .bad_client_frames
+                .with_label_values(&[e.label()])
+                .inc();
+            if let wire::Refusal::Answer { id } = wire::refusal(text, &e) {
+                let err = RpcError::with_code(e.json_rpc_code(), e.to_string(), None);
+                conn.send(err.frame(id.as_ref().map_or("null", |i| i.raw)));
+            }
+            return;
+        }
+    };
+    // Every frame counts against the rate (§7.6), responses too: a flood
+    // of them slows only their sender's own requests. A response is still
+    // never dropped for the rate when it answers a host's request (that
+    // would fail the host's request); one that answers nothing is dropped
+    // below before it is parsed.
+    let answer = matches!(
+        frame.kind,
+        FrameKind::Response { .. } | FrameKind::ErrorResponse { .. }
+    );
+    if !conn.bucket.take() && !answer {
+        return over_rate(conn, text, &frame.kind);
+    }
+    match &frame.kind {
+        FrameKind::Request { id, method } => {
+            env.metrics
+                .client_requests
+                .with_label_values(&[methods::label(method)])
+                .inc();
+            let id = id.raw.to_string();
+            let params = match params_with_channel(method, frame.channel().is_some(), text) {
+                Ok(p) => p,
+                Err(err) => {
+                    env.metrics
+                        .bad_client_frames
+                        .with_label_values(&["no_channel"])
+                        .inc();
+                    return conn.reply(&id, Err(err));
+                }
+            };
+            let result = request(conn, &id, method, params).await;
+            if let Some(result) = result {
+                let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
+                conn.reply(&id, result);
+                if close {
+                    conn.kill.send_replace(Some(Close::UnsupportedVersion));
+                }
+            }
+        }
+        FrameKind::Notification { method } => {
+            let Some(session) = conn.session.clone() else {
+                return;
+            };
+            match method.as_ref() {
+                "dispatchAction" => dispatch(&session, params_of(text)),
+                "unsubscribe" => unsubscribe(&session, params_of(text)),
+                _ => env.metrics.client_notifications_dropped.inc(),
+            }
+        }
+        FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. } => {
+            match (conn.session.clone(), id.as_u64()) {
+                // Looked up by id first: only an answer the relay awaits
+                // is parsed.
+                (Some(session), Some(n)) if session.awaits_client_answer(n) => {
+                    let answer = serde_json::from_str::<Value>(text).ok();
+                    session.answer_host_request(n, answer.as_ref());
+                }
+                _ => env.metrics.client_notifications_dropped.inc(),
+            }
+        }
+    }
+}
+
+/// A request's params, naming the root when a root-scoped method left out
+/// `params.channel` (§4.1: VS Code sends `reconnect` so); any other method
+/// without a channel is -32602.
+fn params_with_channel(method: &str, has_channel: bool, text: &str) -> Result<Value, RpcError> {
+    let mut params = params_of(text);
+    if has_channel {
+        return Ok(params);
+    }
+    if !methods::method(method).is_some_and(|m| m.handling.root_scoped()) {
+        return Err(RpcError::invalid_params(
+            "params.channel (a string) is required",
+        ));
+    }
+    if params.is_null() {
+        params = json!({});
+    }
+    if let Some(o) = params.as_object_mut() {
+        o.insert("channel".into(), json!(ahp_types::ROOT_RESOURCE_URI));
+    }
+    Ok(params)
+}
+
+/// A frame over the connection's rate (§3.6): a request gets -32603
+/// `reason = "rateLimited"`, a `dispatchAction` a rejection echo, another
+/// notification is dropped; each is counted.
+fn over_rate(conn: &Conn, text: &str, kind: &FrameKind<'_>) {
+    let env = &conn.registry.env;
+    env.metrics.limit_hits.with_label_values(&["rate"]).inc();
+    match kind {
+        FrameKind::Request { id, .. } => {
+            let err = RpcError::limited(
+                "rateLimited",
+                "too many requests on this connection: retry after backoff",
+                true,
+            );
+            conn.send(err.frame(id.raw));
+        }
+        FrameKind::Notification { method } if method.as_ref() == "dispatchAction" => {
+            let params = params_of(text);
+            let (Some(session), Some(channel), Some(seq)) = (
+                conn.session.as_ref(),
+                params.get("channel").and_then(Value::as_str),
+                params.get("clientSeq").and_then(Value::as_i64),
+            ) else {
+                return;
+            };
+            let action = params.get("action").cloned().unwrap_or(Value::Null);
+            let mut core = session.lock();
+            session.reject_dispatch(&mut core, channel, &action, seq, "rate limited");
+        }
+        _ => {}
+    }
+}
+
+fn params_of(text: &str) -> Value {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|mut v| v.get_mut("params").map(Value::take))
+        .unwrap_or(Value::Null)
+}
+
+/// Answers or forwards one request; `None` when the answer comes later.
+/// The method table decides how: nothing here lists methods, and every
+/// forwarded request goes through one plan.
+async fn request(
+    conn: &mut Conn,
+    id: &str,
+    method: &str,
+    params: Value,
+) -> Option<Result<String, RpcError>> {
+    let Some(row) = methods::method(method) else {
+        return Some(Err(RpcError::method_not_found(method)));
+    };
+    let params = match (row.params)(params) {
+        Ok(p) => p,
+        Err(e) => return Some(Err(e)),
+    };
+    match row.handling {
+        Handling::Ping => return Some(Ok("null".into())),
+        Handling::Initialize => {
+            return initialize::initialize(conn, id, params)
+                .await
+                .err()
+                .map(Err);
+        }
+        Handling::Reconnect => {
+            let answer = super::reconnect::reconnect(conn, id, params).await;
+            return answer.err().map(Err);
+        }
+        _ => {}
+    }
+    let Some(session) = conn.session.clone() else {
+        return Some(Err(RpcError::invalid_request(format!(
+            "{method} before initialize: send initialize first"
+        ))));
+    };
+    let outcome = match row.handling {
+        Handling::ListSessions => {
+            let now = session.who();
+            let list = catalog::list_sessions(&session.env, now.caller(), conn.socket, params);
+            return Some(list);
+        }
+        Handling::Subscribe if names_root(&params) => {
+            subscribe_root(&session, id);
+            Ok(())
+        }
+        Handling::Authenticate => session.authenticate(id, &params),
+        _ => {
+            let planned = plan::plan(&session.env, session.who().caller(), row, params);
+            match planned {
+                Ok(plan) => execute::execute(&session, id, row.name, plan).await,
+                Err(e) => Err(e),
+            }
+        }
+    };
+    outcome.err().map(Err)
+}
+
+/// Whether a request's `params.channel` is the root.
+fn names_root(params: &Value) -> bool {
+    params.get("channel").and_then(Value::as_str) == Some(ahp_types::ROOT_RESOURCE_URI)
+}
+
+/// `subscribe` of the root: answered by the relay with the merged root.
+fn subscribe_root(session: &Arc<ClientSession>, id: &str) {
+    let root = ahp_types::ROOT_RESOURCE_URI;
+    let mut core = session.lock();
+    core.channels.subs.insert(root.to_string());
+    core.channels.baselined.insert(root.to_string());
+    let state = session.root_snapshot(&mut core);
+    let snap = json!({"snapshot": {"resource": root, "state": state, "fromSeq": core.last()}});
+    session.respond(&mut core, id, &snap.to_string());
+}
