@@ -28,6 +28,7 @@ use crate::upstream::dial::{
     Credentials, DialError, DialOptions, WsStream, dial_stream_capped, dial_stream_with,
 };
 use crate::upstream::dial_in::{CONNECTOR_PATH, Control, HOST_ID_HEADER, LINK_HEADER};
+use crate::upstream::hub::{USER_ISSUER_HEADER, USER_SUBJECT_HEADER};
 
 /// Flags of `connect`.
 #[derive(Debug, Clone, Args)]
@@ -353,9 +354,18 @@ async fn dial_relay(me: &Connector, link: Option<u64>) -> Result<WsStream, Stop>
 const MAX_MESSAGE: usize = 64 << 20;
 
 /// Dials the host with its credentials and `headers` (the end user's
-/// identity on per-client links), as the relay dials a host. Errors never
-/// show the URL (which may carry `?tkn=`).
+/// identity on per-client links), as the relay dials a host. Only the
+/// relay's end-user headers are taken from the order, so the relay cannot
+/// replace the host's own credentials. Errors never show the URL (which
+/// may carry `?tkn=`).
 async fn dial_host(me: &Connector, headers: Vec<(String, String)>) -> Result<WsStream, DialError> {
+    let headers = headers
+        .into_iter()
+        .filter(|(name, _)| {
+            name.eq_ignore_ascii_case(USER_ISSUER_HEADER)
+                || name.eq_ignore_ascii_case(USER_SUBJECT_HEADER)
+        })
+        .collect();
     let a = &me.args;
     let read = |what: &'static str, path: &Option<PathBuf>| -> Result<Option<String>, DialError> {
         path.as_ref()
