@@ -120,12 +120,7 @@ fn authenticate(port: &RelayPort, req: &Request<Incoming>) -> Option<String> {
 /// Attaches the control connection of `host`'s connector and serves it
 /// once upgraded; 409 if the host has a connector already.
 fn control(port: &RelayPort, req: &mut Request<Incoming>, host: String) -> Result<(), Box<Resp>> {
-    let peer = req
-        .extensions()
-        .get::<ClientAddr>()
-        .map(|c| c.0.to_string())
-        .or_else(|| req.extensions().get::<Peer>().map(|p| p.0.to_string()))
-        .unwrap_or_default();
+    let peer = connector_addr(req);
     let attachment = port.connectors().attach(&host, peer.clone()).map_err(|e| {
         Box::new(refused(
             StatusCode::CONFLICT,
@@ -151,6 +146,20 @@ fn control(port: &RelayPort, req: &mut Request<Incoming>, host: String) -> Resul
         }
     });
     Ok(())
+}
+
+/// Where a connector connects from, for the status page: its socket
+/// address (with the port) when it reached the relay directly, the address
+/// a trusted proxy forwarded otherwise.
+fn connector_addr(req: &Request<Incoming>) -> String {
+    let client = req.extensions().get::<ClientAddr>().map(|c| c.0);
+    let peer = req.extensions().get::<Peer>().map(|p| p.0);
+    match (client, peer) {
+        (Some(c), Some(p)) if c == p.ip() => p.to_string(),
+        (Some(c), _) => c.to_string(),
+        (None, Some(p)) => p.to_string(),
+        (None, None) => String::new(),
+    }
 }
 
 /// Hands link socket `link` of `host` to the link waiting for it; 404 if
