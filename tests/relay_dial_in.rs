@@ -268,8 +268,8 @@ async fn a_host_reached_only_through_its_connector_runs_a_turn() {
     assert_eq!(row["state"], "up", "{row}");
     let from = row["connector"].as_str().unwrap_or_default();
     assert!(
-        from.starts_with("127.0.0.1"),
-        "the connector's address: {row}"
+        from.starts_with("127.0.0.1:"),
+        "the connector's address and port: {row}"
     );
     let lines = w.connector.as_ref().expect("connector").lines_so_far();
     assert!(
