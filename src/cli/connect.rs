@@ -251,7 +251,9 @@ enum Stop {
 const CONTROL_PING: Duration = Duration::from_secs(15);
 
 /// One control connection: attach, then open a link per order until the
-/// connection ends (`Ok` once attached: the backoff starts afresh).
+/// connection ends: `Ok` when the relay closed it (it may be replaced or
+/// its host removed: the next attempt says which), `Err` otherwise. Links
+/// already open are separate connections and outlive it.
 async fn control(me: &Arc<Connector>) -> Result<(), Stop> {
     let ws = dial_relay(me, None).await?;
     let (mut tx, mut rx) = ws.split();
