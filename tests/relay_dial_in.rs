@@ -627,6 +627,17 @@ fn check_config_explains_how_a_host_is_reached() {
         &path,
     );
     assert!(ok.is_ok(), "{:?}", ok.err());
+    // The binary says the same, file:line first.
+    std::fs::write(&path, with("[[hosts]]\nid = \"x\"\n")).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["check-config", "--document-only"])
+        .arg(&path)
+        .output()
+        .expect("check-config runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    let at = format!("{}:{line}: host x: needs url", path.display());
+    assert!(said.contains(&at), "{said}");
 }
 
 /// A SplitMix64 stream: the randomized run is a function of its seed.
