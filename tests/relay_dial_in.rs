@@ -271,6 +271,15 @@ async fn a_host_reached_only_through_its_connector_runs_a_turn() {
         from.starts_with("127.0.0.1:"),
         "the connector's address and port: {row}"
     );
+    let (_, page) = common::relay::admin_get(&w.t, "/metrics").await;
+    assert_eq!(metric(&page, "ahp_relay_connectors_attached"), Some(1.0));
+    let links = metric(&page, "ahp_relay_connector_links_total").unwrap_or(0.0);
+    assert!(links >= 2.0, "the watch link and the client's link: {links}");
+    assert_eq!(
+        metric(&page, "ahp_relay_connections_total"),
+        Some(1.0),
+        "only the client's socket counts as a client connection"
+    );
     let lines = w.connector.as_ref().expect("connector").lines_so_far();
     assert!(
         lines

@@ -44,7 +44,7 @@ use tokio_tungstenite::tungstenite::protocol::{
     CloseFrame, Role, WebSocketConfig, frame::coding::CloseCode,
 };
 
-use super::layers::{ClientAddr, Peer, Refusal, Resp, WsKey, refused, text};
+use super::layers::{ClientAddr, NotAClient, Peer, Refusal, Resp, WsKey, refused, text};
 use super::port::RelayPort;
 use crate::auth::TokenSource;
 use crate::upstream::dial_in::{
@@ -82,7 +82,11 @@ pub fn handle(port: &RelayPort, mut req: Request<Incoming>) -> Resp {
         Some(Err(_)) => return text(StatusCode::BAD_REQUEST, "malformed link number\n"),
     };
     match answer {
-        Ok(()) => super::upgrade::switching(&key, TokenSource::AuthorizationHeader),
+        Ok(()) => {
+            let mut resp = super::upgrade::switching(&key, TokenSource::AuthorizationHeader);
+            resp.extensions_mut().insert(NotAClient);
+            resp
+        }
         Err(refusal) => *refusal,
     }
 }
@@ -132,6 +136,7 @@ fn control(port: &RelayPort, req: &mut Request<Incoming>, host: String) -> Resul
     let upgrade = hyper::upgrade::on(req);
     let limits = port.limits();
     let (ping, dead) = (limits.link_ping(), limits.link_ping_timeout());
+    let port = port.clone();
     tokio::spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
@@ -139,7 +144,10 @@ fn control(port: &RelayPort, req: &mut Request<Incoming>, host: String) -> Resul
                 let config = WebSocketConfig::default().read_buffer_size(4 * 1024);
                 let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
                 tracing::info!(host = %attachment.host(), %peer, "connector attached");
+                let attached = &port.metrics().connectors_attached;
+                attached.inc();
                 serve_control(ws, attachment, ping, dead).await;
+                attached.dec();
                 tracing::info!(%host, %peer, "connector detached");
             }
             Err(e) => tracing::debug!(error = %e, "connector upgrade failed"),
@@ -180,9 +188,11 @@ fn link_socket(
     };
     let upgrade = hyper::upgrade::on(req);
     let config = link_config(port.limits().upstream_max_frame_bytes);
+    let port = port.clone();
     tokio::spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
+                port.metrics().connector_links.inc();
                 let io: Box<dyn HostIo> = Box::new(TokioIo::new(upgraded));
                 let ws: InboundSocket =
                     WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;

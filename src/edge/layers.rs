@@ -59,6 +59,11 @@ pub enum Refusal {
     Upgrade(&'static str),
 }
 
+/// Marks an accepted upgrade that is not a client's (a dial-in host's
+/// connector): [`CountOutcomes`] leaves it out of `connections_total`.
+#[derive(Debug, Clone, Copy)]
+pub struct NotAClient;
+
 /// A plain-text response.
 pub fn text(status: StatusCode, body: &str) -> Resp {
     let mut r = Response::new(Full::new(Bytes::from(body.to_owned())));
@@ -222,7 +227,11 @@ impl Around for CountOutcomes {
                 log_auth_refusal(r, resp.status(), client);
             }
             Some(Refusal::Upgrade(r)) => m.upgrades_refused.with_label_values(&[r]).inc(),
-            None if resp.status() == StatusCode::SWITCHING_PROTOCOLS => m.connections.inc(),
+            None if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+                && resp.extensions().get::<NotAClient>().is_none() =>
+            {
+                m.connections.inc()
+            }
             None => {}
         }
         resp
