@@ -39,8 +39,14 @@ impl Connector {
     /// Starts the connector binary for host `id` of `t` with `token`,
     /// passing to `to`, trusting the relay's certificate; `--status` on.
     fn start(t: &TestRelay, id: &str, token: &Path, to: &str) -> Self {
+        Self::start_with(t, id, token, to, &[])
+    }
+
+    /// [`Connector::start`] with `more` flags.
+    fn start_with(t: &TestRelay, id: &str, token: &Path, to: &str, more: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
             .args(["connect", "--relay", &t.url(), "--host-id", id, "--to", to])
+            .args(more)
             .arg("--token-file")
             .arg(token)
             .arg("--ca")
@@ -274,7 +280,10 @@ async fn a_host_reached_only_through_its_connector_runs_a_turn() {
     let (_, page) = common::relay::admin_get(&w.t, "/metrics").await;
     assert_eq!(metric(&page, "ahp_relay_connectors_attached"), Some(1.0));
     let links = metric(&page, "ahp_relay_connector_links_total").unwrap_or(0.0);
-    assert!(links >= 2.0, "the watch link and the client's link: {links}");
+    assert!(
+        links >= 2.0,
+        "the watch link and the client's link: {links}"
+    );
     assert_eq!(
         metric(&page, "ahp_relay_connections_total"),
         Some(1.0),
@@ -1039,4 +1048,31 @@ async fn a_slow_reader_behind_the_connector_is_slowed_not_closed() {
         }
     }
     assert_eq!(deltas, n, "every delta exactly once");
+}
+
+/// The connector presents the host's own credential (`--to-token-file`,
+/// as the relay's `token_file` would for a dialed host) on every
+/// connection to the host, and the dial-in token never reaches the host.
+#[tokio::test]
+async fn the_connector_presents_the_hosts_own_credential() {
+    let nat = start_host(slow("nat", 5, 0)).await;
+    let token = token_file("nat", "dial-in-secret");
+    let host_token = token_file("nat-host", "host-own-secret");
+    let t = TestRelay::start_unchecked(vec![], "", &dial_in_table("nat", &token)).await;
+    let flags = ["--to-token-file", host_token.to_str().expect("utf-8 path")];
+    let _connector = Connector::start_with(&t, "nat", &token, &nat.url(), &flags);
+    t.wait_hosts_up().await;
+    let (chat, _) = NAT_CHAT;
+    let (mut ws, _) = follow(&t, "creds", chat).await;
+    ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
+    raw_actions_until(&mut ws, |e| is(e, chat, "chat/turnComplete")).await;
+    let shakes = nat.handshakes();
+    assert!(
+        shakes.len() >= 2,
+        "the watch link and the client's link: {}",
+        shakes.len()
+    );
+    for h in &shakes {
+        assert_eq!(h.authorization.as_deref(), Some("Bearer host-own-secret"));
+    }
 }
