@@ -741,6 +741,7 @@ impl Hosts {
                 },
             }
         }
+        let mut evicted = Vec::new();
         for (id, hub) in old.iter() {
             if next.get(id).is_none_or(|h| !Arc::ptr_eq(h, hub)) {
                 changes.removed.push(hub.clone());
@@ -750,13 +751,18 @@ impl Hosts {
                     .get(id)
                     .is_none_or(|h| h.cfg.dial_in != hub.cfg.dial_in)
                 {
-                    self.connectors.evict(id);
+                    evicted.push(id.clone());
                 }
             }
         }
         match self.hubs.write() {
             Ok(mut h) => *h = Arc::new(next),
             Err(e) => *e.into_inner() = Arc::new(next),
+        }
+        // After the swap: a connector that comes straight back meets the
+        // new host set.
+        for id in evicted {
+            self.connectors.evict(&id);
         }
         self.restart_watches(&changes, start);
         changes
