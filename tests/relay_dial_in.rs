@@ -1076,3 +1076,38 @@ async fn the_connector_presents_the_hosts_own_credential() {
         assert_eq!(h.authorization.as_deref(), Some("Bearer host-own-secret"));
     }
 }
+
+/// A draining relay refuses new clients (§8.3) but not its own links to a
+/// dial-in host: a client still attached whose link drops resumes it
+/// through the connector by upstream replay (no resync), as with a dialed
+/// host, while a new client upgrade gets 503.
+#[tokio::test]
+async fn while_draining_links_to_a_dial_in_host_still_resume() {
+    let w = World::start(vec![], slow("nat", 60, 40), "").await;
+    let (chat, host_chat) = NAT_CHAT;
+    let (mut ws, state) = follow(&w.t, "drain", chat).await;
+    ws.send_json(&start_turn_frame(chat, 1, "t1")).await;
+    let mut seen = raw_actions_until(&mut ws, |e| is(e, chat, "chat/delta")).await;
+    w.t.relay
+        .edge
+        .ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    let jwt = format!("Bearer {}", w.t.token("alice"));
+    assert_eq!(w.t.upgrade("", &[(AUTHORIZATION, &jwt)]).await.status, 503);
+    let upstream = w.t.upstream_id("alice", "drain");
+    assert_eq!(
+        w.nat.drop_client(&upstream),
+        1,
+        "the link's connection is cut"
+    );
+    match until_complete_or_closed(&mut ws, chat, &mut seen).await {
+        None => {}
+        Some(close) => panic!("the client was closed: {close:?}"),
+    }
+    let deltas = seen.iter().filter(|e| is(e, chat, "chat/delta")).count();
+    assert_eq!(deltas, 60, "every delta exactly once");
+    assert_eq!(
+        reduce_chat(&state, chat, &seen),
+        w.nat_chat(host_chat, chat)
+    );
+}

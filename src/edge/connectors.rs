@@ -6,11 +6,13 @@
 //! [`CONNECTOR_PATH`], rather than on a listener of its own: a connector
 //! needs exactly what a client needs (the public TLS endpoint an ingress
 //! already routes, with WebSocket timeouts), so one Service and one Ingress
-//! rule serve both, and every layer of the client stack applies to it —
-//! the `Host`/`Origin` checks, drain and admission, the deadline, and the
-//! auth-failure limit (a wrong token is a failure counted against the
-//! client address exactly like a client's bad JWT, `auth_failures_total
-//! {reason="connector"}`, and repeated ones get 429).
+//! rule serve both, and the client stack's layers apply to it — the
+//! `Host`/`Origin` checks, the deadline, and the auth-failure limit (a
+//! wrong token is a failure counted against the client address exactly
+//! like a client's bad JWT, `auth_failures_total{reason="connector"}`, and
+//! repeated ones get 429) — except admission: a draining or memory-pressed
+//! relay refuses new *clients*, but a connector's sockets are the relay's
+//! own links to its host, which it does not cut for a dialed host either.
 //!
 //! **Who gets in.** A request here is authenticated only by a dial-in
 //! host's token (`Authorization: Bearer`, compared in constant time with
