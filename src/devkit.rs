@@ -29,7 +29,9 @@ visibility = "all"
 
 /// The demo's policy (README "Multi-tenant setup"): `alice` operates every
 /// host and sees every session; `bob` operates every host but sees only the
-/// sessions he created; `carol` may only watch `buildbox`.
+/// sessions he created; both read and write files only inside the working
+/// directories of the sessions they operate (`files = "session-dirs"`);
+/// `ops` administers everything; `carol` may only watch `buildbox`.
 pub const DEMO_POLICY: &str = r#"
 [[policy.rules]]
 name = "alice-operates-everything"
@@ -37,6 +39,7 @@ subjects = ["alice"]
 hosts = ["*"]
 role = "operator"
 visibility = "all"
+files = "session-dirs"
 
 [[policy.rules]]
 name = "bob-own-sessions"
@@ -44,6 +47,7 @@ subjects = ["bob"]
 hosts = ["*"]
 role = "operator"
 visibility = "own"
+files = "session-dirs"
 
 [[policy.rules]]
 name = "ops-administers-everything"

@@ -214,9 +214,11 @@ async fn a_days_work_with_sessions_chats_and_turns() {
 }
 
 /// Files of a host: `put` from stdin lands in the host's sandbox, `cat`
-/// prints it back, `ls` lists it (table and JSON). Writing needs
-/// `files:write` (the demo's `ops`); alice, an operator, is refused with a
-/// hint naming her in the `policy explain` command.
+/// prints it back, `ls` lists it (table and JSON). Writing outside every
+/// session's working directory needs `files:write` on the host (the
+/// demo's `ops`); alice, an operator whose files are scoped to sessions'
+/// working directories, is refused there with a hint naming her in the
+/// `policy explain` command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_are_listed_read_and_written_on_the_named_host() {
     let t = TestRelay::start(hosts(false), DEMO_POLICY).await;

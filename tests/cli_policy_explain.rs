@@ -24,6 +24,13 @@ groups = ["platform"]
 hosts = ["gpu1", "laptop"]
 role = "operator"
 permissions = ["files:write"]
+
+[[policy.rules]]
+name = "bob-session-dirs"
+subjects = ["bob"]
+hosts = ["gpu1"]
+role = "operator"
+files = "session-dirs"
 "#;
 
 /// Runs `policy explain` on a config with hosts gpu1 (label gpu) and laptop.
@@ -68,7 +75,8 @@ fn rules_add_up_and_each_is_named_with_its_reason() {
     assert_eq!(
         lines[1],
         "host gpu1 (label gpu): sessions:read sessions:operate terminals:use files:read \
-         files:write; visibility all; external sessions yes; dispose others' objects no"
+         files:write; visibility all; external sessions yes; dispose others' objects no; \
+         files read+write on the whole host"
     );
     assert_eq!(
         lines[2],
@@ -108,4 +116,35 @@ fn default_deny_is_said_and_a_wrong_issuer_is_an_error() {
     let (ok, _, err) = explain(&["--sub", "alice", "--iss", "https://elsewhere"]);
     assert!(!ok);
     assert!(err.contains("is not a configured issuer"), "{err}");
+}
+
+/// §7.1 file scopes: a `files = "session-dirs"` rule shows as such, and
+/// the host's line says where files are reached — in sessions' working
+/// directories only; with a group rule granting `files:*` on the whole
+/// host as well, the whole host wins (rules add up).
+#[test]
+fn a_session_dirs_rule_shows_its_file_scope_and_a_host_wide_rule_wins() {
+    let (ok, out, err) = explain(&["--sub", "bob"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1],
+        "host gpu1 (label gpu): sessions:read sessions:operate terminals:use; visibility own; \
+         external sessions no; dispose others' objects no; files read in the working \
+         directories of sessions it sees, write in the working directories of sessions it \
+         operates"
+    );
+    assert_eq!(
+        lines[2],
+        "  + rule bob-session-dirs (matches subject bob, host id gpu1): role operator, \
+         sessions:read sessions:operate terminals:use; visibility own; external sessions no; \
+         files session-dirs"
+    );
+    let (ok, out, err) = explain(&["--sub", "bob", "--groups", "platform"]);
+    assert!(ok, "{err}");
+    let gpu1 = out.lines().nth(1).unwrap_or_default();
+    assert!(
+        gpu1.ends_with("files read+write on the whole host"),
+        "{out}"
+    );
 }

@@ -110,6 +110,10 @@ fn policy_example_loads_and_means_what_it_says() {
     assert_eq!(contractor.visibility, Visibility::Own);
     assert!(!contractor.permits(Permission::FilesWrite) && !contractor.dispose_others);
     assert!(
+        contractor.session_files && !contractor.permits(Permission::FilesRead),
+        "bob's files are his sessions' working directories only"
+    );
+    assert!(
         policy
             .grant(
                 Subject {
@@ -161,6 +165,21 @@ fn policy_errors_name_file_and_line() {
         + 1;
     let e = RelayConfig::load(&path).unwrap_err().to_string();
     assert!(e.contains(&format!("line {line}")), "{e}");
+    let scoped_admin = format!(
+        "{base}\n[[policy.rules]]\nsubjects = [\"x\"]\nhosts = [\"*\"]\nrole = \"admin\"\n\
+         files = \"session-dirs\"\n"
+    );
+    std::fs::write(&path, &scoped_admin).unwrap();
+    let line = scoped_admin.lines().count();
+    match RelayConfig::load(&path) {
+        Err(ConfigError::InvalidAt {
+            line: l, message, ..
+        }) => {
+            assert_eq!(l, line, "{message}");
+            assert!(message.contains("session-dirs"), "{message}");
+        }
+        other => panic!("expected an error at line {line}, got {other:?}"),
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

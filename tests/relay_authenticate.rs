@@ -255,6 +255,7 @@ impl Policy for ViewerOn {
             visibility: Visibility::All,
             external: true,
             dispose_others: false,
+            session_files: false,
             rule: "reloaded".into(),
         })
     }

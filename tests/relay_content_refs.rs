@@ -234,6 +234,7 @@ impl Policy for SeededHiddenOnA {
             },
             external: !on_a,
             dispose_others: false,
+            session_files: false,
             rule: "reloaded".into(),
         })
     }

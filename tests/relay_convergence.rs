@@ -46,8 +46,9 @@
 //!   without envelopes, links drop → 4000); `F` forced resync (the host
 //!   drops that client's link → 4000); `W` stall a host until the next
 //!   step that is not a dispatch or drain; `Z` relay restart (stop + start
-//!   from the same `DevKit` dir; clients get 1012, their `reconnect` gets
-//!   -32008 and they re-initialize). Channels left without a snapshot by
+//!   from the same `DevKit` dir; clients get 1012, and their `reconnect`
+//!   is adopted by the new incarnation (§12.2: a `snapshot` numbered above
+//!   their watermark), never -32008 — the run asserts `not_found` is 0). Channels left without a snapshot by
 //!   an `initialize` (a host still reconnecting its watch link) are
 //!   re-subscribed on later steps, as the seed study §6.6 step 7 says.
 //! * **Checked on every frame:** `serverSeq`s strictly increase within a
@@ -983,7 +984,6 @@ async fn campaign(test: &str, runs: u64, steps: usize, jobs: usize, base: u64) {
         let covered = [
             ("replay", total.replays),
             ("snapshot reconnect", total.snapshot_reconnects),
-            ("not found → initialize", total.not_found),
             ("rejection echo", total.echoed_rejected),
             ("taken unacknowledged", total.taken_unacknowledged),
             ("resync 4000", total.closes_4000),
@@ -997,6 +997,8 @@ async fn campaign(test: &str, runs: u64, steps: usize, jobs: usize, base: u64) {
         for (what, n) in covered {
             assert!(n > 0, "no {what} in {} runs: {total:#?}", outcomes.len());
         }
+        // §12.2: every relay restart's `reconnect` was adopted.
+        assert_eq!(total.not_found, 0, "NotFound after adoption: {total:#?}");
     }
 }
 

@@ -22,6 +22,7 @@ impl Policy for HideBReadOnlyA {
             visibility: Visibility::All,
             external: true,
             dispose_others: false,
+            session_files: false,
             rule: "test".into(),
         })
     }

@@ -19,8 +19,8 @@ use ahp::hosts::{
     MultiHostClient, ReconnectPolicy,
 };
 use ahp::{
-    BoxedTransport, ClientConfig, ClientError, HostedResourceKey, MultiHostStateMirror,
-    SubscriptionEvent, TransportError,
+    BoxedTransport, ClientConfig, HostedResourceKey, MultiHostStateMirror, SubscriptionEvent,
+    TransportError,
 };
 use ahp_relay::simhost::SimHost;
 use ahp_relay::upstream::dial::DialOptions;
@@ -501,7 +501,7 @@ async fn replay_buffer_exactly_full_replays_and_one_more_gives_snapshot() {
 
 // ─── supersede and identity ─────────────────────────────────────────────────
 
-/// §5.6: socket B's `reconnect` as the same (principal, clientId) while A is attached gets its answer and the live stream, and A's next frame is its 4009 close; the same clientId under another principal gets -32008 on a socket that stays open and can `initialize`, leaving B untouched.
+/// §5.6: socket B's `reconnect` as the same (principal, clientId) while A is attached gets its answer and the live stream, and A's next frame is its 4009 close; the same clientId under another principal names another session (§3.3): bob's `reconnect` adopts one of his own (§12.2, his own upstream id, numbered above the watermark he sent) — or gets -32008 when it names nothing he may see — and B is untouched.
 #[tokio::test]
 async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal() {
     let t = TestRelay::start(vec![host("a", 1, script(5, 16, 0))], "").await;
@@ -551,8 +551,27 @@ async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal(
             reconnect_params("s-sup", json!(s0), &[chat.as_str()]),
         )
         .await;
-    assert_eq!(error_code(&r), -32008, "another principal's session: {r}");
-    let init = bob.initialize("s-sup").await;
+    assert_eq!(
+        r["result"]["type"], "snapshot",
+        "bob's own adopted session: {r}"
+    );
+    let s = snapshot_of(&r["result"], &chat);
+    assert!(
+        snapshot_from_seq(s) > s0,
+        "numbered above the watermark: {r}"
+    );
+    assert_ne!(
+        t.upstream_id("bob", "s-sup"),
+        t.upstream_id("alice", "s-sup"),
+        "bob's session is his own"
+    );
+    assert!(t.has_session("bob", "s-sup") && t.has_session("alice", "s-sup"));
+    let mut eve = t.raw("eve").await;
+    let r = eve
+        .request(1, "reconnect", reconnect_params("s-sup", json!(s0), &[]))
+        .await;
+    assert_eq!(error_code(&r), -32008, "naming nothing: not adopted: {r}");
+    let init = eve.initialize("s-sup").await;
     assert!(
         init["result"]["serverSeq"].as_u64().is_some(),
         "the socket stays open and initializes: {init}"
@@ -563,7 +582,7 @@ async fn reconnect_supersedes_the_attached_socket_and_is_bound_to_the_principal(
 
 // ─── lifetime ───────────────────────────────────────────────────────────────
 
-/// §5.7 with detach_grace 1 s, retain 2 s: dropped sessions keep their links 0.3 s in and lose them at the host between 1 and 2.5 s; a `reconnect` then gets `snapshot` (continuity lost) at fromSeq = its watermark with the host's chat, including a turn another client ran meanwhile; a session left alone for 3.5 s gets -32008 and `initialize` on that socket works with a larger S0.
+/// §5.7 with detach_grace 1 s, retain 2 s: dropped sessions keep their links 0.3 s in and lose them at the host between 1 and 2.5 s; a `reconnect` then gets `snapshot` (continuity lost) at fromSeq = its watermark with the host's chat, including a turn another client ran meanwhile; a session left alone for 3.5 s is gone from the registry, and its `reconnect` is adopted (§12.2): a `snapshot` of the host's chat numbered above the old watermark.
 #[tokio::test]
 async fn detach_grace_closes_links_then_retention_ends() {
     let t = TestRelay::start(
@@ -637,13 +656,16 @@ async fn detach_grace_closes_links_then_retention_ends() {
             reconnect_params("s-y", json!(sy), &[chat.as_str()]),
         )
         .await;
-    assert_eq!(error_code(&r), -32008, "the record is gone: {r}");
-    let init = y.initialize("s-y").await;
-    let s0 = init["result"]["serverSeq"].as_u64().expect("serverSeq");
-    assert!(s0 > sy, "a new S0 {s0} above the old {sy}");
+    assert_eq!(r["result"]["type"], "snapshot", "adopted: {r}");
+    let s = snapshot_of(&r["result"], &chat);
+    assert!(
+        snapshot_from_seq(s) > sy,
+        "numbered above the old {sy}: {r}"
+    );
+    assert_eq!(s["state"], host_state(h, &host_chat, &[]));
 }
 
-/// §5.7 for a session the relay closed itself: after its link drops (4000 resync) and detach_grace 1 s + retain 1 s pass, the record is gone and `reconnect` gets -32008.
+/// §5.7 for a session the relay closed itself: after its link drops (4000 resync) and detach_grace 1 s + retain 1 s pass, the record is gone; a `reconnect` is then adopted as a new session (§12.2), numbered above its watermark.
 #[tokio::test]
 async fn session_closed_by_the_relay_is_still_dropped_after_retention() {
     let t = TestRelay::start(
@@ -676,14 +698,16 @@ async fn session_closed_by_the_relay_is_still_dropped_after_retention() {
             reconnect_params("s-4000", json!(s0), &[chat.as_str()]),
         )
         .await;
-    assert_eq!(error_code(&r), -32008, "the record is gone: {r}");
+    assert_eq!(r["result"]["type"], "snapshot", "adopted: {r}");
+    let snap = snapshot_of(&r["result"], &chat);
+    assert!(snapshot_from_seq(snap) > s0, "numbered above {s0}: {r}");
 }
 
 // ─── S7: relay restart ──────────────────────────────────────────────────────
 
-/// S7: after a relay restart on the same directory, the client's `reconnect` gets -32008 and `initialize` on the same socket recovers the chat (host's state) with S0 greater than every number seen before the restart.
+/// S7 with §12.2: after a relay restart on the same directory, the client's `reconnect` is adopted: a `snapshot` of the chat (host's state) numbered above every number seen before the restart, and the next turn streams contiguously after it — no `NotFound`, no re-initialization.
 #[tokio::test]
-async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0() {
+async fn s7_relay_restart_reconnect_is_adopted_with_a_higher_s0() {
     let t = TestRelay::start(vec![host("a", 1, script(5, 16, 0))], "").await;
     let (chat, host_chat) = seeded_chat("a", 1);
     let a = t.client("alice").await;
@@ -711,28 +735,30 @@ async fn s7_relay_restart_reconnect_not_found_then_initialize_with_a_higher_s0()
     drop(events);
     drop(a);
     let b = t.client("alice").await;
-    let err = b
-        .reconnect("s7".into(), max_seen as i64, vec![chat.clone()])
+    let r: Value = b
+        .request(
+            "reconnect",
+            reconnect_params("s7", json!(max_seen), &[chat.as_str()]),
+        )
         .await
-        .expect_err("no session after a restart");
-    match err {
-        ClientError::Rpc(e) => assert_eq!(e.code, -32008, "{e:?}"),
-        other => panic!("expected -32008, got {other:?}"),
-    }
-    let init: Value = b
-        .request("initialize", initialize_subscribing("s7", &[&chat]))
-        .await
-        .expect("initialize on the same socket");
-    let s0_after = init["serverSeq"].as_u64().expect("serverSeq");
-    assert!(
-        s0_after > max_seen,
-        "new S0 {s0_after} above every number seen before ({max_seen})"
-    );
-    let snaps = init["snapshots"].as_array().expect("snapshots");
-    assert_eq!(snaps.len(), 1, "{init}");
+        .expect("the restarted relay adopts the session (§12.2)");
+    assert_eq!(r["type"], "snapshot", "{r}");
+    let snaps = r["snapshots"].as_array().expect("snapshots");
+    assert_eq!(snaps.len(), 1, "{r}");
     assert_eq!(snaps[0]["resource"], chat);
-    assert_eq!(snapshot_from_seq(&snaps[0]), s0_after);
+    let from = snapshot_from_seq(&snaps[0]);
+    assert!(
+        from > max_seen,
+        "numbered above every number seen before ({max_seen}): {from}"
+    );
     assert_eq!(snaps[0]["state"], host_state(&t.hosts[0], &host_chat, &[]));
+    // The adopted session streams on, numbered after the snapshot.
+    let mut events = b.events();
+    b.dispatch(chat.clone(), action(turn_started("s7-after", "go")))
+        .await
+        .expect("dispatch");
+    let envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
+    assert_contiguous(&envs, from);
 }
 
 // ─── S7b: the SDK's MultiHostClient across a relay restart ──────────────────
@@ -838,7 +864,7 @@ async fn multi_turn(
     envs
 }
 
-/// S7b: `MultiHostClient` with one entry dialing the relay (TLS + token) subscribes a chat and streams a turn; after a relay restart its runtime's `reconnect` gets NotFound (one not_found outcome), it re-initializes with S0 above its never-lowered watermark, and a second turn streams: delivered envelopes are numbered S0+1, … contiguously in each incarnation, each turn's 20 deltas arrive once, and both the reduced chat and the SDK's state mirror equal the host's.
+/// S7b: `MultiHostClient` with one entry dialing the relay (TLS + token) subscribes a chat and streams a turn; after a relay restart its runtime's `reconnect` is adopted (§12.2: one `adopted` outcome, no NotFound) with numbers above its never-lowered watermark, and a second turn streams: delivered envelopes are numbered S0+1, … contiguously in each incarnation, each turn's 20 deltas arrive once, and both the reduced chat and the SDK's state mirror equal the host's.
 #[tokio::test]
 async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_gaps() {
     const DELTAS: usize = 20;
@@ -894,9 +920,14 @@ async fn s7b_multi_host_client_survives_a_relay_restart_without_duplicates_or_ga
             .get()
     };
     assert_eq!(
-        (outcome("not_found"), outcome("replay"), outcome("snapshot")),
-        (1, 0, 0),
-        "the runtime tried reconnect once, then initialized"
+        (
+            outcome("not_found"),
+            outcome("replay"),
+            outcome("snapshot"),
+            outcome("adopted")
+        ),
+        (0, 0, 0, 1),
+        "the runtime's one reconnect was adopted (§12.2)"
     );
     let second = multi_turn(&multi, &id, &mut events, &chat, "t2").await;
 

@@ -293,7 +293,8 @@ fn print_hints(env_file: &std::path::Path, vscode_compat: bool) {
         println!("  {bin} client send ahp-chat:/buildbox~buildbox-1-main \"hello\" --wait");
     }
     println!(
-        "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all)."
+        "Tenancy (README \"Multi-tenant setup\"): the token above is alice's (operator, sees all, \
+         saves files in sessions' working directories)."
     );
     println!(
         "  AHP_RELAY_TOKEN=$({bin} token --sub bob) {bin} client sessions    # bob: only his own"

@@ -26,8 +26,9 @@ pub struct PolicyArgs {
 
 #[derive(Debug, Clone, Subcommand)]
 enum PolicyCommand {
-    /// The effective role, permissions and visibility of a principal on
-    /// every configured host, and the rules that grant them (rules add up).
+    /// The effective role, permissions, visibility and file scope of a
+    /// principal on every configured host, and the rules that grant them
+    /// (rules add up).
     Explain(ExplainArgs),
 }
 
@@ -129,12 +130,45 @@ fn describe_host(
 /// What a grant allows, in one line.
 fn summary(g: &Grant) -> String {
     format!(
-        "{}; visibility {}; external sessions {}; dispose others' objects {}",
+        "{}; visibility {}; external sessions {}; dispose others' objects {}; files {}",
         perms(g.permissions),
         visibility(g.visibility),
         yes_no(g.external),
-        yes_no(g.dispose_others)
+        yes_no(g.dispose_others),
+        file_scope(g)
     )
+}
+
+/// Where the grant reaches files (contract §7.1): reads and writes on the
+/// whole host, and what a `files = "session-dirs"` rule adds where the
+/// host-wide permission is missing — reads in the working directories of
+/// the sessions it sees, writes in those of the sessions it may operate.
+fn file_scope(g: &Grant) -> String {
+    let scoped = |p: Permission, via: Permission| {
+        !g.permits(p) && g.session_files && g.permits(via) && g.permits(Permission::SessionsRead)
+    };
+    let mut parts = Vec::new();
+    let host: Vec<&str> = [
+        (Permission::FilesRead, "read"),
+        (Permission::FilesWrite, "write"),
+    ]
+    .into_iter()
+    .filter(|(p, _)| g.permits(*p))
+    .map(|(_, n)| n)
+    .collect();
+    if !host.is_empty() {
+        parts.push(format!("{} on the whole host", host.join("+")));
+    }
+    if scoped(Permission::FilesRead, Permission::SessionsRead) {
+        parts.push("read in the working directories of sessions it sees".to_string());
+    }
+    if scoped(Permission::FilesWrite, Permission::SessionsOperate) {
+        parts.push("write in the working directories of sessions it operates".to_string());
+    }
+    if parts.is_empty() {
+        return "none".to_string();
+    }
+    parts.join(", ")
 }
 
 /// One rule's share of a grant, in one line.
@@ -144,8 +178,13 @@ fn contribution(m: &RuleMatch) -> String {
         Role::Operator => "operator",
         Role::Admin => "admin",
     };
+    let files = if m.session_files {
+        "; files session-dirs"
+    } else {
+        ""
+    };
     format!(
-        "rule {} (matches {}, host {}): role {role}, {}; visibility {}; external sessions {}",
+        "rule {} (matches {}, host {}): role {role}, {}; visibility {}; external sessions {}{files}",
         m.rule,
         m.by,
         m.on,

@@ -92,8 +92,8 @@ pub struct Sample {
     pub detached: usize,
     /// Client sessions without a socket or links.
     pub retained: usize,
-    /// `reconnects` so far: replay, snapshot, not found.
-    pub reconnects: [u64; 3],
+    /// `reconnects` so far: replay, snapshot, adopted (§12.2), not found.
+    pub reconnects: [u64; 4],
     /// Every configured host.
     pub hosts: Vec<HostSample>,
 }
@@ -110,18 +110,18 @@ struct HostRings {
 pub struct History {
     every: Duration,
     seq: u64,
-    last: Option<(Instant, u64, [u64; 3])>,
+    last: Option<(Instant, u64, [u64; 4])>,
     t: Ring<u64>,
     actions_per_sec: Ring<f64>,
     attached: Ring<u32>,
     detached: Ring<u32>,
     retained: Ring<u32>,
-    reconnects: [Ring<u32>; 3],
+    reconnects: [Ring<u32>; 4],
     hosts: BTreeMap<String, HostRings>,
 }
 
 /// The names of the reconnect outcomes, in [`Sample::reconnects`] order.
-const OUTCOMES: [&str; 3] = ["replay", "snapshot", "not_found"];
+const OUTCOMES: [&str; 4] = ["replay", "snapshot", "adopted", "not_found"];
 
 fn small(n: impl TryInto<u32>) -> u32 {
     n.try_into().unwrap_or(u32::MAX)
@@ -146,7 +146,7 @@ impl History {
             attached: Ring::new(n),
             detached: Ring::new(n),
             retained: Ring::new(n),
-            reconnects: [Ring::new(n), Ring::new(n), Ring::new(n)],
+            reconnects: [Ring::new(n), Ring::new(n), Ring::new(n), Ring::new(n)],
             hosts: BTreeMap::new(),
         }
     }
@@ -165,10 +165,10 @@ impl History {
                 let secs = at.saturating_duration_since(then).as_secs_f64();
                 let d = s.envelopes_relayed.saturating_sub(relayed) as f64;
                 let rate = if secs > 0.0 { d / secs } else { 0.0 };
-                let delta = [0, 1, 2].map(|i| small(s.reconnects[i].saturating_sub(rec[i])));
+                let delta = [0, 1, 2, 3].map(|i| small(s.reconnects[i].saturating_sub(rec[i])));
                 (cents(rate), delta)
             }
-            None => (0.0, [0; 3]),
+            None => (0.0, [0; 4]),
         };
         self.last = Some((at, s.envelopes_relayed, s.reconnects));
         self.seq += 1;
@@ -254,7 +254,7 @@ mod tests {
         Sample {
             envelopes_relayed: relayed,
             attached: 1,
-            reconnects: [relayed, 0, 0],
+            reconnects: [relayed, 0, 0, 0],
             hosts: hosts
                 .iter()
                 .map(|id| HostSample {

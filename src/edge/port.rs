@@ -121,7 +121,8 @@ impl RelayPort {
             "hosts": hosts,
             "principals": self.relay.registry.status_rows(),
             "reconnects": {"replay": replay, "snapshot": snapshot,
-                "not_found": outcome("not_found"), "snapshot_fallback_ratio": ratio},
+                "adopted": outcome("adopted"), "not_found": outcome("not_found"),
+                "snapshot_fallback_ratio": ratio},
             "denials": crate::policy::recent::denials(),
         })
     }
@@ -154,7 +155,12 @@ impl RelayPort {
             attached: n.attached,
             detached: n.detached,
             retained: n.retained,
-            reconnects: [outcome("replay"), outcome("snapshot"), outcome("not_found")],
+            reconnects: [
+                outcome("replay"),
+                outcome("snapshot"),
+                outcome("adopted"),
+                outcome("not_found"),
+            ],
             hosts,
         }
     }

@@ -38,9 +38,12 @@ pub enum Permission {
     SessionsOperate,
     /// `terminals:use`: create, claim, type into terminals.
     TerminalsUse,
-    /// `files:read`: `resource*` reads on the host's file system.
+    /// `files:read`: `resource*` reads on the host's file system (the
+    /// whole host; a rule may scope it to sessions' working directories,
+    /// [`Grant::session_files`]).
     FilesRead,
-    /// `files:write`: `resource*` writes on the host's file system.
+    /// `files:write`: `resource*` writes on the host's file system (the
+    /// same).
     FilesWrite,
 }
 
@@ -88,6 +91,11 @@ impl PermSet {
     /// The union of two sets.
     pub fn union(self, other: Self) -> Self {
         Self(self.0 | other.0)
+    }
+
+    /// The set without `perms`.
+    pub fn without(self, perms: &[Permission]) -> Self {
+        Self(self.0 & !Self::of(perms).0)
     }
 }
 
@@ -190,6 +198,13 @@ pub struct Grant {
     /// sessions it does not own and change host-wide settings
     /// (`root/configChanged`).
     pub dispose_others: bool,
+    /// Whether a rule scopes files to sessions' working directories
+    /// (`files = "session-dirs"`, contract §7.1): besides the host-wide
+    /// `files:*` in [`Grant::permissions`], `files:read` inside the working
+    /// directories of the sessions the principal can see here and
+    /// `files:write` inside those of the sessions it may operate
+    /// (`route::files` decides, on the host-canonical path).
+    pub session_files: bool,
     /// The name of the first matching rule (for audit lines).
     pub rule: Arc<str>,
 }
@@ -205,6 +220,13 @@ impl Grant {
     /// a host-wide `authenticate`).
     pub fn is_admin(&self) -> bool {
         self.dispose_others
+    }
+
+    /// Whether the grant holds `files` host-wide or, short of that, inside
+    /// sessions' working directories (the request then needs the scope's
+    /// path check).
+    pub fn touches_files(&self, files: Permission) -> bool {
+        self.permits(files) || self.session_files
     }
 
     /// Whether the grant shows every session, whoever created it (then no

@@ -193,12 +193,14 @@ impl Access {
                 }
             }
             // A resource watch is a receiver-assigned channel with an
-            // unguessable id, made by `createResourceWatch` (files:read).
+            // unguessable id, made by `createResourceWatch` (files:read on
+            // the host, or inside a session's working directory, which the
+            // create checked).
             ChannelKind::Other => {
                 host_uri
                     .get(..19)
                     .is_some_and(|s| s.eq_ignore_ascii_case("ahp-resource-watch:"))
-                    && grant.permits(super::Permission::FilesRead)
+                    && grant.touches_files(super::Permission::FilesRead)
             }
         }
     }

@@ -5,7 +5,9 @@
 //!
 //! On each host, a principal holds the union of every rule that matches it
 //! there: all their permissions, the widest visibility, external sessions if
-//! any rule shows them, disposing others' sessions if any rule is `admin`.
+//! any rule shows them, disposing others' sessions if any rule is `admin`,
+//! files in sessions' working directories if any rule is `files =
+//! "session-dirs"` (a rule granting `files:*` on the whole host wins).
 //! Worked examples: `config/policy.example.toml`.
 
 use std::ops::Range;
@@ -58,6 +60,23 @@ pub struct RuleConfig {
     /// automation runs, `moveChat` into a new session) are visible.
     /// Default: true for `visibility = "all"`, false otherwise.
     pub external_sessions: Option<bool>,
+    /// Where the rule's file permissions apply: `host` (default: its
+    /// `files:*` on the whole host) or `session-dirs` (no `files:*` on the
+    /// host; `files:read` inside the working directories of the sessions
+    /// the principal can see there, `files:write` inside those of the
+    /// sessions it may operate). Only `viewer` and `operator` rules without
+    /// extra `files:*` permissions may be scoped.
+    pub files: Option<Spanned<FilesName>>,
+}
+
+/// A file scope as spelled in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FilesName {
+    /// `host`: the rule's `files:*` on the whole host.
+    Host,
+    /// `session-dirs`: files inside sessions' working directories only.
+    SessionDirs,
 }
 
 /// A role as spelled in the config.
@@ -151,6 +170,7 @@ impl PolicyConfig {
                     message: format!("policy rule {name}: hosts is empty"),
                 });
             }
+            check_files_scope(&name, r)?;
             for h in r.hosts.get_ref() {
                 let known = h == "*"
                     || hosts
@@ -214,6 +234,32 @@ impl PolicyConfig {
     }
 }
 
+/// A `session-dirs` rule must not also grant files on the whole host: an
+/// `admin` role or an extra `files:*` permission would contradict it.
+fn check_files_scope(name: &str, r: &RuleConfig) -> Result<(), RuleError> {
+    let Some(files) = &r.files else {
+        return Ok(());
+    };
+    if *files.get_ref() != FilesName::SessionDirs {
+        return Ok(());
+    }
+    let host_files = matches!(r.role, RoleName::Admin)
+        || r.permissions
+            .iter()
+            .any(|p| matches!(p, PermissionName::FilesRead | PermissionName::FilesWrite));
+    if !host_files {
+        return Ok(());
+    }
+    Err(RuleError {
+        span: files.span(),
+        message: format!(
+            "policy rule {name}: files = \"session-dirs\" limits files to sessions' working \
+             directories, but the rule's admin role or files:* permission grants them on the \
+             whole host: drop one"
+        ),
+    })
+}
+
 fn rule_name(i: usize, r: &RuleConfig) -> String {
     r.name.clone().unwrap_or_else(|| format!("rule-{}", i + 1))
 }
@@ -230,6 +276,7 @@ struct Rule {
     visibility: Visibility,
     external: bool,
     role: Role,
+    session_files: bool,
 }
 
 impl Rule {
@@ -283,16 +330,26 @@ impl RulePolicy {
                     VisibilityName::Group => Visibility::Group,
                     VisibilityName::All => Visibility::All,
                 };
+                let session_files = r
+                    .files
+                    .as_ref()
+                    .is_some_and(|f| *f.get_ref() == FilesName::SessionDirs);
+                let mut permissions = role.permissions().union(PermSet::of(&extra));
+                if session_files {
+                    permissions =
+                        permissions.without(&[Permission::FilesRead, Permission::FilesWrite]);
+                }
                 Rule {
                     name: rule_name(i, r).into(),
                     issuer: r.issuer.as_ref().map(|i| i.get_ref().clone()),
                     subjects: r.subjects.clone(),
                     groups: sorted(&r.groups),
                     hosts: r.hosts.get_ref().clone(),
-                    permissions: role.permissions().union(PermSet::of(&extra)),
+                    permissions,
                     visibility,
                     external: r.external_sessions.unwrap_or(visibility == Visibility::All),
                     role,
+                    session_files,
                 }
             })
             .collect();
@@ -318,6 +375,8 @@ pub struct RuleMatch {
     pub visibility: Visibility,
     /// Whether it shows sessions created outside the relay.
     pub external: bool,
+    /// Whether it scopes files to sessions' working directories.
+    pub session_files: bool,
 }
 
 impl Rule {
@@ -349,6 +408,7 @@ impl Rule {
             permissions: self.permissions,
             visibility: self.visibility,
             external: self.external,
+            session_files: self.session_files,
         })
     }
 }
@@ -393,6 +453,7 @@ impl Policy for RulePolicy {
             visibility: first.visibility,
             external: first.external,
             dispose_others: first.role == Role::Admin,
+            session_files: first.session_files,
             rule: first.name.clone(),
         };
         for r in matching {
@@ -400,6 +461,7 @@ impl Policy for RulePolicy {
             g.visibility = g.visibility.max(r.visibility);
             g.external |= r.external;
             g.dispose_others |= r.role == Role::Admin;
+            g.session_files |= r.session_files;
         }
         Some(g)
     }
@@ -600,6 +662,67 @@ visibility = "group"
             groups: platform.clone(),
         };
         assert!(!g.sees(ben, Some(&anns)), "another issuer's platform group");
+    }
+
+    #[test]
+    fn session_dirs_scope_files_and_a_host_wide_rule_wins() {
+        let p = policy(
+            r#"
+[[policy.rules]]
+subjects = ["ann"]
+hosts = ["*"]
+role = "operator"
+files = "session-dirs"
+[[policy.rules]]
+name = "ci-files"
+subjects = ["ann"]
+hosts = ["laptop"]
+role = "viewer"
+permissions = ["files:read"]
+"#,
+        );
+        let a = key("ann");
+        let ann = Subject {
+            principal: &a,
+            groups: &[],
+        };
+        let g = p.grant(ann, HOST).unwrap();
+        assert!(g.session_files && g.permits(Permission::SessionsOperate));
+        assert!(!g.permits(Permission::FilesRead) && !g.permits(Permission::FilesWrite));
+        assert!(g.touches_files(Permission::FilesWrite));
+        let g = p.grant(ann, LAPTOP).unwrap();
+        assert!(
+            g.session_files && g.permits(Permission::FilesRead),
+            "rules add up"
+        );
+        assert!(!g.permits(Permission::FilesWrite));
+        assert!(p.explain(ann, HOST)[0].session_files);
+    }
+
+    #[test]
+    fn session_dirs_contradicting_host_files_is_an_error_with_its_span() {
+        #[derive(Debug, Deserialize)]
+        struct Doc {
+            policy: PolicyConfig,
+        }
+        for extra in [
+            "role = \"admin\"",
+            "role = \"operator\"\npermissions = [\"files:write\"]",
+        ] {
+            let text = format!(
+                "[[policy.rules]]\nsubjects = [\"a\"]\nhosts = [\"*\"]\n{extra}\nfiles = \"session-dirs\"\n"
+            );
+            let doc: Doc = toml::from_str(&text).unwrap();
+            let e = doc.policy.validate(&[]).unwrap_err();
+            assert_eq!(&text[e.span.clone()], "\"session-dirs\"", "{e:?}");
+        }
+        let text = "[[policy.rules]]\nsubjects = [\"a\"]\nhosts = [\"*\"]\nrole = \"admin\"\nfiles = \"host\"\n";
+        let doc: Doc = toml::from_str(text).unwrap();
+        assert_eq!(doc.policy.validate(&[]), Ok(()));
+        let bad: Result<Doc, _> = toml::from_str(
+            "[[policy.rules]]\nsubjects = [\"a\"]\nhosts = [\"*\"]\nrole = \"viewer\"\nfiles = \"home\"\n",
+        );
+        assert!(bad.is_err());
     }
 
     #[test]

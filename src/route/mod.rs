@@ -5,6 +5,7 @@
 //! they never touch a client session's state — the session applies them.
 
 pub mod catalog;
+pub mod files;
 pub mod methods;
 pub mod plan;
 pub mod root;

@@ -17,6 +17,7 @@ use ahp_types::state::TerminalClaim;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::files::Inside;
 use super::methods::{Created, Handling, Method};
 use super::router::{self, Denied};
 use super::{Caller, Env};
@@ -66,6 +67,15 @@ pub enum Effect {
     Dispose {
         /// The store key of a verbatim client-chosen URI.
         store_key: Option<String>,
+    },
+    /// A file command the grant allows only inside sessions' working
+    /// directories (§7.1, `route::files`): each of `paths` is resolved on
+    /// the host (`resourceResolve`, symlinks followed) and forwarded only
+    /// if its canonical form lies inside a granting directory's
+    /// ([`files::confirmed`](super::files::confirmed)); else -32009.
+    ConfirmInside {
+        /// The paths to confirm, with their granting directories.
+        paths: Vec<Inside>,
     },
 }
 
@@ -423,12 +433,17 @@ fn by_uri(env: &Env, caller: Caller<'_>, row: &Method, params: Value) -> Result<
             "source and destination are on different hosts",
         ));
     }
-    let params = router::resource_to_host(env, caller, &hub, row.name, &uri, params)?;
+    let (params, paths) = router::resource_to_host(env, caller, &hub, row.name, &uri, params)?;
+    let effect = if paths.is_empty() {
+        Effect::Plain
+    } else {
+        Effect::ConfirmInside { paths }
+    };
     Ok(Plan {
         hub,
         host_channel: ahp_types::ROOT_RESOURCE_URI.to_string(),
         params,
-        effect: Effect::Plain,
+        effect,
     })
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::files;
 use super::methods::{self, Need};
 use super::{Caller, Env};
 use crate::names::client_uri::{validate_client_session_uri, validate_client_uri};
@@ -261,6 +262,11 @@ impl Namer for Authorizing<'_> {
             };
         }
         if !self.grant.permits(field_need(shape, path)) {
+            return Err(NameError::Denied);
+        }
+        if files::claims_directory(shape, path)
+            && !files::may_claim(self.env, self.caller, (self.hub, self.grant), &host_value)
+        {
             return Err(NameError::Denied);
         }
         Ok(host_value)
@@ -604,7 +610,9 @@ pub fn resource_host(env: &Env, caller: Caller<'_>, uri: &str) -> Result<Arc<Hos
 /// An object the caller may not name — one whose session or chat it cannot
 /// see, or one never shown to it without `files:*` — answers as
 /// nonexistent (-32008): whether it exists is never revealed. A file it may
-/// not read or write: -32009.
+/// not read or write: -32009. A file the grant reaches only through its
+/// session-directory scope is decided by [`files::scope`]; the paths it
+/// returns must be confirmed inside on the host before forwarding.
 pub fn resource_to_host(
     env: &Env,
     caller: Caller<'_>,
@@ -612,7 +620,7 @@ pub fn resource_to_host(
     method: &str,
     uri: &str,
     params: Value,
-) -> Result<Value, RpcError> {
+) -> Result<(Value, Vec<files::Inside>), RpcError> {
     let host_uri = namer::to_host_uri(env.store.as_ref(), &hub.id, uri)
         .map_err(|e| RpcError::invalid_params(e.to_string()))?;
     let grant = env
@@ -634,14 +642,20 @@ pub fn resource_to_host(
         Some(p) => p,
         None => method_permission(method)?,
     };
-    let grant = match gate(env, caller, hub, method, uri, need) {
-        Ok(g) => g,
-        Err(Denied::NotPermitted) if file => return Err(RpcError::permission_denied(method)),
-        Err(_) => return Err(not_found(uri)),
+    let (grant, inside) = if file && !grant.permits(need) && grant.session_files {
+        let inside = files::scope(env, caller, (hub, &grant), method, &params, need)?;
+        (grant, inside)
+    } else {
+        match gate(env, caller, hub, method, uri, need) {
+            Ok(g) => (g, Vec::new()),
+            Err(Denied::NotPermitted) if file => return Err(RpcError::permission_denied(method)),
+            Err(_) => return Err(not_found(uri)),
+        }
     };
     let shape = format!("params:{method}");
     let root = ahp_types::ROOT_RESOURCE_URI;
-    to_host_with(env, caller, (hub, &grant), params, &shape, root, Some(uri))
+    let params = to_host_with(env, caller, (hub, &grant), params, &shape, root, Some(uri))?;
+    Ok((params, inside))
 }
 
 /// The host of a client-claimed terminal (no session names one): the host

@@ -328,6 +328,13 @@ impl ClientSession {
             PendingKind::Authenticate { group } => {
                 self.answer_authenticate(&mut core, group, answer.failure)
             }
+            PendingKind::Internal { reply } => {
+                let result = match answer.failure {
+                    Some(err) => Err(err),
+                    None => Ok(v.get("result").cloned().unwrap_or(Value::Null)),
+                };
+                let _ = reply.send(result);
+            }
         }
     }
 
@@ -608,6 +615,9 @@ impl ClientSession {
                 }
                 PendingKind::Authenticate { group } => {
                     self.answer_authenticate(core, group, Some(err.clone()));
+                }
+                PendingKind::Internal { reply } => {
+                    let _ = reply.send(Err(err.clone()));
                 }
                 _ => self.respond_error(core, &p.client_id, err),
             }

@@ -135,6 +135,9 @@ impl ClientSession {
             PendingKind::Initial { reply, .. } => {
                 let _ = reply.send(None);
             }
+            PendingKind::Internal { reply } => {
+                let _ = reply.send(Err(err));
+            }
             PendingKind::Subscribe { host_channel, .. } => {
                 if let Some(m) = core.channels.chans.get_mut(host)
                     && matches!(m.get(&host_channel), Some(Chan::Holding { .. }))

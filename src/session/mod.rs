@@ -33,7 +33,7 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 pub use self::core::SessionCore;
 pub use crate::identity::PrincipalKey;
 use crate::route::{Caller, Env};
-use crate::rpc::Close;
+use crate::rpc::{Close, RpcError};
 pub use registry::Registry;
 
 /// A session's identity: principal plus the client's own `clientId`.
@@ -93,6 +93,13 @@ pub enum PendingKind {
     Dispose {
         /// The store key, if the URI is a store entry.
         store_key: Option<String>,
+    },
+    /// The relay's own request on the client's link (a `resourceResolve`
+    /// confirming a scoped path, `route::files`): the host's raw result, or
+    /// its error, goes to the waiting request; nothing reaches the client.
+    Internal {
+        /// Receives the host's result (host names, untranslated) or error.
+        reply: oneshot::Sender<Result<Value, RpcError>>,
     },
 }
 
@@ -193,18 +200,19 @@ pub struct ClientSession {
 }
 
 impl ClientSession {
-    /// A new session numbering from a fresh S0, attached to `socket`.
+    /// A new session numbering from a fresh S0 above `floor` (0 for a new
+    /// client; an adopted one's watermark, §12.2), attached to `socket`.
     pub fn new(
         registry: &Arc<Registry>,
         key: SessionKey,
-        version: String,
+        (version, floor): (String, u64),
         groups: Vec<String>,
         socket: Socket,
     ) -> Self {
         let env = registry.env.clone();
         let upstream_id = env.keys.upstream_id(&key.principal, &key.client_id);
         let limits = &env.cfg.limits;
-        let s0 = registry.origins.next();
+        let s0 = registry.origins.next_above(floor);
         let core = SessionCore::new(s0, socket, limits);
         let seen = crate::names::seen::Seen::new(
             limits.seen_refs_per_session,

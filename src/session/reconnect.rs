@@ -26,7 +26,9 @@ use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
 use crate::upstream::link::{Baseline, LinkCmd};
 
-/// Handles `reconnect` on a socket without a session; writes the answer itself.
+/// Handles `reconnect` on a socket without a session; writes the answer
+/// itself. A session this relay does not know is adopted (§12.2) when the
+/// request names a channel the principal may see.
 pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), RpcError> {
     if conn.session.is_some() {
         return Err(RpcError::invalid_request(
@@ -36,50 +38,41 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     let (p, _) = typed::<ReconnectParams>(params)?;
     let registry = conn.registry.clone();
     let started = std::time::Instant::now();
-    let outcome = |label: &str| {
+    // The duration covers the whole answer, the snapshot settle included.
+    let done = |label: &str| {
         let m = &registry.env.metrics;
         m.reconnects.with_label_values(&[label]).inc();
-    };
-    // The duration covers the whole answer, the snapshot settle included.
-    let took = || {
-        let m = &registry.env.metrics;
         m.reconnect_seconds.observe(started.elapsed().as_secs_f64());
     };
-    let key = conn.session_key(&p.client_id);
-    let Some(session) = registry.session_of(&key) else {
-        outcome("not_found");
-        took();
-        return Err(RpcError::not_found(
-            "no session for this clientId: initialize again",
-        ));
-    };
     let cap = registry.env.cfg.limits.subscriptions_per_session;
-    let requested = match super::limits::dedup_capped(p.subscriptions, cap) {
-        Ok(r) => r,
-        Err(e) => {
-            registry
-                .env
-                .metrics
-                .limit_hits
-                .with_label_values(&["subscriptions"])
-                .inc();
-            return Err(e);
+    let requested = super::limits::dedup_capped(p.subscriptions, cap).inspect_err(|_| {
+        let m = &registry.env.metrics;
+        m.limit_hits.with_label_values(&["subscriptions"]).inc();
+    })?;
+    let key = conn.session_key(&p.client_id);
+    let watermark = p.last_seen_server_seq;
+    let (session, generation, label) = match registry.session_of(&key) {
+        Some(session) => {
+            conn.session = Some(session.clone());
+            adopt_identity(&session, &conn.principal.groups);
+            let Some(generation) =
+                replay_or_cut(&session, conn.socket(), id, watermark, &requested)
+            else {
+                done("replay");
+                return Ok(());
+            };
+            (session, generation, "snapshot")
         }
+        None => match adopt_session(conn, &key, watermark, &requested)? {
+            Some((session, generation)) => (session, generation, "adopted"),
+            None => {
+                done("not_found");
+                return Err(RpcError::not_found(
+                    "no session for this clientId: initialize again",
+                ));
+            }
+        },
     };
-    conn.session = Some(session.clone());
-    adopt_identity(&session, &conn.principal.groups);
-    let Some(generation) = replay_or_cut(
-        &session,
-        conn.socket(),
-        id,
-        p.last_seen_server_seq,
-        &requested,
-    ) else {
-        outcome("replay");
-        took();
-        return Ok(());
-    };
-    outcome("snapshot");
     let waits = rebaseline(&session, &requested);
     let settle = std::time::Duration::from_secs(registry.env.cfg.limits.upstream_settle_secs);
     let adopted = settle_all(waits, settle).await;
@@ -94,9 +87,65 @@ pub async fn reconnect(conn: &mut Conn, id: &str, params: Value) -> Result<(), R
     }
     answer_snapshots(&session, &mut core, id, &requested, adopted);
     drop(core);
-    took();
+    done(label);
     Ok(())
 }
+
+/// §12.2: a `reconnect` for a (principal, clientId) this relay does not
+/// know — its replica died, restarted or was drained — gets a new session
+/// under the same upstream id (links re-baselined, so hosts see the same
+/// client come back), numbering above both its S0 and the client's
+/// watermark, attached to this socket and cut for a `snapshot` answer.
+/// `None` when the request names nothing the principal may see: that stays
+/// `NotFound`, so a stranger's guess at a clientId learns nothing.
+fn adopt_session(
+    conn: &mut Conn,
+    key: &super::SessionKey,
+    watermark: i64,
+    requested: &[String],
+) -> Result<Option<(Arc<ClientSession>, u64)>, RpcError> {
+    let registry = conn.registry.clone();
+    let env = &registry.env;
+    let groups = &conn.principal.groups;
+    let who = crate::policy::Subject {
+        principal: &key.principal,
+        groups,
+    };
+    let caller_sees = |c: &String| {
+        c == ahp_types::ROOT_RESOURCE_URI
+            || crate::names::namer::route(env.store.as_ref(), c)
+                .and_then(|(h, hu)| env.hosts.get(&h).map(|hub| (hub, hu)))
+                .is_some_and(|(hub, hu)| {
+                    env.access
+                        .grant_on(who, &hub)
+                        .is_some_and(|g| env.access.sees_channel(who, &g, &hub, &hu))
+                })
+    };
+    if !requested.iter().any(caller_sees) {
+        return Ok(None);
+    }
+    let floor = u64::try_from(watermark).unwrap_or(0);
+    let session = Arc::new(ClientSession::new(
+        &registry,
+        key.clone(),
+        (ADOPTED_VERSION.to_string(), floor),
+        groups.clone(),
+        conn.socket(),
+    ));
+    registry.attach(session.clone())?;
+    conn.session = Some(session.clone());
+    let mut core = session.lock();
+    hold_for_cut(&mut core);
+    let generation = core.attach_gen();
+    drop(core);
+    Ok(Some((session, generation)))
+}
+
+/// The protocol version an adopted session speaks with its client: the
+/// `reconnect` carries none, and the relay's wire contract is the same for
+/// every version it speaks (§4.1); links still offer every version hosts
+/// may speak.
+const ADOPTED_VERSION: &str = "1.0.0";
 
 /// §3.3: from this `reconnect` on, the session acts with the groups of the
 /// token on the new socket (expiry and revocation are the socket's own,

@@ -25,10 +25,18 @@ impl SequenceOrigins {
 
     /// The next S0: > every S0 issued before, ≥ now in µs, ≤ 2^53−1.
     pub fn next(&self) -> u64 {
+        self.next_above(0)
+    }
+
+    /// [`Self::next`], and also > `floor`: an adopted session (§12.2)
+    /// numbers above the watermark its client brings, whatever the clock of
+    /// the replica that numbered it before.
+    pub fn next_above(&self, floor: u64) -> u64 {
         let now = jiff::Timestamp::now().as_microsecond().max(0) as u64;
+        let floor = floor.saturating_add(1);
         let mut prev = self.last.load(Ordering::Relaxed);
         loop {
-            let s0 = now.max(prev + 1).min(MAX_SAFE);
+            let s0 = now.max(prev + 1).max(floor).min(MAX_SAFE);
             match self
                 .last
                 .compare_exchange_weak(prev, s0, Ordering::Relaxed, Ordering::Relaxed)
@@ -52,5 +60,14 @@ mod tests {
         assert!(b > a);
         assert!(a > 1_700_000_000_000_000, "µs since the epoch");
         assert!(b <= MAX_SAFE);
+    }
+
+    #[test]
+    fn above_a_watermark_from_a_faster_clock() {
+        let o = SequenceOrigins::new();
+        let ahead = o.next() + 10_000_000_000;
+        let s0 = o.next_above(ahead);
+        assert!(s0 > ahead);
+        assert!(o.next() > s0, "still strictly increasing after");
     }
 }

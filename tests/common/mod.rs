@@ -18,6 +18,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod frames;
+pub mod haproxy;
 pub mod names;
 pub mod relay;
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::names::store::{Owner, StoreError};
+use crate::route::files::{self, Inside};
 use crate::route::plan::{Effect, Plan};
 use crate::rpc::RpcError;
 use crate::session::limits;
@@ -211,6 +212,12 @@ pub(super) async fn execute(
     let link = open_link(session, &hub)?;
     match effect {
         Effect::Plain => forward(session, &link, id, method, params, PendingKind::Plain),
+        Effect::ConfirmInside { paths } => {
+            for path in &paths {
+                confirm_inside(session, &link, method, path).await?;
+            }
+            forward(session, &link, id, method, params, PendingKind::Plain)
+        }
         Effect::Dispose { store_key } => {
             let kind = PendingKind::Dispose { store_key };
             forward(session, &link, id, method, params, kind)
@@ -243,4 +250,109 @@ pub(super) async fn execute(
                 .inspect_err(|_| release_later(session, &store_key))
         }
     }
+}
+
+/// The most ancestors of a path that does not exist yet that are resolved
+/// looking for one that does; a deeper new path is refused.
+const MAX_MISSING_DEPTH: usize = 32;
+
+/// Confirms on the host that `path`, allowed by a session-directory scope,
+/// lies inside one of its granting directories once `..` and symlinks are
+/// resolved (contract §7.1, `route::files`): the host's canonical form of
+/// the path (or of its nearest existing ancestor) against the directories
+/// whose canonical form is the one the host lists (a directory that is, or
+/// lies under, a symlink grants nothing). The decision is audited; a path
+/// outside, or one the host will not resolve, is -32009.
+async fn confirm_inside(
+    session: &Arc<ClientSession>,
+    link: &Link,
+    method: &str,
+    path: &Inside,
+) -> Result<(), RpcError> {
+    let canonical = match canonical_existing(session, link, &path.host_uri).await {
+        Ok(c) => Some(c),
+        Err(e) if e.code == ahp_types::errors::ahp_error_codes::PERMISSION_DENIED => None,
+        Err(e) => return Err(e),
+    };
+    let mut dirs = Vec::new();
+    for dir in &path.dirs {
+        if let Ok(c) = resolve(session, link, dir, true).await
+            && files::is_canonical(dir, &c)
+        {
+            dirs.push(c);
+        }
+    }
+    let inside = canonical.is_some_and(|c| files::confirmed(&c, &dirs));
+    let who = session.who();
+    let on = (method, path.client_uri.as_str());
+    files::decided(&session.env, who.caller(), &link.host, on, inside);
+    if inside {
+        Ok(())
+    } else {
+        Err(RpcError::permission_denied(method))
+    }
+}
+
+/// The host's canonical URI of `uri`, or of its nearest existing ancestor
+/// when it does not exist yet; a dangling symlink in its place (or an
+/// ancestor's) is refused, since writing through it would create its
+/// target wherever it points.
+async fn canonical_existing(
+    session: &Arc<ClientSession>,
+    link: &Link,
+    uri: &str,
+) -> Result<String, RpcError> {
+    let refused = || RpcError::permission_denied("cannot confirm the path on the host");
+    let mut at = uri.to_string();
+    for _ in 0..MAX_MISSING_DEPTH {
+        match resolve(session, link, &at, true).await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.code != ahp_types::errors::ahp_error_codes::NOT_FOUND => return Err(e),
+            Err(_) => {}
+        }
+        if resolve(session, link, &at, false).await.is_ok() {
+            return Err(refused());
+        }
+        at = files::parent(&at).ok_or_else(refused)?;
+    }
+    Err(refused())
+}
+
+/// The host's `resourceResolve` of `uri` (host form): its `uri` answer.
+async fn resolve(
+    session: &Arc<ClientSession>,
+    link: &Link,
+    uri: &str,
+    follow: bool,
+) -> Result<String, RpcError> {
+    let params =
+        json!({"channel": ahp_types::ROOT_RESOURCE_URI, "uri": uri, "followSymlinks": follow});
+    let result = ask(session, link, "resourceResolve", params).await?;
+    result
+        .get("uri")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| RpcError::internal("the host's resourceResolve gave no uri", None))
+}
+
+/// Sends the relay's own request on `link` and waits for the host's raw
+/// result (within `limits.upstream_request_secs`, like any request).
+async fn ask(
+    session: &Arc<ClientSession>,
+    link: &Link,
+    method: &str,
+    params: Value,
+) -> Result<Value, RpcError> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    forward(
+        session,
+        link,
+        "null",
+        method,
+        params,
+        PendingKind::Internal { reply },
+    )?;
+    answer
+        .await
+        .unwrap_or_else(|_| Err(RpcError::host_unavailable(&link.host.id)))
 }

@@ -59,7 +59,7 @@ pub(super) async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Resu
     let session = Arc::new(ClientSession::new(
         &registry,
         key,
-        version.clone(),
+        (version.clone(), 0),
         conn.principal.groups.clone(),
         conn.socket(),
     ));
