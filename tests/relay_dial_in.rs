@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ahp_relay::config::RelayConfig;
+use ahp_relay::devkit::DevKit;
 use ahp_relay::simhost::{SimHost, SimHostConfig};
 use ahp_relay::upstream::hub::HostStatus;
 use ahp_types::actions::ActionEnvelope;
@@ -44,13 +45,19 @@ impl Connector {
 
     /// [`Connector::start`] with `more` flags.
     fn start_with(t: &TestRelay, id: &str, token: &Path, to: &str, more: &[&str]) -> Self {
+        let (url, ca) = (t.url(), t.kit.cert.display().to_string());
+        let token = token.display().to_string();
+        let mut args = vec!["--relay", &url, "--host-id", id, "--to", to];
+        args.extend_from_slice(&["--token-file", &token, "--ca", &ca]);
+        args.extend_from_slice(more);
+        Self::spawn(&args)
+    }
+
+    /// `ahp-relay connect` with `args` and `--status`.
+    fn spawn(args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
-            .args(["connect", "--relay", &t.url(), "--host-id", id, "--to", to])
-            .args(more)
-            .arg("--token-file")
-            .arg(token)
-            .arg("--ca")
-            .arg(&t.kit.cert)
+            .arg("connect")
+            .args(args)
             .arg("--status")
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -1110,4 +1117,83 @@ async fn while_draining_links_to_a_dial_in_host_still_resume() {
         reduce_chat(&state, chat, &seen),
         w.nat_chat(host_chat, chat)
     );
+}
+
+/// A raw client of alice's on the relay at `url` (trusting `ca`, token
+/// from `kit`), once that relay lists `nat`'s sessions.
+async fn client_seeing_nat(url: &str, kit: &DevKit) -> RawWs {
+    let opts = ahp_relay::upstream::dial::DialOptions {
+        url: url.to_string(),
+        token: Some(kit.token("alice", &[], WAIT * 60, None).expect("token")),
+        ca_file: Some(kit.cert.clone()),
+        insecure: false,
+        connect_timeout: WAIT,
+        extra_headers: Vec::new(),
+    };
+    let ws = ahp_relay::upstream::dial::dial_stream(&opts)
+        .await
+        .expect("dial");
+    let mut ws = RawWs::from_stream(ws);
+    ws.initialize("replica").await;
+    for id in 10.. {
+        let uris = listed_uris(&mut ws, id).await;
+        if uris.iter().any(|u| u.starts_with("ahp-session:/nat~")) {
+            return ws;
+        }
+        assert!(id < 400, "nat's sessions never listed at {url}: {uris:?}");
+        let _ = ws.next_within(Duration::from_millis(50)).await;
+    }
+    unreachable!("the loop returns or fails")
+}
+
+/// One connector serves its host through two relays (`--relay` twice, as
+/// for two replicas, each at its own address; here an in-process relay
+/// and an `ahp-relay serve` process): both reach the host and run a turn
+/// on it, and the `--status` line names both.
+#[tokio::test]
+async fn one_connector_serves_its_host_through_two_relays() {
+    let nat = start_host(slow("nat", 5, 0)).await;
+    let token = token_file("nat", "replica-secret");
+    let table = dial_in_table("nat", &token);
+    let one = TestRelay::start_unchecked(vec![], "", &table).await;
+    let kit = DevKit::create(&scratch_dir("dial-in-two")).expect("kit");
+    kit.config("127.0.0.1:0", &[], "", &table).expect("config");
+    let two = common::relay::serve_binary(&kit, "info");
+    let ca = kit.dir.join("both.pem");
+    let pems = [&one.kit.cert, &kit.cert].map(|c| std::fs::read_to_string(c).expect("pem"));
+    std::fs::write(&ca, pems.concat()).expect("ca file");
+    let (u1, u2, to) = (one.url(), two.url.clone(), nat.url());
+    let (token, ca) = (token.display().to_string(), ca.display().to_string());
+    let connector = Connector::spawn(&[
+        "--relay",
+        &u1,
+        "--relay",
+        &u2,
+        "--host-id",
+        "nat",
+        "--to",
+        &to,
+        "--token-file",
+        &token,
+        "--ca",
+        &ca,
+    ]);
+    let (chat, _) = NAT_CHAT;
+    one.wait_hosts_up().await;
+    let (mut ws, _) = follow(&one, "replica", chat).await;
+    ws.send_json(&start_turn_frame(chat, 1, "t-one")).await;
+    raw_actions_until(&mut ws, |e| is(e, chat, "chat/turnComplete")).await;
+    let mut ws = client_seeing_nat(&u2, &kit).await;
+    ws.request(1, "subscribe", json!({"channel": chat})).await;
+    ws.send_json(&start_turn_frame(chat, 2, "t-two")).await;
+    raw_actions_until(&mut ws, |e| is(e, chat, "chat/turnComplete")).await;
+    let mut seen = Vec::new();
+    wait_until("a status line naming both relays", || {
+        seen.extend(connector.lines_so_far());
+        seen.iter().any(|l| {
+            l.split_once("attached to ")
+                .is_some_and(|(_, rest)| rest.contains(&u1) && rest.contains(&u2))
+        })
+    })
+    .await;
 }

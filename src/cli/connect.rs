@@ -1,6 +1,7 @@
 //! `ahp-relay connect`: the connector of a host that dials in (contract
 //! §13). It runs next to the host, which needs no inbound port: it keeps
-//! one control connection to the relay's connector endpoint, and for each
+//! one control connection to the connector endpoint of each relay given
+//! (`--relay`, once per replica), and for each
 //! `open` order (one per link the relay wants: the watch link, each
 //! per-client link) it dials the host (`--to`, with the host's own
 //! credentials, as the relay would) and then the relay once more for that
@@ -34,9 +35,11 @@ use crate::upstream::hub::{USER_ISSUER_HEADER, USER_SUBJECT_HEADER};
 #[derive(Debug, Clone, Args)]
 pub struct ConnectArgs {
     /// The relay's client URL (`wss://relay.example/`); the connector
-    /// endpoint is its path `/ahp-relay/connector`.
-    #[arg(long)]
-    pub relay: String,
+    /// endpoint is its path `/ahp-relay/connector`. Give it once per relay
+    /// replica (each at an address of its own) to serve the host through
+    /// every replica: the connector attaches to each.
+    #[arg(long, required = true)]
+    pub relay: Vec<String>,
     /// The id of this host in the relay's `[[hosts]]` (with `dial_in`).
     #[arg(long)]
     pub host_id: String,
@@ -113,9 +116,8 @@ pub async fn run(args: ConnectArgs) -> ExitCode {
 /// What the connector reports in its status line.
 #[derive(Debug, Default, Clone)]
 struct Status {
-    attached: bool,
-    /// Control connections accepted so far.
-    attaches: u64,
+    /// The relays (`--relay` URLs) attached now.
+    attached: std::collections::BTreeSet<String>,
     open: usize,
     opened: u64,
     last_error: Option<String>,
@@ -127,26 +129,19 @@ struct Status {
 struct Shown {
     status: Mutex<Status>,
     print: bool,
-    relay: String,
     host: String,
 }
 
 impl Shown {
-    fn attaches(&self) -> u64 {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .attaches
-    }
-
     fn change(&self, f: impl FnOnce(&mut Status)) {
         let mut s = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut s);
         if self.print {
-            let state = if s.attached {
-                format!("attached to {}", self.relay)
+            let state = if s.attached.is_empty() {
+                "not attached".to_string()
             } else {
-                format!("not attached (relay {})", self.relay)
+                let relays: Vec<&str> = s.attached.iter().map(String::as_str).collect();
+                format!("attached to {}", relays.join(", "))
             };
             println!(
                 "status: host {} · {state} · {} links open ({} opened) · last error: {}",
@@ -163,14 +158,30 @@ impl Shown {
 #[derive(Debug)]
 struct Connector {
     args: ConnectArgs,
-    endpoint: String,
     shown: Shown,
+}
+
+/// One relay the connector attaches to: its `--relay` URL and its
+/// connector endpoint.
+#[derive(Debug)]
+struct Target {
+    url: String,
+    endpoint: String,
 }
 
 /// Runs the connector for `args`: returns only with an error that a retry
 /// cannot fix.
 pub async fn connect(args: ConnectArgs) -> Result<(), ConnectError> {
-    let endpoint = endpoint(&args.relay)?;
+    let targets = args
+        .relay
+        .iter()
+        .map(|url| {
+            endpoint(url).map(|endpoint| Target {
+                url: url.clone(),
+                endpoint,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     if !(args.to.starts_with("ws://") || args.to.starts_with("wss://")) {
         return Err(ConnectError::Usage(
             "--to must be the host's ws:// or wss:// URL".into(),
@@ -185,33 +196,39 @@ pub async fn connect(args: ConnectArgs) -> Result<(), ConnectError> {
     let shown = Shown {
         status: Mutex::default(),
         print: args.status,
-        relay: args.relay.clone(),
         host: args.host_id.clone(),
     };
-    let me = Arc::new(Connector {
-        args,
-        endpoint,
-        shown,
-    });
+    let me = Arc::new(Connector { args, shown });
+    let loops = targets
+        .into_iter()
+        .map(|t| Box::pin(keep_attached(me.clone(), Arc::new(t))));
+    let (fatal, _, _) = futures_util::future::select_all(loops).await;
+    Err(fatal)
+}
+
+/// Keeps a control connection to `target` open, reconnecting with backoff
+/// and jitter; returns only an error a retry cannot fix.
+async fn keep_attached(me: Arc<Connector>, target: Arc<Target>) -> ConnectError {
     let mut backoff = Duration::from_millis(250);
     loop {
-        let attaches = me.shown.attaches();
-        let ended = control(&me).await;
-        if me.shown.attaches() > attaches {
+        let (attached, ended) = control(&me, &target).await;
+        if attached {
             // It was attached: whatever ended it, retry soon.
             backoff = Duration::from_millis(250);
         }
         match ended {
             Ok(()) => {}
-            Err(Stop::Fatal(e)) => return Err(e),
+            Err(Stop::Fatal(e)) => return e,
             Err(Stop::Retry(why)) => {
-                tracing::warn!(relay = %me.args.relay, error = %why, "cannot attach to the relay");
+                tracing::warn!(relay = %target.url, error = %why, "cannot attach to the relay");
                 me.shown.change(|s| s.last_error = Some(why));
             }
         }
-        me.shown.change(|s| s.attached = false);
+        me.shown.change(|s| {
+            s.attached.remove(&target.url);
+        });
         let pause = jittered(backoff);
-        tracing::info!("reconnecting in {:.1}s", pause.as_secs_f64());
+        tracing::info!(relay = %target.url, "reconnecting in {:.1}s", pause.as_secs_f64());
         tokio::time::sleep(pause).await;
         backoff = (backoff * 2).min(Duration::from_secs(30));
     }
@@ -250,17 +267,23 @@ enum Stop {
 /// after which (twice it) it gives the connection up.
 const CONTROL_PING: Duration = Duration::from_secs(15);
 
-/// One control connection: attach, then open a link per order until the
-/// connection ends: `Ok` when the relay closed it (it may be replaced or
-/// its host removed: the next attempt says which), `Err` otherwise. Links
-/// already open are separate connections and outlive it.
-async fn control(me: &Arc<Connector>) -> Result<(), Stop> {
-    let ws = dial_relay(me, None).await?;
+/// One control connection to `target`: whether it attached, and how it
+/// ended — `Ok` when the relay closed it (it may be replaced or its host
+/// removed: the next attempt says which), `Err` otherwise. Links already
+/// open are separate connections and outlive it.
+async fn control(me: &Arc<Connector>, target: &Arc<Target>) -> (bool, Result<(), Stop>) {
+    match dial_relay(me, target, None).await {
+        Ok(ws) => (true, attached(me, target, ws).await),
+        Err(stop) => (false, Err(stop)),
+    }
+}
+
+/// Serves an attached control connection until it ends.
+async fn attached(me: &Arc<Connector>, target: &Arc<Target>, ws: WsStream) -> Result<(), Stop> {
     let (mut tx, mut rx) = ws.split();
     let (out, mut outbox) = mpsc::channel::<Control>(64);
     me.shown.change(|s| {
-        s.attached = true;
-        s.attaches += 1;
+        s.attached.insert(target.url.clone());
     });
     let mut heard = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(CONTROL_PING);
@@ -271,10 +294,11 @@ async fn control(me: &Arc<Connector>) -> Result<(), Stop> {
                 match msg {
                     Some(Ok(Message::Text(t))) => match serde_json::from_str::<Control>(t.as_str()) {
                         Ok(Control::Welcome { host }) => {
-                            tracing::info!(%host, relay = %me.args.relay, "attached: serving host");
+                            tracing::info!(%host, relay = %target.url, "attached: serving host");
                         }
                         Ok(Control::Open { link, headers }) => {
-                            tokio::spawn(serve_link(me.clone(), link, headers, out.clone()));
+                            let target = target.clone();
+                            tokio::spawn(serve_link(me.clone(), target, link, headers, out.clone()));
                         }
                         _ => {}
                     },
@@ -308,7 +332,7 @@ async fn control(me: &Arc<Connector>) -> Result<(), Stop> {
 
 /// Dials the relay's connector endpoint: the control connection, or with
 /// `link` that link's socket. The token is read from its file each time.
-async fn dial_relay(me: &Connector, link: Option<u64>) -> Result<WsStream, Stop> {
+async fn dial_relay(me: &Connector, target: &Target, link: Option<u64>) -> Result<WsStream, Stop> {
     let token = std::fs::read_to_string(&me.args.token_file).map_err(|e| {
         Stop::Fatal(ConnectError::Usage(format!(
             "cannot read --token-file {}: {e}",
@@ -320,7 +344,7 @@ async fn dial_relay(me: &Connector, link: Option<u64>) -> Result<WsStream, Stop>
         extra_headers.push((LINK_HEADER.to_string(), link.to_string()));
     }
     let opts = DialOptions {
-        url: me.endpoint.clone(),
+        url: target.endpoint.clone(),
         token: Some(token.trim().to_string()),
         ca_file: me.args.ca.clone(),
         insecure: false,
@@ -340,7 +364,7 @@ async fn dial_relay(me: &Connector, link: Option<u64>) -> Result<WsStream, Stop>
             }),
             DialError::UpgradeRefused { status: 404, .. } if link.is_none() => {
                 Stop::Fatal(ConnectError::NoEndpoint {
-                    url: me.endpoint.clone(),
+                    url: target.endpoint.clone(),
                 })
             }
             DialError::CaUnreadable { .. }
@@ -402,6 +426,7 @@ async fn dial_host(me: &Connector, headers: Vec<(String, String)>) -> Result<WsS
 /// then the relay's link socket; then pipes until either side closes.
 async fn serve_link(
     me: Arc<Connector>,
+    target: Arc<Target>,
     link: u64,
     headers: Vec<(String, String)>,
     control: mpsc::Sender<Control>,
@@ -421,7 +446,7 @@ async fn serve_link(
             return fail(reason).await;
         }
     };
-    let relay = match dial_relay(&me, Some(link)).await {
+    let relay = match dial_relay(&me, &target, Some(link)).await {
         Ok(ws) => ws,
         Err(Stop::Fatal(e)) => return fail(e.to_string()).await,
         Err(Stop::Retry(e)) => return fail(format!("connector cannot reach the relay: {e}")).await,

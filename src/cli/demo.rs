@@ -250,7 +250,7 @@ impl DialIn {
 
     fn args(&self, url: &str, ca: &std::path::Path) -> super::connect::ConnectArgs {
         super::connect::ConnectArgs {
-            relay: url.to_string(),
+            relay: vec![url.to_string()],
             host_id: self.id.clone(),
             token_file: self.token.clone(),
             to: self.to.clone(),
