@@ -58,10 +58,7 @@ impl HaProxy {
         let me = Self { child, addr, dir };
         let deadline = std::time::Instant::now() + super::WAIT;
         while std::net::TcpStream::connect(addr).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "haproxy listens in time"
-            );
+            assert!(std::time::Instant::now() < deadline, "haproxy listens in time");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         Some(me)
