@@ -461,6 +461,38 @@ impl Limits {
     }
 }
 
+/// What is wrong with how host `h` is reached (contract §13.1): it is
+/// dialed at `url` or dials in with `dial_in`, exactly one of them; a
+/// dial-in host's credentials towards the host belong to its connector, so
+/// the relay-side dialing settings are refused rather than ignored.
+fn reach_problem(h: &HostConfig) -> Option<String> {
+    let id = &h.id;
+    match (&h.dial_in, h.url.is_empty()) {
+        (Some(_), false) => Some(format!(
+            "host {id}: give url (the relay dials the host) or dial_in (the host's connector dials the relay), not both"
+        )),
+        (None, true) => Some(format!(
+            "host {id}: needs url = \"wss://…\" (the relay dials the host) or dial_in = {{ token_file = \"…\" }} (the host's connector, `ahp-relay connect`, dials the relay)"
+        )),
+        (Some(_), true) => {
+            let dialing = [
+                ("allow_plaintext", h.allow_plaintext),
+                ("token_file", h.token_file.is_some()),
+                ("query_token_file", h.query_token_file.is_some()),
+                ("client_cert_file", h.client_cert_file.is_some()),
+                ("client_key_file", h.client_key_file.is_some()),
+                ("ca_file", h.ca_file.is_some()),
+            ];
+            dialing.iter().find(|(_, set)| *set).map(|(key, _)| {
+                format!(
+                    "host {id}: {key} is for a dialed host; a dial-in host's connector holds the host's credentials (ahp-relay connect --to …)"
+                )
+            })
+        }
+        (None, false) => None,
+    }
+}
+
 /// The 1-based line of the `index`-th `[[name]]` table header in `text`.
 fn nth_table_line(text: &str, name: &str, index: usize) -> Option<usize> {
     let header = format!("[[{name}]]");
@@ -576,6 +608,10 @@ impl RelayConfig {
                 )
             } else if !seen.insert(h.id.as_str()) {
                 format!("host id {:?} appears twice", h.id)
+            } else if let Some(problem) = reach_problem(h) {
+                problem
+            } else if h.dial_in.is_some() {
+                continue;
             } else if !(plain || h.url.starts_with("wss://")) {
                 format!(
                     "host {}: url must be wss:// (or ws:// with allow_plaintext)",

@@ -16,6 +16,11 @@ pub struct Metrics {
     pub connections: IntCounter,
     /// Client WebSocket connections open now.
     pub connections_open: IntGauge,
+    /// Connectors of dial-in hosts attached now (contract §13).
+    pub connectors_attached: IntGauge,
+    /// Link sockets connectors opened to the relay (one per link to a
+    /// dial-in host; not counted in `connections`).
+    pub connector_links: IntCounter,
     /// Upgrades refused, by reason.
     pub auth_failures: IntCounterVec,
     /// Client requests, by method.
@@ -135,6 +140,8 @@ impl Registrar {
 struct EdgeMetrics {
     connections: IntCounter,
     connections_open: IntGauge,
+    connectors_attached: IntGauge,
+    connector_links: IntCounter,
     auth_failures: IntCounterVec,
     upgrades_refused: IntCounterVec,
     bad_client_frames: IntCounterVec,
@@ -145,6 +152,14 @@ impl EdgeMetrics {
         Ok(Self {
             connections: r.counter("connections_total", "client connections accepted")?,
             connections_open: r.gauge("connections_open", "client connections open")?,
+            connectors_attached: r.gauge(
+                "connectors_attached",
+                "connectors of dial-in hosts attached now",
+            )?,
+            connector_links: r.counter(
+                "connector_links_total",
+                "link sockets opened by connectors of dial-in hosts",
+            )?,
             auth_failures: r.counter_vec("auth_failures_total", "upgrades refused", "reason")?,
             upgrades_refused: r.counter_vec(
                 "upgrades_refused_total",
@@ -334,6 +349,8 @@ impl Metrics {
         Ok(Self {
             connections: edge.connections,
             connections_open: edge.connections_open,
+            connectors_attached: edge.connectors_attached,
+            connector_links: edge.connector_links,
             auth_failures: edge.auth_failures,
             upgrades_refused: edge.upgrades_refused,
             bad_client_frames: edge.bad_client_frames,

@@ -93,6 +93,16 @@ impl RelayPort {
         })
     }
 
+    /// The hub of host `id` (connectors authenticate against its config).
+    pub fn hub(&self, id: &str) -> Option<Arc<crate::upstream::hub::HostHub>> {
+        self.relay.hub(id)
+    }
+
+    /// The attached connectors of dial-in hosts (contract §13).
+    pub fn connectors(&self) -> Arc<crate::upstream::dial_in::Connectors> {
+        self.relay.hosts.connectors().clone()
+    }
+
     /// Whether new upgrades are refused for replay memory (contract §5.4).
     pub fn refuses_upgrades(&self) -> bool {
         self.relay.refuses_upgrades()
