@@ -308,7 +308,7 @@ pub async fn drain_actions(client: &Client, events: &mut ClientEventStream) -> V
 
 /// The `completions` request for chat `chat`: routed to the chat's host,
 /// which answers it without changing any state.
-fn barrier_params(chat: &str) -> Value {
+pub fn barrier_params(chat: &str) -> Value {
     json!({"channel": chat, "kind": "userMessage", "text": "", "offset": 0})
 }
 
@@ -723,10 +723,14 @@ pub async fn listed_uris(ws: &mut RawWs, id: u64) -> Vec<String> {
 /// Rust; with `AHP_RELAY_REQUIRE_EXTERNAL=1` (set by `.ci/run`, which
 /// installs them) its absence fails the test instead.
 pub fn external(program: &str) -> bool {
-    let runs = std::process::Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    // `--version`, or `-v` for programs that exit non-zero on the long
+    // form (HAProxy).
+    let runs = ["--version", "-v"].iter().any(|flag| {
+        std::process::Command::new(program)
+            .arg(flag)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
     if runs {
         return true;
     }

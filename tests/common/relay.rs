@@ -127,6 +127,12 @@ impl TestRelay {
     /// its config as for [`TestRelay::start`], and `store_lines` in place of
     /// its `[relay] store` line (e.g. a shared PostgreSQL store).
     pub fn replica_process(&self, extra: &str, store_lines: &str) -> ServedRelay {
+        self.replica_process_on("127.0.0.1:0", extra, store_lines)
+    }
+
+    /// [`TestRelay::replica_process`] listening on `listen` (a fixed port
+    /// lets a load balancer's server line survive the replica's restart).
+    pub fn replica_process_on(&self, listen: &str, extra: &str, store_lines: &str) -> ServedRelay {
         let dir = scratch_dir("replica");
         std::fs::create_dir_all(&dir).expect("replica directory");
         std::fs::copy(self.kit.dir.join("relay.secret"), dir.join("relay.secret"))
@@ -140,7 +146,7 @@ impl TestRelay {
             .iter()
             .map(|h| (h.config().name.clone(), h.url()))
             .collect();
-        kit.config("127.0.0.1:0", &pairs, "", extra)
+        kit.config(listen, &pairs, "", extra)
             .expect("config validates");
         let path = dir.join("relay.toml");
         let own_store = format!("store = \"{}\"", dir.join("uris.redb").display());
