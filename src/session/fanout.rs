@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use super::ClientSession;
 use super::registry::Registry;
 use crate::names::namer::ToClient;
-use crate::names::translate;
+use crate::names::store::UriState;
+use crate::names::translate::{self, FieldKind, Namer};
 use crate::route::root;
 use crate::rpc::Close;
 use crate::upstream::hub::{HostHub, HostStatus};
@@ -138,12 +139,17 @@ impl Registry {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let namer = ToClient {
+        let to_client = || ToClient {
             host: &hub.id,
             store: self.env.store.as_ref(),
             identity: None,
         };
-        if translate::translate(&mut params, method, &namer).is_err() {
+        let translated = if method == "root/sessionRemoved" {
+            translate::translate(&mut params, method, &Removal(to_client()))
+        } else {
+            translate::translate(&mut params, method, &to_client())
+        };
+        if translated.is_err() {
             return;
         }
         let frame = crate::rpc::notification_frame(method, &params);
@@ -193,5 +199,29 @@ impl Registry {
             RootField::Terminals,
             RootField::ActiveSessions,
         ]);
+    }
+}
+
+/// Host → client names for `root/sessionRemoved`. It may
+/// reach the watch link after the relay answered the dispose and
+/// tombstoned the session's store entry (the answer comes on the
+/// disposer's own link): a client-chosen session then keeps the name its
+/// followers know it by, not the host-assigned form [`ToClient`] gives a
+/// URI without a live entry (found by `tests/relay_model.rs`). Only a
+/// removal: a host announcing a session under a tombstoned name made it
+/// itself, and is named as host-assigned. Every other name is
+/// [`ToClient`]'s.
+struct Removal<'a>(ToClient<'a>);
+
+impl Namer for Removal<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
+        let tombstoned = kind == FieldKind::Uri
+            && matches!(self.0.store.lookup(value),
+                Ok(Some(e)) if e.host == self.0.host
+                    && matches!(e.state, UriState::Tombstone { .. }));
+        if tombstoned {
+            return Ok(value.to_string());
+        }
+        self.0.translate(kind, value)
     }
 }

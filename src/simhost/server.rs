@@ -240,6 +240,37 @@ impl SimHost {
             .clone()
     }
 
+    /// The protected resources a live `authenticate` token is held for on
+    /// the open connections of `client_id` (the host's one store in
+    /// host-wide mode), sorted: what a test compares with who may operate.
+    pub fn tokens_of(&self, client_id: &str) -> Vec<String> {
+        let core = self.shared.lock();
+        let mut out: Vec<String> = core
+            .conns_of(client_id)
+            .into_iter()
+            .filter_map(|c| core.tokens(c))
+            .flat_map(|t| t.keys().cloned())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Fault: while `hold` is true, the host's `root/session*`
+    /// notifications wait (answers and actions do not); `false` sends the
+    /// held ones in order. Lets a test deliver a catalog event after the
+    /// answer that caused it, as a slow watch connection would.
+    pub fn hold_catalog_events(&self, hold: bool) {
+        let mut core = self.shared.lock();
+        if hold {
+            core.held_root.get_or_insert_with(Vec::new);
+            return;
+        }
+        for (method, params) in core.held_root.take().unwrap_or_default() {
+            core.notify_root(&method, &params);
+        }
+    }
+
     /// Number of open connections.
     pub fn connections(&self) -> usize {
         self.shared.lock().conns.len()
