@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use super::ClientSession;
 use super::registry::Registry;
 use crate::names::namer::ToClient;
+use crate::names::qualify::{ChannelKind, channel_kind};
 use crate::names::store::UriState;
 use crate::names::translate::{self, FieldKind, Namer};
 use crate::route::root;
@@ -40,7 +41,15 @@ impl Registry {
                         self.resync_orphans(&host);
                     }
                 }
-                WatchEvent::Root { fields, .. } => self.fan_root(&fields),
+                WatchEvent::Root { host, fields } => {
+                    self.fan_root(&fields);
+                    if fields.contains(&RootField::Terminals) {
+                        // A terminal's claim may have changed (§7.6).
+                        self.reevaluate_subscribers(&host, "terminal_claim", |uri| {
+                            channel_kind(uri) == ChannelKind::Terminal
+                        });
+                    }
+                }
                 WatchEvent::LimitHit { limit, .. } => {
                     self.env
                         .metrics
@@ -55,8 +64,15 @@ impl Registry {
                 } => {
                     // A host removed meanwhile has no hub: its events are moot.
                     if let Some(hub) = self.env.hosts.get(&host) {
+                        let listed = listed_chats(&params);
                         self.fan_catalog(&hub, method, params);
                         self.fan_root(&[RootField::ActiveSessions]);
+                        // A chat listed anew may have moved sessions (§7.6).
+                        if !listed.is_empty() {
+                            self.reevaluate_subscribers(&host, "chat_moved", |uri| {
+                                listed.iter().any(|c| c == uri)
+                            });
+                        }
                     }
                 }
             }
@@ -89,6 +105,34 @@ impl Registry {
             .filter(|s| s.follows_root())
             .map(|s| s.clone())
             .collect()
+    }
+
+    /// Re-evaluates the sessions subscribed on `host` to a channel `which`
+    /// selects (host form) after it may have changed hands — a terminal
+    /// claimed anew, a chat moved to another session (contract §7.6): each
+    /// forgets what it may no longer see ([`ClientSession::forget_invisible`],
+    /// as after a policy change) and, if it lost a subscribed channel, is
+    /// closed with 4000 so its `reconnect` answers without it. Only those
+    /// subscribers pay: one tenant's churn costs others nothing.
+    fn reevaluate_subscribers(&self, host: &str, cause: &str, which: impl Fn(&str) -> bool) {
+        let affected: Vec<Arc<ClientSession>> = self
+            .sessions
+            .iter()
+            .filter(|s| {
+                s.lock()
+                    .chans
+                    .get(host)
+                    .is_some_and(|m| m.keys().any(|uri| which(uri)))
+            })
+            .map(|s| s.clone())
+            .collect();
+        for s in affected {
+            if s.forget_invisible() {
+                let m = &self.env.metrics;
+                m.resyncs.with_label_values(&[cause]).inc();
+                s.close(Close::ResyncAccess);
+            }
+        }
     }
 
     /// Sends each root follower the fields that changed for it.
@@ -224,4 +268,18 @@ impl Namer for Removal<'_> {
         }
         self.0.translate(kind, value)
     }
+}
+
+/// The chats (host form) a `root/sessionSummaryChanged` lists for its
+/// session (`changes.chats` replaces the whole list); none for other
+/// catalog events.
+fn listed_chats(params: &Value) -> Vec<String> {
+    params
+        .pointer("/changes/chats")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("resource").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
 }

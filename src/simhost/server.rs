@@ -271,6 +271,14 @@ impl SimHost {
         }
     }
 
+    /// Hands terminal `uri` to `claim` (`{kind: "session", session, chat}`
+    /// or `{kind: "client", clientId}`, host names) as the host itself
+    /// may: `terminal/claimed` on the terminal, then
+    /// `root/terminalsChanged`. `false` if there is no such terminal.
+    pub fn claim_terminal(&self, uri: &str, claim: &Value) -> bool {
+        super::commands::host_claims_terminal(&mut self.shared.lock(), uri, claim)
+    }
+
     /// Number of open connections.
     pub fn connections(&self) -> usize {
         self.shared.lock().conns.len()
