@@ -117,6 +117,10 @@ struct SessM {
 struct Model {
     rules: Vec<RuleM>,
     sessions: BTreeMap<String, SessM>,
+    /// The seeded chats (client names) and the session listing each.
+    chats: BTreeMap<String, String>,
+    /// The seeded terminals (client names) and the session claiming each.
+    terminals: BTreeMap<String, String>,
 }
 
 impl Model {
@@ -162,6 +166,24 @@ impl Model {
                 _ => false,
             },
         }
+    }
+
+    /// Whether a subscription to `uri` (a session, a seeded chat through
+    /// the session listing it, a seeded terminal through the session
+    /// claiming it) is allowed.
+    fn sees_channel(&self, sub: &str, groups: &[String], uri: &str) -> bool {
+        match (self.chats.get(uri), self.terminals.get(uri)) {
+            (Some(session), _) | (_, Some(session)) => self.sees(sub, groups, session),
+            _ => self.sees(sub, groups, uri),
+        }
+    }
+
+    fn visible_terminals(&self, sub: &str, groups: &[String]) -> BTreeSet<String> {
+        self.terminals
+            .keys()
+            .filter(|t| self.sees_channel(sub, groups, t))
+            .cloned()
+            .collect()
     }
 
     fn visible(&self, sub: &str, groups: &[String]) -> BTreeSet<String> {
@@ -395,6 +417,23 @@ fn seeded() -> Vec<(String, usize)> {
         .collect()
 }
 
+/// Host `h`'s seeded chat, terminal and session (client names).
+fn seeded_objects(h: usize) -> (String, String, String) {
+    let n = HOSTS[h];
+    (
+        format!("ahp-chat:/{n}~{n}-1-main"),
+        format!("ahp-terminal:/{n}~1"),
+        format!("ahp-session:/{n}~{n}-1"),
+    )
+}
+
+/// The host form of a session's client name, and of its first chat.
+fn host_forms(session: &str) -> (String, String) {
+    let id = session.trim_start_matches("ahp-session:/");
+    let id = id.split_once('~').map_or(id, |(_, rest)| rest);
+    (format!("ahp-session:/{id}"), format!("ahp-chat:/{id}-main"))
+}
+
 impl Run<'_> {
     fn subjects(&self) -> Vec<String> {
         (0..CLIENTS)
@@ -406,6 +445,11 @@ impl Run<'_> {
         self.model.sessions.clear();
         for (uri, host) in seeded() {
             self.model.sessions.insert(uri, SessM { host, owner: None });
+        }
+        for h in 0..HOSTS.len() {
+            let (chat, term, session) = seeded_objects(h);
+            self.model.chats.insert(chat, session.clone());
+            self.model.terminals.insert(term, session);
         }
         let subs = self.subjects();
         self.model.rules = self.rng.rules(&subs);
@@ -422,14 +466,17 @@ impl Run<'_> {
     async fn step(&mut self) -> Result<(), String> {
         let who = self.rng.below(CLIENTS);
         match self.rng.below(100) {
-            0..15 => self.reload().await?,
-            15..30 => self.reconnect(who, true).await?,
-            30..35 => self.reinitialize(who).await?,
-            35..60 => self.create(who).await?,
-            60..72 => self.dispose(who).await?,
-            72..88 => self.subscribe(who).await?,
+            0..12 => self.reload().await?,
+            12..25 => self.reconnect(who, true).await?,
+            25..29 => self.reinitialize(who).await?,
+            29..50 => self.create(who).await?,
+            50..60 => self.dispose(who).await?,
+            60..76 => self.subscribe(who).await?,
+            76..84 => self.claim().await?,
+            84..92 => self.move_chat(who).await?,
             _ => self.authenticate(who).await?,
         }
+        self.expect_closes().await?;
         self.check().await
     }
 
@@ -439,18 +486,26 @@ impl Run<'_> {
         self.trace.push(format!("reload:\n{}", self.model.toml()));
         count("reload");
         self.t.relay.relay.set_policy(policy_of(&self.model.toml()));
+        Ok(())
+    }
+
+    /// §7.6: a client that lost sight of a subscribed channel — the policy
+    /// changed, a terminal was claimed for a session it cannot see, a chat
+    /// moved into one — is closed with 4000; its `reconnect` then answers
+    /// exactly what it may still see. Nobody else is closed (a close where
+    /// none is due fails the next request).
+    async fn expect_closes(&mut self) -> Result<(), String> {
         for i in 0..CLIENTS {
             let c = &self.clients[i];
             let lost: Vec<String> = c
                 .subs
                 .iter()
-                .filter(|s| !self.model.sees(&c.sub, &c.groups, s))
+                .filter(|s| !self.model.sees_channel(&c.sub, &c.groups, s))
                 .cloned()
                 .collect();
             if lost.is_empty() {
                 continue;
             }
-            // §7.6: it lost sight of a subscribed channel: closed with 4000.
             let c = &mut self.clients[i];
             let code = loop {
                 match c.ws.next_within(WAIT).await {
@@ -466,6 +521,7 @@ impl Run<'_> {
             count("closed 4000");
             self.trace
                 .push(format!("{} closed 4000 (lost {lost:?})", c.sub));
+            self.check_frames(i)?;
             self.reconnect(i, false).await?;
         }
         Ok(())
@@ -501,7 +557,7 @@ impl Run<'_> {
         let allowed: BTreeSet<String> = c
             .subs
             .iter()
-            .filter(|s| self.model.sees(&c.sub, &c.groups, s))
+            .filter(|s| self.model.sees_channel(&c.sub, &c.groups, s))
             .cloned()
             .collect();
         match r["result"]["type"].as_str() {
@@ -616,11 +672,13 @@ impl Run<'_> {
     }
 
     async fn dispose(&mut self, i: usize) -> Result<(), String> {
+        // A session listing a seeded chat stays (disposing it would dispose
+        // the chat, which later runs need).
         let created: Vec<String> = self
             .model
             .sessions
             .iter()
-            .filter(|(_, s)| s.owner.is_some())
+            .filter(|(u, s)| s.owner.is_some() && !self.model.chats.values().any(|c| c == *u))
             .map(|(u, _)| u.clone())
             .collect();
         if created.is_empty() {
@@ -660,13 +718,15 @@ impl Run<'_> {
     }
 
     async fn subscribe(&mut self, i: usize) -> Result<(), String> {
-        let all = seeded();
-        let (uri, _) = &all[self.rng.below(all.len())];
+        let mut all: Vec<String> = seeded().into_iter().map(|(u, _)| u).collect();
+        all.extend(self.model.chats.keys().cloned());
+        all.extend(self.model.terminals.keys().cloned());
+        let uri = &all[self.rng.below(all.len())];
         let c = &mut self.clients[i];
         if c.subs.contains(uri) {
             return Ok(());
         }
-        let allowed = self.model.sees(&c.sub, &c.groups, uri);
+        let allowed = self.model.sees_channel(&c.sub, &c.groups, uri);
         self.trace
             .push(format!("{} subscribes {uri} (allowed: {allowed})", c.sub));
         let r = c.call("subscribe", json!({"channel": uri})).await?;
@@ -682,6 +742,128 @@ impl Run<'_> {
         }
         if allowed {
             c.subs.insert(uri.clone());
+        }
+        Ok(())
+    }
+
+    /// The host hands its seeded terminal to another of its sessions (§7.6).
+    async fn claim(&mut self) -> Result<(), String> {
+        let h = self.rng.below(HOSTS.len());
+        let (_, term, _) = seeded_objects(h);
+        let on_host: Vec<String> = self
+            .model
+            .sessions
+            .iter()
+            .filter(|(u, s)| s.host == h && self.model.terminals.get(&term) != Some(*u))
+            .map(|(u, _)| u.clone())
+            .collect();
+        if on_host.is_empty() {
+            return Ok(());
+        }
+        let to = on_host[self.rng.below(on_host.len())].clone();
+        self.trace
+            .push(format!("{} claims {term} for {to}", HOSTS[h]));
+        count("claim");
+        self.hand_terminal(h, &term, &to).await
+    }
+
+    async fn hand_terminal(&mut self, h: usize, term: &str, to: &str) -> Result<(), String> {
+        let (session, chat) = host_forms(to);
+        let claim = json!({"kind": "session", "session": session, "chat": chat});
+        if !self.t.hosts[h].claim_terminal("ahp-terminal:/1", &claim) {
+            return Err(format!("{} has no terminal 1", HOSTS[h]));
+        }
+        self.model
+            .terminals
+            .insert(term.to_string(), to.to_string());
+        self.janitor
+            .wait_for(&format!("{term} claimed for {to}"), |v| {
+                v["params"]["channel"] == ROOT
+                    && v["params"]["action"]["terminals"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|t| t["resource"] == term && t["claim"]["session"] == to)
+            })
+            .await
+    }
+
+    /// Client `i` moves a seeded chat to another session of its host (§7.6).
+    async fn move_chat(&mut self, i: usize) -> Result<(), String> {
+        let h = self.rng.below(HOSTS.len());
+        let (chat, _, _) = seeded_objects(h);
+        let from = self.model.chats[&chat].clone();
+        let on_host: Vec<String> = self
+            .model
+            .sessions
+            .iter()
+            .filter(|(u, s)| s.host == h && **u != from)
+            .map(|(u, _)| u.clone())
+            .collect();
+        if on_host.is_empty() {
+            return Ok(());
+        }
+        let to = on_host[self.rng.below(on_host.len())].clone();
+        let c = &self.clients[i];
+        let allowed = self.model.sees_channel(&c.sub, &c.groups, &chat)
+            && self.model.sees(&c.sub, &c.groups, &to)
+            && self
+                .model
+                .grant(&c.sub, &c.groups, h)
+                .is_some_and(GrantM::operates);
+        self.trace.push(format!(
+            "{} moves {chat} to {to} (allowed: {allowed})",
+            c.sub
+        ));
+        count(if allowed {
+            "move allowed"
+        } else {
+            "move refused"
+        });
+        let params = json!({"channel": chat, "destination": {"kind": "session", "session": to}});
+        let r = self.clients[i].call("moveChat", params).await?;
+        if r.get("result").is_some() != allowed {
+            return Err(format!("move {chat}: model allowed={allowed}, relay: {r}"));
+        }
+        if allowed {
+            self.moved(&chat, &to).await?;
+        }
+        Ok(())
+    }
+
+    /// Records a move and waits until the relay's catalog lists it.
+    async fn moved(&mut self, chat: &str, to: &str) -> Result<(), String> {
+        self.model.chats.insert(chat.to_string(), to.to_string());
+        self.janitor
+            .wait_for(&format!("{chat} listed in {to}"), |v| {
+                v["method"] == "root/sessionSummaryChanged"
+                    && v["params"]["session"] == to
+                    && v["params"]["changes"]["chats"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["resource"] == chat)
+            })
+            .await
+    }
+
+    /// Puts the seeded chats and terminals back where the next run expects
+    /// them (the janitor moves, the host claims).
+    async fn restore(&mut self) -> Result<(), String> {
+        for h in 0..HOSTS.len() {
+            let (chat, term, seeded) = seeded_objects(h);
+            if self.model.terminals.get(&term) != Some(&seeded) {
+                self.hand_terminal(h, &term, &seeded).await?;
+            }
+            if self.model.chats.get(&chat) != Some(&seeded) {
+                let params =
+                    json!({"channel": chat, "destination": {"kind": "session", "session": seeded}});
+                let r = self.janitor.call("moveChat", params).await?;
+                if r.get("result").is_none() {
+                    return Err(format!("janitor: move {chat} back: {r}"));
+                }
+                self.moved(&chat, &seeded).await?;
+            }
         }
         Ok(())
     }
@@ -810,6 +992,19 @@ impl Run<'_> {
         if agents != want {
             return Err(format!("{}: root agents {agents:?}, model {want:?}", c.sub));
         }
+        let terminals: BTreeSet<String> = c.root["terminals"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["resource"].as_str().map(str::to_string))
+            .collect();
+        let want = self.model.visible_terminals(&c.sub, &c.groups);
+        if terminals != want {
+            return Err(format!(
+                "{}: root terminals {terminals:?}, model {want:?}",
+                c.sub
+            ));
+        }
         let count = c.root["activeSessions"].as_u64().unwrap_or(0) as usize;
         let visible = self.model.visible(&c.sub, &c.groups).len();
         if count != visible {
@@ -864,6 +1059,7 @@ impl Run<'_> {
     /// After a run: the janitor disposes what the run created, everyone
     /// leaves.
     async fn finish(mut self) -> Result<(), String> {
+        self.restore().await?;
         let created: Vec<String> = self
             .model
             .sessions
@@ -946,6 +1142,7 @@ async fn lane() -> (TestRelay, Cl) {
         .map(|h| {
             let mut c = fast_config(h, 1);
             c.protected_resources = vec![RESOURCE.into()];
+            c.terminals = 1;
             c
         })
         .collect();
@@ -999,6 +1196,9 @@ async fn the_relay_allows_exactly_what_the_model_allows() {
             "reload",
             "closed 4000",
             "reconnect snapshot",
+            "claim",
+            "move allowed",
+            "move refused",
             "regrouped",
             "authenticate",
             "token held",

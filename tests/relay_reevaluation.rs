@@ -136,3 +136,40 @@ async fn a_chat_moved_to_an_invisible_session_closes_its_subscription() {
         .await;
     assert!(pong.get("result").is_some(), "carol keeps the chat: {pong}");
 }
+
+/// §6.1, §7.6 (found by `tests/relay_model.rs`): a terminal claimed by a
+/// session that is then disposed is claimed by nothing anyone can see —
+/// it leaves the root of those who saw it and their subscription is
+/// closed with 4000, once the dispose's tombstone is written (until then
+/// the relay counts the session as created and not listed yet).
+#[tokio::test]
+async fn a_terminal_whose_claiming_session_is_disposed_leaves_its_followers() {
+    let t = world().await;
+    let claim = json!({"kind": "session", "session": ALICE_SESSION, "chat": ALICE_CHAT});
+    assert!(t.hosts[0].claim_terminal("ahp-terminal:/1", &claim));
+    let mut carol = t.raw("carol").await;
+    let init = carol
+        .request(0, "initialize", initialize_subscribing("c1", &[ROOT]))
+        .await;
+    let terminals = &snapshot_of(&init["result"], ROOT)["state"]["terminals"];
+    assert_eq!(terminals[0]["resource"], TERMINAL, "{init}");
+    let r = carol
+        .request(1, "subscribe", json!({"channel": TERMINAL}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let mut alice = t.raw("alice").await;
+    alice.initialize("al2").await;
+    let r = alice
+        .request(1, "disposeSession", json!({"channel": ALICE_SESSION}))
+        .await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let before = frames_until(&mut carol, |v| {
+        v["method"] == "action"
+            && v["params"]["action"]["type"] == "root/terminalsChanged"
+            && v["params"]["action"]["terminals"] == json!([])
+    })
+    .await;
+    assert!(!before.is_empty());
+    closed_4000(&mut carol, "carol").await;
+    reconnect_without(&t, "carol", "c1", TERMINAL).await;
+}

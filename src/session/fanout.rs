@@ -64,15 +64,7 @@ impl Registry {
                 } => {
                     // A host removed meanwhile has no hub: its events are moot.
                     if let Some(hub) = self.env.hosts.get(&host) {
-                        let listed = listed_chats(&params);
-                        self.fan_catalog(&hub, method, params);
-                        self.fan_root(&[RootField::ActiveSessions]);
-                        // A chat listed anew may have moved sessions (§7.6).
-                        if !listed.is_empty() {
-                            self.reevaluate_subscribers(&host, "chat_moved", |uri| {
-                                listed.iter().any(|c| c == uri)
-                            });
-                        }
+                        self.on_catalog(&hub, method, params);
                     }
                 }
             }
@@ -105,6 +97,42 @@ impl Registry {
             .filter(|s| s.follows_root())
             .map(|s| s.clone())
             .collect()
+    }
+
+    /// A catalog event: the notification to the followers who see its
+    /// session, the root fields it changes, and the re-evaluation of the
+    /// subscriptions it may take from someone (§7.6): a chat listed anew
+    /// may have moved sessions; a session that came or went changes who
+    /// sees the terminals it claims (in the root list and subscribed).
+    fn on_catalog(&self, hub: &HostHub, method: &str, params: Value) {
+        let listed = listed_chats(&params);
+        let membership = matches!(method, "root/sessionAdded" | "root/sessionRemoved");
+        self.fan_catalog(hub, method, params);
+        if membership {
+            self.fan_root(&[RootField::ActiveSessions, RootField::Terminals]);
+            self.reevaluate_subscribers(&hub.id, "terminal_claim", |uri| {
+                channel_kind(uri) == ChannelKind::Terminal
+            });
+        } else {
+            self.fan_root(&[RootField::ActiveSessions]);
+        }
+        if !listed.is_empty() {
+            self.reevaluate_subscribers(&hub.id, "chat_moved", |uri| {
+                listed.iter().any(|c| c == uri)
+            });
+        }
+    }
+
+    /// A session, chat or terminal created through the relay on `host` was
+    /// disposed and its store entry tombstoned: until then the relay still
+    /// counted it as "created, not listed yet", so the terminals it claimed
+    /// are re-filtered for root followers and their subscribers
+    /// re-evaluated now (§7.6).
+    pub fn after_dispose(&self, host: &str) {
+        self.fan_root(&[RootField::Terminals]);
+        self.reevaluate_subscribers(host, "terminal_claim", |uri| {
+            channel_kind(uri) == ChannelKind::Terminal
+        });
     }
 
     /// Re-evaluates the sessions subscribed on `host` to a channel `which`
