@@ -872,3 +872,18 @@ async fn authenticate_reaches_only_operated_hosts() {
     assert_eq!(new[0].len(), 1, "h1 got the token");
     assert!(new[1].is_empty(), "h2 got the token: {:?}", new[1]);
 }
+
+/// Results carry names too (`result:<method>` rows): the answer of a
+/// routed `completions` names the host's folder in client names
+/// (`file://h1/…`), never the host's bare `file:///…`.
+#[tokio::test]
+async fn results_come_back_in_client_names() {
+    let mut w = world().await;
+    let params = w.base("completions").expect("completions has a base");
+    let (r, new) = w.send("completions", params).await;
+    assert_eq!(new[0].len(), 1, "h1 answered it");
+    let uri = r["result"]["items"][0]["attachment"]["uri"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an attachment: {r}"));
+    assert!(uri.starts_with("file://h1/"), "{uri}");
+}

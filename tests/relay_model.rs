@@ -1,13 +1,14 @@
 //! Model-based randomized test of the access rules (contract §3.3, §4.6,
-//! §6.3, §6.4, §7.1, §7.2, §7.6; issue 18, Deliver 11).
+//! §6.1, §6.3, §6.4, §7.1, §7.2, §7.6; issue 18, Deliver 11).
 //!
 //! A small reference model of the policy — principals with groups, rules
 //! (subjects or groups, hosts, role, visibility, external sessions),
-//! sessions with their creators and the creators' groups at creation —
-//! written here independently of `policy::rules`, is driven by random
-//! events drawn from a seed, against one relay in front of two simhosts
-//! (h1, h2; one seeded session each, both declaring a protected
-//! resource):
+//! sessions with their creators and the creators' groups at creation, the
+//! session that lists each seeded chat and the one that claims each seeded
+//! terminal — written here independently of `policy::rules`, is driven by
+//! random events drawn from a seed, against one relay in front of two
+//! simhosts (h1, h2; one seeded session, chat and terminal each, both
+//! declaring a protected resource):
 //!
 //! - **reload**: a new random rule set (`Relay::set_policy`, the path a
 //!   config reload takes);
@@ -17,30 +18,36 @@
 //!   (the host is stalled while the create is in flight and the lists are
 //!   checked meanwhile: a pending entry grants nothing);
 //! - **dispose** a random created session (§7.1: the creator, or admin);
-//! - **subscribe** a seeded session;
+//! - **subscribe** a seeded session, chat or terminal;
+//! - **claim**: the host hands its terminal to another of its sessions;
+//! - **move** a seeded chat into another session of its host (`moveChat`);
 //! - **authenticate** (§4.6).
 //!
-//! After every step, for each client: every frame it received is allowed
-//! (a `root/sessionAdded` only for a session it may see, a close only with
-//! 4000 and only when it lost sight of a subscribed channel — then its
-//! `reconnect` answer carries exactly the channels it may still see); its
-//! `listSessions` equals the sessions the model shows it; its root state
-//! (the snapshot plus root actions, reduced) lists exactly the agents of
-//! the hosts it may see and counts exactly the sessions it may see; and
-//! every host holds an `authenticate` token of a client only where the
+//! After every step, for each client: a client that lost sight of a
+//! subscribed channel (policy, groups, claim, move, dispose of a claiming
+//! session) is closed with 4000, and only such a client — its `reconnect`
+//! then answers exactly the channels it may still see; every catalog
+//! notification it got names a session it may see; its `listSessions`
+//! equals the sessions the model shows it; its root state (the snapshot
+//! plus root actions, reduced) lists exactly the agents of the hosts and
+//! the terminals it may see and counts exactly the sessions it may see;
+//! and every host holds an `authenticate` token of a client only where the
 //! model lets its principal operate.
 //!
 //! One relay serves every run (fresh principals per seed; a `janitor`,
-//! admin everywhere and following the root, disposes what a run created
-//! and is the fan-out barrier: once it has a catalog notification, the
-//! relay's one fan-out pass for it has queued it for every client).
-//! `cargo test --test relay_model` runs 200 seeds of 24 steps;
-//! `AHP_RELAY_MODEL_SEEDS=N` runs N seeds, `AHP_RELAY_MODEL_BASE` moves the
-//! first seed, `AHP_RELAY_MODEL_STEPS` the steps per seed, and
-//! `AHP_RELAY_MODEL_SEED=S` runs seed S alone. A failure prints its seed,
-//! the steps so far and the command to replay it. The long run:
-//! `AHP_RELAY_MODEL_SEEDS=5000 cargo test --release --test relay_model -- --nocapture`
-//! (measured: see `docs/guarantees.md`, §7.6).
+//! admin everywhere and following the root, is the fan-out barrier — once
+//! it has a catalog notification or root action, the relay's fan-out pass
+//! for it has queued it for every client — and puts back what a run
+//! moved, claimed and created). `cargo test --test relay_model` runs
+//! [`SEEDS`] seeds of [`STEPS`] steps (about 30 s in a debug build on the
+//! 2-core dev machine); `AHP_RELAY_MODEL_SEEDS=N` runs N seeds,
+//! `AHP_RELAY_MODEL_BASE` moves the first seed, `AHP_RELAY_MODEL_STEPS`
+//! the steps per seed, and `AHP_RELAY_MODEL_SEED=S` runs seed S alone. A
+//! failure prints its seed, the steps so far and the command to replay it
+//! (timing is not replayed: a race may need its neighbours,
+//! `AHP_RELAY_MODEL_BASE` a few seeds before). The long run:
+//! `AHP_RELAY_MODEL_SEEDS=1000 AHP_RELAY_MODEL_BASE=1000 cargo test --test relay_model -- --nocapture`
+//! (measured in `docs/guarantees.md`, §7.6).
 
 mod common;
 
@@ -373,10 +380,19 @@ impl Cl {
         self.answer(id).await
     }
 
-    /// Waits until a logged frame satisfies `pred`.
-    async fn wait_for(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Result<(), String> {
+    /// Waits until a logged frame satisfies `pred`, and takes it from the
+    /// log (a barrier is passed by a frame once: an older frame of the same
+    /// shape does not stand in for the one the step causes).
+    async fn wait_for(
+        &mut self,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value, String> {
         let deadline = tokio::time::Instant::now() + WAIT;
-        while !self.log.iter().any(&pred) {
+        loop {
+            if let Some(i) = self.log.iter().position(&pred) {
+                return Ok(self.log.remove(i));
+            }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match self.ws.next_within(left).await {
                 Some(Next::Frame(v)) => self.log.push(v),
@@ -386,7 +402,6 @@ impl Cl {
                 None => return Err(format!("{}: timed out waiting for {what}", self.sub)),
             }
         }
-        Ok(())
     }
 }
 
@@ -708,13 +723,53 @@ impl Run<'_> {
         }
         if allowed {
             self.model.sessions.remove(&uri);
-            self.janitor
-                .wait_for(&format!("sessionRemoved {uri}"), |v| {
-                    notification_of(v, "root/sessionRemoved", &uri)
-                })
-                .await?;
+            self.removed(&uri).await?;
         }
         Ok(())
+    }
+
+    /// Waits until the janitor (who sees everything) has the removal of
+    /// `uri`; what the relay and the hosts hold of it if it never comes.
+    async fn removed(&mut self, uri: &str) -> Result<(), String> {
+        let what = format!("sessionRemoved {uri}");
+        let Err(e) = self
+            .janitor
+            .wait_for(&what, |v| notification_of(v, "root/sessionRemoved", uri))
+            .await
+        else {
+            return Ok(());
+        };
+        let hubs: Vec<String> = self
+            .t
+            .relay
+            .relay
+            .hubs()
+            .map(|h| {
+                format!(
+                    "{}: {:?} lists it: {}",
+                    h.id,
+                    h.status(),
+                    h.has_session(uri)
+                )
+            })
+            .collect();
+        let hosts: Vec<bool> = self
+            .t
+            .hosts
+            .iter()
+            .map(|h| h.session_uris().iter().any(|u| u == uri))
+            .collect();
+        let removals: Vec<&Value> = self
+            .janitor
+            .log
+            .iter()
+            .filter(|v| v["method"] == "root/sessionRemoved")
+            .map(|v| &v["params"]["session"])
+            .collect();
+        let entry = self.t.relay.relay.store.lookup(uri);
+        Err(format!(
+            "{e}; hubs {hubs:?}; hosts have it {hosts:?}; janitor removals {removals:?}; store {entry:?}"
+        ))
     }
 
     async fn subscribe(&mut self, i: usize) -> Result<(), String> {
@@ -786,6 +841,7 @@ impl Run<'_> {
                         .any(|t| t["resource"] == term && t["claim"]["session"] == to)
             })
             .await
+            .map(|_| ())
     }
 
     /// Client `i` moves a seeded chat to another session of its host (§7.6).
@@ -845,6 +901,7 @@ impl Run<'_> {
                         .any(|c| c["resource"] == chat)
             })
             .await
+            .map(|_| ())
     }
 
     /// Puts the seeded chats and terminals back where the next run expects
@@ -1075,11 +1132,7 @@ impl Run<'_> {
             if r.get("result").is_none() {
                 return Err(format!("janitor: dispose {uri}: {r}"));
             }
-            self.janitor
-                .wait_for(&format!("sessionRemoved {uri}"), |v| {
-                    notification_of(v, "root/sessionRemoved", &uri)
-                })
-                .await?;
+            self.removed(&uri).await?;
         }
         for c in self.clients.drain(..) {
             if c.closed.is_none() {
@@ -1255,9 +1308,9 @@ async fn a_removal_after_the_dispose_answer_keeps_the_client_name() {
     .await;
     t.hosts[0].hold_catalog_events(false);
     let removed = |v: &Value| v["method"] == "root/sessionRemoved";
-    bob.wait_for("sessionRemoved", removed)
+    let got = bob
+        .wait_for("sessionRemoved", removed)
         .await
         .expect("removed");
-    let got = bob.log.iter().find(|v| removed(v)).expect("logged");
     assert_eq!(got["params"]["session"], uri, "{got}");
 }

@@ -164,21 +164,31 @@ impl Registry {
     }
 
     /// Sends each root follower the fields that changed for it.
+    ///
+    /// The value is computed under the session's lock, so what it compares
+    /// with `root_seen` and sends is never older than what another fan-out
+    /// (a policy reload, a dispose's tombstone, the watch links' task) or a
+    /// `reconnect` snapshot wrote there meanwhile: each computes the state
+    /// at the moment it holds the lock, and every change is followed by a
+    /// fan-out, so the last value sent is the current one (found by
+    /// `tests/relay_model.rs`: a value computed before a reload reached the
+    /// client after the reload's).
     pub fn fan_root(&self, fields: &[RootField]) {
         for s in self.followers() {
             for field in fields {
-                let value = root::root_field(&self.env, *field, s.who().caller());
                 let key = match field {
                     RootField::Agents => "agents",
                     RootField::Terminals => "terminals",
                     RootField::ActiveSessions => "activeSessions",
                 };
                 let mut core = s.lock();
-                // Checked again under the lock: a snapshot `reconnect` may
-                // have stopped root delivery (its cut) since `followers()`.
-                if !core.subs.contains(ahp_types::ROOT_RESOURCE_URI)
-                    || core.root_seen.get(key) == Some(&value)
-                {
+                // Checked under the lock: a snapshot `reconnect` may have
+                // stopped root delivery (its cut) since `followers()`.
+                if !core.subs.contains(ahp_types::ROOT_RESOURCE_URI) {
+                    continue;
+                }
+                let value = root::root_field(&self.env, *field, s.who().caller());
+                if core.root_seen.get(key) == Some(&value) {
                     continue;
                 }
                 core.root_seen.insert(key.to_string(), value.clone());
