@@ -173,3 +173,54 @@ async fn a_terminal_whose_claiming_session_is_disposed_leaves_its_followers() {
     closed_4000(&mut carol, "carol").await;
     reconnect_without(&t, "carol", "c1", TERMINAL).await;
 }
+
+/// §7.6: only a channel that changed hands closes its subscribers — a
+/// terminal that is merely disposed does not: carol, subscribed to
+/// alice's terminal, stays connected once the relay has re-evaluated the
+/// host's terminal subscribers after the dispose (its tombstone written).
+#[tokio::test]
+async fn a_disposed_terminal_closes_nobody() {
+    let t = world().await;
+    let term = "ahp-terminal:/alice-t";
+    let mut alice = t.raw("alice").await;
+    alice.initialize("al2").await;
+    let claim = json!({"kind": "session", "session": ALICE_SESSION, "chat": ALICE_CHAT});
+    let r = alice
+        .request(
+            1,
+            "createTerminal",
+            json!({"channel": term, "claim": claim}),
+        )
+        .await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let mut carol = t.raw("carol").await;
+    carol.initialize("c1").await;
+    let mut id = 1;
+    // Visible to carol once the watch link mirrors the host's root.
+    while carol
+        .request(id, "subscribe", json!({"channel": term}))
+        .await
+        .get("result")
+        .is_none()
+    {
+        id += 1;
+        assert!(id < 500, "the terminal never became visible to carol");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let r = alice
+        .request(2, "disposeTerminal", json!({"channel": term}))
+        .await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let store = t.relay.relay.store.clone();
+    wait_until("the dispose tombstoned the terminal", || {
+        store
+            .lookup(term)
+            .ok()
+            .flatten()
+            .is_some_and(|e| matches!(e.state, ahp_relay::names::store::UriState::Tombstone { .. }))
+    })
+    .await;
+    for n in 0..5 {
+        frames_before_ping(&mut carol, 1000 + n).await;
+    }
+}

@@ -45,9 +45,8 @@ impl Registry {
                     self.fan_root(&fields);
                     if fields.contains(&RootField::Terminals) {
                         // A terminal's claim may have changed (§7.6).
-                        self.reevaluate_subscribers(&host, "terminal_claim", |uri| {
-                            channel_kind(uri) == ChannelKind::Terminal
-                        });
+                        let listed = self.listed_terminal(&host);
+                        self.reevaluate_subscribers(&host, "terminal_claim", listed);
                     }
                 }
                 WatchEvent::LimitHit { limit, .. } => {
@@ -110,9 +109,8 @@ impl Registry {
         self.fan_catalog(hub, method, params);
         if membership {
             self.fan_root(&[RootField::ActiveSessions, RootField::Terminals]);
-            self.reevaluate_subscribers(&hub.id, "terminal_claim", |uri| {
-                channel_kind(uri) == ChannelKind::Terminal
-            });
+            let listed = self.listed_terminal(&hub.id);
+            self.reevaluate_subscribers(&hub.id, "terminal_claim", listed);
         } else {
             self.fan_root(&[RootField::ActiveSessions]);
         }
@@ -130,36 +128,56 @@ impl Registry {
     /// re-evaluated now (§7.6).
     pub fn after_dispose(&self, host: &str) {
         self.fan_root(&[RootField::Terminals]);
-        self.reevaluate_subscribers(host, "terminal_claim", |uri| {
-            channel_kind(uri) == ChannelKind::Terminal
-        });
+        let listed = self.listed_terminal(host);
+        self.reevaluate_subscribers(host, "terminal_claim", listed);
     }
 
     /// Re-evaluates the sessions subscribed on `host` to a channel `which`
-    /// selects (host form) after it may have changed hands — a terminal
-    /// claimed anew, a chat moved to another session (contract §7.6): each
-    /// forgets what it may no longer see ([`ClientSession::forget_invisible`],
-    /// as after a policy change) and, if it lost a subscribed channel, is
-    /// closed with 4000 so its `reconnect` answers without it. Only those
-    /// subscribers pay: one tenant's churn costs others nothing.
+    /// selects (host form; one that still exists) after it may have changed
+    /// hands — a terminal claimed anew, a chat moved to another session
+    /// (contract §7.6). A session that can no longer see one of them forgets
+    /// what it may no longer see ([`ClientSession::forget_invisible`], as
+    /// after a policy change) and is closed with 4000, so its `reconnect`
+    /// answers without it. A channel that is merely gone (disposed) closes
+    /// nobody. Only those subscribers pay: one tenant's churn costs others
+    /// nothing.
     fn reevaluate_subscribers(&self, host: &str, cause: &str, which: impl Fn(&str) -> bool) {
-        let affected: Vec<Arc<ClientSession>> = self
+        let affected: Vec<(Arc<ClientSession>, Vec<String>)> = self
             .sessions
             .iter()
-            .filter(|s| {
-                s.lock()
-                    .chans
-                    .get(host)
-                    .is_some_and(|m| m.keys().any(|uri| which(uri)))
+            .filter_map(|s| {
+                let core = s.lock();
+                let chans = core.chans.get(host)?;
+                let picked: Vec<String> = chans
+                    .iter()
+                    .filter(|(uri, _)| which(uri))
+                    .map(|(_, chan)| chan.client().to_string())
+                    .collect();
+                (!picked.is_empty()).then(|| (s.clone(), picked))
             })
-            .map(|s| s.clone())
             .collect();
-        for s in affected {
-            if s.forget_invisible() {
+        for (s, picked) in affected {
+            let now = s.who();
+            let lost = picked
+                .iter()
+                .any(|c| crate::route::router::host_for(&self.env, now.caller(), c).is_err());
+            if lost && s.forget_invisible() {
                 let m = &self.env.metrics;
                 m.resyncs.with_label_values(&[cause]).inc();
                 s.close(Close::ResyncAccess);
             }
+        }
+    }
+
+    /// The terminals (host form) `host` lists now: the ones whose claim may
+    /// have moved (a disposed terminal is gone, not moved).
+    fn listed_terminal(&self, host: &str) -> impl Fn(&str) -> bool + use<> {
+        let hub = self.env.hosts.get(host);
+        move |uri: &str| {
+            channel_kind(uri) == ChannelKind::Terminal
+                && hub
+                    .as_ref()
+                    .is_some_and(|h| h.terminal_claim(uri).is_some())
         }
     }
 
