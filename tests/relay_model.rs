@@ -1314,3 +1314,50 @@ async fn a_removal_after_the_dispose_answer_keeps_the_client_name() {
         .expect("removed");
     assert_eq!(got["params"]["session"], uri, "{got}");
 }
+
+/// The same for an envelope (§4.2): a subscriber of alice's session whose
+/// link delivers `session/chatRemoved` after the relay answered alice's
+/// `disposeChat` (and tombstoned the chat) gets the chat by the name it
+/// knows, `ahp-chat:/gone-c`, so its reducer removes it.
+#[tokio::test]
+async fn a_chat_removal_after_the_dispose_answer_keeps_the_client_name() {
+    let rules = common::relay::rule("all", &["*"], &["*"], "operator", "all", "");
+    let t = TestRelay::start(vec![fast_config("h1", 0)], &rules).await;
+    let (session, chat) = ("ahp-session:/gone-s", "ahp-chat:/gone-c");
+    let mut alice = Cl::open(&t, "alice", "a", vec![]).await.expect("alice");
+    for (method, params) in [
+        (
+            "createSession",
+            json!({"channel": session, "provider": "sim.h1"}),
+        ),
+        ("createChat", json!({"channel": session, "chat": chat})),
+    ] {
+        let r = alice.call(method, params).await.expect("answered");
+        assert_eq!(r["result"], Value::Null, "{method}: {r}");
+    }
+    let mut bob = Cl::open(&t, "bob", "b", vec![]).await.expect("bob");
+    let r = bob
+        .call("subscribe", json!({"channel": session}))
+        .await
+        .expect("subscribed");
+    assert!(r.get("result").is_some(), "{r}");
+    t.hosts[0].stall_client(&t.upstream_id("bob", "b"), true);
+    let r = alice
+        .call("disposeChat", json!({"channel": chat}))
+        .await
+        .expect("dispose answered");
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let store = t.relay.relay.store.clone();
+    wait_until("the dispose tombstoned the chat", || {
+        store
+            .lookup(chat)
+            .ok()
+            .flatten()
+            .is_some_and(|e| matches!(e.state, ahp_relay::names::store::UriState::Tombstone { .. }))
+    })
+    .await;
+    t.hosts[0].stall_client(&t.upstream_id("bob", "b"), false);
+    let removed = |v: &Value| v["params"]["action"]["type"] == "session/chatRemoved";
+    let got = bob.wait_for("chatRemoved", removed).await.expect("removed");
+    assert_eq!(got["params"]["action"]["chat"], chat, "{got}");
+}

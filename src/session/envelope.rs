@@ -727,7 +727,16 @@ pub fn rewrite_envelope(
             seen,
             at: ShownIn::Channel(client_channel),
         };
-        translate::translate(&mut action, &ty.value, &namer).ok()?;
+        if super::fanout::REMOVALS.contains(&&*ty.value) {
+            let removal = super::fanout::Removal {
+                inner: &namer,
+                store,
+                host: &host.id,
+            };
+            translate::translate(&mut action, &ty.value, &removal).ok()?;
+        } else {
+            translate::translate(&mut action, &ty.value, &namer).ok()?;
+        }
         rewritten_action = action.to_string();
         edits.retain(|e| !(e.range.start >= range.start && e.range.end <= range.end));
         edits.push(Edit {

@@ -239,15 +239,20 @@ impl Registry {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let to_client = || ToClient {
+        let to_client = ToClient {
             host: &hub.id,
             store: self.env.store.as_ref(),
             identity: None,
         };
-        let translated = if method == "root/sessionRemoved" {
-            translate::translate(&mut params, method, &Removal(to_client()))
+        let translated = if REMOVALS.contains(&method) {
+            let removal = Removal {
+                inner: &to_client,
+                store: self.env.store.as_ref(),
+                host: &hub.id,
+            };
+            translate::translate(&mut params, method, &removal)
         } else {
-            translate::translate(&mut params, method, &to_client())
+            translate::translate(&mut params, method, &to_client)
         };
         if translated.is_err() {
             return;
@@ -302,27 +307,38 @@ impl Registry {
     }
 }
 
-/// Host → client names for `root/sessionRemoved`. It may
-/// reach the watch link after the relay answered the dispose and
-/// tombstoned the session's store entry (the answer comes on the
-/// disposer's own link): a client-chosen session then keeps the name its
-/// followers know it by, not the host-assigned form [`ToClient`] gives a
-/// URI without a live entry (found by `tests/relay_model.rs`). Only a
-/// removal: a host announcing a session under a tombstoned name made it
-/// itself, and is named as host-assigned. Every other name is
-/// [`ToClient`]'s.
-struct Removal<'a>(ToClient<'a>);
+/// Host → client names for a removal (`root/sessionRemoved`, the action
+/// `session/chatRemoved`, [`REMOVALS`]). It may reach the relay after the
+/// relay answered the dispose and tombstoned the object's store entry (the
+/// answer comes on the disposer's own link; the removal on the watch link
+/// or on other clients' links): a client-chosen session or chat then keeps
+/// the name its followers know it by, not the host-assigned form
+/// [`ToClient`] gives a URI without a live entry (found by
+/// `tests/relay_model.rs`). Only a removal: a host announcing an object
+/// under a tombstoned name made it itself, and is named as host-assigned.
+/// Every other name is `inner`'s.
+pub(super) struct Removal<'a> {
+    /// The namer of everything else.
+    pub inner: &'a dyn Namer,
+    /// The URI store.
+    pub store: &'a dyn crate::names::store::UriStore,
+    /// The host the removal came from.
+    pub host: &'a str,
+}
+
+/// The shapes (rewrite-table keys) that remove the object they name.
+pub(super) const REMOVALS: [&str; 2] = ["root/sessionRemoved", "session/chatRemoved"];
 
 impl Namer for Removal<'_> {
     fn translate(&self, kind: FieldKind, value: &str) -> Result<String, String> {
         let tombstoned = kind == FieldKind::Uri
-            && matches!(self.0.store.lookup(value),
-                Ok(Some(e)) if e.host == self.0.host
+            && matches!(self.store.lookup(value),
+                Ok(Some(e)) if e.host == self.host
                     && matches!(e.state, UriState::Tombstone { .. }));
         if tombstoned {
             return Ok(value.to_string());
         }
-        self.0.translate(kind, value)
+        self.inner.translate(kind, value)
     }
 }
 

@@ -25,6 +25,9 @@ pub struct Shared {
     recorder: Mutex<Recorder>,
     /// While true, connections neither read nor write (fault injection).
     pub stalled: watch::Sender<bool>,
+    /// Connections of these `clientId`s neither read nor write (fault
+    /// injection, [`SimHost::stall_client`]).
+    pub held: watch::Sender<std::collections::HashSet<String>>,
     next_conn: AtomicU64,
     handshakes: Mutex<Vec<Handshake>>,
 }
@@ -94,6 +97,7 @@ impl SimHost {
             core: Mutex::new(HostCore::new(cfg.clone(), files)),
             recorder: Mutex::new(Recorder::new(cfg.record_limit)),
             stalled: watch::channel(false).0,
+            held: watch::channel(std::collections::HashSet::new()).0,
             next_conn: AtomicU64::new(1),
             handshakes: Mutex::new(Vec::new()),
             cfg,
@@ -165,6 +169,20 @@ impl SimHost {
     /// frames queue up); un-stalling delivers them in order.
     pub fn set_stalled(&self, stalled: bool) {
         self.shared.stalled.send_replace(stalled);
+    }
+
+    /// Fault: while `stalled`, the connections of `client_id` neither read
+    /// nor write (their outbound frames queue up, in order); the host's
+    /// other connections go on. Lets a test deliver a host's frames to one
+    /// client after its answer to another.
+    pub fn stall_client(&self, client_id: &str, stalled: bool) {
+        self.shared.held.send_modify(|held| {
+            if stalled {
+                held.insert(client_id.to_string());
+            } else {
+                held.remove(client_id);
+            }
+        });
     }
 
     /// Fault: sends `text` as it is (garbage, a frame of any size) to every
