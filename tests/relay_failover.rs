@@ -404,3 +404,82 @@ async fn failover_by_adoption_behind_haproxy_converges_without_not_found() {
         assert!(stats.reconnects > 0, "seed {seed:#x}: {stats:?}");
     }
 }
+
+/// Reconnect-by-adoption time (§12.2 benchmark line): 400 clients, each
+/// following the root and one chat through HAProxy, spread over both
+/// replicas; replica 0 is killed (not restarted) and every client whose
+/// socket ended reconnects through HAProxy at once. Prints how many moved,
+/// the time until the last was answered, and p50 / p99 of one reconnect.
+/// `cargo test --test relay_failover adoption_time -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints figures"]
+async fn adoption_time_for_400_clients() {
+    const CLIENTS: usize = 400;
+    let Some(pg) = Postgres::start("adoption") else {
+        return;
+    };
+    let Some(mut w) = world(pg, "adoption").await else {
+        return;
+    };
+    let url = w.lb_url();
+    let mut socks = Vec::new();
+    for n in 0..CLIENTS {
+        let sub: &'static str = Box::leak(format!("u{n}").into_boxed_str());
+        let mut c = Client::new(sub, n % 2, 1 + (n / 2) % 2);
+        connect(&mut w, &mut c).await;
+        socks.push(c);
+    }
+    drop(w.replicas[0].take());
+    let started = std::time::Instant::now();
+    let t = std::sync::Arc::new(w.t);
+    let tasks: Vec<_> = socks
+        .into_iter()
+        .map(|mut c| {
+            let (t, url) = (t.clone(), url.clone());
+            tokio::spawn(async move {
+                let next = match c.ws.as_mut() {
+                    Some(ws) => ws.next_within(Duration::from_secs(5)).await,
+                    None => None,
+                };
+                let ended = matches!(next, Some(Next::Closed(_)));
+                if !ended {
+                    return None;
+                }
+                let t0 = std::time::Instant::now();
+                loop {
+                    let Ok(mut ws) = try_raw(&t, &url, c.sub).await else {
+                        continue;
+                    };
+                    let params = reconnect_params(c.sub, json!(c.watermark), &[c.chat.as_str()]);
+                    if !ws
+                        .try_send_json(&request_frame(1, "reconnect", params))
+                        .await
+                    {
+                        continue;
+                    }
+                    if let Some(Next::Frame(a)) = ws.next_within(WAIT).await {
+                        assert!(a.get("result").is_some(), "{a}");
+                        return Some((t0.elapsed().as_secs_f64() * 1000.0, started.elapsed()));
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut ms = Vec::new();
+    let mut total = 0.0f64;
+    for task in tasks {
+        if let Some((m, at)) = task.await.expect("client task") {
+            ms.push(m);
+            total = total.max(at.as_secs_f64());
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    let pct = |p: f64| ms[((ms.len() as f64 - 1.0) * p) as usize];
+    println!(
+        "adoption: {} of {CLIENTS} clients moved to the surviving replica, the last answered \
+         {total:.2} s after the kill (one reconnect p50 {:.0} ms, p99 {:.0} ms; debug build)",
+        ms.len(),
+        pct(0.5),
+        pct(0.99)
+    );
+}
