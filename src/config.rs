@@ -140,6 +140,48 @@ pub struct RelayState {
     /// How long a disposed client-chosen URI stays reserved (default 30 days).
     #[serde(default = "default_tombstone_ttl")]
     pub tombstone_ttl_secs: u64,
+    /// This replica's name in `/status`, `/metrics` (`ahp_relay_info`) and
+    /// exported traces (`service.instance.id`); default [`default_replica`].
+    /// Read once at start.
+    pub replica: Option<String>,
+}
+
+impl RelayState {
+    /// This replica's name: `replica` if set, else [`default_replica`].
+    pub fn replica(&self) -> String {
+        match self.replica.as_deref().map(str::trim) {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => default_replica(),
+        }
+    }
+}
+
+/// A replica's default name: `HOSTNAME` (the pod's name in Kubernetes),
+/// else the kernel's host name, else `ahp-relay`.
+pub fn default_replica() -> String {
+    let from_env = std::env::var("HOSTNAME").ok();
+    let from_kernel = || std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    from_env
+        .or_else(from_kernel)
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "ahp-relay".to_string())
+}
+
+/// The replica name a configuration file gives (`[relay] replica`, else
+/// [`default_replica`]), read before the file is loaded whole: logging and
+/// trace export start before `serve` loads its configuration, and a file
+/// that does not parse is reported by that load.
+pub fn peek_replica(path: &Path) -> String {
+    let named = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|doc| {
+            let relay = doc.get("relay")?.as_table()?;
+            Some(relay.get("replica")?.as_str()?.trim().to_string())
+        })
+        .filter(|name| !name.is_empty());
+    named.unwrap_or_else(default_replica)
 }
 
 fn default_tombstone_ttl() -> u64 {

@@ -89,6 +89,13 @@ pub struct Metrics {
     /// `request_timeout`, `quota`, `host_object`, `link_queue`,
     /// `client_frame`).
     pub limit_hits: IntCounterVec,
+    /// 1, labelled with this replica's name and the store backend
+    /// (`ahp_relay_info{replica, store}`; set once by the relay).
+    pub info: IntGaugeVec,
+    /// The URI store's health at the last probe: 1 up, 0 otherwise.
+    pub store_up: IntGauge,
+    /// How long the last store probe took, in seconds.
+    pub store_probe_seconds: Gauge,
 }
 
 /// Registers metrics named `ahp_relay_<name>` in one registry.
@@ -229,8 +236,12 @@ impl LinkMetrics {
     }
 }
 
-/// Operations: the fair session cap and latency histograms.
+/// Operations: the replica, the store, the fair session cap and latency
+/// histograms.
 struct OpsMetrics {
+    info: IntGaugeVec,
+    store_up: IntGauge,
+    store_probe_seconds: Gauge,
     sessions_evicted: IntCounter,
     status_builds: IntCounter,
     host_latency: HistogramVec,
@@ -245,6 +256,18 @@ const LATENCY_BUCKETS: [f64; 12] = [
 impl OpsMetrics {
     fn new(r: &Registrar) -> Result<Self, prometheus::Error> {
         Ok(Self {
+            info: r.register(IntGaugeVec::new(
+                Opts::new(
+                    "ahp_relay_info",
+                    "1, labelled with this replica's name and its URI store backend",
+                ),
+                &["replica", "store"],
+            )?)?,
+            store_up: r.gauge("store_up", "1 when the URI store took the last probe")?,
+            store_probe_seconds: r.register(Gauge::new(
+                "ahp_relay_store_probe_seconds",
+                "duration of the last URI store probe",
+            )?)?,
             sessions_evicted: r.counter(
                 "sessions_evicted_total",
                 "detached sessions dropped for a new session of the same principal at its cap",
@@ -352,6 +375,9 @@ impl Metrics {
             replay_sizes: replay.replay_sizes,
             pressure_dropped_buffers: replay.pressure_dropped_buffers,
             pressure_freed_bytes: replay.pressure_freed_bytes,
+            info: ops.info,
+            store_up: ops.store_up,
+            store_probe_seconds: ops.store_probe_seconds,
             sessions_evicted: ops.sessions_evicted,
             status_builds: ops.status_builds,
             host_latency: ops.host_latency,

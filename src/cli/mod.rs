@@ -61,6 +61,17 @@ impl Cli {
             _ => LogFormat::Text,
         }
     }
+
+    /// The replica name traces are exported under, for the subcommands
+    /// that run a relay (`serve`: its configuration's `[relay] replica`);
+    /// `None` for the others, which never export traces.
+    pub fn replica(&self) -> Option<String> {
+        match &self.command {
+            Command::Serve(a) => Some(crate::config::peek_replica(&a.config)),
+            Command::Demo(_) => Some(crate::config::default_replica()),
+            _ => None,
+        }
+    }
 }
 
 /// Sets up logging to stderr in `format`; `RUST_LOG` overrides the default
@@ -68,17 +79,28 @@ impl Cli {
 /// bypass `RUST_LOG` and are written by [`crate::policy::audit::layer`] as
 /// bare JSON objects, one per line, in either format. No credential
 /// reaches a log line at any level: the `log` bridge drops the records that
-/// carry them ([`NoCredentials`]).
-pub fn init_tracing(format: LogFormat) {
+/// carry them ([`NoCredentials`]). With a `replica`, spans are also
+/// exported over OTLP when the `OTEL_*` variables ask for it
+/// ([`crate::otel`]); request spans ([`crate::otel::TARGET`]) never reach
+/// the log, whatever `RUST_LOG` says, so without an exporter they cost
+/// nothing. Call inside the Tokio runtime.
+pub fn init_tracing(format: LogFormat, replica: Option<&str>) {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Audit lines only through their own layer. A directive (not a filter
     // function) keeps the filter's level hint, which caps `log` records.
-    let filter = match format!("{}=off", crate::policy::audit::TARGET).parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
+    let mut filter = filter;
+    for target in [crate::policy::audit::TARGET, crate::otel::TARGET] {
+        if let Ok(directive) = format!("{target}=off").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    let (otel, otel_error) = match replica.map(crate::otel::layer) {
+        Some(Ok(layer)) => (layer, None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
     };
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs = match format {
@@ -90,10 +112,14 @@ pub fn init_tracing(format: LogFormat) {
         LogFormat::Json => logs.json().with_filter(filter).boxed(),
     };
     let subscriber = tracing_subscriber::registry()
+        .with(otel)
         .with(logs)
         .with(crate::policy::audit::layer(std::io::stderr));
     if tracing::subscriber::set_global_default(subscriber).is_err() {
         return;
+    }
+    if let Some(e) = otel_error {
+        tracing::warn!("{e}");
     }
     let bridge: &'static NoCredentials =
         Box::leak(Box::new(NoCredentials(tracing_log::LogTracer::new())));

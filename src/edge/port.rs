@@ -63,9 +63,16 @@ impl RelayPort {
     }
 
     /// Whether the URI store can take writes (see `UriStore::health`; the
-    /// admin listener calls this off the request path).
+    /// admin listener calls this off the request path, on a blocking
+    /// thread). Each check sets `ahp_relay_store_up` and
+    /// `ahp_relay_store_probe_seconds`, which `/status` shows.
     pub fn store_healthy(&self) -> bool {
-        self.relay.store.health().is_ok()
+        let started = std::time::Instant::now();
+        let healthy = self.relay.store.health().is_ok();
+        let m = self.metrics();
+        m.store_probe_seconds.set(started.elapsed().as_secs_f64());
+        m.store_up.set(i64::from(healthy));
+        healthy
     }
 
     /// Whether new upgrades are refused for replay memory (contract §5.4).
@@ -108,6 +115,10 @@ impl RelayPort {
         };
         let hosts: Vec<_> = self.relay.hubs().map(|h| h.row()).collect();
         serde_json::json!({
+            "relay": {"replica": &self.relay.replica, "version": env!("CARGO_PKG_VERSION")},
+            "store": {"backend": self.relay.store.backend_name(),
+                "up": m.store_up.get() == 1,
+                "probe_ms": m.store_probe_seconds.get() * 1000.0},
             "hosts": hosts,
             "principals": self.relay.registry.status_rows(),
             "reconnects": {"replay": replay, "snapshot": snapshot,

@@ -197,6 +197,12 @@ pub trait UriStore: Send + Sync {
 
     /// Ok if the store can accept writes now (for `/readyz`).
     fn health(&self) -> Result<(), StoreError>;
+
+    /// The backend's name in `/status` and `ahp_relay_info{store}`: a short
+    /// constant (`redb`), never a path or a connection string.
+    fn backend_name(&self) -> &'static str {
+        "redb"
+    }
 }
 
 /// A [`UriStore`] in one redb file, with every entry mirrored in memory so that `lookup` and

@@ -86,6 +86,7 @@ pub(super) fn forward(
                 client_id: id.to_string(),
                 method: method.to_string(),
                 kind,
+                span: crate::otel::current_request(),
             },
         );
     }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use ahp_types::errors::ahp_error_codes;
 use serde_json::{Value, json};
+use tracing::Instrument as _;
 
 use crate::route::methods::{self, Handling};
 use crate::route::{catalog, plan};
@@ -74,7 +75,11 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                     return conn.reply(&id, Err(err));
                 }
             };
-            let result = request(conn, &id, method, params).await;
+            let span = request_span(conn, method, &id);
+            let result = request(conn, &id, method, params, &span)
+                .instrument(span.clone())
+                .await;
+            record_outcome(&span, result.as_ref());
             if let Some(result) = result {
                 let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
                 conn.reply(&id, result);
@@ -105,6 +110,42 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
             }
         }
     }
+}
+
+/// The span of one client request (exported over OTLP, never logged; see
+/// [`crate::otel`]): a trace of its own, named by the method, with the
+/// request id, the session's upstream id (the pseudonym every replica
+/// derives alike, so a client is followed across replicas), the host the
+/// plan chose and the outcome. Disabled — a branch, no allocation — when
+/// no exporter is installed.
+fn request_span(conn: &Conn, method: &str, id: &str) -> tracing::Span {
+    let label = methods::label(method);
+    let upstream = conn.session.as_ref().map(|s| s.upstream_id.as_str());
+    tracing::info_span!(target: crate::otel::TARGET, parent: None, "request",
+        otel.name = label, otel.kind = "server", rpc.system = "jsonrpc",
+        rpc.method = label, rpc.jsonrpc.request_id = id, ahp.upstream = upstream,
+        ahp.host = tracing::field::Empty, ahp.outcome = tracing::field::Empty,
+        ahp.answer = tracing::field::Empty,
+        rpc.jsonrpc.error_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty)
+}
+
+/// Records how the relay disposed of a request: answered (`ok` or an
+/// error code) or `forwarded` (its span then ends with the host's answer,
+/// [`crate::session::Pending::span`]).
+fn record_outcome(span: &tracing::Span, result: Option<&Result<String, RpcError>>) {
+    if span.is_disabled() {
+        return;
+    }
+    match result {
+        None => span.record("ahp.outcome", "forwarded"),
+        Some(Ok(_)) => span.record("ahp.outcome", "ok"),
+        Some(Err(e)) => {
+            span.record("rpc.jsonrpc.error_code", e.code);
+            span.record("otel.status_code", "ERROR");
+            span.record("ahp.outcome", "error")
+        }
+    };
 }
 
 /// A request's params, naming the root when a root-scoped method left out
@@ -176,6 +217,7 @@ async fn request(
     id: &str,
     method: &str,
     params: Value,
+    span: &tracing::Span,
 ) -> Option<Result<String, RpcError>> {
     let Some(row) = methods::method(method) else {
         return Some(Err(RpcError::method_not_found(method)));
@@ -217,7 +259,10 @@ async fn request(
         _ => {
             let planned = plan::plan(&session.env, session.who().caller(), row, params);
             match planned {
-                Ok(plan) => execute::execute(&session, id, row.name, plan).await,
+                Ok(plan) => {
+                    span.record("ahp.host", &*plan.hub.id);
+                    execute::execute(&session, id, row.name, plan).await
+                }
                 Err(e) => Err(e),
             }
         }

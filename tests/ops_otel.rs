@@ -1,0 +1,233 @@
+//! OpenTelemetry traces (contract §8.2, issue 19): a relay binary started
+//! with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at an in-process OTLP/HTTP
+//! receiver exports a span per client request — named by the method, with
+//! the host the relay chose, its outcome and the host's answer — under a
+//! resource naming the replica (`service.instance.id`, from
+//! `[relay] replica`); a relay whose `OTEL_SDK_DISABLED=true` sends
+//! nothing, not even at shutdown, when batched spans are flushed.
+
+mod common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use ahp_relay::devkit::DevKit;
+use ahp_relay::upstream::dial::{DialOptions, dial_stream};
+use bytes::Bytes;
+use common::relay::{ServedRelay, scratch_dir, serve_binary_with_env};
+use common::{RawWs, WAIT, fast_config, start_host};
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use prost::Message;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+/// The replica name the relay under test is configured with.
+const REPLICA: &str = "replica-otel-test";
+
+/// How long the relay drains on SIGTERM (§8.3).
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// One exported span, flattened: its resource's and its own attributes.
+#[derive(Debug)]
+struct Span {
+    name: String,
+    resource: HashMap<String, String>,
+    attributes: HashMap<String, String>,
+}
+
+/// Attribute values as text (strings and integers are all the relay sends).
+fn flatten(attributes: &[KeyValue]) -> HashMap<String, String> {
+    let text = |v: &any_value::Value| match v {
+        any_value::Value::StringValue(s) => s.clone(),
+        any_value::Value::IntValue(i) => i.to_string(),
+        any_value::Value::BoolValue(b) => b.to_string(),
+        other => format!("{other:?}"),
+    };
+    attributes
+        .iter()
+        .filter_map(|kv| {
+            let value = kv.value.as_ref()?.value.as_ref()?;
+            Some((kv.key.clone(), text(value)))
+        })
+        .collect()
+}
+
+/// Every span of one OTLP export request.
+fn spans_of(request: &ExportTraceServiceRequest) -> Vec<Span> {
+    let mut out = Vec::new();
+    for rs in &request.resource_spans {
+        let resource = rs
+            .resource
+            .as_ref()
+            .map(|r| flatten(&r.attributes))
+            .unwrap_or_default();
+        for ss in &rs.scope_spans {
+            for span in &ss.spans {
+                out.push(Span {
+                    name: span.name.clone(),
+                    resource: resource.clone(),
+                    attributes: flatten(&span.attributes),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// An OTLP/HTTP receiver on 127.0.0.1: every `POST /v1/traces` body,
+/// decoded, goes to the returned channel; its endpoint URL (without the
+/// signal path, as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it).
+async fn otlp_receiver() -> (String, mpsc::UnboundedReceiver<(String, Vec<Span>)>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let tx = tx.clone();
+                async move {
+                    let path = req.uri().path().to_string();
+                    let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                    let decoded = body
+                        .ok()
+                        .and_then(|b| ExportTraceServiceRequest::decode(b).ok());
+                    let spans = decoded.as_ref().map(spans_of).unwrap_or_default();
+                    let _ = tx.send((path, spans));
+                    let answer = Response::builder()
+                        .header("content-type", "application/x-protobuf")
+                        .body(Full::new(Bytes::new()))
+                        .expect("response");
+                    Ok::<_, Infallible>(answer)
+                }
+            });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), rx)
+}
+
+/// A relay binary in front of simulated host `a`, named [`REPLICA`], with
+/// `env`; a client initialized on it, after host `a`'s session is listed.
+async fn relay_with_client(name: &str, env: &[(&str, &str)]) -> (ServedRelay, RawWs, DevKit) {
+    let host = start_host(fast_config("a", 1)).await;
+    let kit = DevKit::create(&scratch_dir(name)).expect("kit");
+    let extra = format!(
+        "\n[[hosts]]\nid = \"a\"\nurl = \"{}\"\nallow_plaintext = true\n\n[limits]\ndrain_window_secs = {}\n",
+        host.url(),
+        DRAIN.as_secs()
+    );
+    let replica = format!("replica = \"{REPLICA}\"");
+    kit.config_with_relay("127.0.0.1:0", &[], "", &replica, &extra)
+        .expect("config");
+    let relay = serve_binary_with_env(&kit, "info", env);
+    // The simulated host lives as long as the test's runtime.
+    std::mem::forget(host);
+    let token = kit
+        .token("alice", &[], Duration::from_secs(600), None)
+        .expect("token");
+    let opts = DialOptions {
+        url: relay.url.clone(),
+        token: Some(token),
+        ca_file: Some(kit.cert.clone()),
+        insecure: false,
+        connect_timeout: WAIT,
+        extra_headers: Vec::new(),
+    };
+    let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("dial"));
+    ws.initialize("otel-1").await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut id = 100;
+    while !common::listed_uris(&mut ws, id)
+        .await
+        .iter()
+        .any(|u| u == "ahp-session:/a~a-1")
+    {
+        assert!(std::time::Instant::now() < deadline, "host a never listed");
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (relay, ws, kit)
+}
+
+/// A subscribe the relay forwards to host `a`.
+async fn subscribe(ws: &mut RawWs) {
+    let r = ws
+        .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+}
+
+#[tokio::test]
+async fn a_request_is_exported_with_its_replica_host_and_outcome() {
+    let (endpoint, mut received) = otlp_receiver().await;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let (relay, mut ws, _kit) = relay_with_client("otel-on", &env).await;
+    subscribe(&mut ws).await;
+
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    let span = loop {
+        let next = tokio::time::timeout_at(deadline, received.recv()).await;
+        let Ok(Some((path, spans))) = next else {
+            panic!(
+                "no span for the subscribe arrived (only {seen:?}): {:#?}",
+                relay.output()
+            );
+        };
+        assert_eq!(path, "/v1/traces");
+        seen.extend(spans.iter().map(|s| s.name.clone()));
+        if let Some(s) = spans.into_iter().find(|s| s.name == "subscribe") {
+            break s;
+        }
+    };
+    assert_eq!(span.resource["service.instance.id"], REPLICA, "{span:?}");
+    assert_eq!(span.resource["service.name"], "ahp-relay", "{span:?}");
+    let attr = |k: &str| span.attributes.get(k).map(String::as_str);
+    assert_eq!(attr("rpc.method"), Some("subscribe"), "{span:?}");
+    assert_eq!(attr("rpc.jsonrpc.request_id"), Some("1"), "{span:?}");
+    assert_eq!(attr("ahp.host"), Some("a"), "{span:?}");
+    assert_eq!(attr("ahp.outcome"), Some("forwarded"), "{span:?}");
+    assert_eq!(attr("ahp.answer"), Some("ok"), "{span:?}");
+    assert!(
+        attr("ahp.upstream").is_some_and(|u| !u.is_empty() && u != "otel-1"),
+        "the upstream id is a pseudonym, never the client's id: {span:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_disabled_sdk_sends_nothing_even_at_shutdown() {
+    let (endpoint, mut received) = otlp_receiver().await;
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_SDK_DISABLED", "true"),
+    ];
+    let (mut relay, mut ws, _kit) = relay_with_client("otel-off", &env).await;
+    subscribe(&mut ws).await;
+    // A relay that exports flushes its batch before it exits: once the
+    // process is gone, everything it would have sent has been sent (and
+    // received: the receiver keeps running on this runtime meanwhile).
+    let status = tokio::task::spawn_blocking(move || relay.terminate(DRAIN))
+        .await
+        .expect("terminate");
+    assert!(status.success(), "drains and exits cleanly: {status}");
+    assert!(
+        received.try_recv().is_err(),
+        "a relay with OTEL_SDK_DISABLED=true sent an export"
+    );
+}
