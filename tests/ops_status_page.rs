@@ -242,6 +242,10 @@ async fn status_page_marks_a_stopped_host_down_live() {
         })
         .await;
     assert!(up.contains("live"), "{up}");
+    assert!(
+        up.contains("store redb up"),
+        "the page names the store: {up}"
+    );
     let href = browser
         .call(
             "Runtime.evaluate",
@@ -462,5 +466,40 @@ async fn denials_and_latency_histograms() {
     assert_eq!(
         common::relay::metric(&metrics, "ahp_relay_reconnect_duration_seconds_count"),
         Some(1.0)
+    );
+}
+
+/// `/metrics` and `/status.json` name this replica (`[relay] replica`) and
+/// its URI store: `ahp_relay_info{replica, store}` = 1,
+/// `ahp_relay_store_up` = 1 and the last probe's latency, the same in the
+/// status data the page shows (issue 19).
+#[tokio::test]
+async fn metrics_and_status_name_the_replica_and_the_store() {
+    let policy = rule("ops-admin", &["ops"], &["*"], "admin", "all", "");
+    let t = TestRelay::start_tweaked(vec![fast_config("alpha", 1)], "", &policy, |cfg| {
+        cfg.relay.replica = Some("relay-b".into());
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let (_, metrics) = admin_get(&t, "/metrics").await;
+    common::relay::assert_metrics(
+        &metrics,
+        &[
+            ("ahp_relay_info{replica=\"relay-b\",store=\"redb\"}", 1.0),
+            ("ahp_relay_store_up", 1.0),
+        ],
+    );
+    let probe = common::relay::metric(&metrics, "ahp_relay_store_probe_seconds");
+    assert!(probe.is_some_and(|s| s >= 0.0), "{metrics}");
+
+    let (_, body) = admin_get_as(&t, "ops", "/status.json").await;
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["relay"]["replica"], "relay-b", "{v}");
+    assert_eq!(v["relay"]["version"], env!("CARGO_PKG_VERSION"), "{v}");
+    assert_eq!(v["store"]["backend"], "redb", "{v}");
+    assert_eq!(v["store"]["up"], true, "{v}");
+    assert!(
+        v["store"]["probe_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{v}"
     );
 }
