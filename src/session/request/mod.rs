@@ -75,18 +75,7 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                     return conn.reply(&id, Err(err));
                 }
             };
-            let span = request_span(conn, method, &id);
-            let result = request(conn, &id, method, params, &span)
-                .instrument(span.clone())
-                .await;
-            record_outcome(&span, result.as_ref());
-            if let Some(result) = result {
-                let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
-                conn.reply(&id, result);
-                if close {
-                    conn.kill.send_replace(Some(Close::UnsupportedVersion));
-                }
-            }
+            answer_request(conn, &id, method, params).await;
         }
         FrameKind::Notification { method } => {
             let Some(session) = conn.session.clone() else {
@@ -108,6 +97,24 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                 }
                 _ => env.metrics.client_notifications_dropped.inc(),
             }
+        }
+    }
+}
+
+/// Handles one request in its span and answers it now, unless its answer
+/// comes later (forwarded).
+async fn answer_request(conn: &mut Conn, id: &str, method: &str, params: Value) {
+    let span = request_span(conn, method, id);
+    let result = request(conn, id, method, params, &span)
+        .instrument(span.clone())
+        .await;
+    record_outcome(&span, result.as_ref());
+    if let Some(result) = result {
+        let close =
+            matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
+        conn.reply(id, result);
+        if close {
+            conn.kill.send_replace(Some(Close::UnsupportedVersion));
         }
     }
 }
