@@ -161,6 +161,73 @@ pub fn current_request() -> tracing::Span {
     }
 }
 
+/// The key of a W3C trace context in a request's `params._meta` (the AHP
+/// spec gives every command's params an optional `_meta` object whose
+/// unknown keys receivers must ignore; MCP carries trace context under
+/// the same key).
+pub const TRACEPARENT: &str = "traceparent";
+
+/// Makes a recorded request span the child of the client's W3C
+/// `traceparent` (`00-<trace id>-<span id>-<flags>`), so the relay's span
+/// joins the client's trace; an invalid value is ignored. Call before the
+/// span is first entered.
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span.is_disabled() {
+        return;
+    }
+    if let Some(remote) = parse_traceparent(traceparent) {
+        let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+    }
+}
+
+/// The W3C `traceparent` naming a recorded span as the parent, for the
+/// host's side of a forwarded request; `None` when traces are off.
+pub fn traceparent(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span.is_disabled() {
+        return None;
+    }
+    let cx = span.context();
+    let own = cx.span().span_context().clone();
+    own.is_valid().then(|| {
+        let flags = own.trace_flags().to_u8();
+        format!("00-{}-{}-{flags:02x}", own.trace_id(), own.span_id())
+    })
+}
+
+/// A version-00 `traceparent`, or `None` if it is not one (lower-case hex,
+/// neither id all zeros).
+fn parse_traceparent(text: &str) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    let mut parts = text.trim().split('-');
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if version != "00"
+        || parts.next().is_some()
+        || !hex(trace, 32)
+        || !hex(span, 16)
+        || !hex(flags, 2)
+    {
+        return None;
+    }
+    let context = SpanContext::new(
+        TraceId::from_hex(trace).ok()?,
+        SpanId::from_hex(span).ok()?,
+        TraceFlags::new(u8::from_str_radix(flags, 16).ok()?),
+        true,
+        TraceState::default(),
+    );
+    context.is_valid().then_some(context)
+}
+
 /// The OTLP exporter's HTTP client: hyper over plain HTTP/1, each request
 /// spawned on the relay's runtime and awaited from the SDK's batch thread.
 #[derive(Debug, Clone)]
@@ -217,6 +284,29 @@ mod tests {
             vars.iter()
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn traceparents_are_parsed_as_w3c_version_00() {
+        let ok = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let parsed = parse_traceparent(ok).expect("valid");
+        assert_eq!(
+            parsed.trace_id().to_string(),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert_eq!(parsed.span_id().to_string(), "b7ad6b7169203331");
+        assert!(parsed.is_sampled() && parsed.is_remote());
+        for bad in [
+            "",
+            "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x",
+            "00-0af7651916cd43dd8448eb211c8031-b7ad6b7169203331-01",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad:?}");
         }
     }
 

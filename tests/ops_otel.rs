@@ -3,8 +3,11 @@
 //! receiver exports a span per client request — named by the method, with
 //! the host the relay chose, its outcome and the host's answer — under a
 //! resource naming the replica (`service.instance.id`, from
-//! `[relay] replica`); a relay whose `OTEL_SDK_DISABLED=true` sends
-//! nothing, not even at shutdown, when batched spans are flushed.
+//! `[relay] replica`), in the client's trace when its request carries a
+//! W3C `traceparent` in `params._meta`, and hands the host a `traceparent`
+//! naming the relay's span; a relay whose `OTEL_SDK_DISABLED=true` sends
+//! nothing, not even at shutdown, when batched spans are flushed, and
+//! forwards `_meta` untouched.
 
 mod common;
 
@@ -13,6 +16,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use ahp_relay::devkit::DevKit;
+use ahp_relay::simhost::SimHost;
 use ahp_relay::upstream::dial::{DialOptions, dial_stream};
 use bytes::Bytes;
 use common::relay::{ServedRelay, scratch_dir, serve_binary_with_env};
@@ -35,6 +39,9 @@ const DRAIN: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 struct Span {
     name: String,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
     resource: HashMap<String, String>,
     attributes: HashMap<String, String>,
 }
@@ -67,8 +74,12 @@ fn spans_of(request: &ExportTraceServiceRequest) -> Vec<Span> {
             .unwrap_or_default();
         for ss in &rs.scope_spans {
             for span in &ss.spans {
+                let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
                 out.push(Span {
                     name: span.name.clone(),
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_span_id: hex(&span.parent_span_id),
                     resource: resource.clone(),
                     attributes: flatten(&span.attributes),
                 });
@@ -120,7 +131,10 @@ async fn otlp_receiver() -> (String, mpsc::UnboundedReceiver<(String, Vec<Span>)
 
 /// A relay binary in front of simulated host `a`, named [`REPLICA`], with
 /// `env`; a client initialized on it, after host `a`'s session is listed.
-async fn relay_with_client(name: &str, env: &[(&str, &str)]) -> (ServedRelay, RawWs, DevKit) {
+async fn relay_with_client(
+    name: &str,
+    env: &[(&str, &str)],
+) -> (ServedRelay, RawWs, DevKit, SimHost) {
     let host = start_host(fast_config("a", 1)).await;
     let kit = DevKit::create(&scratch_dir(name)).expect("kit");
     let extra = format!(
@@ -132,8 +146,6 @@ async fn relay_with_client(name: &str, env: &[(&str, &str)]) -> (ServedRelay, Ra
     kit.config_with_relay("127.0.0.1:0", &[], "", &replica, &extra)
         .expect("config");
     let relay = serve_binary_with_env(&kit, "info", env);
-    // The simulated host lives as long as the test's runtime.
-    std::mem::forget(host);
     let token = kit
         .token("alice", &[], Duration::from_secs(600), None)
         .expect("token");
@@ -158,15 +170,30 @@ async fn relay_with_client(name: &str, env: &[(&str, &str)]) -> (ServedRelay, Ra
         id += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    (relay, ws, kit)
+    (relay, ws, kit, host)
 }
 
-/// A subscribe the relay forwards to host `a`.
+/// The client's trace: its W3C `traceparent`, trace id and span id.
+const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+/// A subscribe the relay forwards to host `a`, in the client's trace.
 async fn subscribe(ws: &mut RawWs) {
-    let r = ws
-        .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
-        .await;
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let params = json!({"channel": "ahp-session:/a~a-1",
+        "_meta": {"traceparent": traceparent, "note": "kept"}});
+    let r = ws.request(1, "subscribe", params).await;
     assert!(r.get("result").is_some(), "{r}");
+}
+
+/// The `_meta` of the subscribe host `a` received.
+fn host_meta(host: &SimHost) -> serde_json::Value {
+    let frames = common::host_frames(host, "subscribe");
+    let frame = frames
+        .iter()
+        .find(|f| f["params"]["channel"] == "ahp-session:/a-1")
+        .unwrap_or_else(|| panic!("the host got the subscribe: {frames:?}"));
+    frame["params"]["_meta"].clone()
 }
 
 #[tokio::test]
@@ -176,7 +203,7 @@ async fn a_request_is_exported_with_its_replica_host_and_outcome() {
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
-    let (relay, mut ws, _kit) = relay_with_client("otel-on", &env).await;
+    let (relay, mut ws, _kit, host) = relay_with_client("otel-on", &env).await;
     subscribe(&mut ws).await;
 
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -207,6 +234,22 @@ async fn a_request_is_exported_with_its_replica_host_and_outcome() {
         attr("ahp.upstream").is_some_and(|u| !u.is_empty() && u != "otel-1"),
         "the upstream id is a pseudonym, never the client's id: {span:?}"
     );
+    assert_eq!(
+        span.trace_id, CLIENT_TRACE,
+        "in the client's trace: {span:?}"
+    );
+    assert_eq!(span.parent_span_id, CLIENT_SPAN, "{span:?}");
+    let meta = host_meta(&host);
+    let expected = format!("00-{CLIENT_TRACE}-{}-01", span.span_id);
+    assert_eq!(
+        meta["traceparent"],
+        expected.as_str(),
+        "the host's parent is the relay's span"
+    );
+    assert_eq!(
+        meta["note"], "kept",
+        "other _meta keys pass through: {meta}"
+    );
 }
 
 #[tokio::test]
@@ -217,8 +260,15 @@ async fn a_disabled_sdk_sends_nothing_even_at_shutdown() {
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ("OTEL_SDK_DISABLED", "true"),
     ];
-    let (mut relay, mut ws, _kit) = relay_with_client("otel-off", &env).await;
+    let (mut relay, mut ws, _kit, host) = relay_with_client("otel-off", &env).await;
     subscribe(&mut ws).await;
+    let meta = host_meta(&host);
+    let client = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    assert_eq!(
+        meta["traceparent"],
+        client.as_str(),
+        "_meta untouched: {meta}"
+    );
     // A relay that exports flushes its batch before it exits: once the
     // process is gone, everything it would have sent has been sent (and
     // received: the receiver keeps running on this runtime meanwhile).

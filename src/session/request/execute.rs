@@ -70,9 +70,13 @@ pub(super) fn forward(
     link: &Link,
     id: &str,
     method: &str,
-    params: Value,
+    mut params: Value,
     kind: PendingKind,
 ) -> Result<(), RpcError> {
+    let span = crate::otel::current_request();
+    if let Some(parent) = crate::otel::traceparent(&span) {
+        with_traceparent(&mut params, parent);
+    }
     let n = link.next_id();
     let frame = crate::rpc::request_frame(n, method, &params);
     {
@@ -86,7 +90,7 @@ pub(super) fn forward(
                 client_id: id.to_string(),
                 method: method.to_string(),
                 kind,
-                span: crate::otel::current_request(),
+                span,
             },
         );
     }
@@ -104,6 +108,20 @@ pub(super) fn forward(
     }
     limits::expire_after(session, link.id, n, link.host.id.clone());
     Ok(())
+}
+
+/// Names the relay's request span as the parent of the host's side: the
+/// W3C `traceparent` in `params._meta` (kept or added; a client's own
+/// `traceparent` is replaced, as an intermediary does). Only while traces
+/// are exported; otherwise `_meta` passes through untouched.
+fn with_traceparent(params: &mut Value, parent: String) {
+    let Some(params) = params.as_object_mut() else {
+        return;
+    };
+    let meta = params.entry("_meta").or_insert_with(|| json!({}));
+    if let Some(meta) = meta.as_object_mut() {
+        meta.insert(crate::otel::TRACEPARENT.into(), Value::String(parent));
+    }
 }
 
 /// Stops holding a host channel whose subscribe never reached the host.

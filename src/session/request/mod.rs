@@ -105,6 +105,14 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
 /// comes later (forwarded).
 async fn answer_request(conn: &mut Conn, id: &str, method: &str, params: Value) {
     let span = request_span(conn, method, id);
+    if !span.is_disabled() {
+        let meta = params
+            .get("_meta")
+            .and_then(|m| m.get(crate::otel::TRACEPARENT));
+        if let Some(parent) = meta.and_then(Value::as_str) {
+            crate::otel::continue_trace(&span, parent);
+        }
+    }
     let result = request(conn, id, method, params, &span)
         .instrument(span.clone())
         .await;
