@@ -96,6 +96,11 @@ pub struct Metrics {
     pub store_up: IntGauge,
     /// How long the last store probe took, in seconds.
     pub store_probe_seconds: Gauge,
+    /// Reservations of client-chosen URIs (the store write before a
+    /// create is forwarded), in seconds on the blocking thread.
+    pub store_write_seconds: Histogram,
+    /// How long the last of those writes took, in seconds.
+    pub store_last_write_seconds: Gauge,
 }
 
 /// Registers metrics named `ahp_relay_<name>` in one registry.
@@ -242,6 +247,8 @@ struct OpsMetrics {
     info: IntGaugeVec,
     store_up: IntGauge,
     store_probe_seconds: Gauge,
+    store_write_seconds: Histogram,
+    store_last_write_seconds: Gauge,
     sessions_evicted: IntCounter,
     status_builds: IntCounter,
     host_latency: HistogramVec,
@@ -267,6 +274,17 @@ impl OpsMetrics {
             store_probe_seconds: r.register(Gauge::new(
                 "ahp_relay_store_probe_seconds",
                 "duration of the last URI store probe",
+            )?)?,
+            store_write_seconds: r.register(Histogram::with_opts(
+                HistogramOpts::new(
+                    "ahp_relay_store_write_seconds",
+                    "URI store reservations (the write before a create is forwarded)",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?)?,
+            store_last_write_seconds: r.register(Gauge::new(
+                "ahp_relay_store_last_write_seconds",
+                "duration of the last URI store reservation",
             )?)?,
             sessions_evicted: r.counter(
                 "sessions_evicted_total",
@@ -378,6 +396,8 @@ impl Metrics {
             info: ops.info,
             store_up: ops.store_up,
             store_probe_seconds: ops.store_probe_seconds,
+            store_write_seconds: ops.store_write_seconds,
+            store_last_write_seconds: ops.store_last_write_seconds,
             sessions_evicted: ops.sessions_evicted,
             status_builds: ops.status_builds,
             host_latency: ops.host_latency,

@@ -471,8 +471,9 @@ async fn denials_and_latency_histograms() {
 
 /// `/metrics` and `/status.json` name this replica (`[relay] replica`) and
 /// its URI store: `ahp_relay_info{replica, store}` = 1,
-/// `ahp_relay_store_up` = 1 and the last probe's latency, the same in the
-/// status data the page shows (issue 19).
+/// `ahp_relay_store_up` = 1, the last probe's latency and, after a create
+/// of a client-chosen URI, its store write's; the same in the status data
+/// the page shows (issue 19).
 #[tokio::test]
 async fn metrics_and_status_name_the_replica_and_the_store() {
     let policy = rule("ops-admin", &["ops"], &["*"], "admin", "all", "");
@@ -481,12 +482,23 @@ async fn metrics_and_status_name_the_replica_and_the_store() {
     })
     .await;
     t.wait_hosts_up().await;
+    let mut ws = t.raw("ops").await;
+    ws.initialize("ops-1").await;
+    let create = ws
+        .request(
+            1,
+            "createSession",
+            json!({"channel": "ahp-session:/ops-own", "provider": "sim.alpha"}),
+        )
+        .await;
+    assert!(create.get("result").is_some(), "{create}");
     let (_, metrics) = admin_get(&t, "/metrics").await;
     common::relay::assert_metrics(
         &metrics,
         &[
             ("ahp_relay_info{replica=\"relay-b\",store=\"redb\"}", 1.0),
             ("ahp_relay_store_up", 1.0),
+            ("ahp_relay_store_write_seconds_count", 1.0),
         ],
     );
     let probe = common::relay::metric(&metrics, "ahp_relay_store_probe_seconds");
@@ -502,4 +514,7 @@ async fn metrics_and_status_name_the_replica_and_the_store() {
         v["store"]["probe_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
         "{v}"
     );
+    assert_eq!(v["store"]["writes"], 1, "{v}");
+    let last = v["store"]["last_write_ms"].as_f64();
+    assert!(last.is_some_and(|ms| ms > 0.0), "{v}");
 }

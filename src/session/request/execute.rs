@@ -168,10 +168,21 @@ pub(super) async fn reserve(
     };
     let (u, host) = (uri.to_string(), hub.id.to_string());
     let now = crate::identity::unix_now();
-    let written =
-        tokio::task::spawn_blocking(move || store.reserve_within(&u, &host, &owner, now, quota))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string())));
+    let written = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let written = store.reserve_within(&u, &host, &owner, now, quota);
+        (written, started.elapsed())
+    })
+    .await;
+    let written = match written {
+        Ok((written, took)) => {
+            let m = &session.env.metrics;
+            m.store_write_seconds.observe(took.as_secs_f64());
+            m.store_last_write_seconds.set(took.as_secs_f64());
+            written
+        }
+        Err(e) => Err(StoreError::Unavailable(e.to_string())),
+    };
     match written {
         Ok(()) => Ok(()),
         Err(StoreError::Taken { .. }) if is_session => Err(RpcError::session_exists(uri)),
