@@ -60,6 +60,11 @@ pub enum OtelError {
     /// A protocol other than HTTP/protobuf.
     #[error("OTLP protocol {0:?} is not supported (only http/protobuf): traces are off")]
     Protocol(String),
+    /// An `https` endpoint: the exporter speaks plain HTTP only.
+    #[error(
+        "OTLP endpoint {0:?} is https: the relay exports over plain HTTP only (send to a collector on the pod's network): traces are off"
+    )]
+    Tls(String),
     /// Not inside a Tokio runtime (the export client needs one).
     #[error("no Tokio runtime to run the OTLP exporter on: traces are off")]
     NoRuntime,
@@ -77,6 +82,13 @@ pub fn wanted(var: impl Fn(&str) -> Option<String>) -> Result<bool, OtelError> {
     let endpoint = set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     if disabled || none || !endpoint {
         return Ok(false);
+    }
+    let url = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .filter(|v| !v.trim().is_empty())
+        .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .unwrap_or_default();
+    if url.trim().to_ascii_lowercase().starts_with("https:") {
+        return Err(OtelError::Tls(url));
     }
     let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
@@ -230,10 +242,13 @@ fn parse_traceparent(text: &str) -> Option<opentelemetry::trace::SpanContext> {
 
 /// The OTLP exporter's HTTP client: hyper over plain HTTP/1, each request
 /// spawned on the relay's runtime and awaited from the SDK's batch thread.
+/// A collector that stops answering is logged once (a warning), and once
+/// more when it answers again, never per export.
 #[derive(Debug, Clone)]
 struct RuntimeClient {
     runtime: tokio::runtime::Handle,
     client: Client<HttpConnector, Full<Bytes>>,
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RuntimeClient {
@@ -243,7 +258,11 @@ impl RuntimeClient {
         let client = Client::builder(hyper_util::rt::TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Self { runtime, client }
+        Self {
+            runtime,
+            client,
+            failing: Default::default(),
+        }
     }
 
     async fn send(
@@ -254,6 +273,27 @@ impl RuntimeClient {
         let (parts, body) = answer.into_parts();
         let body = Limited::new(body, MAX_ANSWER_BYTES).collect().await?;
         Ok(Response::from_parts(parts, body.to_bytes()))
+    }
+
+    /// Logs a change between a working and a failing collector.
+    fn note(&self, sent: &Result<Response<Bytes>, HttpError>) {
+        use std::sync::atomic::Ordering;
+        let failure = match sent {
+            Ok(answer) if answer.status().is_success() => None,
+            Ok(answer) => Some(format!("HTTP {}", answer.status())),
+            Err(e) => Some(e.to_string()),
+        };
+        match failure {
+            Some(why) if !self.failing.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(
+                    "OTLP export failed ({why}): spans are dropped until the collector answers"
+                );
+            }
+            None if self.failing.swap(false, Ordering::Relaxed) => {
+                tracing::info!("OTLP export works again");
+            }
+            _ => {}
+        }
     }
 }
 
@@ -271,7 +311,11 @@ impl HttpClient for RuntimeClient {
         Self: 'async_trait,
     {
         let task = self.runtime.spawn(Self::send(self.client.clone(), request));
-        Box::pin(async move { task.await? })
+        Box::pin(async move {
+            let sent = task.await.map_err(HttpError::from).and_then(|sent| sent);
+            self.note(&sent);
+            sent
+        })
     }
 }
 
@@ -327,5 +371,7 @@ mod tests {
             wanted(env(&[ep, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])),
             Err(OtelError::Protocol(_))
         ));
+        let tls = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318");
+        assert!(matches!(wanted(env(&[tls])), Err(OtelError::Tls(_))));
     }
 }

@@ -281,3 +281,34 @@ async fn a_disabled_sdk_sends_nothing_even_at_shutdown() {
         "a relay with OTEL_SDK_DISABLED=true sent an export"
     );
 }
+
+#[tokio::test]
+async fn a_collector_that_does_not_answer_is_logged() {
+    // A port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let (relay, mut ws, _kit, _host) = relay_with_client("otel-down", &env).await;
+    subscribe(&mut ws).await;
+    // The relay's stderr is read off the runtime (its receiver blocks).
+    let warned = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match relay.lines.recv_timeout(left) {
+                Ok(line) if line.contains("OTLP export failed") => return Ok(line),
+                Ok(line) => seen.push(line),
+                Err(_) => break,
+            }
+        }
+        Err(seen)
+    })
+    .await
+    .expect("reader");
+    let line = warned.unwrap_or_else(|seen| panic!("no warning: {seen:#?}"));
+    assert!(line.contains("WARN"), "{line}");
+}
