@@ -619,3 +619,39 @@ impl RelayConfig {
         self.hosts.iter().find(|h| h.id == id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The replica name traces are exported under is the one the loaded
+    /// configuration gives: `[relay] replica`, else the default; a file
+    /// that cannot be read or parsed falls back to the default (its load
+    /// reports the error).
+    #[test]
+    fn the_peeked_replica_is_the_configured_one() {
+        let dir = std::env::temp_dir().join(format!("ahp-relay-replica-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("relay.toml");
+        std::fs::write(
+            &file,
+            "[relay]\nsecret_file = \"s\"\nreplica = \" relay-b \"\n",
+        )
+        .unwrap();
+        assert_eq!(peek_replica(&file), "relay-b");
+        std::fs::write(&file, "[relay]\nsecret_file = \"s\"\n").unwrap();
+        assert_eq!(peek_replica(&file), default_replica());
+        std::fs::write(&file, "[relay\n").unwrap();
+        assert_eq!(peek_replica(&file), default_replica());
+        assert_eq!(peek_replica(&dir.join("missing.toml")), default_replica());
+        assert!(!default_replica().is_empty());
+        let state = |replica: &str| {
+            let text = format!("secret_file = \"s\"\nstore = \"u\"\n{replica}");
+            toml::from_str::<RelayState>(&text).unwrap()
+        };
+        assert_eq!(state("replica = \"relay-c\"").replica(), "relay-c");
+        assert_eq!(state("replica = \"  \"").replica(), default_replica());
+        assert_eq!(state("").replica(), default_replica());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
