@@ -185,6 +185,7 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     for h in hosts {
         h.shutdown().await;
     }
+    let _ = tokio::task::spawn_blocking(crate::otel::flush).await;
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&env_file);
     Ok(())
