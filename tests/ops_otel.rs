@@ -207,21 +207,29 @@ async fn a_request_is_exported_with_its_replica_host_and_outcome() {
     subscribe(&mut ws).await;
 
     let deadline = tokio::time::Instant::now() + WAIT;
-    let mut seen = Vec::new();
-    let span = loop {
+    let mut seen: Vec<Span> = Vec::new();
+    let named = |seen: &[Span], name: &str| seen.iter().position(|s| s.name == name);
+    while named(&seen, "subscribe").is_none() || named(&seen, "initialize").is_none() {
         let next = tokio::time::timeout_at(deadline, received.recv()).await;
         let Ok(Some((path, spans))) = next else {
+            let names: Vec<_> = seen.iter().map(|s| &s.name).collect();
             panic!(
-                "no span for the subscribe arrived (only {seen:?}): {:#?}",
+                "no spans for initialize and subscribe (only {names:?}): {:#?}",
                 relay.output()
             );
         };
         assert_eq!(path, "/v1/traces");
-        seen.extend(spans.iter().map(|s| s.name.clone()));
-        if let Some(s) = spans.into_iter().find(|s| s.name == "subscribe") {
-            break s;
-        }
-    };
+        seen.extend(spans);
+    }
+    let init = &seen[named(&seen, "initialize").unwrap_or_default()];
+    let init_attr = |k: &str| init.attributes.get(k).map(String::as_str);
+    assert_eq!(
+        init_attr("ahp.outcome"),
+        Some("ok"),
+        "answered by the relay: {init:?}"
+    );
+    assert_eq!(init_attr("ahp.host"), None, "{init:?}");
+    let span = seen.swap_remove(named(&seen, "subscribe").unwrap_or_default());
     assert_eq!(span.resource["service.instance.id"], REPLICA, "{span:?}");
     assert_eq!(span.resource["service.name"], "ahp-relay", "{span:?}");
     let attr = |k: &str| span.attributes.get(k).map(String::as_str);

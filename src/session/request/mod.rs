@@ -145,15 +145,16 @@ fn request_span(conn: &Conn, method: &str, id: &str) -> tracing::Span {
         otel.status_code = tracing::field::Empty)
 }
 
-/// Records how the relay disposed of a request: answered (`ok` or an
-/// error code) or `forwarded` (its span then ends with the host's answer,
-/// [`crate::session::Pending::span`]).
+/// Records how the relay answered a request it answers here (`ok` or an
+/// error code); one answered elsewhere recorded its outcome (`ok`, or
+/// `forwarded`, whose span then ends with the host's answer,
+/// [`crate::session::Pending::span`]) in [`answered`].
 fn record_outcome(span: &tracing::Span, result: Option<&Result<String, RpcError>>) {
     if span.is_disabled() {
         return;
     }
     match result {
-        None => span.record("ahp.outcome", "forwarded"),
+        None => return,
         Some(Ok(_)) => span.record("ahp.outcome", "ok"),
         Some(Err(e)) => {
             span.record("rpc.jsonrpc.error_code", e.code);
@@ -244,14 +245,12 @@ async fn request(
     match row.handling {
         Handling::Ping => return Some(Ok("null".into())),
         Handling::Initialize => {
-            return initialize::initialize(conn, id, params)
-                .await
-                .err()
-                .map(Err);
+            let answer = initialize::initialize(conn, id, params).await;
+            return answered(span, answer, "ok");
         }
         Handling::Reconnect => {
             let answer = super::reconnect::reconnect(conn, id, params).await;
-            return answer.err().map(Err);
+            return answered(span, answer, "ok");
         }
         _ => {}
     }
@@ -260,7 +259,7 @@ async fn request(
             "{method} before initialize: send initialize first"
         ))));
     };
-    let outcome = match row.handling {
+    let (outcome, sent) = match row.handling {
         Handling::ListSessions => {
             let now = session.who();
             let list = catalog::list_sessions(&session.env, now.caller(), conn.socket, params);
@@ -268,21 +267,40 @@ async fn request(
         }
         Handling::Subscribe if names_root(&params) => {
             subscribe_root(&session, id);
-            Ok(())
+            (Ok(()), "ok")
         }
-        Handling::Authenticate => session.authenticate(id, &params),
+        // Pushed to the hosts in use; answered when they have answered.
+        Handling::Authenticate => (session.authenticate(id, &params), "forwarded"),
         _ => {
             let planned = plan::plan(&session.env, session.who().caller(), row, params);
-            match planned {
+            let outcome = match planned {
                 Ok(plan) => {
                     span.record("ahp.host", &*plan.hub.id);
                     execute::execute(&session, id, row.name, plan).await
                 }
                 Err(e) => Err(e),
-            }
+            };
+            (outcome, "forwarded")
         }
     };
-    outcome.err().map(Err)
+    answered(span, outcome, sent)
+}
+
+/// A request answered elsewhere (the relay's own handler wrote the answer,
+/// or a host will): `sent` is recorded as the span's outcome when it
+/// succeeded; an error is returned for the caller to answer and record.
+fn answered(
+    span: &tracing::Span,
+    outcome: Result<(), RpcError>,
+    sent: &'static str,
+) -> Option<Result<String, RpcError>> {
+    match outcome {
+        Ok(()) => {
+            span.record("ahp.outcome", sent);
+            None
+        }
+        Err(e) => Some(Err(e)),
+    }
 }
 
 /// Whether a request's `params.channel` is the root.
