@@ -89,10 +89,13 @@ fn spans_of(request: &ExportTraceServiceRequest) -> Vec<Span> {
     out
 }
 
+/// One export as received: its path, its `x-otlp-key` header, its spans.
+type Export = (String, Option<String>, Vec<Span>);
+
 /// An OTLP/HTTP receiver on 127.0.0.1: every `POST /v1/traces` body,
 /// decoded, goes to the returned channel; its endpoint URL (without the
 /// signal path, as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it).
-async fn otlp_receiver() -> (String, mpsc::UnboundedReceiver<(String, Vec<Span>)>) {
+async fn otlp_receiver() -> (String, mpsc::UnboundedReceiver<Export>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -105,12 +108,14 @@ async fn otlp_receiver() -> (String, mpsc::UnboundedReceiver<(String, Vec<Span>)
                 let tx = tx.clone();
                 async move {
                     let path = req.uri().path().to_string();
+                    let key = req.headers().get("x-otlp-key");
+                    let key = key.and_then(|k| k.to_str().ok()).map(str::to_string);
                     let body = req.into_body().collect().await.map(|b| b.to_bytes());
                     let decoded = body
                         .ok()
                         .and_then(|b| ExportTraceServiceRequest::decode(b).ok());
                     let spans = decoded.as_ref().map(spans_of).unwrap_or_default();
-                    let _ = tx.send((path, spans));
+                    let _ = tx.send((path, key, spans));
                     let answer = Response::builder()
                         .header("content-type", "application/x-protobuf")
                         .body(Full::new(Bytes::new()))
@@ -201,6 +206,7 @@ async fn a_request_is_exported_with_its_replica_host_and_outcome() {
     let (endpoint, mut received) = otlp_receiver().await;
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-otlp-key=k1"),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
     let (relay, mut ws, _kit, host) = relay_with_client("otel-on", &env).await;
@@ -211,7 +217,7 @@ async fn a_request_is_exported_with_its_replica_host_and_outcome() {
     let named = |seen: &[Span], name: &str| seen.iter().position(|s| s.name == name);
     while named(&seen, "subscribe").is_none() || named(&seen, "initialize").is_none() {
         let next = tokio::time::timeout_at(deadline, received.recv()).await;
-        let Ok(Some((path, spans))) = next else {
+        let Ok(Some((path, key, spans))) = next else {
             let names: Vec<_> = seen.iter().map(|s| &s.name).collect();
             panic!(
                 "no spans for initialize and subscribe (only {names:?}): {:#?}",
@@ -219,6 +225,11 @@ async fn a_request_is_exported_with_its_replica_host_and_outcome() {
             );
         };
         assert_eq!(path, "/v1/traces");
+        assert_eq!(
+            key.as_deref(),
+            Some("k1"),
+            "OTEL_EXPORTER_OTLP_HEADERS are sent"
+        );
         seen.extend(spans);
     }
     let init = &seen[named(&seen, "initialize").unwrap_or_default()];
