@@ -5,9 +5,10 @@
 //! resource naming the replica (`service.instance.id`, from
 //! `[relay] replica`), in the client's trace when its request carries a
 //! W3C `traceparent` in `params._meta`, and hands the host a `traceparent`
-//! naming the relay's span; a relay whose `OTEL_SDK_DISABLED=true` sends
-//! nothing, not even at shutdown, when batched spans are flushed, and
-//! forwards `_meta` untouched.
+//! naming the relay's span, with `OTEL_EXPORTER_OTLP_HEADERS` on every
+//! export; a relay whose `OTEL_SDK_DISABLED=true` sends nothing, not even
+//! at shutdown, when batched spans are flushed, and forwards `_meta`
+//! untouched; a collector that does not answer gets a warning in the log.
 
 mod common;
 
