@@ -132,8 +132,18 @@ pub struct RelayState {
     /// File holding the relay secret (HMAC key for upstream client ids and
     /// cursors); generated with 32 random bytes on first start if absent.
     pub secret_file: PathBuf,
-    /// The durable URI store file.
+    /// The durable URI store: a redb file (one replica, the default), or a
+    /// `postgres://USER@HOST:PORT/DB` URL shared by several replicas
+    /// (§12.1; `?sslmode=require` for TLS).
     pub store: PathBuf,
+    /// File holding the PostgreSQL password (first line), for a
+    /// `postgres://` store.
+    #[serde(default)]
+    pub store_password_file: Option<PathBuf>,
+    /// PEM CA certificates that a `postgres://…?sslmode=require` store's
+    /// certificate must chain to (default: the public web roots).
+    #[serde(default)]
+    pub store_ca_file: Option<PathBuf>,
     /// Host that receives terminals created with a client claim and no
     /// other host hint; optional.
     pub default_host: Option<String>,
@@ -182,6 +192,17 @@ pub fn peek_replica(path: &Path) -> String {
         })
         .filter(|name| !name.is_empty());
     named.unwrap_or_else(default_replica)
+}
+
+impl RelayState {
+    /// Where the URI store is, as `names::open` takes it.
+    pub fn store_location(&self) -> crate::names::open::StoreLocation<'_> {
+        crate::names::open::StoreLocation {
+            store: &self.store,
+            password_file: self.store_password_file.as_deref(),
+            ca_file: self.store_ca_file.as_deref(),
+        }
+    }
 }
 
 fn default_tombstone_ttl() -> u64 {
@@ -482,6 +503,38 @@ impl Limits {
     }
 }
 
+/// What is wrong with how host `h` is reached (contract §13.1): it is
+/// dialed at `url` or dials in with `dial_in`, exactly one of them; a
+/// dial-in host's credentials towards the host belong to its connector, so
+/// the relay-side dialing settings are refused rather than ignored.
+fn reach_problem(h: &HostConfig) -> Option<String> {
+    let id = &h.id;
+    match (&h.dial_in, h.url.is_empty()) {
+        (Some(_), false) => Some(format!(
+            "host {id}: give url (the relay dials the host) or dial_in (the host's connector dials the relay), not both"
+        )),
+        (None, true) => Some(format!(
+            "host {id}: needs url = \"wss://…\" (the relay dials the host) or dial_in = {{ token_file = \"…\" }} (the host's connector, `ahp-relay connect`, dials the relay)"
+        )),
+        (Some(_), true) => {
+            let dialing = [
+                ("allow_plaintext", h.allow_plaintext),
+                ("token_file", h.token_file.is_some()),
+                ("query_token_file", h.query_token_file.is_some()),
+                ("client_cert_file", h.client_cert_file.is_some()),
+                ("client_key_file", h.client_key_file.is_some()),
+                ("ca_file", h.ca_file.is_some()),
+            ];
+            dialing.iter().find(|(_, set)| *set).map(|(key, _)| {
+                format!(
+                    "host {id}: {key} is for a dialed host; a dial-in host's connector holds the host's credentials (ahp-relay connect --to …)"
+                )
+            })
+        }
+        (None, false) => None,
+    }
+}
+
 /// The 1-based line of the `index`-th `[[name]]` table header in `text`.
 fn nth_table_line(text: &str, name: &str, index: usize) -> Option<usize> {
     let header = format!("[[{name}]]");
@@ -578,6 +631,9 @@ impl RelayConfig {
         if self.auth.issuers.is_empty() {
             return bad("auth: at least one issuer is required".into());
         }
+        if let Some(problem) = crate::names::open::location_problem(self.relay.store_location()) {
+            return bad(problem);
+        }
         self.limits.validate()?;
         Ok(())
     }
@@ -594,6 +650,10 @@ impl RelayConfig {
                 )
             } else if !seen.insert(h.id.as_str()) {
                 format!("host id {:?} appears twice", h.id)
+            } else if let Some(problem) = reach_problem(h) {
+                problem
+            } else if h.dial_in.is_some() {
+                continue;
             } else if !(plain || h.url.starts_with("wss://")) {
                 format!(
                     "host {}: url must be wss:// (or ws:// with allow_plaintext)",

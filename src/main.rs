@@ -27,6 +27,7 @@ async fn main() -> ExitCode {
         Command::Cert(args) => cli::cert::run(args),
         Command::Simhost(args) => cli::simhost::run(args).await,
         Command::Client(args) => ahp_relay::client::cli::run(args).await,
+        Command::Connect(args) => cli::connect::run(args).await,
     }
 }
 

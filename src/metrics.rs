@@ -16,6 +16,11 @@ pub struct Metrics {
     pub connections: IntCounter,
     /// Client WebSocket connections open now.
     pub connections_open: IntGauge,
+    /// Connectors of dial-in hosts attached now (contract §13).
+    pub connectors_attached: IntGauge,
+    /// Link sockets connectors opened to the relay (one per link to a
+    /// dial-in host; not counted in `connections`).
+    pub connector_links: IntCounter,
     /// Upgrades refused, by reason.
     pub auth_failures: IntCounterVec,
     /// Client requests, by method.
@@ -92,15 +97,18 @@ pub struct Metrics {
     /// 1, labelled with this replica's name and the store backend
     /// (`ahp_relay_info{replica, store}`; set once by the relay).
     pub info: IntGaugeVec,
-    /// The URI store's health at the last probe: 1 up, 0 otherwise.
-    pub store_up: IntGauge,
-    /// How long the last store probe took, in seconds.
-    pub store_probe_seconds: Gauge,
     /// Reservations of client-chosen URIs (the store write before a
     /// create is forwarded), in seconds on the blocking thread.
     pub store_write_seconds: Histogram,
     /// How long the last of those writes took, in seconds.
     pub store_last_write_seconds: Gauge,
+    /// 1 while the URI store passes its health check (every 2 s, off the
+    /// request path), 0 otherwise; one series, labelled with the backend
+    /// (`redb` or `postgres`, §12.1).
+    pub store_up: IntGaugeVec,
+    /// Seconds the store's last health check took (a round trip to
+    /// PostgreSQL; 0 for the embedded file).
+    pub store_health_seconds: Gauge,
 }
 
 /// Registers metrics named `ahp_relay_<name>` in one registry.
@@ -140,6 +148,8 @@ impl Registrar {
 struct EdgeMetrics {
     connections: IntCounter,
     connections_open: IntGauge,
+    connectors_attached: IntGauge,
+    connector_links: IntCounter,
     auth_failures: IntCounterVec,
     upgrades_refused: IntCounterVec,
     bad_client_frames: IntCounterVec,
@@ -150,6 +160,14 @@ impl EdgeMetrics {
         Ok(Self {
             connections: r.counter("connections_total", "client connections accepted")?,
             connections_open: r.gauge("connections_open", "client connections open")?,
+            connectors_attached: r.gauge(
+                "connectors_attached",
+                "connectors of dial-in hosts attached now",
+            )?,
+            connector_links: r.counter(
+                "connector_links_total",
+                "link sockets opened by connectors of dial-in hosts",
+            )?,
             auth_failures: r.counter_vec("auth_failures_total", "upgrades refused", "reason")?,
             upgrades_refused: r.counter_vec(
                 "upgrades_refused_total",
@@ -245,8 +263,6 @@ impl LinkMetrics {
 /// histograms.
 struct OpsMetrics {
     info: IntGaugeVec,
-    store_up: IntGauge,
-    store_probe_seconds: Gauge,
     store_write_seconds: Histogram,
     store_last_write_seconds: Gauge,
     sessions_evicted: IntCounter,
@@ -269,11 +285,6 @@ impl OpsMetrics {
                     "1, labelled with this replica's name and its URI store backend",
                 ),
                 &["replica", "store"],
-            )?)?,
-            store_up: r.gauge("store_up", "1 when the URI store took the last probe")?,
-            store_probe_seconds: r.register(Gauge::new(
-                "ahp_relay_store_probe_seconds",
-                "duration of the last URI store probe",
             )?)?,
             store_write_seconds: r.register(Histogram::with_opts(
                 HistogramOpts::new(
@@ -368,6 +379,8 @@ impl Metrics {
         Ok(Self {
             connections: edge.connections,
             connections_open: edge.connections_open,
+            connectors_attached: edge.connectors_attached,
+            connector_links: edge.connector_links,
             auth_failures: edge.auth_failures,
             upgrades_refused: edge.upgrades_refused,
             bad_client_frames: edge.bad_client_frames,
@@ -394,8 +407,6 @@ impl Metrics {
             pressure_dropped_buffers: replay.pressure_dropped_buffers,
             pressure_freed_bytes: replay.pressure_freed_bytes,
             info: ops.info,
-            store_up: ops.store_up,
-            store_probe_seconds: ops.store_probe_seconds,
             store_write_seconds: ops.store_write_seconds,
             store_last_write_seconds: ops.store_last_write_seconds,
             sessions_evicted: ops.sessions_evicted,
@@ -407,6 +418,17 @@ impl Metrics {
                 "requests, frames or connections stopped by a limit",
                 "limit",
             )?,
+            store_up: r.register(IntGaugeVec::new(
+                Opts::new(
+                    "ahp_relay_store_up",
+                    "1 while the URI store passes its health check",
+                ),
+                &["backend"],
+            )?)?,
+            store_health_seconds: r.register(Gauge::new(
+                "ahp_relay_store_health_seconds",
+                "duration of the URI store's last health check",
+            )?)?,
             registry: r.registry,
         })
     }

@@ -82,7 +82,7 @@ impl Relay {
         let registry = Registry::new(env.clone())?;
         let (events, rx) = mpsc::unbounded_channel();
         let replica = env.cfg.relay.replica();
-        let info = [replica.as_str(), env.store.backend_name()];
+        let info = [replica.as_str(), env.store.backend()];
         env.metrics.info.with_label_values(&info).set(1);
         let relay = Arc::new(Self {
             replica,

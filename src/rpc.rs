@@ -199,6 +199,9 @@ pub enum Close {
     ResyncPolicy,
     /// 4000: a host the client used left the configuration.
     ResyncHostRemoved,
+    /// 4000: a subscribed channel changed hands (a terminal claim, a chat
+    /// moved to another session) and the client may no longer see it.
+    ResyncAccess,
     /// 4001: the token expired.
     TokenExpired,
     /// 4003: the token was revoked.
@@ -224,7 +227,8 @@ impl Close {
             Close::ResyncHostLost
             | Close::ResyncHostBack
             | Close::ResyncPolicy
-            | Close::ResyncHostRemoved => 4000,
+            | Close::ResyncHostRemoved
+            | Close::ResyncAccess => 4000,
             Close::TokenExpired => 4001,
             Close::TokenRevoked => 4003,
             Close::SlowConsumer => 4008,
@@ -247,6 +251,7 @@ impl Close {
             Close::ResyncHostBack => "resync: a host is back; reconnect now",
             Close::ResyncPolicy => "resync: access policy changed; reconnect now",
             Close::ResyncHostRemoved => "resync: a host was removed; reconnect now",
+            Close::ResyncAccess => "resync: a subscribed channel changed hands; reconnect now",
             Close::TokenExpired => "token expired: reconnect with a new token",
             Close::TokenRevoked => "token revoked: do not retry with it",
             Close::SlowConsumer => "slow consumer: reconnect after backoff",
@@ -274,6 +279,7 @@ mod close_tests {
             Close::ResyncHostBack,
             Close::ResyncPolicy,
             Close::ResyncHostRemoved,
+            Close::ResyncAccess,
             Close::TokenExpired,
             Close::TokenRevoked,
             Close::SlowConsumer,

@@ -13,7 +13,6 @@ use crate::auth::Authenticator;
 use crate::config::RelayConfig;
 use crate::edge::server::Edge;
 use crate::edge::tls::ReloadingCert;
-use crate::names::store::RedbStore;
 use crate::relay::Relay;
 
 /// Why a relay could not start.
@@ -383,7 +382,7 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         Some(s) => s,
         None => create_secret(&cfg.relay.secret_file)?,
     };
-    let store = RedbStore::open(&cfg.relay.store).map_err(|e| StartError::Store(e.to_string()))?;
+    let store = open_store(&cfg).await?;
     tracing::info!(issuers = cfg.auth.issuers.len(), "auth keys loaded");
     let tls = match tls {
         Some(reloading) => {
@@ -397,7 +396,6 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     };
     let (listener, addr) = bind(cfg.listen.addr).await?;
     let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;
-    let store: Arc<dyn crate::names::store::UriStore> = Arc::new(store);
     let purge_every = Duration::from_secs(cfg.limits.store_purge_secs.max(1));
     let (relay, events) = Relay::new(cfg, secret, store.clone(), auth).map_err(StartError::Load)?;
     let edge = Edge::new(relay.clone(), tls);
@@ -419,6 +417,21 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
         admin_addr,
         tasks,
     })
+}
+
+/// The URI store `[relay]` names, opened on a blocking thread (PostgreSQL
+/// may take up to its timeout to answer).
+async fn open_store(
+    cfg: &RelayConfig,
+) -> Result<Arc<dyn crate::names::store::UriStore>, StartError> {
+    let relay = cfg.relay.clone();
+    let opened =
+        tokio::task::spawn_blocking(move || crate::names::open::open(relay.store_location()))
+            .await
+            .map_err(|e| StartError::Store(e.to_string()))?;
+    let store = opened.map_err(|e| StartError::Store(e.to_string()))?;
+    tracing::info!(backend = store.backend(), "URI store open");
+    Ok(store)
 }
 
 /// A listener on `addr`, and the address it is bound to.

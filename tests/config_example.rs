@@ -41,6 +41,31 @@ fn example_config_loads_and_validates() {
     );
 }
 
+/// The example's commented PostgreSQL store lines, uncommented in place of
+/// its redb `store`, load: a store URL, its password file and CA file.
+#[test]
+fn example_postgres_store_lines_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let text = std::fs::read_to_string(dir.join("relay.example.toml")).expect("example");
+    let redb = "store = \"/var/lib/ahp-relay/uris.redb\"\n";
+    assert!(text.contains(redb), "the example keeps redb as the default");
+    let pg: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| l.starts_with("store = ") || l.starts_with("store_"))
+        .collect();
+    assert_eq!(pg.len(), 3, "{pg:?}");
+    let edited = text.replace(redb, &(pg.join("\n") + "\n"));
+    let path =
+        std::env::temp_dir().join(format!("ahp-relay-pg-example-{}.toml", std::process::id()));
+    std::fs::write(&path, edited).expect("write");
+    let cfg = RelayConfig::load(&path);
+    let _ = std::fs::remove_file(&path);
+    let cfg = cfg.unwrap_or_else(|e| panic!("the PostgreSQL lines load: {e}"));
+    assert!(ahp_relay::names::pg::is_postgres_url(&cfg.relay.store));
+    assert!(cfg.relay.store_password_file.is_some() && cfg.relay.store_ca_file.is_some());
+}
+
 /// `config/policy.example.toml` (the worked policy examples) loads, and its
 /// rules grant what its comments say.
 #[test]
@@ -183,29 +208,64 @@ fn policy_errors_name_file_and_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The `relay.toml` shipped in `deploy/k8s/configmap.yaml` loads and validates.
-#[test]
-fn kubernetes_configmap_config_loads() {
-    let yaml = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s/configmap.yaml"),
-    )
-    .expect("configmap");
+/// The `relay.toml` of a ConfigMap manifest under the crate root.
+fn configmap_toml(manifest: &str) -> String {
+    let yaml = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(manifest))
+        .expect("configmap");
     let start = yaml.find("relay.toml: |").expect("relay.toml key") + "relay.toml: |".len();
-    let toml: String = yaml[start..]
+    yaml[start..]
         .lines()
         .skip(1)
         .map(|l| l.strip_prefix("    ").unwrap_or(l.trim_start()))
         .map(|l| format!("{l}\n"))
-        .collect();
-    let dir = std::env::temp_dir().join(format!("ahp-relay-k8s-{}", std::process::id()));
+        .collect()
+}
+
+/// Loads `toml` as a relay config file.
+fn load_text(tag: &str, toml: &str) -> RelayConfig {
+    let dir = std::env::temp_dir().join(format!("ahp-relay-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("relay.toml");
     std::fs::write(&path, toml).unwrap();
-    let cfg = RelayConfig::load(&path).unwrap_or_else(|e| panic!("configmap relay.toml: {e}"));
+    let cfg = RelayConfig::load(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+    cfg.unwrap_or_else(|e| panic!("{tag} relay.toml: {e}"))
+}
+
+/// The `relay.toml` shipped in `deploy/k8s/configmap.yaml` loads and validates.
+#[test]
+fn kubernetes_configmap_config_loads() {
+    let cfg = load_text("k8s", &configmap_toml("deploy/k8s/configmap.yaml"));
     assert_eq!(cfg.hosts.len(), 2);
     assert_eq!(cfg.limits.drain_window_secs, 30);
     assert!(!cfg.policy.rules.is_empty());
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The HA overlay's `relay.toml` (`deploy/k8s-ha`) loads, keeps the URI
+/// store in PostgreSQL with the password and CA from the mounted Secret, and
+/// differs from the base's in nothing else.
+#[test]
+fn kubernetes_ha_configmap_is_the_base_on_postgres() {
+    let base = configmap_toml("deploy/k8s/configmap.yaml");
+    let ha = configmap_toml("deploy/k8s-ha/configmap-patch.yaml");
+    let cfg = load_text("k8s-ha", &ha);
+    assert!(ahp_relay::names::pg::is_postgres_url(&cfg.relay.store));
+    let mounted = |p: &Option<std::path::PathBuf>| {
+        p.as_ref()
+            .is_some_and(|p| p.starts_with("/etc/ahp-relay/store"))
+    };
+    assert!(mounted(&cfg.relay.store_password_file) && mounted(&cfg.relay.store_ca_file));
+    let other = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.starts_with("store") && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        other(&ha),
+        other(&base),
+        "the overlay changes only the store"
+    );
 }
 
 /// A `[[hosts]]` entry that is wrong is reported with the line of its table

@@ -443,3 +443,55 @@ async fn dropped_client_without_tool_calls_keeps_its_links_through_the_grace() {
         "the host never saw the client leave"
     );
 }
+
+/// §12.2 with S17: the relay restarts (same directory, so the same secret
+/// and upstream ids) while the client's tool call runs on a host whose
+/// client grace is 20 s; the client's `reconnect` on the new incarnation is
+/// adopted — `snapshot`, the host sees the same upstream id initialize
+/// again — so the call is still running, the client completes it and the
+/// turn completes with its reduced chat equal to the host's.
+#[tokio::test]
+async fn an_adopted_session_keeps_its_running_client_tool_call_across_a_relay_restart() {
+    let t = TestRelay::start(vec![host_a(20_000)], "").await;
+    let (_, host_chat) = seeded_chat("a", 1);
+    let up = t.upstream_id("alice", "s17-adopt");
+    let run = start_tool_run(&t, "s17-adopt").await;
+    let watermark = run
+        .envs
+        .iter()
+        .map(|e| e.server_seq)
+        .max()
+        .unwrap_or(run.s0);
+    let ToolRun {
+        ws: old,
+        turn_id,
+        tool_call_id,
+        ..
+    } = run;
+    let t = t.restart().await;
+    drop(old);
+    assert!(
+        !t.has_session("alice", "s17-adopt"),
+        "the new incarnation does not know the session"
+    );
+    let (ws, result) = reconnect_raw(&t, "s17-adopt", watermark).await;
+    assert_eq!(result["type"], "snapshot", "adopted: {result}");
+    let (chat, _) = seeded_chat("a", 1);
+    assert!(snapshot_from_seq(snapshot_of(&result, &chat)) > watermark);
+    assert_eq!(
+        t.upstream_id("alice", "s17-adopt"),
+        up,
+        "the same upstream id"
+    );
+    assert_eq!(
+        host_tool_status(&t.hosts[0], &host_chat).as_deref(),
+        Some("running"),
+        "the host kept the call for the returning client"
+    );
+    assert!(
+        initializes_of(&t.hosts[0], &up) >= 2,
+        "the host saw the same client initialize again"
+    );
+    let call = (turn_id.as_str(), tool_call_id.as_str());
+    complete_after_snapshot(&t, ws, &result, call, "s17-adopt").await;
+}

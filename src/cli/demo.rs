@@ -33,6 +33,11 @@ pub struct DemoArgs {
     /// Log lines as human-readable `text` or one JSON object per line.
     #[arg(long, value_enum, default_value_t)]
     pub log_format: super::LogFormat,
+    /// Run the last host (`laptop`) as a host behind NAT: the relay has no
+    /// URL for it, and a connector (`ahp-relay connect`, in-process) dials
+    /// the relay for it (contract §13).
+    #[arg(long)]
+    pub dial_in: bool,
     /// Where to write the `export` lines of the variables (default: `env`
     /// in the demo's fresh temporary folder); the path is printed. Removed
     /// when the demo stops.
@@ -76,7 +81,10 @@ fn host_configs(
 /// Runs the demo until Ctrl-C.
 pub async fn run(args: DemoArgs) -> ExitCode {
     let format = args.log_format;
-    match demo(args).await {
+    let ran = demo(args).await;
+    // Spans batched but not yet exported go out before the process ends.
+    let _ = tokio::task::spawn_blocking(crate::otel::flush).await;
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             super::fail(format, &e);
@@ -139,10 +147,23 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
     let dir = std::env::temp_dir().join(format!("ahp-relay-demo-{}-{tag}", std::process::id()));
     let kit = DevKit::create(&dir).map_err(|e| e.to_string())?;
-    let pairs: Vec<(String, String)> = hosts
+    let mut pairs: Vec<(String, String)> = hosts
         .iter()
         .map(|h| (h.config().name.clone(), h.url()))
         .collect();
+    let host_list: Vec<String> = pairs.iter().map(|(id, u)| format!("{id}={u}")).collect();
+    let dial_in = if args.dial_in {
+        pairs
+            .pop()
+            .map(|(id, to)| DialIn::new(&kit, id, to))
+            .transpose()?
+    } else {
+        None
+    };
+    let extra = match &dial_in {
+        Some(d) => format!("{}{}", d.table(), crate::devkit::DEMO_POLICY),
+        None => crate::devkit::DEMO_POLICY.to_string(),
+    };
     // A terminal a client opens without naming a host (most clients know
     // nothing of hosts) goes to the first host.
     let default_host = pairs
@@ -150,17 +171,11 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
         .map(|(id, _)| format!("default_host = \"{id}\""))
         .unwrap_or_default();
     let cfg = kit
-        .config_with_relay(
-            &args.listen.to_string(),
-            &pairs,
-            "",
-            &default_host,
-            crate::devkit::DEMO_POLICY,
-        )
+        .config_with_relay(&args.listen.to_string(), &pairs, "", &default_host, &extra)
         .map_err(|e| e.to_string())?;
     let running = crate::run::start(cfg).await.map_err(|e| e.to_string())?;
     let url = format!("wss://localhost:{}/", running.addr.port());
-    let host_list: Vec<String> = pairs.iter().map(|(id, u)| format!("{id}={u}")).collect();
+    let connector = dial_in.as_ref().map(|d| d.start(&url, &kit.cert));
     let vars = [
         ("AHP_RELAY_URL", url.clone()),
         ("AHP_RELAY_TOKEN", demo_token(&kit, "alice", "demo-token")?),
@@ -179,16 +194,93 @@ async fn demo(args: DemoArgs) -> Result<(), String> {
     let env_file = args.env_file.clone().unwrap_or_else(|| kit.dir.join("env"));
     export(&env_file, &vars)?;
     print_usage(&url, hosts.len(), &env_file, &vars[5].1, args.vscode_compat);
+    if let Some(d) = &dial_in {
+        d.print(&url, &kit.cert);
+    }
     println!("Press Ctrl-C to stop.");
     shutdown.await;
+    if let Some(c) = connector {
+        c.abort();
+    }
     running.stop();
     for h in hosts {
         h.shutdown().await;
     }
-    let _ = tokio::task::spawn_blocking(crate::otel::flush).await;
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&env_file);
     Ok(())
+}
+
+/// `--dial-in`: a demo host the relay does not dial; a connector in this
+/// process dials the relay for it, as `ahp-relay connect` would next to a
+/// laptop behind NAT.
+struct DialIn {
+    id: String,
+    token: std::path::PathBuf,
+    to: String,
+}
+
+impl DialIn {
+    /// Host `id` at `to`, with a fresh random token in the demo's folder.
+    fn new(kit: &DevKit, id: String, to: String) -> Result<Self, String> {
+        let mut raw = [0u8; 24];
+        crate::identity::random_fill(&mut raw).map_err(|e| e.to_string())?;
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let token = kit.dir.join(format!("{id}.token"));
+        crate::run::write_private(&token, format!("{hex}\n").as_bytes())
+            .map_err(|e| format!("cannot write {}: {e}", token.display()))?;
+        Ok(Self { id, token, to })
+    }
+
+    /// Its `[[hosts]]` table: no URL, the token file.
+    fn table(&self) -> String {
+        format!(
+            "\n[[hosts]]\nid = \"{}\"\ndial_in = {{ token_file = \"{}\" }}\n",
+            self.id,
+            self.token.display()
+        )
+    }
+
+    /// Runs its connector in this process against the relay at `url`.
+    fn start(&self, url: &str, ca: &std::path::Path) -> tokio::task::JoinHandle<()> {
+        let args = self.args(url, ca);
+        tokio::spawn(async move {
+            if let Err(e) = super::connect::connect(args).await {
+                tracing::error!(error = %e, "the demo's connector stopped");
+            }
+        })
+    }
+
+    fn args(&self, url: &str, ca: &std::path::Path) -> super::connect::ConnectArgs {
+        super::connect::ConnectArgs {
+            relay: vec![url.to_string()],
+            host_id: self.id.clone(),
+            token_file: self.token.clone(),
+            to: self.to.clone(),
+            ca: Some(ca.to_path_buf()),
+            to_token_file: None,
+            to_query_token_file: None,
+            to_cert: None,
+            to_key: None,
+            to_ca: None,
+            status: false,
+        }
+    }
+
+    /// Says which host dials in and the command that does it.
+    fn print(&self, url: &str, ca: &std::path::Path) {
+        println!(
+            "{} dials in (the relay has no URL for it); its connector runs in this process, as would:",
+            self.id
+        );
+        println!(
+            "  ahp-relay connect --relay {url} --host-id {} --token-file {} --to {} --ca {}",
+            self.id,
+            self.token.display(),
+            self.to,
+            ca.display()
+        );
+    }
 }
 
 /// The commands to try next, printed once the demo runs. A VS Code-mode

@@ -1,6 +1,7 @@
 //! The `ahp-relay` command line: one binary, one subcommand per job.
 
 pub mod cert;
+pub mod connect;
 pub mod demo;
 pub mod policy;
 pub mod serve;
@@ -38,6 +39,9 @@ pub enum Command {
     Simhost(simhost::SimHostArgs),
     /// An AHP client: sessions, chats, turns, tool approvals and files.
     Client(crate::client::cli::ClientArgs),
+    /// Put a host with no inbound port behind a relay: run next to the
+    /// host, it dials the relay (`[[hosts]]` with `dial_in`).
+    Connect(connect::ConnectArgs),
 }
 
 /// How `serve` and `demo` write log lines (`--log-format`).

@@ -38,7 +38,7 @@ impl StoreProbe {
     /// store is not ready.
     pub fn new(port: &RelayPort) -> Self {
         Self {
-            healthy: Arc::new(AtomicBool::new(port.store_healthy())),
+            healthy: Arc::new(AtomicBool::new(port.probe_store())),
         }
     }
 
@@ -50,7 +50,7 @@ impl StoreProbe {
         loop {
             tick.tick().await;
             let port = port.clone();
-            let ok = tokio::task::spawn_blocking(move || port.store_healthy())
+            let ok = tokio::task::spawn_blocking(move || port.probe_store())
                 .await
                 .unwrap_or(false);
             self.healthy.store(ok, Ordering::Relaxed);

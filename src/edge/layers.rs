@@ -59,6 +59,11 @@ pub enum Refusal {
     Upgrade(&'static str),
 }
 
+/// Marks an accepted upgrade that is not a client's (a dial-in host's
+/// connector): [`CountOutcomes`] leaves it out of `connections_total`.
+#[derive(Debug, Clone, Copy)]
+pub struct NotAClient;
+
 /// A plain-text response.
 pub fn text(status: StatusCode, body: &str) -> Resp {
     let mut r = Response::new(Full::new(Bytes::from(body.to_owned())));
@@ -222,7 +227,11 @@ impl Around for CountOutcomes {
                 log_auth_refusal(r, resp.status(), client);
             }
             Some(Refusal::Upgrade(r)) => m.upgrades_refused.with_label_values(&[r]).inc(),
-            None if resp.status() == StatusCode::SWITCHING_PROTOCOLS => m.connections.inc(),
+            None if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+                && resp.extensions().get::<NotAClient>().is_none() =>
+            {
+                m.connections.inc()
+            }
             None => {}
         }
         resp
@@ -340,7 +349,8 @@ impl Around for SameOrigin {
 
 /// Refuses upgrades with 503 and `Retry-After` while the relay drains
 /// (§8.3) or while attached sessions alone hold more replay memory than the
-/// budget (§5.4). Checked before the token, so an overloaded relay spends
+/// budget (§5.4) — client upgrades only: a dial-in host's connector is let
+/// through, as the relay's links to a dialed host are not stopped either. Checked before the token, so an overloaded relay spends
 /// nothing on verification; not an authentication failure, so the failure
 /// limiter does not count it.
 #[derive(Debug, Clone)]
@@ -357,6 +367,13 @@ impl Around for Admission {
         S: Service<Request<Incoming>, Response = Resp, Error = Infallible> + Send + 'static,
         S::Future: Send,
     {
+        // A connector's sockets are the relay's own connections to a
+        // dial-in host, opened because the relay asked (§13): shedding
+        // clients must not cut the links its attached clients still use,
+        // any more than it cuts a dialed host's.
+        if req.uri().path() == crate::upstream::dial_in::CONNECTOR_PATH {
+            return call(next, req).await;
+        }
         if !self.ready.load(Ordering::Relaxed) {
             return refused(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -5,6 +5,7 @@
 //! `port`.
 
 pub mod admin;
+pub mod connectors;
 pub mod history;
 pub mod layers;
 pub mod limiter;

@@ -62,17 +62,47 @@ impl RelayPort {
         &self.relay.auth
     }
 
-    /// Whether the URI store can take writes (see `UriStore::health`; the
-    /// admin listener calls this off the request path, on a blocking
-    /// thread). Each check sets `ahp_relay_store_up` and
-    /// `ahp_relay_store_probe_seconds`, which `/status` shows.
-    pub fn store_healthy(&self) -> bool {
+    /// Checks the store's health now and records the outcome and its
+    /// duration in the metrics that `/metrics` and `/status` show (§12.1);
+    /// blocks for a round trip with PostgreSQL: call it off the runtime.
+    pub fn probe_store(&self) -> bool {
+        let store = &self.relay.store;
         let started = std::time::Instant::now();
-        let healthy = self.relay.store.health().is_ok();
+        let ok = store.health().is_ok();
+        let took = started.elapsed();
         let m = self.metrics();
-        m.store_probe_seconds.set(started.elapsed().as_secs_f64());
-        m.store_up.set(i64::from(healthy));
-        healthy
+        m.store_up
+            .with_label_values(&[store.backend()])
+            .set(i64::from(ok));
+        m.store_health_seconds.set(took.as_secs_f64());
+        ok
+    }
+
+    /// The store's backend and its last probed health, for `/status`.
+    fn store_row(&self) -> serde_json::Value {
+        let m = self.metrics();
+        let backend = self.relay.store.backend();
+        let up = m
+            .store_up
+            .get_metric_with_label_values(&[backend])
+            .is_ok_and(|g| g.get() == 1);
+        serde_json::json!({
+            "backend": backend,
+            "healthy": up,
+            "latency_ms": m.store_health_seconds.get() * 1000.0,
+            "writes": m.store_write_seconds.get_sample_count(),
+            "last_write_ms": m.store_last_write_seconds.get() * 1000.0,
+        })
+    }
+
+    /// The hub of host `id` (connectors authenticate against its config).
+    pub fn hub(&self, id: &str) -> Option<Arc<crate::upstream::hub::HostHub>> {
+        self.relay.hub(id)
+    }
+
+    /// The attached connectors of dial-in hosts (contract §13).
+    pub fn connectors(&self) -> Arc<crate::upstream::dial_in::Connectors> {
+        self.relay.hosts.connectors().clone()
     }
 
     /// Whether new upgrades are refused for replay memory (contract §5.4).
@@ -116,17 +146,13 @@ impl RelayPort {
         let hosts: Vec<_> = self.relay.hubs().map(|h| h.row()).collect();
         serde_json::json!({
             "relay": {"replica": &self.relay.replica, "version": env!("CARGO_PKG_VERSION")},
-            "store": {"backend": self.relay.store.backend_name(),
-                "up": m.store_up.get() == 1,
-                "probe_ms": m.store_probe_seconds.get() * 1000.0,
-                "writes": m.store_write_seconds.get_sample_count(),
-                "last_write_ms": m.store_last_write_seconds.get() * 1000.0},
             "hosts": hosts,
             "principals": self.relay.registry.status_rows(),
             "reconnects": {"replay": replay, "snapshot": snapshot,
                 "adopted": outcome("adopted"), "not_found": outcome("not_found"),
                 "snapshot_fallback_ratio": ratio},
             "denials": crate::policy::recent::denials(),
+            "store": self.store_row(),
         })
     }
 

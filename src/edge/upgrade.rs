@@ -27,6 +27,9 @@ pub fn handle(port: &RelayPort, feeds: &StatusFeeds, mut req: Request<Incoming>)
     if super::status::is_status_path(req.uri().path()) {
         return status(port, feeds, false, req);
     }
+    if req.uri().path() == crate::upstream::dial_in::CONNECTOR_PATH {
+        return super::connectors::handle(port, req);
+    }
     let Some(WsKey(key)) = req.extensions().get::<WsKey>().cloned() else {
         return text(StatusCode::BAD_REQUEST, "a WebSocket upgrade is required\n");
     };
@@ -105,7 +108,7 @@ fn auth_refusal(err: &AuthError) -> Resp {
 
 /// `101 Switching Protocols` for `key`, naming the `bearer` sub-protocol
 /// when the token came in it (browsers require the echo).
-fn switching(key: &HeaderValue, source: TokenSource) -> Resp {
+pub(super) fn switching(key: &HeaderValue, source: TokenSource) -> Resp {
     let mut resp = Response::new(Body::default());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();

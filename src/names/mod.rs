@@ -7,6 +7,8 @@
 pub mod client_uri;
 pub mod index;
 pub mod namer;
+pub mod open;
+pub mod pg;
 pub mod qualify;
 pub mod seen;
 pub mod store;

@@ -449,7 +449,15 @@ impl ClientSession {
             // Off the runtime (an fsync): the name is taken before and after,
             // so nothing waits for this write.
             let (store, key) = (self.env.store.clone(), key.to_string());
-            tokio::task::spawn_blocking(move || store.tombstone(&key, now, ttl));
+            let (registry, host) = (self.registry(), a.host.id.clone());
+            tokio::spawn(async move {
+                let _ = tokio::task::spawn_blocking(move || store.tombstone(&key, now, ttl)).await;
+                // Once tombstoned, what the disposed object showed is gone
+                // for everyone (§7.6): a terminal it claimed among them.
+                if let Some(r) = registry {
+                    r.after_dispose(&host);
+                }
+            });
         }
         self.answer_plain(core, a);
     }
@@ -742,7 +750,16 @@ pub fn rewrite_envelope(
             seen,
             at: ShownIn::Channel(client_channel),
         };
-        translate::translate(&mut action, &ty.value, &namer).ok()?;
+        if super::fanout::REMOVALS.contains(&&*ty.value) {
+            let removal = super::fanout::Removal {
+                inner: &namer,
+                store,
+                host: &host.id,
+            };
+            translate::translate(&mut action, &ty.value, &removal).ok()?;
+        } else {
+            translate::translate(&mut action, &ty.value, &namer).ok()?;
+        }
         rewritten_action = action.to_string();
         edits.retain(|e| !(e.range.start >= range.start && e.range.end <= range.end));
         edits.push(Edit {

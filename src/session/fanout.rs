@@ -11,7 +11,9 @@ use tokio::sync::mpsc;
 use super::ClientSession;
 use super::registry::Registry;
 use crate::names::namer::ToClient;
-use crate::names::translate;
+use crate::names::qualify::{ChannelKind, channel_kind};
+use crate::names::store::UriState;
+use crate::names::translate::{self, FieldKind, NameError, Namer};
 use crate::route::root;
 use crate::rpc::Close;
 use crate::upstream::hub::{HostHub, HostStatus};
@@ -53,7 +55,13 @@ impl Registry {
                     batch.back_up.push(host);
                 }
             }
-            WatchEvent::Root { fields, .. } => batch.dirty(&fields),
+            WatchEvent::Root { host, fields } => {
+                batch.dirty(&fields);
+                if fields.contains(&RootField::Terminals) {
+                    // A terminal's claim may have changed (§7.6).
+                    batch.claims_changed(host);
+                }
+            }
             WatchEvent::LimitHit { limit, .. } => {
                 self.env
                     .metrics
@@ -70,7 +78,10 @@ impl Registry {
     }
 
     /// Delivers a coalesced batch: catalog notifications in order, then the
-    /// root fields that changed, then the resync of hosts that came back.
+    /// root fields that changed, then the re-evaluation of the
+    /// subscriptions the batch may take from someone (§7.6) — terminals of
+    /// hosts whose claims or sessions changed, chats listed anew (they may
+    /// have moved sessions) — then the resync of hosts that came back.
     fn fan_batch(&self, batch: Batch) {
         for (host, method, params) in batch.notifications {
             // A host removed meanwhile has no hub: its events are moot.
@@ -80,6 +91,13 @@ impl Registry {
         }
         if !batch.fields.is_empty() {
             self.fan_root(&batch.fields);
+        }
+        for host in batch.claims {
+            let listed = self.listed_terminal(&host);
+            self.reevaluate_subscribers(&host, "terminal_claim", listed);
+        }
+        for (host, listed) in batch.listed_chats {
+            self.reevaluate_subscribers(&host, "chat_moved", |uri| listed.iter().any(|c| c == uri));
         }
         for host in batch.back_up {
             self.resync_orphans(&host);
@@ -114,22 +132,92 @@ impl Registry {
             .collect()
     }
 
+    /// A session, chat or terminal created through the relay on `host` was
+    /// disposed and its store entry tombstoned: until then the relay still
+    /// counted it as "created, not listed yet", so the terminals it claimed
+    /// are re-filtered for root followers and their subscribers
+    /// re-evaluated now (§7.6).
+    pub fn after_dispose(&self, host: &str) {
+        self.fan_root(&[RootField::Terminals]);
+        let listed = self.listed_terminal(host);
+        self.reevaluate_subscribers(host, "terminal_claim", listed);
+    }
+
+    /// Re-evaluates the sessions subscribed on `host` to a channel `which`
+    /// selects (host form; one that still exists) after it may have changed
+    /// hands — a terminal claimed anew, a chat moved to another session
+    /// (contract §7.6). A session that can no longer see one of them forgets
+    /// what it may no longer see ([`ClientSession::forget_invisible`], as
+    /// after a policy change) and is closed with 4000, so its `reconnect`
+    /// answers without it. A channel that is merely gone (disposed) closes
+    /// nobody. Only those subscribers pay: one tenant's churn costs others
+    /// nothing.
+    fn reevaluate_subscribers(&self, host: &str, cause: &str, which: impl Fn(&str) -> bool) {
+        let affected: Vec<(Arc<ClientSession>, Vec<String>)> = self
+            .sessions
+            .iter()
+            .filter_map(|s| {
+                let core = s.lock();
+                let chans = core.channels.chans.get(host)?;
+                let picked: Vec<String> = chans
+                    .iter()
+                    .filter(|(uri, _)| which(uri))
+                    .map(|(_, chan)| chan.client().to_string())
+                    .collect();
+                (!picked.is_empty()).then(|| (s.clone(), picked))
+            })
+            .collect();
+        for (s, picked) in affected {
+            let now = s.who();
+            let lost = picked
+                .iter()
+                .any(|c| crate::route::router::host_for(&self.env, now.caller(), c).is_err());
+            if lost && s.forget_invisible() {
+                let m = &self.env.metrics;
+                m.resyncs.with_label_values(&[cause]).inc();
+                s.close(Close::ResyncAccess);
+            }
+        }
+    }
+
+    /// The terminals (host form) `host` lists now: the ones whose claim may
+    /// have moved (a disposed terminal is gone, not moved).
+    fn listed_terminal(&self, host: &str) -> impl Fn(&str) -> bool + use<> {
+        let hub = self.env.hosts.get(host);
+        move |uri: &str| {
+            channel_kind(uri) == ChannelKind::Terminal
+                && hub
+                    .as_ref()
+                    .is_some_and(|h| h.terminal_claim(uri).is_some())
+        }
+    }
+
     /// Sends each root follower the fields that changed for it.
+    ///
+    /// The value is computed under the session's lock, so what it compares
+    /// with `root_seen` and sends is never older than what another fan-out
+    /// (a policy reload, a dispose's tombstone, the watch links' task) or a
+    /// `reconnect` snapshot wrote there meanwhile: each computes the state
+    /// at the moment it holds the lock, and every change is followed by a
+    /// fan-out, so the last value sent is the current one (found by
+    /// `tests/relay_model.rs`: a value computed before a reload reached the
+    /// client after the reload's).
     pub fn fan_root(&self, fields: &[RootField]) {
         for s in self.followers() {
             for field in fields {
-                let value = root::root_field(&self.env, *field, s.who().caller());
                 let key = match field {
                     RootField::Agents => "agents",
                     RootField::Terminals => "terminals",
                     RootField::ActiveSessions => "activeSessions",
                 };
                 let mut core = s.lock();
-                // Checked again under the lock: a snapshot `reconnect` may
-                // have stopped root delivery (its cut) since `followers()`.
-                if !core.channels.subs.contains(ahp_types::ROOT_RESOURCE_URI)
-                    || core.channels.root_seen.get(key) == Some(&value)
-                {
+                // Checked under the lock: a snapshot `reconnect` may have
+                // stopped root delivery (its cut) since `followers()`.
+                if !core.channels.subs.contains(ahp_types::ROOT_RESOURCE_URI) {
+                    continue;
+                }
+                let value = root::root_field(&self.env, *field, s.who().caller());
+                if core.channels.root_seen.get(key) == Some(&value) {
                     continue;
                 }
                 core.channels
@@ -164,12 +252,22 @@ impl Registry {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let namer = ToClient {
+        let to_client = ToClient {
             host: &hub.id,
             store: self.env.store.as_ref(),
             identity: None,
         };
-        if translate::translate(&mut params, method, &namer).is_err() {
+        let translated = if REMOVALS.contains(&method) {
+            let removal = Removal {
+                inner: &to_client,
+                store: self.env.store.as_ref(),
+                host: &hub.id,
+            };
+            translate::translate(&mut params, method, &removal)
+        } else {
+            translate::translate(&mut params, method, &to_client)
+        };
+        if translated.is_err() {
             return;
         }
         let frame = crate::rpc::notification_frame(method, &params);
@@ -222,6 +320,55 @@ impl Registry {
     }
 }
 
+/// Host → client names for a removal (`root/sessionRemoved`, the action
+/// `session/chatRemoved`, [`REMOVALS`]). It may reach the relay after the
+/// relay answered the dispose and tombstoned the object's store entry (the
+/// answer comes on the disposer's own link; the removal on the watch link
+/// or on other clients' links): a client-chosen session or chat then keeps
+/// the name its followers know it by, not the host-assigned form
+/// [`ToClient`] gives a URI without a live entry (found by
+/// `tests/relay_model.rs`). Only a removal: a host announcing an object
+/// under a tombstoned name made it itself, and is named as host-assigned.
+/// Every other name is `inner`'s.
+pub(super) struct Removal<'a> {
+    /// The namer of everything else.
+    pub inner: &'a dyn Namer,
+    /// The URI store.
+    pub store: &'a dyn crate::names::store::UriStore,
+    /// The host the removal came from.
+    pub host: &'a str,
+}
+
+/// The shapes (rewrite-table keys) that remove the object they name.
+pub(super) const REMOVALS: [&str; 2] = ["root/sessionRemoved", "session/chatRemoved"];
+
+impl Namer for Removal<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
+        let tombstoned = kind == FieldKind::Uri
+            && matches!(self.store.lookup(value),
+                Ok(Some(e)) if e.host == self.host
+                    && matches!(e.state, UriState::Tombstone { .. }));
+        if tombstoned {
+            return Ok(value.to_string());
+        }
+        self.inner.translate(kind, value)
+    }
+}
+
+/// The chats (host form) a `root/sessionSummaryChanged` lists for its
+/// session (`changes.chats` replaces the whole list); none for other
+/// catalog events.
+fn listed_chats(params: &Value) -> Vec<String> {
+    params
+        .pointer("/changes/chats")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("resource").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Every root field.
 const ALL_FIELDS: [RootField; 3] = [
     RootField::Agents,
@@ -243,6 +390,11 @@ struct Batch {
     open_summary: std::collections::HashMap<(Arc<str>, String), usize>,
     fields: Vec<RootField>,
     back_up: Vec<Arc<str>>,
+    /// Hosts whose terminal claims may have changed: a root `terminals`
+    /// change, or a session of theirs that came or went.
+    claims: Vec<Arc<str>>,
+    /// Per host, the chats summary changes listed (host form).
+    listed_chats: Vec<(Arc<str>, Vec<String>)>,
 }
 
 impl Batch {
@@ -254,7 +406,17 @@ impl Batch {
         }
     }
 
+    fn claims_changed(&mut self, host: Arc<str>) {
+        if !self.claims.contains(&host) {
+            self.claims.push(host);
+        }
+    }
+
     fn catalog(&mut self, host: Arc<str>, method: &'static str, params: Value) {
+        let listed = listed_chats(&params);
+        if !listed.is_empty() {
+            self.listed_chats.push((host.clone(), listed));
+        }
         let session = params
             .get("session")
             .or_else(|| params.pointer("/summary/resource"))
@@ -264,7 +426,10 @@ impl Batch {
         let key = (host.clone(), session);
         if method != "root/sessionSummaryChanged" {
             self.open_summary.remove(&key);
-            self.dirty(&[RootField::ActiveSessions]);
+            // A session that came or went changes the count and who sees
+            // the terminals it claims.
+            self.dirty(&[RootField::ActiveSessions, RootField::Terminals]);
+            self.claims_changed(host.clone());
             self.notifications.push((host, method, params));
             return;
         }
@@ -358,6 +523,10 @@ mod tests {
                 "root/sessionSummaryChanged"
             ]
         );
-        assert_eq!(b.fields, vec![RootField::ActiveSessions]);
+        assert_eq!(
+            b.fields,
+            vec![RootField::ActiveSessions, RootField::Terminals]
+        );
+        assert_eq!(b.claims, vec![h]);
     }
 }

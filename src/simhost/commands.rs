@@ -9,8 +9,9 @@
 use std::sync::Arc;
 
 use ahp_types::commands::{
-    CreateChatParams, CreateSessionParams, CreateTerminalParams, FetchTurnsParams,
-    InitializeParams, InitializeResult, ListSessionsParams, ReconnectParams, SubscribeParams,
+    ChatMoveDestination, CreateChatParams, CreateSessionParams, CreateTerminalParams,
+    FetchTurnsParams, InitializeParams, InitializeResult, ListSessionsParams, MoveChatParams,
+    ReconnectParams, SubscribeParams,
 };
 use ahp_types::state::{Snapshot, TerminalClaim, TerminalState};
 use ahp_types::version::negotiate_protocol_version;
@@ -61,6 +62,7 @@ pub fn handle_request(
         "disposeSession" => dispose_session(core, params),
         "createChat" => create_chat(shared, core, params),
         "disposeChat" => dispose_chat(core, params),
+        "moveChat" => move_chat(core, params),
         "listSessions" => list_sessions(core, params),
         "fetchTurns" => fetch_turns(core, params),
         "createTerminal" => create_terminal(core, conn, params),
@@ -414,6 +416,64 @@ fn dispose_chat(core: &mut HostCore, params: &Value) -> Result<String, RpcError>
     forget_channels(core, std::slice::from_ref(&uri));
     core.notify_summary_changed(&session);
     Ok("null".into())
+}
+
+/// `moveChat` into an existing session of this host (`destination.kind =
+/// "session"`; `after` is not honoured): the chat leaves its session
+/// (`session/chatRemoved` there), joins the destination
+/// (`session/chatAdded`), and both summaries change. A move into a new
+/// session, or in VS Code mode (its chat URIs encode their session), is
+/// -32602.
+fn move_chat(core: &mut HostCore, params: &Value) -> Result<String, RpcError> {
+    let p: MoveChatParams = parse(params)?;
+    let from = core
+        .state
+        .chats
+        .get(&p.channel)
+        .map(|c| c.session.clone())
+        .ok_or_else(|| not_found_for(&p.channel))?;
+    let to = match &p.destination {
+        ChatMoveDestination::Session(d) if !core.cfg.vscode_compat => d.session.clone(),
+        _ => {
+            return Err(RpcError::invalid_params(
+                "this host moves chats only into an existing session",
+            ));
+        }
+    };
+    if !core.state.sessions.contains_key(&to) {
+        return Err(RpcError::session_not_found(&to));
+    }
+    if to != from {
+        if let Some(a) = typed_action(json!({"type": "session/chatRemoved", "chat": p.channel})) {
+            core.emit(&from, a);
+        }
+        let summary = core.state.chats.get_mut(&p.channel).map(|c| {
+            c.session = to.clone();
+            chat_summary(&c.state)
+        });
+        if let Some(a) = typed_action(json!({"type": "session/chatAdded", "summary": summary})) {
+            core.emit(&to, a);
+        }
+        core.notify_summary_changed(&from);
+        core.notify_summary_changed(&to);
+    }
+    Ok(json!({ "session": to }).to_string())
+}
+
+/// Hands terminal `uri` to `claim` as the host itself may (an agent taking
+/// a terminal over for a session): `terminal/claimed` on the terminal,
+/// then `root/terminalsChanged`. `false` if there is no such terminal or
+/// the claim is malformed.
+pub fn host_claims_terminal(core: &mut HostCore, uri: &str, claim: &Value) -> bool {
+    if !core.state.terminals.contains_key(uri) {
+        return false;
+    }
+    let Some(a) = typed_action(json!({"type": "terminal/claimed", "claim": claim})) else {
+        return false;
+    };
+    core.emit(uri, a);
+    emit_terminals(core);
+    true
 }
 
 /// `listSessions` cursor: the sort key of the last item returned, hex-encoded.

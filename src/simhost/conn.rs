@@ -30,9 +30,14 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     shared.lock().attach(id, tx);
     let mut stalled = shared.stalled.subscribe();
+    let mut held = shared.held.subscribe();
     loop {
-        if *stalled.borrow_and_update() {
-            if stalled.wait_for(|s| !*s).await.is_err() {
+        if *stalled.borrow_and_update() || is_held(&shared, &mut held, id) {
+            let woken = tokio::select! {
+                r = stalled.changed() => r.is_ok(),
+                r = held.changed() => r.is_ok(),
+            };
+            if !woken {
                 break;
             }
             continue;
@@ -49,12 +54,33 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
                 }
             },
             _ = stalled.changed() => {}
+            _ = held.changed() => {}
         }
     }
     let mut core = shared.lock();
     if let Some(client) = core.detach(id) {
         super::client_tools::client_gone(&shared, &mut core, &client);
     }
+}
+
+/// Whether connection `id` belongs to a client a test stalled
+/// (`SimHost::stall_client`); costs no lock while nobody is.
+fn is_held(
+    shared: &Shared,
+    held: &mut tokio::sync::watch::Receiver<std::collections::HashSet<String>>,
+    id: ConnId,
+) -> bool {
+    let clients = {
+        let now = held.borrow_and_update();
+        if now.is_empty() {
+            return false;
+        }
+        now.clone()
+    };
+    shared
+        .lock()
+        .client_of(id)
+        .is_some_and(|c| clients.contains(&c))
 }
 
 /// Bytes a connection reads at most per read call. tungstenite 0.29

@@ -132,6 +132,9 @@ pub struct HostCore {
     /// generation), used instead of each connection's when
     /// [`Self::host_wide_tokens`] holds.
     pub host_tokens: HashMap<String, String>,
+    /// Fault: `root/session*` notifications held back while `Some` (in
+    /// order), sent when released (`SimHost::hold_catalog_events`).
+    pub held_root: Option<Vec<(String, Value)>>,
     next_id: u64,
 }
 
@@ -159,6 +162,7 @@ impl HostCore {
             next_grace: 1,
             files,
             host_tokens: HashMap::new(),
+            held_root: None,
             next_id: 0,
         }
     }
@@ -436,7 +440,7 @@ impl HostCore {
 
     /// Sends `root/sessionSummaryChanged` with the session's aggregated
     /// status, `modifiedAt` and compact chat catalog.
-    pub fn notify_summary_changed(&self, session: &str) {
+    pub fn notify_summary_changed(&mut self, session: &str) {
         if let Some(summary) = self.state.summary(session) {
             self.notify_root(
                 "root/sessionSummaryChanged",
@@ -456,7 +460,11 @@ impl HostCore {
 
     /// A root-scoped protocol notification (`root/session*`): to root
     /// subscribers, or to every initialized connection in VS Code mode.
-    pub fn notify_root(&self, method: &str, params: &Value) {
+    pub fn notify_root(&mut self, method: &str, params: &Value) {
+        if let Some(held) = &mut self.held_root {
+            held.push((method.to_string(), params.clone()));
+            return;
+        }
         let frame: Utf8Bytes = rpc::notification_frame(method, params).into();
         for c in self.conns.values() {
             let wanted = if self.cfg.vscode_compat {

@@ -25,6 +25,9 @@ pub struct Shared {
     recorder: Mutex<Recorder>,
     /// While true, connections neither read nor write (fault injection).
     pub stalled: watch::Sender<bool>,
+    /// Connections of these `clientId`s neither read nor write (fault
+    /// injection, [`SimHost::stall_client`]).
+    pub held: watch::Sender<std::collections::HashSet<String>>,
     next_conn: AtomicU64,
     handshakes: Mutex<Vec<Handshake>>,
 }
@@ -94,6 +97,7 @@ impl SimHost {
             core: Mutex::new(HostCore::new(cfg.clone(), files)),
             recorder: Mutex::new(Recorder::new(cfg.record_limit)),
             stalled: watch::channel(false).0,
+            held: watch::channel(std::collections::HashSet::new()).0,
             next_conn: AtomicU64::new(1),
             handshakes: Mutex::new(Vec::new()),
             cfg,
@@ -167,6 +171,20 @@ impl SimHost {
         self.shared.stalled.send_replace(stalled);
     }
 
+    /// Fault: while `stalled`, the connections of `client_id` neither read
+    /// nor write (their outbound frames queue up, in order); the host's
+    /// other connections go on. Lets a test deliver a host's frames to one
+    /// client after its answer to another.
+    pub fn stall_client(&self, client_id: &str, stalled: bool) {
+        self.shared.held.send_modify(|held| {
+            if stalled {
+                held.insert(client_id.to_string());
+            } else {
+                held.remove(client_id);
+            }
+        });
+    }
+
     /// Fault: sends `text` as it is (garbage, a frame of any size) to every
     /// connection of `client_id`; returns how many got it.
     pub fn send_raw(&self, client_id: &str, text: &str) -> usize {
@@ -238,6 +256,45 @@ impl SimHost {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The protected resources a live `authenticate` token is held for on
+    /// the open connections of `client_id` (the host's one store in
+    /// host-wide mode), sorted: what a test compares with who may operate.
+    pub fn tokens_of(&self, client_id: &str) -> Vec<String> {
+        let core = self.shared.lock();
+        let mut out: Vec<String> = core
+            .conns_of(client_id)
+            .into_iter()
+            .filter_map(|c| core.tokens(c))
+            .flat_map(|t| t.keys().cloned())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Fault: while `hold` is true, the host's `root/session*`
+    /// notifications wait (answers and actions do not); `false` sends the
+    /// held ones in order. Lets a test deliver a catalog event after the
+    /// answer that caused it, as a slow watch connection would.
+    pub fn hold_catalog_events(&self, hold: bool) {
+        let mut core = self.shared.lock();
+        if hold {
+            core.held_root.get_or_insert_with(Vec::new);
+            return;
+        }
+        for (method, params) in core.held_root.take().unwrap_or_default() {
+            core.notify_root(&method, &params);
+        }
+    }
+
+    /// Hands terminal `uri` to `claim` (`{kind: "session", session, chat}`
+    /// or `{kind: "client", clientId}`, host names) as the host itself
+    /// may: `terminal/claimed` on the terminal, then
+    /// `root/terminalsChanged`. `false` if there is no such terminal.
+    pub fn claim_terminal(&self, uri: &str, claim: &Value) -> bool {
+        super::commands::host_claims_terminal(&mut self.shared.lock(), uri, claim)
     }
 
     /// Number of open connections.

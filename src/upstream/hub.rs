@@ -11,7 +11,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::upstream::dial::{Credentials, DialError, DialOptions, WsStream, dial_stream_capped};
+use crate::upstream::dial::{Credentials, DialError, DialOptions, dial_stream_capped};
+use crate::upstream::dial_in::{Connectors, HostSocket};
 
 /// One upstream host.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -22,8 +23,14 @@ pub struct HostConfig {
     /// Human label, suffixed to agent display names.
     #[serde(default)]
     pub label: Option<String>,
-    /// `wss://…` or (with `allow_plaintext`) `ws://…`.
+    /// `wss://…` or (with `allow_plaintext`) `ws://…`; empty for a host
+    /// that dials in (`dial_in`): exactly one of the two is given.
+    #[serde(default)]
     pub url: String,
+    /// The host dials in through its connector (`ahp-relay connect`,
+    /// contract §13) instead of being dialed at `url`.
+    #[serde(default)]
+    pub dial_in: Option<DialInConfig>,
     /// Allow a `ws://` URL.
     #[serde(default)]
     pub allow_plaintext: bool,
@@ -50,6 +57,16 @@ pub struct HostConfig {
     /// host), which decides who may supply them (`session/authenticate.rs`).
     #[serde(default)]
     pub authenticate: AuthenticateScope,
+}
+
+/// How a host that dials in proves itself (contract §13.2).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DialInConfig {
+    /// File holding the token its connector presents (`--token-file` of
+    /// `ahp-relay connect`); read again at every connector authentication,
+    /// so a rotated file takes effect for the next one.
+    pub token_file: PathBuf,
 }
 
 /// How far a token given to a host with `authenticate` reaches there.
@@ -137,6 +154,10 @@ pub struct HostHub {
     ops: std::sync::Mutex<HostOps>,
     /// Bounds on what the host may send (set by [`Hosts`] from `[limits]`).
     limits: HubLimits,
+    /// Where a dial-in host's connector is found (shared by [`Hosts`]).
+    connectors: Arc<Connectors>,
+    /// The connector attached when the last dial-in dial started.
+    dialed_via: std::sync::Mutex<Option<u64>>,
 }
 
 /// Bounds a hub applies to what its host sends (`[limits]`), so that no
@@ -189,6 +210,11 @@ pub struct HostRow {
     pub links: usize,
     /// The last dial or link failure (names the host id, never its URL).
     pub last_error: Option<String>,
+    /// `dialed` (the relay dials the host) or `dial-in` (its connector
+    /// dials the relay, contract §13).
+    pub reach: &'static str,
+    /// A dial-in host's attached connector: the address it connected from.
+    pub connector: Option<String>,
 }
 
 /// One session of a host's catalog in `listSessions` order.
@@ -217,6 +243,18 @@ impl HostHub {
                 std::io::ErrorKind::InvalidInput,
                 "client_cert_file and client_key_file go together",
             ));
+        }
+        if let Some(dial_in) = &cfg.dial_in {
+            let token = std::fs::read_to_string(&dial_in.token_file)?;
+            if token.trim().is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "dial_in token file {} is empty",
+                        dial_in.token_file.display()
+                    ),
+                ));
+            }
         }
         for file in [
             &cfg.token_file,
@@ -247,6 +285,8 @@ impl HostHub {
             index: std::sync::Mutex::new(None),
             ops: std::sync::Mutex::new(HostOps::default()),
             limits: HubLimits::default(),
+            connectors: Arc::default(),
+            dialed_via: std::sync::Mutex::new(None),
         })
     }
 
@@ -254,7 +294,10 @@ impl HostHub {
     /// files now; `user` as in [`HostHub::dial_options`]. The outcome is
     /// noted for the status page; an error names the host id, never its
     /// URL or a credential.
-    pub async fn dial(&self, user: Option<(&str, &str)>) -> Result<WsStream, DialError> {
+    pub async fn dial(&self, user: Option<(&str, &str)>) -> Result<HostSocket, DialError> {
+        if self.cfg.dial_in.is_some() {
+            return self.dial_in(user).await;
+        }
         let result = async {
             let mut opts = self.dial_options(user);
             opts.token = read_secret("token", self.cfg.token_file.as_deref()).await?;
@@ -270,9 +313,56 @@ impl HostHub {
             dial_stream_capped(&opts, &creds, self.limits.max_message_bytes).await
         }
         .await
+        .map(|ws| HostSocket::Dialed(Box::new(ws)))
         .map_err(|e| e.for_host(&self.id));
         self.note_error(result.as_ref().err().map(ToString::to_string));
         result
+    }
+
+    /// [`HostHub::dial`] of a dial-in host: its connector is asked for the
+    /// link (waiting [`DialOptions::connect_timeout`] for a connector to
+    /// attach, then as long again for the socket), with the same end-user
+    /// headers a dialed link sends, which the connector puts on its
+    /// upgrade request to the host.
+    async fn dial_in(&self, user: Option<(&str, &str)>) -> Result<HostSocket, DialError> {
+        let opts = self.dial_options(user);
+        *self.dialed_via.lock().unwrap_or_else(|e| e.into_inner()) =
+            self.connectors.generation(&self.id);
+        let result = self
+            .connectors
+            .request(&self.id, opts.extra_headers, opts.connect_timeout)
+            .await
+            .map(|ws| HostSocket::DialedIn(Box::new(ws)))
+            .map_err(|e| DialError::Host {
+                host: self.id.to_string(),
+                reason: e.to_string(),
+            });
+        self.note_error(result.as_ref().err().map(ToString::to_string));
+        result
+    }
+
+    /// Waits `pause` before a watch link redials, or less: a dial-in host's
+    /// wait ends as soon as a connector other than the one its last dial
+    /// found is attached (a connector that cannot reach its host does not
+    /// make the watch link redial faster than its backoff).
+    pub async fn pause_before_redial(&self, pause: Duration) {
+        if self.cfg.dial_in.is_none() {
+            return tokio::time::sleep(pause).await;
+        }
+        let deadline = tokio::time::Instant::now() + pause;
+        loop {
+            let arrived = self.connectors.arrival();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let last = *self.dialed_via.lock().unwrap_or_else(|e| e.into_inner());
+            let now = self.connectors.generation(&self.id);
+            if now.is_some() && now != last {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Dial options for a link, without credentials (see [`HostHub::dial`]);
@@ -325,6 +415,16 @@ impl HostHub {
             sessions,
             links: self.links.load(std::sync::atomic::Ordering::Relaxed),
             last_error: ops.last_error,
+            reach: if self.cfg.dial_in.is_some() {
+                "dial-in"
+            } else {
+                "dialed"
+            },
+            connector: self
+                .cfg
+                .dial_in
+                .as_ref()
+                .and_then(|_| self.connectors.peer(&self.id)),
         }
     }
 
@@ -533,6 +633,8 @@ pub struct Hosts {
     watches: std::sync::Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
     /// The bounds every hub made by [`Hosts::apply`] gets.
     limits: HubLimits,
+    /// The connectors of dial-in hosts, shared by every hub.
+    connectors: Arc<Connectors>,
 }
 
 /// What a reload changed.
@@ -559,6 +661,7 @@ impl Hosts {
             hubs: RwLock::new(Arc::new(hubs)),
             watches: Default::default(),
             limits: HubLimits::default(),
+            connectors: Arc::default(),
         })
     }
 
@@ -568,6 +671,11 @@ impl Hosts {
             limits,
             ..Self::default()
         }
+    }
+
+    /// The connectors of dial-in hosts (the edge attaches them).
+    pub fn connectors(&self) -> &Arc<Connectors> {
+        &self.connectors
     }
 
     fn snapshot(&self) -> Arc<BTreeMap<String, Arc<HostHub>>> {
@@ -623,7 +731,8 @@ impl Hosts {
                 }
                 _ => match new_hub(cfg) {
                     Ok(hub) => {
-                        let hub = hub.limited(self.limits);
+                        let mut hub = hub.limited(self.limits);
+                        hub.connectors = self.connectors.clone();
                         let hub = Arc::new(hub);
                         next.insert(cfg.id.clone(), hub.clone());
                         changes.added.push(hub);
@@ -632,14 +741,28 @@ impl Hosts {
                 },
             }
         }
+        let mut evicted = Vec::new();
         for (id, hub) in old.iter() {
             if next.get(id).is_none_or(|h| !Arc::ptr_eq(h, hub)) {
                 changes.removed.push(hub.clone());
+                // A connector authenticated for a host that is gone or no
+                // longer dials in the same way must authenticate again.
+                if next
+                    .get(id)
+                    .is_none_or(|h| h.cfg.dial_in != hub.cfg.dial_in)
+                {
+                    evicted.push(id.clone());
+                }
             }
         }
         match self.hubs.write() {
             Ok(mut h) => *h = Arc::new(next),
             Err(e) => *e.into_inner() = Arc::new(next),
+        }
+        // After the swap: a connector that comes straight back meets the
+        // new host set.
+        for id in evicted {
+            self.connectors.evict(&id);
         }
         self.restart_watches(&changes, start);
         changes
@@ -705,6 +828,7 @@ mod tests {
             id: "h".into(),
             label: None,
             url: "ws://127.0.0.1:1/".into(),
+            dial_in: None,
             allow_plaintext: true,
             token_file: None,
             query_token_file: None,
@@ -771,6 +895,7 @@ mod tests {
             id: "h".into(),
             label: None,
             url: "wss://h/".into(),
+            dial_in: None,
             allow_plaintext: false,
             token_file: None,
             query_token_file: None,

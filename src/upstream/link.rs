@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
-use super::dial::WsStream;
+use super::dial_in::HostSocket;
 use super::hub::HostHub;
 
 /// Whether a link may read from its host now (§5.9).
@@ -218,7 +218,7 @@ impl Ends {
         self.owner.upgrade()
     }
 
-    async fn dial(&self) -> Result<WsStream, super::dial::DialError> {
+    async fn dial(&self) -> Result<HostSocket, super::dial::DialError> {
         let (issuer, subject) = &self.spec.user;
         self.host.dial(Some((issuer, subject))).await
     }
@@ -263,7 +263,7 @@ async fn pump(
     ends: &Ends,
     rx: &mut mpsc::Receiver<LinkCmd>,
     ids: &AtomicU64,
-    ws: &mut WsStream,
+    ws: &mut HostSocket,
 ) -> bool {
     let mut heard = Heard::new(ends.spec.ping_after, ends.spec.ping_timeout);
     let mut paused: Option<(BoxFuture<'static, ()>, tokio::time::Instant)> = None;
@@ -405,7 +405,7 @@ struct Batch {
 /// then writes its replies; `Some` when [`pump`] must end with that value.
 async fn host_messages(
     ends: &Ends,
-    ws: &mut WsStream,
+    ws: &mut HostSocket,
     first: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
     (max_frames, max_bytes): (usize, usize),
     batch: &mut Batch,
@@ -480,7 +480,11 @@ async fn room(paused: &mut Option<(BoxFuture<'static, ()>, tokio::time::Instant)
 
 /// Writes `first` and everything else already queued, then flushes once;
 /// `false` if the connection failed.
-async fn write_queued(ws: &mut WsStream, first: LinkCmd, rx: &mut mpsc::Receiver<LinkCmd>) -> bool {
+async fn write_queued(
+    ws: &mut HostSocket,
+    first: LinkCmd,
+    rx: &mut mpsc::Receiver<LinkCmd>,
+) -> bool {
     let (LinkCmd::Frame(f) | LinkCmd::Dispatch { frame: f, .. }) = first;
     if ws.feed(Message::text(f)).await.is_err() {
         return false;
@@ -498,7 +502,7 @@ async fn write_queued(ws: &mut WsStream, first: LinkCmd, rx: &mut mpsc::Receiver
 /// link's watermark. A `replay` continues seamlessly (its envelopes are
 /// numbered as usual; repeats are dropped by the watermark); a `snapshot`,
 /// an error or no host within the attempts is a loss of continuity (`None`).
-async fn resume(ends: &Ends) -> Option<WsStream> {
+async fn resume(ends: &Ends) -> Option<HostSocket> {
     let host = &ends.host;
     for delay in [100u64, 400, 1600] {
         tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -534,7 +538,7 @@ async fn resume(ends: &Ends) -> Option<WsStream> {
 }
 
 /// Sends `request` (id 0) and waits for its answer; frames before it are returned.
-async fn ask(ws: &mut WsStream, request: &str) -> Option<(Value, Vec<String>)> {
+async fn ask(ws: &mut HostSocket, request: &str) -> Option<(Value, Vec<String>)> {
     ws.send(Message::text(request.to_string())).await.ok()?;
     let mut early = Vec::new();
     let answer = tokio::time::timeout(INIT_WITHIN, async {
@@ -557,7 +561,7 @@ async fn ask(ws: &mut WsStream, request: &str) -> Option<(Value, Vec<String>)> {
 
 /// Dials and initializes; `None` if the host cannot be used. Frames that
 /// arrive before the `initialize` answer are returned to be handled after it.
-async fn open(ends: &Ends, mut baseline: Baseline) -> Option<(WsStream, Vec<String>, u64)> {
+async fn open(ends: &Ends, mut baseline: Baseline) -> Option<(HostSocket, Vec<String>, u64)> {
     let answer = opened(ends, &baseline.channels).await;
     let result = answer
         .as_ref()
@@ -574,7 +578,7 @@ async fn open(ends: &Ends, mut baseline: Baseline) -> Option<(WsStream, Vec<Stri
     Some((ws, early, server_seq))
 }
 
-async fn opened(ends: &Ends, channels: &[String]) -> Option<(WsStream, Vec<String>, Value)> {
+async fn opened(ends: &Ends, channels: &[String]) -> Option<(HostSocket, Vec<String>, Value)> {
     let host = &ends.host;
     let mut subs = vec![ahp_types::ROOT_RESOURCE_URI.to_string()];
     subs.extend(channels.iter().cloned());

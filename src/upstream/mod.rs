@@ -2,6 +2,7 @@
 //! and, per client session, lazily opened links.
 
 pub mod dial;
+pub mod dial_in;
 pub mod hub;
 pub mod link;
 pub mod version;

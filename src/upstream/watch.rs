@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::hub::{HostHub, HostStatus};
-use crate::upstream::dial::WsStream;
+use crate::upstream::dial_in::HostSocket;
 
 /// The upstream client id of this process's watch links: `r1.watch.` and
 /// 8 random hex digits, so two relays (replicas, or an old and a new one
@@ -133,7 +133,7 @@ pub async fn run(
         if events.is_closed() {
             return;
         }
-        tokio::time::sleep(backoff).await;
+        hub.pause_before_redial(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(10));
     }
 }
@@ -161,7 +161,7 @@ impl From<&str> for Failure {
 
 /// A JSON-RPC connection with request/response matching for the watch link.
 struct Rpc {
-    ws: WsStream,
+    ws: HostSocket,
     next_id: u64,
 }
 

@@ -2,8 +2,9 @@
 //! the official `ahp` client or a raw WebSocket, and wait with timeouts.
 //! `frames` builds the JSON-RPC frames and actions tests write by hand,
 //! `names` the principals and client names, `relay` a relay over TLS in
-//! front of simulated hosts. Every test file uses these rather than its own
-//! copies.
+//! front of simulated hosts, `postgres` a throwaway PostgreSQL cluster,
+//! `haproxy` a load balancer in front of relays. Every test file uses these
+//! rather than its own copies.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -18,7 +19,9 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod frames;
+pub mod haproxy;
 pub mod names;
+pub mod postgres;
 pub mod relay;
 
 pub use frames::*;
@@ -305,7 +308,7 @@ pub async fn drain_actions(client: &Client, events: &mut ClientEventStream) -> V
 
 /// The `completions` request for chat `chat`: routed to the chat's host,
 /// which answers it without changing any state.
-fn barrier_params(chat: &str) -> Value {
+pub fn barrier_params(chat: &str) -> Value {
     json!({"channel": chat, "kind": "userMessage", "text": "", "offset": 0})
 }
 
@@ -720,10 +723,14 @@ pub async fn listed_uris(ws: &mut RawWs, id: u64) -> Vec<String> {
 /// Rust; with `AHP_RELAY_REQUIRE_EXTERNAL=1` (set by `.ci/run`, which
 /// installs them) its absence fails the test instead.
 pub fn external(program: &str) -> bool {
-    let runs = std::process::Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    // `--version`, or `-v` for programs that exit non-zero on the long
+    // form (HAProxy).
+    let runs = ["--version", "-v"].iter().any(|flag| {
+        std::process::Command::new(program)
+            .arg(flag)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
     if runs {
         return true;
     }

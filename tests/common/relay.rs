@@ -121,6 +121,54 @@ impl TestRelay {
         t
     }
 
+    /// A replica of this relay in a process of its own (§12.1; one process
+    /// per relay, as the watch link's client id is per process): the same
+    /// relay secret, token keys, certificate and hosts, `extra` appended to
+    /// its config as for [`TestRelay::start`], and `store_lines` in place of
+    /// its `[relay] store` line (e.g. a shared PostgreSQL store).
+    pub fn replica_process(&self, extra: &str, store_lines: &str) -> ServedRelay {
+        self.replica_process_on("127.0.0.1:0", extra, store_lines)
+    }
+
+    /// [`TestRelay::replica_process`] listening on `listen` (a fixed port
+    /// lets a load balancer's server line survive the replica's restart).
+    pub fn replica_process_on(&self, listen: &str, extra: &str, store_lines: &str) -> ServedRelay {
+        let dir = scratch_dir("replica");
+        std::fs::create_dir_all(&dir).expect("replica directory");
+        std::fs::copy(self.kit.dir.join("relay.secret"), dir.join("relay.secret"))
+            .expect("the relay secret is shared");
+        let kit = DevKit {
+            dir: dir.clone(),
+            ..self.kit.clone()
+        };
+        let pairs: Vec<(String, String)> = self
+            .hosts
+            .iter()
+            .map(|h| (h.config().name.clone(), h.url()))
+            .collect();
+        kit.config(listen, &pairs, "", extra)
+            .expect("config validates");
+        let path = dir.join("relay.toml");
+        let own_store = format!("store = \"{}\"", dir.join("uris.redb").display());
+        let text = std::fs::read_to_string(&path).expect("replica config");
+        assert!(text.contains(&own_store), "{text}");
+        std::fs::write(&path, text.replace(&own_store, store_lines)).expect("replica config");
+        serve_binary(&kit, "info")
+    }
+
+    /// A raw TLS WebSocket as `sub` through the relay at `url` (a replica
+    /// of this one: same certificate and token keys).
+    pub async fn raw_at(&self, url: &str, sub: &str) -> super::RawWs {
+        let options = DialOptions {
+            url: url.to_owned(),
+            ..self.dial_options(Some(self.token(sub)))
+        };
+        let ws = dial_stream(&options)
+            .await
+            .expect("raw websocket through the replica");
+        super::RawWs::from_stream(ws)
+    }
+
     /// Waits until every host's watch link is up.
     pub async fn wait_hosts_up(&self) {
         let relay = self.relay.relay.clone();
