@@ -150,6 +150,48 @@ pub struct RelayState {
     /// How long a disposed client-chosen URI stays reserved (default 30 days).
     #[serde(default = "default_tombstone_ttl")]
     pub tombstone_ttl_secs: u64,
+    /// This replica's name in `/status`, `/metrics` (`ahp_relay_info`) and
+    /// exported traces (`service.instance.id`); default [`default_replica`].
+    /// Read once at start.
+    pub replica: Option<String>,
+}
+
+impl RelayState {
+    /// This replica's name: `replica` if set, else [`default_replica`].
+    pub fn replica(&self) -> String {
+        match self.replica.as_deref().map(str::trim) {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => default_replica(),
+        }
+    }
+}
+
+/// A replica's default name: `HOSTNAME` (the pod's name in Kubernetes),
+/// else the kernel's host name, else `ahp-relay`.
+pub fn default_replica() -> String {
+    let from_env = std::env::var("HOSTNAME").ok();
+    let from_kernel = || std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    from_env
+        .or_else(from_kernel)
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "ahp-relay".to_string())
+}
+
+/// The replica name a configuration file gives (`[relay] replica`, else
+/// [`default_replica`]), read before the file is loaded whole: logging and
+/// trace export start before `serve` loads its configuration, and a file
+/// that does not parse is reported by that load.
+pub fn peek_replica(path: &Path) -> String {
+    let named = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|doc| {
+            let relay = doc.get("relay")?.as_table()?;
+            Some(relay.get("replica")?.as_str()?.trim().to_string())
+        })
+        .filter(|name| !name.is_empty());
+    named.unwrap_or_else(default_replica)
 }
 
 impl RelayState {
@@ -635,5 +677,41 @@ impl RelayConfig {
     /// The host with this id.
     pub fn host(&self, id: &str) -> Option<&HostConfig> {
         self.hosts.iter().find(|h| h.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The replica name traces are exported under is the one the loaded
+    /// configuration gives: `[relay] replica`, else the default; a file
+    /// that cannot be read or parsed falls back to the default (its load
+    /// reports the error).
+    #[test]
+    fn the_peeked_replica_is_the_configured_one() {
+        let dir = std::env::temp_dir().join(format!("ahp-relay-replica-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("relay.toml");
+        std::fs::write(
+            &file,
+            "[relay]\nsecret_file = \"s\"\nreplica = \" relay-b \"\n",
+        )
+        .unwrap();
+        assert_eq!(peek_replica(&file), "relay-b");
+        std::fs::write(&file, "[relay]\nsecret_file = \"s\"\n").unwrap();
+        assert_eq!(peek_replica(&file), default_replica());
+        std::fs::write(&file, "[relay\n").unwrap();
+        assert_eq!(peek_replica(&file), default_replica());
+        assert_eq!(peek_replica(&dir.join("missing.toml")), default_replica());
+        assert!(!default_replica().is_empty());
+        let state = |replica: &str| {
+            let text = format!("secret_file = \"s\"\nstore = \"u\"\n{replica}");
+            toml::from_str::<RelayState>(&text).unwrap()
+        };
+        assert_eq!(state("replica = \"relay-c\"").replica(), "relay-c");
+        assert_eq!(state("replica = \"  \"").replica(), default_replica());
+        assert_eq!(state("").replica(), default_replica());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

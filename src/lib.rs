@@ -18,6 +18,7 @@ pub mod identity;
 pub mod metrics;
 pub mod names;
 pub mod net;
+pub mod otel;
 pub mod policy;
 pub mod relay;
 pub mod route;

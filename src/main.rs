@@ -17,7 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     no_huge_pages();
     let cli = Cli::parse();
-    cli::init_tracing(cli.log_format());
+    cli::init_tracing(cli.log_format(), cli.replica().as_deref());
     match cli.command {
         Command::Demo(args) => cli::demo::run(args).await,
         Command::Serve(args) => cli::serve::run(args).await,

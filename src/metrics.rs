@@ -94,6 +94,14 @@ pub struct Metrics {
     /// `request_timeout`, `quota`, `host_object`, `link_queue`,
     /// `client_frame`).
     pub limit_hits: IntCounterVec,
+    /// 1, labelled with this replica's name and the store backend
+    /// (`ahp_relay_info{replica, store}`; set once by the relay).
+    pub info: IntGaugeVec,
+    /// Reservations of client-chosen URIs (the store write before a
+    /// create is forwarded), in seconds on the blocking thread.
+    pub store_write_seconds: Histogram,
+    /// How long the last of those writes took, in seconds.
+    pub store_last_write_seconds: Gauge,
     /// 1 while the URI store passes its health check (every 2 s, off the
     /// request path), 0 otherwise; one series, labelled with the backend
     /// (`redb` or `postgres`, §12.1).
@@ -251,8 +259,12 @@ impl LinkMetrics {
     }
 }
 
-/// Operations: the fair session cap and latency histograms.
+/// Operations: the replica, the store, the fair session cap and latency
+/// histograms.
 struct OpsMetrics {
+    info: IntGaugeVec,
+    store_write_seconds: Histogram,
+    store_last_write_seconds: Gauge,
     sessions_evicted: IntCounter,
     status_builds: IntCounter,
     host_latency: HistogramVec,
@@ -267,6 +279,24 @@ const LATENCY_BUCKETS: [f64; 12] = [
 impl OpsMetrics {
     fn new(r: &Registrar) -> Result<Self, prometheus::Error> {
         Ok(Self {
+            info: r.register(IntGaugeVec::new(
+                Opts::new(
+                    "ahp_relay_info",
+                    "1, labelled with this replica's name and its URI store backend",
+                ),
+                &["replica", "store"],
+            )?)?,
+            store_write_seconds: r.register(Histogram::with_opts(
+                HistogramOpts::new(
+                    "ahp_relay_store_write_seconds",
+                    "URI store reservations (the write before a create is forwarded)",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?)?,
+            store_last_write_seconds: r.register(Gauge::new(
+                "ahp_relay_store_last_write_seconds",
+                "duration of the last URI store reservation",
+            )?)?,
             sessions_evicted: r.counter(
                 "sessions_evicted_total",
                 "detached sessions dropped for a new session of the same principal at its cap",
@@ -376,6 +406,9 @@ impl Metrics {
             replay_sizes: replay.replay_sizes,
             pressure_dropped_buffers: replay.pressure_dropped_buffers,
             pressure_freed_bytes: replay.pressure_freed_bytes,
+            info: ops.info,
+            store_write_seconds: ops.store_write_seconds,
+            store_last_write_seconds: ops.store_last_write_seconds,
             sessions_evicted: ops.sessions_evicted,
             status_builds: ops.status_builds,
             host_latency: ops.host_latency,

@@ -32,6 +32,8 @@ pub struct Relay {
     pub auth: Authenticator,
     /// Where watch links send their events (the registry's fan-out).
     events: mpsc::UnboundedSender<WatchEvent>,
+    /// This replica's name (`[relay] replica`, resolved once at start).
+    pub replica: String,
 }
 
 impl std::ops::Deref for Relay {
@@ -79,7 +81,11 @@ impl Relay {
         });
         let registry = Registry::new(env.clone())?;
         let (events, rx) = mpsc::unbounded_channel();
+        let replica = env.cfg.relay.replica();
+        let info = [replica.as_str(), env.store.backend()];
+        env.metrics.info.with_label_values(&info).set(1);
         let relay = Arc::new(Self {
+            replica,
             env,
             registry,
             auth,

@@ -242,6 +242,9 @@ async fn status_page_marks_a_stopped_host_down_live() {
         })
         .await;
     assert!(up.contains("live"), "{up}");
+    let replica = format!("replica {}", ahp_relay::config::default_replica());
+    assert!(up.contains(&replica), "the page names the replica: {up}");
+    assert!(up.contains("redb · healthy"), "and the store: {up}");
     let href = browser
         .call(
             "Runtime.evaluate",
@@ -463,4 +466,56 @@ async fn denials_and_latency_histograms() {
         common::relay::metric(&metrics, "ahp_relay_reconnect_duration_seconds_count"),
         Some(1.0)
     );
+}
+
+/// `/metrics` and `/status.json` name this replica (`[relay] replica`) and
+/// its URI store: `ahp_relay_info{replica, store}` = 1,
+/// `ahp_relay_store_up{backend}` = 1, the last check's latency and, after
+/// a create of a client-chosen URI, its store write's; the same in the
+/// status data the page shows (issue 19).
+#[tokio::test]
+async fn metrics_and_status_name_the_replica_and_the_store() {
+    let policy = rule("ops-admin", &["ops"], &["*"], "admin", "all", "");
+    let t = TestRelay::start_tweaked(vec![fast_config("alpha", 1)], "", &policy, |cfg| {
+        cfg.relay.replica = Some("relay-b".into());
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let mut ws = t.raw("ops").await;
+    ws.initialize("ops-1").await;
+    let create = ws
+        .request(
+            1,
+            "createSession",
+            json!({"channel": "ahp-session:/ops-own", "provider": "sim.alpha"}),
+        )
+        .await;
+    assert!(create.get("result").is_some(), "{create}");
+    let (_, metrics) = admin_get(&t, "/metrics").await;
+    common::relay::assert_metrics(
+        &metrics,
+        &[
+            ("ahp_relay_info{replica=\"relay-b\",store=\"redb\"}", 1.0),
+            ("ahp_relay_store_up{backend=\"redb\"}", 1.0),
+            ("ahp_relay_store_write_seconds_count", 1.0),
+        ],
+    );
+    let probe = common::relay::metric(&metrics, "ahp_relay_store_health_seconds");
+    assert!(probe.is_some_and(|s| s >= 0.0), "{metrics}");
+
+    let (_, body) = admin_get_as(&t, "ops", "/status.json").await;
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["relay"]["replica"], "relay-b", "{v}");
+    assert_eq!(v["relay"]["version"], env!("CARGO_PKG_VERSION"), "{v}");
+    assert_eq!(v["store"]["backend"], "redb", "{v}");
+    assert_eq!(v["store"]["healthy"], true, "{v}");
+    assert!(
+        v["store"]["latency_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms >= 0.0),
+        "{v}"
+    );
+    assert_eq!(v["store"]["writes"], 1, "{v}");
+    let last = v["store"]["last_write_ms"].as_f64();
+    assert!(last.is_some_and(|ms| ms > 0.0), "{v}");
 }

@@ -81,7 +81,10 @@ fn host_configs(
 /// Runs the demo until Ctrl-C.
 pub async fn run(args: DemoArgs) -> ExitCode {
     let format = args.log_format;
-    match demo(args).await {
+    let ran = demo(args).await;
+    // Spans batched but not yet exported go out before the process ends.
+    let _ = tokio::task::spawn_blocking(crate::otel::flush).await;
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             super::fail(format, &e);

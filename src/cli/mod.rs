@@ -65,6 +65,17 @@ impl Cli {
             _ => LogFormat::Text,
         }
     }
+
+    /// The replica name traces are exported under, for the subcommands
+    /// that run a relay (`serve`: its configuration's `[relay] replica`);
+    /// `None` for the others, which never export traces.
+    pub fn replica(&self) -> Option<String> {
+        match &self.command {
+            Command::Serve(a) => Some(crate::config::peek_replica(&a.config)),
+            Command::Demo(_) => Some(crate::config::default_replica()),
+            _ => None,
+        }
+    }
 }
 
 /// Sets up logging to stderr in `format`; `RUST_LOG` overrides the default
@@ -72,37 +83,84 @@ impl Cli {
 /// bypass `RUST_LOG` and are written by [`crate::policy::audit::layer`] as
 /// bare JSON objects, one per line, in either format. No credential
 /// reaches a log line at any level: the `log` bridge drops the records that
-/// carry them ([`NoCredentials`]).
-pub fn init_tracing(format: LogFormat) {
-    use tracing_subscriber::Layer as _;
-    use tracing_subscriber::layer::SubscriberExt as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Audit lines only through their own layer. A directive (not a filter
-    // function) keeps the filter's level hint, which caps `log` records.
-    let filter = match format!("{}=off", crate::policy::audit::TARGET).parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
+/// carry them ([`NoCredentials`]). With a `replica`, spans are also
+/// exported over OTLP when the `OTEL_*` variables ask for it
+/// ([`crate::otel`]); request spans ([`crate::otel::TARGET`]) never reach
+/// the log, whatever `RUST_LOG` says, so without an exporter they cost
+/// nothing. Call inside the Tokio runtime.
+pub fn init_tracing(format: LogFormat, replica: Option<&str>) {
+    let (otel, otel_error) = match replica.map(crate::otel::layer) {
+        Some(Ok(layer)) => (layer, None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
     };
+    let subscriber = subscriber(format, otel);
+    if tracing::subscriber::set_global_default(subscriber).is_err() {
+        return;
+    }
+    if let Some(e) = otel_error {
+        tracing::warn!("{e}");
+    }
+    let bridge: &'static NoCredentials =
+        Box::leak(Box::new(NoCredentials(tracing_log::LogTracer::new())));
+    if log::set_logger(bridge).is_ok() {
+        cap_log_records();
+    }
+}
+
+/// A layer of the `tracing` registry, boxed.
+type BoxedLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// The subscriber [`init_tracing`] installs: `otel` (if any), the log
+/// lines in `format` and the audit lines. Without `otel` the exporter's
+/// layer is absent, not an empty one: an absent layer leaves request spans'
+/// callsites disabled (an empty `Option` layer would enable every callsite).
+fn subscriber(
+    format: LogFormat,
+    otel: Option<BoxedLayer>,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    use crate::policy::audit;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    match otel {
+        Some(otel) => Box::new(
+            tracing_subscriber::registry()
+                .with(otel)
+                .with(log_layer(format))
+                .with(audit::layer(std::io::stderr)),
+        ),
+        None => Box::new(
+            tracing_subscriber::registry()
+                .with(log_layer(format))
+                .with(audit::layer(std::io::stderr)),
+        ),
+    }
+}
+
+/// The log lines in `format`, filtered by `RUST_LOG` (default `info`),
+/// without audit lines and request spans.
+fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+{
+    use tracing_subscriber::Layer as _;
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Audit lines only through their own layer, request spans only to the
+    // exporter. A directive (not a filter function) keeps the filter's
+    // level hint, which caps `log` records.
+    for target in [crate::policy::audit::TARGET, crate::otel::TARGET] {
+        if let Ok(directive) = format!("{target}=off").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let logs = match format {
+    match format {
         // Colour only on a terminal: container and file logs stay plain text.
         LogFormat::Text => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_filter(filter)
             .boxed(),
         LogFormat::Json => logs.json().with_filter(filter).boxed(),
-    };
-    let subscriber = tracing_subscriber::registry()
-        .with(logs)
-        .with(crate::policy::audit::layer(std::io::stderr));
-    if tracing::subscriber::set_global_default(subscriber).is_err() {
-        return;
-    }
-    let bridge: &'static NoCredentials =
-        Box::leak(Box::new(NoCredentials(tracing_log::LogTracer::new())));
-    if log::set_logger(bridge).is_ok() {
-        cap_log_records();
     }
 }
 
@@ -170,5 +228,26 @@ pub fn fail(format: LogFormat, message: &str) {
     match format {
         LogFormat::Text => eprintln!("error: {message}"),
         LogFormat::Json => tracing::error!("{message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without an exporter a request span is disabled — its fields are
+    /// never evaluated and nothing is allocated — at any log level, while
+    /// the link spans the log shows stay enabled.
+    #[test]
+    fn request_spans_cost_nothing_without_an_exporter() {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            tracing::subscriber::with_default(subscriber(format, None), || {
+                let request = tracing::info_span!(target: crate::otel::TARGET, "request");
+                assert!(request.is_disabled());
+                let error = tracing::error_span!(target: crate::otel::TARGET, "request");
+                assert!(error.is_disabled());
+                assert!(!tracing::info_span!("link").is_disabled());
+            });
+        }
     }
 }

@@ -89,6 +89,8 @@ pub async fn run(args: ServeArgs) -> ExitCode {
     shutdown.await;
     announce(format, "ahp-relay draining");
     running.drain().await;
+    // Spans batched but not yet exported go out before the process ends.
+    let _ = tokio::task::spawn_blocking(crate::otel::flush).await;
     ExitCode::SUCCESS
 }
 

@@ -90,6 +90,8 @@ impl RelayPort {
             "backend": backend,
             "healthy": up,
             "latency_ms": m.store_health_seconds.get() * 1000.0,
+            "writes": m.store_write_seconds.get_sample_count(),
+            "last_write_ms": m.store_last_write_seconds.get() * 1000.0,
         })
     }
 
@@ -143,6 +145,7 @@ impl RelayPort {
         };
         let hosts: Vec<_> = self.relay.hubs().map(|h| h.row()).collect();
         serde_json::json!({
+            "relay": {"replica": &self.relay.replica, "version": env!("CARGO_PKG_VERSION")},
             "hosts": hosts,
             "principals": self.relay.registry.status_rows(),
             "reconnects": {"replay": replay, "snapshot": snapshot,

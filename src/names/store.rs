@@ -198,7 +198,9 @@ pub trait UriStore: Send + Sync {
     /// Ok if the store can accept writes now (for `/readyz`).
     fn health(&self) -> Result<(), StoreError>;
 
-    /// The backend's name, for `/status` and metrics.
+    /// The backend's name in `/status` and the metrics
+    /// (`ahp_relay_store_up{backend}`, `ahp_relay_info{store}`): a short
+    /// constant, never a path or a connection string.
     fn backend(&self) -> &'static str {
         "redb"
     }

@@ -182,6 +182,7 @@ impl ClientSession {
             let pending = Pending {
                 client_id: String::new(),
                 method: "authenticate".into(),
+                span: crate::otel::current_request(),
                 kind,
             };
             core.links.pending.insert((link.id, n), pending);
@@ -319,6 +320,7 @@ impl ClientSession {
             let pending = Pending {
                 client_id: String::new(),
                 method: "authenticate".into(),
+                span: crate::otel::current_request(),
                 kind: PendingKind::Authenticate { group: None },
             };
             core.links.pending.insert((link.id, n), pending);
@@ -367,6 +369,7 @@ impl ClientSession {
             let pending = Pending {
                 client_id: String::new(),
                 method: "authenticate".into(),
+                span: crate::otel::current_request(),
                 kind: PendingKind::Authenticate { group: None },
             };
             core.links.pending.insert((link.id, n), pending);

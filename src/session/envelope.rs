@@ -301,11 +301,16 @@ impl ClientSession {
         let Ok(v) = serde_json::from_str::<Value>(text) else {
             return;
         };
+        let failure = v.get("error").map(host_error);
+        match &failure {
+            Some(e) => pending.end("error", Some(e.code)),
+            None => pending.end("ok", None),
+        }
         let answer = Answer {
             host,
             id: pending.client_id,
             method: &pending.method,
-            failure: v.get("error").map(host_error),
+            failure,
             body: &v,
         };
         match pending.kind {
@@ -612,6 +617,7 @@ impl ClientSession {
             let Some(p) = core.links.pending.remove(&key) else {
                 continue;
             };
+            p.end("lost", Some(err.code));
             match p.kind {
                 PendingKind::Initial { reply, .. } => {
                     let _ = reply.send(None);

@@ -125,6 +125,7 @@ impl ClientSession {
             return;
         };
         self.limit_hit("request_timeout");
+        p.end("timeout", None);
         let secs = self.env.cfg.limits.upstream_request_secs;
         let err = RpcError::limited(
             "timeout",

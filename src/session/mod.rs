@@ -54,6 +54,25 @@ pub struct Pending {
     pub method: String,
     /// What to do with the answer.
     pub kind: PendingKind,
+    /// The client request's span ([`crate::otel::current_request`]), kept
+    /// open until the answer: disabled unless traces are exported.
+    pub span: tracing::Span,
+}
+
+impl Pending {
+    /// Records on the request's span how the host's side ended: `ok`,
+    /// `error` (with the code), `timeout` or `lost` (the link went). The
+    /// span ends when the pending entry is dropped.
+    pub fn end(&self, answer: &'static str, code: Option<i32>) {
+        if self.span.is_disabled() {
+            return;
+        }
+        self.span.record("ahp.answer", answer);
+        if let Some(code) = code {
+            self.span.record("rpc.jsonrpc.error_code", code);
+            self.span.record("otel.status_code", "ERROR");
+        }
+    }
 }
 
 /// What a forwarded request needs when its answer arrives.

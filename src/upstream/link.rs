@@ -168,8 +168,10 @@ impl Link {
         });
         host.links.fetch_add(1, Ordering::Relaxed);
         // Every log line of the link names its host, link and upstream id
-        // (a pseudonym: never the client's own id or the user's token).
-        let span = tracing::info_span!("link", host = %host.id, link = link.id,
+        // (a pseudonym: never the client's own id or the user's token). A
+        // root span: it outlives the client request that opened the link,
+        // whose exported span (`crate::otel`) must end with its answer.
+        let span = tracing::info_span!(parent: None, "link", host = %host.id, link = link.id,
             upstream = %spec.upstream_id);
         let ends = Ends {
             owner,

@@ -523,6 +523,27 @@ pub struct ServedRelay {
 }
 
 impl ServedRelay {
+    /// Sends SIGTERM (drain, §8.3) and waits, bounded by [`WAIT`] plus the
+    /// drain window, for the process to exit; its status.
+    pub fn terminate(&mut self, drain_window: std::time::Duration) -> std::process::ExitStatus {
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(term.success(), "SIGTERM sent");
+        let deadline = std::time::Instant::now() + WAIT + drain_window;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay ignored SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Stops the process and returns every line it wrote.
     pub fn output(mut self) -> Vec<String> {
         let _ = self.child.kill();
@@ -543,13 +564,26 @@ impl Drop for ServedRelay {
 /// Starts the `ahp-relay` binary (`serve`, text logs) on the config in
 /// `kit` with `RUST_LOG=rust_log`, and waits until it says where it listens.
 pub fn serve_binary(kit: &DevKit, rust_log: &str) -> ServedRelay {
+    serve_binary_with_env(kit, rust_log, &[])
+}
+
+/// [`serve_binary`] with `env` set in its environment. The `OTEL_*`
+/// variables of the test's own environment are not passed on: a relay
+/// exports traces only when its test asks.
+pub fn serve_binary_with_env(kit: &DevKit, rust_log: &str, env: &[(&str, &str)]) -> ServedRelay {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
         .args(["serve", "--config"])
         .arg(kit.dir.join("relay.toml"))
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
-        .env("RUST_LOG", rust_log)
+        .env("RUST_LOG", rust_log);
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("OTEL_")) {
+        command.env_remove(name);
+    }
+    let mut child = command
+        .envs(env.iter().copied())
         .spawn()
         .expect("relay binary starts");
     let stderr = child.stderr.take();

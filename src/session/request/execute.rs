@@ -70,9 +70,13 @@ pub(super) fn forward(
     link: &Link,
     id: &str,
     method: &str,
-    params: Value,
+    mut params: Value,
     kind: PendingKind,
 ) -> Result<(), RpcError> {
+    let span = crate::otel::current_request();
+    if let Some(parent) = crate::otel::traceparent(&span) {
+        with_traceparent(&mut params, parent);
+    }
     let n = link.next_id();
     let frame = crate::rpc::request_frame(n, method, &params);
     {
@@ -86,6 +90,7 @@ pub(super) fn forward(
                 client_id: id.to_string(),
                 method: method.to_string(),
                 kind,
+                span,
             },
         );
     }
@@ -103,6 +108,20 @@ pub(super) fn forward(
     }
     limits::expire_after(session, link.id, n, link.host.id.clone());
     Ok(())
+}
+
+/// Names the relay's request span as the parent of the host's side: the
+/// W3C `traceparent` in `params._meta` (kept or added; a client's own
+/// `traceparent` is replaced, as an intermediary does). Only while traces
+/// are exported; otherwise `_meta` passes through untouched.
+fn with_traceparent(params: &mut Value, parent: String) {
+    let Some(params) = params.as_object_mut() else {
+        return;
+    };
+    let meta = params.entry("_meta").or_insert_with(|| json!({}));
+    if let Some(meta) = meta.as_object_mut() {
+        meta.insert(crate::otel::TRACEPARENT.into(), Value::String(parent));
+    }
 }
 
 /// Stops holding a host channel whose subscribe never reached the host.
@@ -149,10 +168,21 @@ pub(super) async fn reserve(
     };
     let (u, host) = (uri.to_string(), hub.id.to_string());
     let now = crate::identity::unix_now();
-    let written =
-        tokio::task::spawn_blocking(move || store.reserve_within(&u, &host, &owner, now, quota))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string())));
+    let written = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let written = store.reserve_within(&u, &host, &owner, now, quota);
+        (written, started.elapsed())
+    })
+    .await;
+    let written = match written {
+        Ok((written, took)) => {
+            let m = &session.env.metrics;
+            m.store_write_seconds.observe(took.as_secs_f64());
+            m.store_last_write_seconds.set(took.as_secs_f64());
+            written
+        }
+        Err(e) => Err(StoreError::Unavailable(e.to_string())),
+    };
     match written {
         Ok(()) => Ok(()),
         Err(StoreError::Taken { .. }) if is_session => Err(RpcError::session_exists(uri)),

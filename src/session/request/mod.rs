@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use ahp_types::errors::ahp_error_codes;
 use serde_json::{Value, json};
+use tracing::Instrument as _;
 
 use crate::route::methods::{self, Handling};
 use crate::route::{catalog, plan};
@@ -74,14 +75,7 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                     return conn.reply(&id, Err(err));
                 }
             };
-            let result = request(conn, &id, method, params).await;
-            if let Some(result) = result {
-                let close = matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
-                conn.reply(&id, result);
-                if close {
-                    conn.kill.send_replace(Some(Close::UnsupportedVersion));
-                }
-            }
+            answer_request(conn, &id, method, params).await;
         }
         FrameKind::Notification { method } => {
             let Some(session) = conn.session.clone() else {
@@ -105,6 +99,69 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
             }
         }
     }
+}
+
+/// Handles one request in its span and answers it now, unless its answer
+/// comes later (forwarded).
+async fn answer_request(conn: &mut Conn, id: &str, method: &str, params: Value) {
+    let span = request_span(conn, method, id);
+    if !span.is_disabled() {
+        let meta = params
+            .get("_meta")
+            .and_then(|m| m.get(crate::otel::TRACEPARENT));
+        if let Some(parent) = meta.and_then(Value::as_str) {
+            crate::otel::continue_trace(&span, parent);
+        }
+    }
+    let result = request(conn, id, method, params, &span)
+        .instrument(span.clone())
+        .await;
+    record_outcome(&span, result.as_ref());
+    if let Some(result) = result {
+        let close =
+            matches!(&result, Err(e) if e.code == ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION);
+        conn.reply(id, result);
+        if close {
+            conn.kill.send_replace(Some(Close::UnsupportedVersion));
+        }
+    }
+}
+
+/// The span of one client request (exported over OTLP, never logged; see
+/// [`crate::otel`]): a trace of its own, named by the method, with the
+/// request id, the session's upstream id (the pseudonym every replica
+/// derives alike, so a client is followed across replicas), the host the
+/// plan chose and the outcome. Disabled — a branch, no allocation — when
+/// no exporter is installed.
+fn request_span(conn: &Conn, method: &str, id: &str) -> tracing::Span {
+    let label = methods::label(method);
+    let upstream = conn.session.as_ref().map(|s| s.upstream_id.as_str());
+    tracing::info_span!(target: crate::otel::TARGET, parent: None, "request",
+        otel.name = label, otel.kind = "server", rpc.system = "jsonrpc",
+        rpc.method = label, rpc.jsonrpc.request_id = id, ahp.upstream = upstream,
+        ahp.host = tracing::field::Empty, ahp.outcome = tracing::field::Empty,
+        ahp.answer = tracing::field::Empty,
+        rpc.jsonrpc.error_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty)
+}
+
+/// Records how the relay answered a request it answers here (`ok` or an
+/// error code); one answered elsewhere recorded its outcome (`ok`, or
+/// `forwarded`, whose span then ends with the host's answer,
+/// [`crate::session::Pending::span`]) in [`answered`].
+fn record_outcome(span: &tracing::Span, result: Option<&Result<String, RpcError>>) {
+    if span.is_disabled() {
+        return;
+    }
+    match result {
+        None => return,
+        Some(Ok(_)) => span.record("ahp.outcome", "ok"),
+        Some(Err(e)) => {
+            span.record("rpc.jsonrpc.error_code", e.code);
+            span.record("otel.status_code", "ERROR");
+            span.record("ahp.outcome", "error")
+        }
+    };
 }
 
 /// A request's params, naming the root when a root-scoped method left out
@@ -176,6 +233,7 @@ async fn request(
     id: &str,
     method: &str,
     params: Value,
+    span: &tracing::Span,
 ) -> Option<Result<String, RpcError>> {
     let Some(row) = methods::method(method) else {
         return Some(Err(RpcError::method_not_found(method)));
@@ -187,14 +245,12 @@ async fn request(
     match row.handling {
         Handling::Ping => return Some(Ok("null".into())),
         Handling::Initialize => {
-            return initialize::initialize(conn, id, params)
-                .await
-                .err()
-                .map(Err);
+            let answer = initialize::initialize(conn, id, params).await;
+            return answered(span, answer, "ok");
         }
         Handling::Reconnect => {
             let answer = super::reconnect::reconnect(conn, id, params).await;
-            return answer.err().map(Err);
+            return answered(span, answer, "ok");
         }
         _ => {}
     }
@@ -203,7 +259,7 @@ async fn request(
             "{method} before initialize: send initialize first"
         ))));
     };
-    let outcome = match row.handling {
+    let (outcome, sent) = match row.handling {
         Handling::ListSessions => {
             let now = session.who();
             let list = catalog::list_sessions(&session.env, now.caller(), conn.socket, params);
@@ -211,18 +267,40 @@ async fn request(
         }
         Handling::Subscribe if names_root(&params) => {
             subscribe_root(&session, id);
-            Ok(())
+            (Ok(()), "ok")
         }
-        Handling::Authenticate => session.authenticate(id, &params),
+        // Pushed to the hosts in use; answered when they have answered.
+        Handling::Authenticate => (session.authenticate(id, &params), "forwarded"),
         _ => {
             let planned = plan::plan(&session.env, session.who().caller(), row, params);
-            match planned {
-                Ok(plan) => execute::execute(&session, id, row.name, plan).await,
+            let outcome = match planned {
+                Ok(plan) => {
+                    span.record("ahp.host", &*plan.hub.id);
+                    execute::execute(&session, id, row.name, plan).await
+                }
                 Err(e) => Err(e),
-            }
+            };
+            (outcome, "forwarded")
         }
     };
-    outcome.err().map(Err)
+    answered(span, outcome, sent)
+}
+
+/// A request answered elsewhere (the relay's own handler wrote the answer,
+/// or a host will): `sent` is recorded as the span's outcome when it
+/// succeeded; an error is returned for the caller to answer and record.
+fn answered(
+    span: &tracing::Span,
+    outcome: Result<(), RpcError>,
+    sent: &'static str,
+) -> Option<Result<String, RpcError>> {
+    match outcome {
+        Ok(()) => {
+            span.record("ahp.outcome", sent);
+            None
+        }
+        Err(e) => Some(Err(e)),
+    }
 }
 
 /// Whether a request's `params.channel` is the root.
