@@ -200,7 +200,7 @@ const S1_SESSIONS: [&str; 5] = [
 async fn s1_root_lists_both_hosts_agents_qualified_and_labelled() {
     let t = s1_relay().await;
     let expected_agents = owned(&[
-        ("alpha.a", "Sim agent (a) (a)", "alpha.a"),
+        ("alpha.a", "Sim agent (a)", "alpha.a"),
         ("beta.b", "Sim agent (b) (Box B)", "beta.b"),
     ]);
     let c1 = t.client("alice").await;

@@ -64,11 +64,7 @@ pub fn root_field(env: &Env, field: RootField, caller: Caller<'_>) -> Value {
             if field == RootField::Agents
                 && let Some(name) = item.get_mut("displayName")
             {
-                *name = json!(format!(
-                    "{} ({})",
-                    name.as_str().unwrap_or_default(),
-                    hub.label()
-                ));
+                *name = json!(labelled(name.as_str().unwrap_or_default(), hub.label()));
             }
             items.push(item);
         }
@@ -88,4 +84,28 @@ pub fn merged_root(env: &Env, caller: Caller<'_>) -> Value {
         "terminals": root_field(env, RootField::Terminals, caller),
         "activeSessions": root_field(env, RootField::ActiveSessions, caller),
     })
+}
+
+/// An agent's display name with its host's label, as clients tell agents
+/// of several hosts apart (§6.1) — unless the host already ends it with
+/// that label in parentheses, which would only repeat it.
+fn labelled(name: &str, label: &str) -> String {
+    let suffix = format!(" ({label})");
+    if name.ends_with(&suffix) {
+        name.to_string()
+    } else {
+        format!("{name}{suffix}")
+    }
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::labelled;
+
+    #[test]
+    fn the_host_label_is_added_once() {
+        assert_eq!(labelled("Copilot", "gpu-1"), "Copilot (gpu-1)");
+        assert_eq!(labelled("Sim agent (gpu-1)", "gpu-1"), "Sim agent (gpu-1)");
+        assert_eq!(labelled("Sim agent (b)", "Box B"), "Sim agent (b) (Box B)");
+    }
 }
