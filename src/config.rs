@@ -363,6 +363,10 @@ pub struct Limits {
     /// `root/sessionAdded`, with a warning and a count in
     /// `limit_hits_total{limit="host_sessions"}`.
     pub sessions_per_host: usize,
+    /// Watch-link events (catalog and root changes of every host) queued for
+    /// the fan-out; a full queue makes the watch links wait, so hosts are
+    /// read no faster than their events reach root followers.
+    pub fanout_queue_events: usize,
     /// Status feeds (`/status/feed`, both listeners together) open at once;
     /// more get 503 (`upgrades_refused_total{reason="status_watchers"}`).
     pub status_watchers: usize,
@@ -417,6 +421,7 @@ impl Default for Limits {
             pending_create_release_secs: 600,
             seen_refs_per_session: 4096,
             sessions_per_host: 100_000,
+            fanout_queue_events: 65_536,
             status_watchers: 16,
             status_history_secs: 900,
         }
@@ -475,6 +480,7 @@ impl Limits {
             ("tombstones_per_principal", self.tombstones_per_principal),
             ("seen_refs_per_session", self.seen_refs_per_session),
             ("sessions_per_host", self.sessions_per_host),
+            ("fanout_queue_events", self.fanout_queue_events),
             ("status_watchers", self.status_watchers),
             ("pending_connections", self.pending_connections),
             (

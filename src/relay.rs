@@ -31,7 +31,7 @@ pub struct Relay {
     /// Token verification at the upgrade.
     pub auth: Authenticator,
     /// Where watch links send their events (the registry's fan-out).
-    events: mpsc::UnboundedSender<WatchEvent>,
+    events: mpsc::Sender<WatchEvent>,
     /// This replica's name (`[relay] replica`, resolved once at start).
     pub replica: String,
 }
@@ -52,7 +52,7 @@ impl Relay {
         secret: Vec<u8>,
         store: Arc<dyn UriStore>,
         auth: Authenticator,
-    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<WatchEvent>), String> {
+    ) -> Result<(Arc<Self>, mpsc::Receiver<WatchEvent>), String> {
         let keys = Keys::new(&secret)?;
         Hosts::new(&cfg.hosts)?; // every host's settings usable, or no start
         let limits = &cfg.limits;
@@ -80,7 +80,7 @@ impl Relay {
             upstream_limits,
         });
         let registry = Registry::new(env.clone())?;
-        let (events, rx) = mpsc::unbounded_channel();
+        let (events, rx) = mpsc::channel(env.cfg.limits.fanout_queue_events.max(1));
         let replica = env.cfg.relay.replica();
         let info = [replica.as_str(), env.store.backend()];
         env.metrics.info.with_label_values(&info).set(1);

@@ -43,6 +43,10 @@ async fn until_title(ws: &mut RawWs, session: &str, title: &str) -> Vec<Value> {
 }
 
 async fn churn_world(sessions: usize) -> TestRelay {
+    churn_world_with(sessions, "").await
+}
+
+async fn churn_world_with(sessions: usize, limits_extra: &str) -> TestRelay {
     let policy = [
         rule("ops", &["alice"], &["*"], "operator", "all", ""),
         rule(
@@ -117,6 +121,38 @@ async fn a_burst_of_summary_changes_ends_on_the_last_state_for_those_who_see_it(
             .all(|f| f["method"] != "root/sessionSummaryChanged"),
         "{leaked:?}"
     );
+}
+
+/// With a fan-out queue of 2 events (`limits.fanout_queue_events`) the
+/// watch link waits on the fan-out instead of queueing without bound:
+/// nothing is lost — the first mirror's 60 `root/sessionAdded` all count
+/// in `activeSessions`, `listSessions` lists every session, and a burst of
+/// 300 summary changes still ends on the last one at every follower.
+#[tokio::test]
+async fn a_tiny_fanout_queue_slows_the_watch_link_and_loses_nothing() {
+    let t = churn_world_with(60, "fanout_queue_events = 2\n").await;
+    let mut op = t.raw("alice").await;
+    op.initialize("op").await;
+    let mut followers = Vec::new();
+    for n in 0..3 {
+        let mut ws = t.raw("alice").await;
+        ws.initialize(&format!("tiny-{n}")).await;
+        let r = ws.request(2, "subscribe", json!({"channel": ROOT})).await;
+        assert_eq!(
+            r["result"]["snapshot"]["state"]["activeSessions"], 60,
+            "every mirrored session counted: {r}"
+        );
+        followers.push(ws);
+    }
+    let list = op
+        .request(3, "listSessions", json!({"channel": ROOT}))
+        .await;
+    let items = list["result"]["items"].as_array().map_or(0, Vec::len);
+    assert_eq!(items, 60, "{list}");
+    churn(&mut op, 300, "tiny-final").await;
+    for ws in &mut followers {
+        until_title(ws, "ahp-session:/h1~h1-1", "tiny-final").await;
+    }
 }
 
 /// Followers × catalog events: 100 root followers, 200 seeded sessions,

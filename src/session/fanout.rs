@@ -25,11 +25,13 @@ const FANOUT_BATCH: usize = 1024;
 impl Registry {
     /// Consumes watch-link events forever, turning them into numbered root
     /// actions and catalog notifications for every session that follows
-    /// root. Events are taken in batches of what is queued (up to
+    /// root. The queue is bounded (`limits.fanout_queue_events`): a full
+    /// one makes the watch links wait, so hosts are read no faster than
+    /// their events fan out. Events are taken in batches of what is queued (up to
     /// [`FANOUT_BATCH`]) and coalesced ([`Batch`]): one host's churn costs
     /// every follower one notification per changed session and at most one
     /// recount of each root field per batch, not one per event.
-    pub async fn run_fanout(self: Arc<Self>, mut events: mpsc::UnboundedReceiver<WatchEvent>) {
+    pub async fn run_fanout(self: Arc<Self>, mut events: mpsc::Receiver<WatchEvent>) {
         let mut queued = Vec::with_capacity(FANOUT_BATCH);
         while events.recv_many(&mut queued, FANOUT_BATCH).await > 0 {
             let mut batch = Batch::default();

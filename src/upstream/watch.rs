@@ -89,11 +89,7 @@ pub enum WatchEvent {
 }
 
 /// Runs the watch link of `hub` forever, reporting to `events`.
-pub async fn run(
-    hub: Arc<HostHub>,
-    events: mpsc::UnboundedSender<WatchEvent>,
-    ping_after: Duration,
-) {
+pub async fn run(hub: Arc<HostHub>, events: mpsc::Sender<WatchEvent>, ping_after: Duration) {
     let mut backoff = Duration::from_millis(250);
     loop {
         let status = match session(&hub, &events, ping_after).await {
@@ -125,10 +121,12 @@ pub async fn run(
                     v.root = None;
                 }
             });
-            let _ = events.send(WatchEvent::Status {
-                host: hub.id.clone(),
-                status,
-            });
+            let _ = events
+                .send(WatchEvent::Status {
+                    host: hub.id.clone(),
+                    status,
+                })
+                .await;
         }
         if events.is_closed() {
             return;
@@ -213,7 +211,7 @@ impl Rpc {
 /// One connected period of the watch link; returns when it drops.
 async fn session(
     hub: &Arc<HostHub>,
-    events: &mpsc::UnboundedSender<WatchEvent>,
+    events: &mpsc::Sender<WatchEvent>,
     ping_after: Duration,
 ) -> Result<(), Failure> {
     let ws = hub.dial(None).await.map_err(|e| e.to_string())?;
@@ -229,9 +227,9 @@ async fn session(
     let (catalog, truncated) = fetch_catalog(&mut rpc, &mut held, max).await?;
     if truncated {
         tracing::warn!(host = %hub.id, max, "host lists more sessions than sessions_per_host: the rest are not mirrored");
-        let _ = events.send(catalog_full(hub));
+        let _ = events.send(catalog_full(hub)).await;
     }
-    mirror(hub, events, &init, catalog)?;
+    mirror(hub, events, &init, catalog).await?;
     for v in held {
         on_frame(hub, events, &mut rpc, v).await?;
     }
@@ -276,9 +274,9 @@ async fn initialize(rpc: &mut Rpc, held: &mut Vec<Value>) -> Result<Value, Failu
 /// Replaces the hub's mirror with the host's root and catalog, marks it up,
 /// and sends the differences as events (§6.2: after a watch link
 /// reconnects, clients get what changed meanwhile).
-fn mirror(
+async fn mirror(
     hub: &HostHub,
-    events: &mpsc::UnboundedSender<WatchEvent>,
+    events: &mpsc::Sender<WatchEvent>,
     init: &Value,
     catalog: BTreeMap<String, Value>,
 ) -> Result<(), Failure> {
@@ -306,25 +304,30 @@ fn mirror(
     });
     tracing::info!(host = %hub.id, "watch link up");
     let host = hub.id.clone();
-    let _ = events.send(WatchEvent::Status {
-        host: host.clone(),
-        status: HostStatus::Up,
-    });
+    let _ = events
+        .send(WatchEvent::Status {
+            host: host.clone(),
+            status: HostStatus::Up,
+        })
+        .await;
     let fields = vec![
         RootField::Agents,
         RootField::Terminals,
         RootField::ActiveSessions,
     ];
-    let _ = events.send(WatchEvent::Root {
-        host: host.clone(),
-        fields,
-    });
+    let _ = events
+        .send(WatchEvent::Root {
+            host: host.clone(),
+            fields,
+        })
+        .await;
     for (method, params) in diff {
-        let _ = events.send(WatchEvent::Catalog {
+        let event = WatchEvent::Catalog {
             host: host.clone(),
             method,
             params,
-        });
+        };
+        let _ = events.send(event).await;
     }
     Ok(())
 }
@@ -414,7 +417,7 @@ fn catalog_diff(
 
 async fn on_frame(
     hub: &Arc<HostHub>,
-    events: &mpsc::UnboundedSender<WatchEvent>,
+    events: &mpsc::Sender<WatchEvent>,
     rpc: &mut Rpc,
     v: Value,
 ) -> Result<(), String> {
@@ -443,7 +446,9 @@ async fn on_frame(
         _ => None,
     };
     if let Some(event) = event {
-        let _ = events.send(event);
+        // Waits while the fan-out's queue is full: the host is then read no
+        // faster than the relay fans its events out (TCP backpressure).
+        let _ = events.send(event).await;
     }
     Ok(())
 }
