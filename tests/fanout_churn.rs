@@ -62,7 +62,7 @@ async fn churn_world_with(sessions: usize, limits_extra: &str) -> TestRelay {
     let limits = "\n[limits]\nsessions_per_principal = 200\nconnections_per_principal = 200\nrequests_per_second = 100000\nrequest_burst = 100000\n";
     TestRelay::start(
         vec![fast_config("h1", sessions)],
-        &format!("{policy}{limits}"),
+        &format!("{policy}{limits}{limits_extra}"),
     )
     .await
 }
