@@ -2358,7 +2358,7 @@ async fn bob_detached_with_alice_buffered(t: &TestRelay) -> (Peer, Peer, u64) {
     let detached = t.session("bob", "same");
     wait_until("alice's turn is in bob's buffer", || {
         let (frames, _) = detached.lock().buffered_since(watermark);
-        let texts: Vec<&str> = frames.iter().map(|f| f.as_str()).collect();
+        let texts: Vec<&str> = frames.iter().map(|f| f.to_str()).collect();
         texts.iter().any(|f| f.contains("alice's secret"))
             && texts.iter().any(|f| f.contains("bob's words"))
     })

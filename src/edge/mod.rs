@@ -14,6 +14,7 @@ pub mod pending;
 pub mod port;
 pub mod proxy;
 pub mod server;
+pub mod socket;
 pub mod standing;
 pub mod status;
 pub mod tls;

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::layers::{Body, Refusal, Resp, WsKey, refused, text};
 use super::port::{RelayPort, unix_now};
@@ -52,8 +51,7 @@ pub fn handle(port: &RelayPort, feeds: &StatusFeeds, mut req: Request<Incoming>)
         match upgrade.await {
             Ok(upgraded) => {
                 let io = TokioIo::new(upgraded);
-                let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
-                super::ws::serve_client(port, principal, ws, admitted).await;
+                super::ws::serve_client(port, principal, io, config, admitted).await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),
         }

@@ -1,19 +1,21 @@
 //! One client WebSocket after the upgrade: a reader that hands each frame to
-//! the router, and a writer that drains the session's bounded queue and
-//! sends the close frame (with the contract's §3.7 codes) when told to.
+//! the router, and a writer that drains the session's bounded queue a batch
+//! at a time and sends the close frame (with the contract's §3.7 codes) when
+//! told to. Framing and writing are `socket`'s.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
-use futures_util::stream::SplitStream;
-use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncRead, AsyncWrite};
+use futures_util::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::sync::watch;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::error::ProtocolError;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use super::port::{ConnectionGuard, RelayPort};
+use super::socket::{FrameWriter, ReadSide};
 use super::standing::{Needs, Standing};
 use crate::auth::Principal;
 use crate::rpc::Close;
@@ -25,22 +27,24 @@ type Kill = Option<Close>;
 /// How long the close handshake (with queued frames) may take.
 const CLOSE_WITHIN: Duration = Duration::from_secs(3);
 
-/// Serves one authenticated client socket until it closes; `admitted`
-/// holds the principal's connection slot until then.
+/// Serves one authenticated client socket (`io`, upgraded) until it closes;
+/// `admitted` holds the principal's connection slot until then.
 pub async fn serve_client<S>(
     port: RelayPort,
     principal: Principal,
-    ws: WebSocketStream<S>,
+    io: S,
+    config: WebSocketConfig,
     admitted: ConnectionGuard,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Send + 'static,
 {
     port.metrics().connections_open.inc();
-    let (sink, stream) = ws.split();
+    let (read, write) = super::socket::split(io);
+    let stream = WebSocketStream::from_raw_socket(read, Role::Server, Some(config)).await;
     let limits = port.limits();
     let (out_tx, out_rx) = outbox(limits.client_queue_frames, limits.client_queue_bytes);
     let (kill_tx, kill_rx) = watch::channel::<Kill>(None);
-    let mut writer = tokio::spawn(write_loop(sink, out_rx, kill_rx.clone()));
+    let mut writer = tokio::spawn(write_loop(write, out_rx, kill_rx.clone()));
     let standing = Standing::new(&port, &principal, Needs::Token);
     let mut conn = port.open_conn(principal, out_tx, kill_tx);
     read_loop(&port, &mut conn, stream, kill_rx, standing).await;
@@ -68,11 +72,11 @@ pub async fn serve_client<S>(
 async fn read_loop<S>(
     port: &RelayPort,
     conn: &mut Conn,
-    mut stream: SplitStream<WebSocketStream<S>>,
+    mut stream: WebSocketStream<ReadSide<ReadHalf<S>>>,
     mut killed: watch::Receiver<Kill>,
     mut standing: Standing,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite,
 {
     let mut closing: Option<tokio::time::Instant> = None;
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
@@ -145,23 +149,27 @@ fn refuse_frame(
     end
 }
 
+/// Writes the session's frames a batch at a time until the socket is told
+/// to close (queued frames, then the close frame) or the connection is gone.
 async fn write_loop<S>(
-    mut sink: futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
+    mut writer: FrameWriter<WriteHalf<S>>,
     mut out: OutboxRx,
     mut kill: watch::Receiver<Kill>,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite,
 {
+    let control = writer.control();
+    let mut batch = VecDeque::new();
     loop {
         tokio::select! {
             biased;
             changed = kill.changed() => {
                 if changed.is_err() {
                     // The connection is gone (its `Conn` dropped after the
-                    // client closed): nothing more will be sent. Returning
-                    // here matters — a dropped sender makes `changed()`
-                    // ready forever, which would spin this loop.
-                    let _ = tokio::time::timeout(CLOSE_WITHIN, sink.close()).await;
+                    // client closed): nothing more will be sent but the
+                    // reader's reply to a close. Returning here matters — a
+                    // dropped sender makes `changed()` ready forever.
+                    let _ = tokio::time::timeout(CLOSE_WITHIN, writer.finish()).await;
                     return;
                 }
                 let close = *kill.borrow();
@@ -170,61 +178,25 @@ async fn write_loop<S>(
                     // close frame — bounded in time: a client that never reads
                     // cannot hold the socket open.
                     let flush = async {
-                        while close != Close::SlowConsumer && let Some(f) = out.try_recv() {
-                            sink.feed(Message::Text(f)).await?;
+                        if close != Close::SlowConsumer && out.take_all(&mut batch) {
+                            writer.write_frames(&mut batch).await?;
                         }
-                        let frame = CloseFrame { code: close.code().into(), reason: close.reason().into() };
-                        sink.send(Message::Close(Some(frame))).await
+                        writer.close(close).await
                     };
                     let _ = tokio::time::timeout(CLOSE_WITHIN, flush).await;
                     return;
                 }
             }
-            frame = out.recv() => {
-                let Some(f) = frame else {
-                    let _ = sink.close().await;
+            () = control.queued() => {
+                if writer.write_control().await.is_err() { return; }
+            }
+            more = out.recv_batch(&mut batch) => {
+                if !more {
+                    let _ = tokio::time::timeout(CLOSE_WITHIN, writer.finish()).await;
                     return;
-                };
-                if !coalesce(&mut sink, &mut out, f).await { return; }
-                if sink.flush().await.is_err() { return; }
+                }
+                if writer.write_frames(&mut batch).await.is_err() { return; }
             }
         }
-    }
-}
-
-/// Most bytes written between two flushes while frames keep coming.
-const FLUSH_AFTER_BYTES: usize = 64 * 1024;
-
-/// Feeds `first` and whatever else is queued; while more keeps arriving,
-/// gives the producers (links on other worker threads) one scheduler turn
-/// to queue more before the flush, so a stream goes out as a few large TLS
-/// records and writes instead of one per frame. A lone frame is flushed at
-/// once (nothing more was queued), and a busy stream at least every
-/// [`FLUSH_AFTER_BYTES`]. `false` if the socket failed.
-async fn coalesce<S>(
-    sink: &mut futures_util::stream::SplitSink<WebSocketStream<S>, Message>,
-    out: &mut OutboxRx,
-    first: tokio_tungstenite::tungstenite::Utf8Bytes,
-) -> bool
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut fed = first.len();
-    if sink.feed(Message::Text(first)).await.is_err() {
-        return false;
-    }
-    loop {
-        let mut more = false;
-        while let Some(f) = out.try_recv() {
-            more = true;
-            fed += f.len();
-            if sink.feed(Message::Text(f)).await.is_err() {
-                return false;
-            }
-        }
-        if !more || fed >= FLUSH_AFTER_BYTES {
-            return true;
-        }
-        tokio::task::yield_now().await;
     }
 }

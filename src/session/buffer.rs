@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::wire::Text;
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// The bytes held by every replay buffer of a relay, against the budget
 /// `limits.replay_memory_bytes` (contract §5.4).
@@ -127,13 +127,13 @@ impl ReplayMemory {
 /// the process hold ~1.3× what the budget said (issue 11, BENCHMARKS.md).
 pub fn envelope_cost(len: usize) -> usize {
     const SHARED_HEADER: usize = 32;
-    len + len / 8 + SHARED_HEADER + std::mem::size_of::<(u64, Utf8Bytes)>()
+    len + len / 8 + SHARED_HEADER + std::mem::size_of::<(u64, Text)>()
 }
 
 /// Numbered client frames kept for `reconnect` replay.
 #[derive(Debug)]
 pub struct ReplayBuffer {
-    frames: VecDeque<(u64, Utf8Bytes)>,
+    frames: VecDeque<(u64, Text)>,
     bytes: usize,
     max_frames: usize,
     max_bytes: usize,
@@ -167,7 +167,7 @@ impl ReplayBuffer {
     /// the oldest frames beyond the bounds. The frame is shared, not copied.
     /// Returns how many frames were evicted and their cost
     /// ([`envelope_cost`]).
-    pub fn push(&mut self, seq: u64, frame: Utf8Bytes) -> (usize, usize) {
+    pub fn push(&mut self, seq: u64, frame: Text) -> (usize, usize) {
         let added = envelope_cost(frame.len());
         self.bytes += added;
         self.frames.push_back((seq, frame));
@@ -224,7 +224,7 @@ impl ReplayBuffer {
     }
 
     /// Frames numbered above `after`, oldest first.
-    pub fn since(&self, after: u64) -> impl Iterator<Item = &(u64, Utf8Bytes)> {
+    pub fn since(&self, after: u64) -> impl Iterator<Item = &(u64, Text)> {
         self.frames.iter().filter(move |(s, _)| *s > after)
     }
 }
@@ -269,15 +269,15 @@ mod tests {
     fn bounded_by_count_and_bytes() {
         let mut b = ReplayBuffer::new(3, 1000);
         for i in 1..=5 {
-            b.push(i, Utf8Bytes::from(format!("f{i}")));
+            b.push(i, Text::from(format!("f{i}")));
         }
         assert_eq!(b.usage().0, 3);
         assert_eq!(b.evicted_through(), 2);
         assert_eq!(b.since(3).map(|(s, _)| *s).collect::<Vec<_>>(), [4, 5]);
         let six = envelope_cost(6);
         let mut b = ReplayBuffer::new(100, six + 10);
-        b.push(1, Utf8Bytes::from("123456".to_string()));
-        b.push(2, Utf8Bytes::from("123456".to_string()));
+        b.push(1, Text::from("123456".to_string()));
+        b.push(2, Text::from("123456".to_string()));
         assert_eq!(b.usage(), (1, six), "two frames cost more than the bound");
     }
 
@@ -286,11 +286,11 @@ mod tests {
         let c = envelope_cost;
         let (m, _rx) = ReplayMemory::new(1000, 500);
         let mut a = ReplayBuffer::new(2, 1000);
-        a.push(1, Utf8Bytes::from("x".repeat(10)));
+        a.push(1, Text::from("x".repeat(10)));
         a.set_memory(m.clone());
         assert_eq!(m.used(), c(10), "bytes held before joining are counted");
-        a.push(2, Utf8Bytes::from("x".repeat(20)));
-        a.push(3, Utf8Bytes::from("x".repeat(30)));
+        a.push(2, Text::from("x".repeat(20)));
+        a.push(3, Text::from("x".repeat(30)));
         assert_eq!(
             m.used(),
             c(20) + c(30),
@@ -298,7 +298,7 @@ mod tests {
         );
         let mut b = ReplayBuffer::new(10, 1000);
         b.set_memory(m.clone());
-        b.push(1, Utf8Bytes::from("y".repeat(7)));
+        b.push(1, Text::from("y".repeat(7)));
         assert_eq!(m.used(), c(20) + c(30) + c(7));
         assert_eq!(a.drop_all(9), (2, c(20) + c(30)));
         assert_eq!(m.used(), c(7));
@@ -311,13 +311,13 @@ mod tests {
     fn drop_all_records_the_gap_so_replay_is_impossible() {
         let mut b = ReplayBuffer::new(10, 1000);
         for i in 101..=103 {
-            b.push(i, Utf8Bytes::from(format!("f{i}")));
+            b.push(i, Text::from(format!("f{i}")));
         }
         assert_eq!(b.evicted_through(), 0, "nothing lost yet");
         b.drop_all(105);
         assert_eq!(b.evicted_through(), 105, "everything issued is lost");
         assert_eq!(b.since(100).count(), 0);
-        b.push(106, Utf8Bytes::from("f106".to_string()));
+        b.push(106, Text::from("f106".to_string()));
         assert_eq!(b.evicted_through(), 105);
         assert_eq!(b.since(105).map(|(s, _)| *s).collect::<Vec<_>>(), [106]);
     }
@@ -327,14 +327,14 @@ mod tests {
         let (m, mut rx) = ReplayMemory::new(envelope_cost(60) * 3 / 2, 50);
         let mut b = ReplayBuffer::new(1000, 10_000);
         b.set_memory(m.clone());
-        b.push(1, Utf8Bytes::from("x".repeat(60)));
+        b.push(1, Text::from("x".repeat(60)));
         assert!(rx.try_recv().is_err(), "under budget: no wake-up");
-        b.push(2, Utf8Bytes::from("x".repeat(60)));
+        b.push(2, Text::from("x".repeat(60)));
         assert!(rx.try_recv().is_ok(), "crossing the budget wakes");
-        b.push(3, Utf8Bytes::from("x".repeat(60)));
+        b.push(3, Text::from("x".repeat(60)));
         assert!(rx.try_recv().is_err(), "already above: no scan per frame");
         b.drop_all(3);
-        b.push(4, Utf8Bytes::from("x".repeat(200)));
+        b.push(4, Text::from("x".repeat(200)));
         assert!(rx.try_recv().is_ok(), "crossing again wakes again");
     }
 
@@ -346,8 +346,8 @@ mod tests {
         let mut b = ReplayBuffer::new(1000, 10_000);
         a.set_memory(m.clone());
         b.set_memory(m.clone());
-        a.push(1, Utf8Bytes::from("x".repeat(45)));
-        b.push(1, Utf8Bytes::from("x".repeat(70)));
+        a.push(1, Text::from("x".repeat(45)));
+        b.push(1, Text::from("x".repeat(70)));
         assert!(!m.refusing(), "refusing is decided by the scan");
         assert_eq!(m.target(), c(45) + c(70) - 1);
         m.set_refusing(true);
@@ -359,7 +359,7 @@ mod tests {
         b.drop_all(1);
         assert_eq!(m.used(), c(45));
         assert!(m.refusing(), "under budget but above the low watermark");
-        a.push(2, Utf8Bytes::from("x".repeat(10)));
+        a.push(2, Text::from("x".repeat(10)));
         assert!(m.refusing());
         drop(a);
         assert!(!m.refusing(), "at the low watermark upgrades resume");

@@ -8,8 +8,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::wire::Text;
 use serde_json::Value;
-use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 use super::authenticate;
 use super::buffer::ReplayBuffer;
@@ -207,7 +207,7 @@ impl SessionCore {
 
     /// Buffered frames numbered above `after`, oldest first, and whether
     /// every frame after `after` is still buffered.
-    pub fn buffered_since(&self, after: u64) -> (Vec<Utf8Bytes>, bool) {
+    pub fn buffered_since(&self, after: u64) -> (Vec<Text>, bool) {
         let complete = after >= self.seq.buffer.evicted_through();
         (
             self.seq

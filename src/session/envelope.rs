@@ -19,7 +19,8 @@ use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
-use crate::wire::{self, Edit, EditValue, Frame, FrameKind};
+use crate::wire::{self, Edit, EditValue, Frame, FrameKind, Text};
+use bytes::BytesMut;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// Requests a host may send to its client (AHP `ServerCommandMap`).
@@ -52,6 +53,11 @@ impl ClientSession {
         replies: &mut Vec<String>,
     ) {
         let mut core: Option<MutexGuard<'_, SessionCore>> = None;
+        // The batch's client frames are spliced into one buffer (one
+        // allocation for the batch, not one or two per frame); a rewritten
+        // channel name or number may be longer than the host's.
+        let bytes: usize = frames.iter().map(|f| f.len() + ARENA_SLACK).sum();
+        let mut arena = BytesMut::with_capacity(bytes);
         for text in frames {
             let text = text.as_str();
             let frame = match wire::classify_host(text, &self.env.upstream_limits) {
@@ -66,7 +72,7 @@ impl ClientSession {
                 && method == "action"
             {
                 let core = core.get_or_insert_with(|| self.lock());
-                self.on_envelope(core, host, link, text, &frame);
+                self.on_envelope(core, host, link, (text, &frame), &mut arena);
                 continue;
             }
             core = None;
@@ -180,8 +186,8 @@ impl ClientSession {
         core: &mut SessionCore,
         host: &Arc<HostHub>,
         link: u64,
-        text: &str,
-        frame: &Frame<'_>,
+        (text, frame): (&str, &Frame<'_>),
+        arena: &mut BytesMut,
     ) {
         let (Some(channel), Some(seq)) = (frame.channel(), frame.params.server_seq.as_ref()) else {
             return;
@@ -211,7 +217,7 @@ impl ClientSession {
             Chan::Holding { held, .. } => held.push((seq.value, text.to_string())),
             Chan::Live { client } => {
                 let client = client.clone();
-                self.deliver(core, host, text, frame, &client);
+                self.deliver(core, host, (text, frame), &client, arena);
             }
         }
     }
@@ -221,20 +227,19 @@ impl ClientSession {
         &self,
         core: &mut SessionCore,
         host: &Arc<HostHub>,
-        text: &str,
-        frame: &Frame<'_>,
+        (text, frame): (&str, &Frame<'_>),
         client_channel: &str,
+        arena: &mut BytesMut,
     ) {
         let relay = &self.env;
         let rewritten = self.push_envelope(core, |n| {
             rewrite_envelope(
-                text,
-                frame,
-                client_channel,
-                n,
+                (text, frame),
+                (client_channel, n),
                 host,
                 relay.store.as_ref(),
                 (self.identity(), &self.seen),
+                arena,
             )
         });
         if rewritten.is_none() {
@@ -285,10 +290,10 @@ impl ClientSession {
                 client: client.clone(),
             },
         );
-        for (seq, text) in held.into_iter().filter(|(s, _)| *s > from) {
-            let _ = seq;
+        let mut arena = BytesMut::new();
+        for (_, text) in held.into_iter().filter(|(s, _)| *s > from) {
             if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
-                self.deliver(core, host, &text, &frame, &client);
+                self.deliver(core, host, (&text, &frame), &client, &mut arena);
             }
         }
     }
@@ -708,33 +713,32 @@ impl ClientSession {
 }
 
 /// The client frame for a host envelope numbered `n` on `client_channel`,
-/// or `None` if a name in it cannot be translated.
+/// spliced into `arena`, or `None` if a name in it cannot be translated.
 pub fn rewrite_envelope(
-    text: &str,
-    frame: &Frame<'_>,
-    client_channel: &str,
-    n: u64,
+    (text, frame): (&str, &Frame<'_>),
+    (client_channel, n): (&str, u64),
     host: &HostHub,
     store: &dyn crate::names::store::UriStore,
     (identity, seen): ((&str, &str), &crate::names::seen::Seen),
-) -> Option<String> {
+    arena: &mut BytesMut,
+) -> Option<Text> {
     let p = &frame.params;
-    let mut edits = Vec::with_capacity(4);
+    let mut edits = Edits::default();
     edits.push(Edit {
         range: p.channel.as_ref()?.range.clone(),
         replacement: EditValue::JsonString(client_channel),
-    });
+    })?;
     edits.push(Edit {
         range: p.server_seq.as_ref()?.range.clone(),
         replacement: EditValue::U64(n),
-    });
+    })?;
     if let Some(origin) = &p.origin_client_id
         && origin.value == identity.0
     {
         edits.push(Edit {
             range: origin.range.clone(),
             replacement: EditValue::JsonString(identity.1),
-        });
+        })?;
     }
     let rewritten_action;
     if let (Some(ty), Some(range)) = (&p.action_type, &p.action)
@@ -761,13 +765,61 @@ pub fn rewrite_envelope(
             translate::translate(&mut action, &ty.value, &namer).ok()?;
         }
         rewritten_action = action.to_string();
-        edits.retain(|e| !(e.range.start >= range.start && e.range.end <= range.end));
+        edits.retain_outside(range);
         edits.push(Edit {
             range: range.clone(),
             replacement: EditValue::Raw(&rewritten_action),
-        });
+        })?;
     }
-    wire::splice(text, &mut edits).ok()
+    wire::splice_into(text, edits.as_mut(), arena).ok()
+}
+
+/// Bytes a client frame may grow by over its host frame without the batch's
+/// arena growing (a longer channel name, number or client id).
+const ARENA_SLACK: usize = 96;
+
+/// The (at most four) edits of one envelope, on the stack.
+struct Edits<'e> {
+    slots: [Edit<'e>; 4],
+    used: usize,
+}
+
+impl Default for Edits<'_> {
+    fn default() -> Self {
+        Self {
+            slots: std::array::from_fn(|_| Edit {
+                range: 0..0,
+                replacement: EditValue::U64(0),
+            }),
+            used: 0,
+        }
+    }
+}
+
+impl<'e> Edits<'e> {
+    /// Adds `edit`; `None` if four are there already.
+    fn push(&mut self, edit: Edit<'e>) -> Option<()> {
+        *self.slots.get_mut(self.used)? = edit;
+        self.used += 1;
+        Some(())
+    }
+
+    /// Drops the edits that fall inside `range` (it is replaced whole).
+    fn retain_outside(&mut self, range: &std::ops::Range<usize>) {
+        let mut kept = 0;
+        for i in 0..self.used {
+            let e = &self.slots[i].range;
+            if !(e.start >= range.start && e.end <= range.end) {
+                self.slots.swap(kept, i);
+                kept += 1;
+            }
+        }
+        self.used = kept;
+    }
+
+    fn as_mut(&mut self) -> &mut [Edit<'e>] {
+        &mut self.slots[..self.used]
+    }
 }
 
 /// The client-facing form of a host's error object: code kept, `data` only

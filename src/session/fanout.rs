@@ -238,7 +238,8 @@ impl Registry {
                     Some(
                         json!({"jsonrpc": "2.0", "method": "action", "params": {
                         "channel": ahp_types::ROOT_RESOURCE_URI, "action": action, "serverSeq": n}})
-                        .to_string(),
+                        .to_string()
+                        .into(),
                     )
                 });
             }

@@ -26,9 +26,9 @@ mod visibility;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use crate::wire::Text;
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
-use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 pub use self::core::SessionCore;
 pub use crate::identity::PrincipalKey;
@@ -306,7 +306,7 @@ impl ClientSession {
     /// `limits.max_frame_bytes` (the limit holds both ways, §3.6) is never
     /// sent: the client is closed with 1009 and the frame counted in
     /// `limit_hits_total{limit="client_frame"}`.
-    pub fn push(&self, core: &mut SessionCore, frame: impl Into<Utf8Bytes>) {
+    pub fn push(&self, core: &mut SessionCore, frame: impl Into<Text>) {
         let Some(socket) = &core.attachment.socket else {
             return;
         };
@@ -331,10 +331,10 @@ impl ClientSession {
     pub fn push_envelope(
         &self,
         core: &mut SessionCore,
-        build: impl FnOnce(u64) -> Option<String>,
+        build: impl FnOnce(u64) -> Option<Text>,
     ) -> Option<u64> {
         let n = core.seq.last + 1;
-        let frame: Utf8Bytes = build(n)?.into();
+        let frame = build(n)?;
         core.seq.last = n;
         let (evicted, evicted_bytes) = core.seq.buffer.push(n, frame.clone());
         let gap_lost = core
@@ -405,7 +405,7 @@ impl ClientSession {
             if let (Some(r), Some(o)) = (reason, params.as_object_mut()) {
                 o.insert("rejectionReason".into(), json!(r));
             }
-            Some(crate::rpc::action_frame(&params))
+            Some(crate::rpc::action_frame(&params).into())
         });
     }
 

@@ -2,19 +2,26 @@
 //! by frame count and by bytes (contract §5.9).
 //!
 //! The bounds are where the client's own links stop reading from their
-//! hosts: a link asks [`Outbox::has_room`] before it takes the next frame
+//! hosts: a link asks [`Outbox::allowance`] before it takes the next frames
 //! from its host and otherwise waits on [`Outbox::room`], so a client that
 //! reads slowly slows its hosts through TCP, as a direct connection would.
 //! Frames that cannot wait (watch-link fan-out, answers to the client's own
 //! requests) are queued up to twice the bounds; beyond that
 //! [`Outbox::try_send`] refuses and the session closes the client with 4008.
+//!
+//! The queue is a `VecDeque` under a mutex that is never held across an
+//! await: senders push under it, the socket's writer takes everything queued
+//! in one swap ([`OutboxRx::recv_batch`]). The writer is woken only when it
+//! is parked waiting for frames, so a batch of frames queued while it writes
+//! costs no wake-up at all, and a batch queued while it sleeps costs one.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::wire::Text;
 use futures_util::future::BoxFuture;
-use tokio::sync::{Notify, mpsc};
-use tokio_tungstenite::tungstenite::Utf8Bytes;
+use tokio::sync::Notify;
 
 /// Why a frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,12 +32,24 @@ pub enum Refused {
     Closed,
 }
 
-/// What the sending and receiving sides share: the counts, and the wake-up
-/// for links waiting for room.
+/// The queue itself, under [`Shared::state`].
+#[derive(Debug, Default)]
+struct State {
+    frames: VecDeque<Text>,
+    bytes: usize,
+    /// The writer found the queue empty and waits on [`Shared::wake`].
+    writer_parked: bool,
+    /// Every [`Outbox`] is gone: the writer ends once the queue is empty.
+    senders_gone: bool,
+    /// Live [`Outbox`] handles.
+    senders: usize,
+}
+
+/// What the sending and receiving sides share: the queue, the wake-up of the
+/// writer, and the wake-up for links waiting for room.
 #[derive(Debug)]
 struct Shared {
-    frames: AtomicUsize,
-    bytes: AtomicUsize,
+    state: Mutex<State>,
     max_frames: usize,
     max_bytes: usize,
     /// Set by a waiter before it checks for room; the writer wakes waiters
@@ -39,75 +58,105 @@ struct Shared {
     /// Set when the writer is gone: waiting for room is then pointless.
     closed: AtomicBool,
     room: Notify,
+    wake: Notify,
 }
 
 impl Shared {
+    /// The queue. A panic while it was held (none is possible: every
+    /// critical section is a few field updates) leaves it usable.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn has_room(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-            || (self.frames.load(Ordering::SeqCst) < self.max_frames
-                && self.bytes.load(Ordering::SeqCst) < self.max_bytes)
+        if self.closed.load(Ordering::SeqCst) {
+            return true;
+        }
+        let s = self.lock();
+        s.frames.len() < self.max_frames && s.bytes < self.max_bytes
     }
 }
 
 /// The sending side (sessions and the router).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Outbox {
-    tx: mpsc::UnboundedSender<Utf8Bytes>,
     shared: Arc<Shared>,
 }
 
 /// The receiving side (the socket's writer).
 #[derive(Debug)]
 pub struct OutboxRx {
-    rx: mpsc::UnboundedReceiver<Utf8Bytes>,
     shared: Arc<Shared>,
 }
 
 /// A queue whose links pause at `max_frames` frames or `max_bytes` bytes
 /// and which refuses frames beyond twice those.
 pub fn outbox(max_frames: usize, max_bytes: usize) -> (Outbox, OutboxRx) {
-    let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
-        frames: AtomicUsize::new(0),
-        bytes: AtomicUsize::new(0),
+        state: Mutex::new(State {
+            senders: 1,
+            ..State::default()
+        }),
         max_frames: max_frames.max(1),
         max_bytes: max_bytes.max(1),
         waiting: AtomicBool::new(false),
         closed: AtomicBool::new(false),
         room: Notify::new(),
+        wake: Notify::new(),
     });
     (
         Outbox {
-            tx,
             shared: shared.clone(),
         },
-        OutboxRx { rx, shared },
+        OutboxRx { shared },
     )
+}
+
+impl Clone for Outbox {
+    fn clone(&self) -> Self {
+        self.shared.lock().senders += 1;
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        s.senders -= 1;
+        if s.senders == 0 {
+            s.senders_gone = true;
+            s.writer_parked = false;
+            drop(s);
+            self.shared.wake.notify_one();
+        }
+    }
 }
 
 impl Outbox {
     /// Queues `frame` unless the queue already holds twice its frame bound,
     /// or the frame would take it over twice its byte bound (a single frame
     /// larger than that still passes into an empty queue).
-    pub fn try_send(&self, frame: Utf8Bytes) -> Result<(), Refused> {
-        let s = &self.shared;
+    pub fn try_send(&self, frame: Text) -> Result<(), Refused> {
+        let shared = &self.shared;
+        if shared.closed.load(Ordering::SeqCst) {
+            return Err(Refused::Closed);
+        }
         let len = frame.len();
-        let before = s.bytes.fetch_add(len, Ordering::SeqCst);
-        let frames = s.frames.fetch_add(1, Ordering::SeqCst);
-        let over_bytes = before > 0 && before + len > s.max_bytes.saturating_mul(2);
-        if over_bytes || frames >= s.max_frames.saturating_mul(2) {
-            self.undo(len);
+        let mut s = shared.lock();
+        let over_bytes = s.bytes > 0 && s.bytes + len > shared.max_bytes.saturating_mul(2);
+        if over_bytes || s.frames.len() >= shared.max_frames.saturating_mul(2) {
             return Err(Refused::Full);
         }
-        self.tx.send(frame).map_err(|_| {
-            self.undo(len);
-            Refused::Closed
-        })
-    }
-
-    fn undo(&self, len: usize) {
-        self.shared.bytes.fetch_sub(len, Ordering::SeqCst);
-        self.shared.frames.fetch_sub(1, Ordering::SeqCst);
+        s.bytes += len;
+        s.frames.push_back(frame);
+        let wake = std::mem::take(&mut s.writer_parked);
+        drop(s);
+        if wake {
+            shared.wake.notify_one();
+        }
+        Ok(())
     }
 
     /// Whether the queue is below both bounds (or its writer is gone): a
@@ -120,12 +169,13 @@ impl Outbox {
     /// reached (unbounded once the writer is gone); `None` when the queue
     /// is at a bound already.
     pub fn allowance(&self) -> Option<(usize, usize)> {
-        let s = &self.shared;
-        if s.closed.load(Ordering::SeqCst) {
+        let shared = &self.shared;
+        if shared.closed.load(Ordering::SeqCst) {
             return Some((usize::MAX, usize::MAX));
         }
-        let frames = s.max_frames.saturating_sub(s.frames.load(Ordering::SeqCst));
-        let bytes = s.max_bytes.saturating_sub(s.bytes.load(Ordering::SeqCst));
+        let s = shared.lock();
+        let frames = shared.max_frames.saturating_sub(s.frames.len());
+        let bytes = shared.max_bytes.saturating_sub(s.bytes);
         (frames > 0 && bytes > 0).then_some((frames, bytes))
     }
 
@@ -148,32 +198,52 @@ impl Outbox {
 
     /// Bytes queued and not yet taken by the writer.
     pub fn queued_bytes(&self) -> usize {
-        self.shared.bytes.load(Ordering::SeqCst)
+        self.shared.lock().bytes
     }
 }
 
 impl OutboxRx {
-    fn taken(&self, f: Utf8Bytes) -> Utf8Bytes {
-        let s = &self.shared;
-        s.bytes.fetch_sub(f.len(), Ordering::SeqCst);
-        s.frames.fetch_sub(1, Ordering::SeqCst);
-        if s.waiting.load(Ordering::SeqCst) && s.has_room() {
-            s.waiting.store(false, Ordering::SeqCst);
-            s.room.notify_waiters();
+    /// Moves every queued frame to the back of `into` (which the writer
+    /// keeps, so no allocation follows once it has grown); wakes links
+    /// waiting for room. `false` when nothing was queued.
+    pub fn take_all(&mut self, into: &mut VecDeque<Text>) -> bool {
+        let shared = &self.shared;
+        let mut s = shared.lock();
+        if s.frames.is_empty() {
+            return false;
         }
-        f
+        if into.is_empty() {
+            std::mem::swap(&mut s.frames, into);
+        } else {
+            into.extend(s.frames.drain(..));
+        }
+        s.bytes = 0;
+        drop(s);
+        if shared.waiting.swap(false, Ordering::SeqCst) {
+            shared.room.notify_waiters();
+        }
+        true
     }
 
-    /// The next frame; `None` when every sender is gone.
-    pub async fn recv(&mut self) -> Option<Utf8Bytes> {
-        let f = self.rx.recv().await?;
-        Some(self.taken(f))
-    }
-
-    /// The next frame if one is queued now.
-    pub fn try_recv(&mut self) -> Option<Utf8Bytes> {
-        let f = self.rx.try_recv().ok()?;
-        Some(self.taken(f))
+    /// Waits for frames and moves all of them to `into`; `false` when every
+    /// sender is gone and nothing is left.
+    pub async fn recv_batch(&mut self, into: &mut VecDeque<Text>) -> bool {
+        loop {
+            if self.take_all(into) {
+                return true;
+            }
+            {
+                let mut s = self.shared.lock();
+                if !s.frames.is_empty() {
+                    continue;
+                }
+                if s.senders_gone {
+                    return false;
+                }
+                s.writer_parked = true;
+            }
+            self.shared.wake.notified().await;
+        }
     }
 }
 
@@ -188,8 +258,14 @@ impl Drop for OutboxRx {
 mod tests {
     use super::*;
 
-    fn text(s: &str) -> Utf8Bytes {
-        Utf8Bytes::from(s.to_string())
+    fn text(s: &str) -> Text {
+        Text::from(s.to_string())
+    }
+
+    fn taken(rx: &mut OutboxRx) -> Vec<String> {
+        let mut into = VecDeque::new();
+        rx.take_all(&mut into);
+        into.iter().map(|f| f.to_string()).collect()
     }
 
     #[tokio::test]
@@ -197,20 +273,51 @@ mod tests {
         let (tx, mut rx) = outbox(2, 10);
         assert_eq!(tx.try_send(text("123456")), Ok(()));
         assert!(tx.has_room());
+        assert_eq!(tx.allowance(), Some((1, 4)));
         assert_eq!(tx.try_send(text("123456")), Ok(()));
         assert!(!tx.has_room(), "12 bytes is over the 10-byte bound");
+        assert_eq!(tx.allowance(), None);
         assert_eq!(tx.try_send(text("12345678")), Ok(()));
         assert_eq!(tx.try_send(text("1")), Err(Refused::Full));
         assert_eq!(tx.queued_bytes(), 20);
         let room = tokio::spawn(tx.room());
-        assert_eq!(rx.recv().await.as_deref(), Some("123456"));
-        assert!(!room.is_finished() || tx.has_room());
-        assert_eq!(rx.recv().await.as_deref(), Some("123456"));
+        tokio::task::yield_now().await;
+        assert!(!room.is_finished(), "no room while the queue is full");
+        assert_eq!(taken(&mut rx), ["123456", "123456", "12345678"]);
         assert!(tx.has_room());
         assert!(room.await.is_ok(), "the waiting link is woken");
-        assert_eq!(rx.recv().await.as_deref(), Some("12345678"));
         // One frame larger than twice the byte bound still passes into an empty queue.
         assert_eq!(tx.try_send(text(&"x".repeat(30))), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_parked_writer_is_woken_and_sees_every_frame_in_order() {
+        let (tx, mut rx) = outbox(1000, 1 << 20);
+        let writer = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut batch = VecDeque::new();
+            while rx.recv_batch(&mut batch).await {
+                got.extend(batch.drain(..).map(|f| f.to_string()));
+            }
+            got
+        });
+        let sender = tx.clone();
+        let producer = tokio::spawn(async move {
+            for i in 0..500 {
+                assert_eq!(sender.try_send(text(&i.to_string())), Ok(()));
+                if i % 7 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        producer.await.unwrap();
+        drop(tx);
+        let got = writer.await.unwrap();
+        let want: Vec<String> = (0..500).map(|i| i.to_string()).collect();
+        assert_eq!(
+            got, want,
+            "every frame once, in order; the writer ends when senders are gone"
+        );
     }
 
     #[tokio::test]

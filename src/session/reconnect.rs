@@ -364,7 +364,7 @@ fn replay(
         struct Chan<'a> {
             channel: std::borrow::Cow<'a, str>,
         }
-        let Ok(env) = serde_json::from_str::<Env<'_>>(f.as_str()) else {
+        let Ok(env) = serde_json::from_str::<Env<'_>>(f.to_str()) else {
             continue;
         };
         let Ok(ch) = serde_json::from_str::<Chan<'_>>(env.params.get()) else {

@@ -91,6 +91,7 @@ mod refusal;
 mod result;
 mod scan;
 mod splice;
+mod text;
 
 pub use action::{classify_action, classify_host};
 pub use error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, WireError};
@@ -100,7 +101,8 @@ pub use limits::WireLimits;
 pub use params::ParamsFields;
 pub use refusal::{Refusal, refusal};
 pub use result::{ResultFields, SnapshotFields};
-pub use splice::{Edit, EditValue, SpliceError, json_escape_into, splice};
+pub use splice::{Edit, EditValue, Out, SpliceError, json_escape_into, splice, splice_into};
+pub use text::Text;
 
 #[cfg(test)]
 mod tests;

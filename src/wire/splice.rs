@@ -2,6 +2,38 @@
 
 use std::ops::Range;
 
+use bytes::BytesMut;
+
+use super::text::Text;
+
+/// Where spliced text is written: a `String`, or the shared buffer a batch of
+/// frames is spliced into ([`splice_into`]). Only `str`s are ever appended, so
+/// what is written is UTF-8.
+pub trait Out {
+    /// Appends `s`.
+    fn push_str(&mut self, s: &str);
+    /// Makes room for `n` more bytes.
+    fn reserve(&mut self, n: usize);
+}
+
+impl Out for String {
+    fn push_str(&mut self, s: &str) {
+        String::push_str(self, s);
+    }
+    fn reserve(&mut self, n: usize) {
+        String::reserve(self, n);
+    }
+}
+
+impl Out for BytesMut {
+    fn push_str(&mut self, s: &str) {
+        self.extend_from_slice(s.as_bytes());
+    }
+    fn reserve(&mut self, n: usize) {
+        BytesMut::reserve(self, n);
+    }
+}
+
 /// A replacement value, written in JSON form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EditValue<'e> {
@@ -27,7 +59,7 @@ impl EditValue<'_> {
     }
 
     /// Appends the JSON form of this value to `out`.
-    fn write_into(&self, out: &mut String) {
+    fn write_into(&self, out: &mut impl Out) {
         match self {
             Self::U64(n) => out.push_str(itoa::Buffer::new().format(*n)),
             Self::JsonString(s) => json_escape_into(out, s),
@@ -75,6 +107,30 @@ pub enum SpliceError {
 /// and nothing is written unless every edit is valid: ranges within `text` on character
 /// boundaries, pairwise disjoint, no two starting at the same offset.
 pub fn splice(text: &str, edits: &mut [Edit<'_>]) -> Result<String, SpliceError> {
+    let capacity = checked_capacity(text, edits)?;
+    let mut out = String::with_capacity(capacity);
+    write_spliced(text, edits, &mut out);
+    Ok(out)
+}
+
+/// [`splice`] into `arena`, a buffer shared by the frames of one batch: the
+/// result is split off it, so a batch of frames costs one allocation (or a
+/// few, if `arena` was sized short) instead of one or two per frame. Same
+/// guarantees as [`splice`]; nothing is written to `arena` on an error.
+pub fn splice_into(
+    text: &str,
+    edits: &mut [Edit<'_>],
+    arena: &mut BytesMut,
+) -> Result<Text, SpliceError> {
+    let capacity = checked_capacity(text, edits)?;
+    Out::reserve(arena, capacity);
+    write_spliced(text, edits, arena);
+    Ok(Text::from_spliced(arena.split().freeze()))
+}
+
+/// Sorts `edits`, checks them against `text` and returns the spliced length
+/// (exact unless a string needs escapes).
+fn checked_capacity(text: &str, edits: &mut [Edit<'_>]) -> Result<usize, SpliceError> {
     edits.sort_unstable_by_key(|edit| (edit.range.start, edit.range.end));
     let mut capacity = text.len();
     let mut previous: Option<&Range<usize>> = None;
@@ -98,30 +154,33 @@ pub fn splice(text: &str, edits: &mut [Edit<'_>]) -> Result<String, SpliceError>
         capacity = capacity.saturating_sub(range.len()) + edit.replacement.len_hint();
         previous = Some(range);
     }
-    let mut out = String::with_capacity(capacity);
+    Ok(capacity)
+}
+
+/// Writes `text` with `edits` (sorted and checked) applied.
+fn write_spliced(text: &str, edits: &[Edit<'_>], out: &mut impl Out) {
     let mut copied = 0;
-    for edit in edits.iter() {
+    for edit in edits {
         out.push_str(text.get(copied..edit.range.start).unwrap_or_default());
-        edit.replacement.write_into(&mut out);
+        edit.replacement.write_into(out);
         copied = edit.range.end;
     }
     out.push_str(text.get(copied..).unwrap_or_default());
-    Ok(out)
 }
 
 /// Appends `s` to `out` as a JSON string token: quoted, with `"`, `\` and U+0000–U+001F
 /// escaped (short forms where JSON has them, `\u00XX` otherwise); everything else,
 /// including non-ASCII, is copied unchanged. The result parses back to exactly `s`.
-pub fn json_escape_into(out: &mut String, s: &str) {
+pub fn json_escape_into(out: &mut impl Out, s: &str) {
     out.reserve(s.len() + 2);
-    out.push('"');
+    out.push_str("\"");
     // Most strings (URIs) need no escape: one branch-free pass finds out.
     let plain = s.bytes().fold(true, |plain, b| {
         plain & (b >= 0x20 && b != b'"' && b != b'\\')
     });
     if plain {
         out.push_str(s);
-        out.push('"');
+        out.push_str("\"");
         return;
     }
     let mut copied = 0;
@@ -141,18 +200,19 @@ pub fn json_escape_into(out: &mut String, s: &str) {
         out.push_str(s.get(copied..at).unwrap_or_default());
         if short.is_empty() {
             out.push_str("\\u00");
-            out.push(hex_digit(byte >> 4));
-            out.push(hex_digit(byte & 0x0f));
+            out.push_str(hex_digit(byte >> 4));
+            out.push_str(hex_digit(byte & 0x0f));
         } else {
             out.push_str(short);
         }
         copied = at + 1;
     }
     out.push_str(s.get(copied..).unwrap_or_default());
-    out.push('"');
+    out.push_str("\"");
 }
 
 /// Lower-case hex digit of a nibble (`0..=15`).
-fn hex_digit(nibble: u8) -> char {
-    char::from_digit(u32::from(nibble), 16).unwrap_or('0')
+fn hex_digit(nibble: u8) -> &'static str {
+    let at = usize::from(nibble & 0x0f);
+    "0123456789abcdef".get(at..=at).unwrap_or("0")
 }
