@@ -2405,7 +2405,7 @@ fn issue20_rows(t: &Throughput) -> Vec<Row> {
         .iter()
         .zip(&t.disconnects)
         .filter(|(p, _)| !p.starts_with("relay wss"))
-        .map(|(p, d)| format!("{p} {d}"))
+        .map(|(p, d)| format!("{} {d}", p.trim_end_matches("://")))
         .collect();
     rows.push(row(
         "disconnected runs at max rate, relay wss://",
@@ -2746,7 +2746,9 @@ fn print_rows(rows: &[Row], indent: &str) {
     let width = |f: fn(&Row) -> &str| rows.iter().map(|r| f(r).chars().count()).max();
     let w = width(|r| &r.what).unwrap_or(0);
     let t = width(|r| &r.target).unwrap_or(0);
-    let m = width(|r| &r.measured).unwrap_or(0);
+    // Capped so one long figure (the disconnect counts) does not push the
+    // verdicts of every other row to the far right.
+    let m = width(|r| &r.measured).unwrap_or(0).min(48);
     for r in rows {
         let v = r.ok.map_or("-", verdict);
         println!(
