@@ -12,7 +12,10 @@
 //! pre-rendered deltas; section 3 paced, reading the send stamp in each
 //! delta) and compare, when installed, nginx and HAProxy as TLS WebSocket
 //! proxies in front of the same kind of host (`apt-get install -y nginx
-//! haproxy`; the bench says so when missing).
+//! haproxy`; the bench says so when missing). Section 1 also runs the floor:
+//! a minimal TLS byte forwarder on the relay's own stack (tokio + rustls),
+//! on two threads of this process whose CPU is read per thread — the cost
+//! of TLS and the syscalls alone for the same frames.
 //! Every figure is a median of several runs; targets are printed next to them
 //! and marked met / NOT MET as measured.
 //!
@@ -182,33 +185,66 @@ struct Cpu {
     sys_ticks: u64,
 }
 
+/// Nanoseconds on CPU of one thread (`<task dir>/schedstat`, first field).
+fn sched_ns(task: &std::path::Path) -> u64 {
+    std::fs::read_to_string(task.join("schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// `utime` and `stime` (clock ticks) of a `/proc/…/stat` file.
+fn stat_times(path: &std::path::Path) -> (u64, u64) {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((
+                f.get(11)?.parse::<u64>().ok()?,
+                f.get(12)?.parse::<u64>().ok()?,
+            ))
+        })
+        .unwrap_or((0, 0))
+}
+
+/// Run time (ns) of each live thread of process `pid`, by thread id.
+fn thread_ns_of(pid: &str) -> Vec<(u64, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let tid = t.file_name().to_str()?.parse().ok()?;
+            Some((tid, sched_ns(&t.path())))
+        })
+        .collect()
+}
+
 impl Cpu {
     fn read(pid: &str) -> Cpu {
-        let mut sched_ns = 0;
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            for t in tasks.flatten() {
-                let ns = std::fs::read_to_string(t.path().join("schedstat"))
-                    .ok()
-                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-                sched_ns += ns.unwrap_or(0);
-            }
-        }
-        let (utime, stime) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = &s[s.rfind(')')? + 1..];
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                Some((
-                    f.get(11)?.parse::<u64>().ok()?,
-                    f.get(12)?.parse::<u64>().ok()?,
-                ))
-            })
-            .unwrap_or((0, 0));
+        let sched_ns = thread_ns_of(pid).iter().map(|(_, ns)| ns).sum();
+        let (utime, stime) = stat_times(std::path::Path::new(&format!("/proc/{pid}/stat")));
         Cpu {
             sched_ns,
             stat_ticks: utime + stime,
             sys_ticks: stime,
         }
+    }
+
+    /// CPU of the threads `tids` of this process (schedstat and their own
+    /// `stat` ticks; a thread that has exited counts nothing).
+    fn tasks(tids: &[u64]) -> Cpu {
+        let mut all = Cpu::default();
+        for tid in tids {
+            let task = PathBuf::from(format!("/proc/self/task/{tid}"));
+            let (utime, stime) = stat_times(&task.join("stat"));
+            all.sched_ns += sched_ns(&task);
+            all.stat_ticks += utime + stime;
+            all.sys_ticks += stime;
+        }
+        all
     }
 
     /// CPU of this process's threads whose name starts with `prefix`.
@@ -218,13 +254,9 @@ impl Cpu {
             for t in tasks.flatten() {
                 let named = std::fs::read_to_string(t.path().join("comm"))
                     .is_ok_and(|c| c.starts_with(prefix));
-                if !named {
-                    continue;
+                if named {
+                    sched_ns += self::sched_ns(&t.path());
                 }
-                let ns = std::fs::read_to_string(t.path().join("schedstat"))
-                    .ok()
-                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-                sched_ns += ns.unwrap_or(0);
             }
         }
         Cpu {
@@ -462,11 +494,19 @@ async fn http_get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, path: &str) -> Re
 trait Measured: Sync {
     fn cpu(&self) -> Cpu;
     fn last_log(&self) -> String;
+    /// Run time (ns) of each of its threads by thread id; empty where the
+    /// proxy is several processes (the peers).
+    fn thread_ns(&self) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
 }
 
 impl Measured for RelayProc {
     fn cpu(&self) -> Cpu {
         RelayProc::cpu(self)
+    }
+    fn thread_ns(&self) -> Vec<(u64, u64)> {
+        thread_ns_of(&self.pid)
     }
     fn last_log(&self) -> String {
         RelayProc::last_log(self)
@@ -610,6 +650,189 @@ impl Drop for Peer {
         let _ = Command::new("kill").arg("-TERM").arg(&self.pid).status();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ─── the floor: TLS and the syscalls alone ──────────────────────────────────
+
+/// Bytes a floor forwarder reads at a time (the relay reads its hosts 16 KiB
+/// at a time; larger reads only lower the floor's syscalls per byte).
+const FLOOR_READ: usize = 64 * 1024;
+
+/// A minimal TLS-terminating byte forwarder on the relay's stack (tokio,
+/// tokio-rustls with ring, TLS 1.3 only, the relay's dev certificate): each
+/// client's TLS connection is spliced to a plain TCP connection to its
+/// simhost, the WebSocket upgrade and frames passing through untouched, one
+/// `write_all` + flush per read. It runs on a runtime of its own with two
+/// worker threads (like nginx's and HAProxy's two workers), whose thread ids
+/// it records as they start, so its CPU is theirs alone: what any design on
+/// tokio + rustls pays for these bytes.
+struct Floor {
+    rt: Option<tokio::runtime::Runtime>,
+    /// One listener per upstream, in the order given to [`Floor::start`].
+    ports: Vec<u16>,
+    tids: Arc<Mutex<Vec<u64>>>,
+}
+
+/// This thread's id, from `/proc/thread-self` (`<pid>/task/<tid>`).
+fn this_tid() -> Option<u64> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// The floor's TLS: TLS 1.3 only, ring, `cert` / `key` (PEM), HTTP/1.1 ALPN
+/// as the relay offers.
+fn floor_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(bad)?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(bad)?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(bad)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+impl Floor {
+    /// Starts the forwarder's runtime and one listener per `hosts` URL.
+    fn start(hosts: &[String], cert: &std::path::Path, key: &std::path::Path) -> Result<Self> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(floor_tls(cert, key)?));
+        let tids = Arc::new(Mutex::new(Vec::new()));
+        let seen = tids.clone();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("floor")
+            .on_thread_start(move || {
+                if let Some(tid) = this_tid() {
+                    seen.lock().unwrap_or_else(|e| e.into_inner()).push(tid);
+                }
+            })
+            .enable_all()
+            .build()?;
+        let mut ports = Vec::new();
+        for host in hosts {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            listener.set_nonblocking(true)?;
+            ports.push(listener.local_addr()?.port());
+            let upstream = host.trim_start_matches("ws://").trim_end_matches('/');
+            rt.spawn(floor_accept(
+                listener,
+                acceptor.clone(),
+                upstream.to_string(),
+            ));
+        }
+        Ok(Floor {
+            rt: Some(rt),
+            ports,
+            tids,
+        })
+    }
+
+    fn endpoint(&self, i: usize, ca: &std::path::Path) -> Endpoint {
+        Endpoint {
+            label: "floor",
+            url: format!(
+                "wss://127.0.0.1:{}/",
+                self.ports.get(i).copied().unwrap_or(0)
+            ),
+            ca: Some(ca.to_path_buf()),
+            kit: None,
+            qualify: false,
+        }
+    }
+
+    fn tids(&self) -> Vec<u64> {
+        self.tids.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Accepts clients for one upstream until the runtime stops.
+async fn floor_accept(
+    listener: std::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    upstream: String,
+) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        return;
+    };
+    while let Ok((tcp, _)) = listener.accept().await {
+        tokio::spawn(floor_conn(tcp, acceptor.clone(), upstream.clone()));
+    }
+}
+
+/// One client: TLS handshake, a TCP connection to the upstream, then bytes
+/// both ways, each direction its own task (so the runtime may run them on
+/// either thread); the connection ends when either direction does.
+async fn floor_conn(tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, upstream: String) {
+    let _ = tcp.set_nodelay(true);
+    let Ok(tls) = acceptor.accept(tcp).await else {
+        return;
+    };
+    let Ok(host) = TcpStream::connect(upstream.as_str()).await else {
+        return;
+    };
+    let _ = host.set_nodelay(true);
+    let (client_r, client_w) = tokio::io::split(tls);
+    let (host_r, host_w) = host.into_split();
+    let mut down = tokio::spawn(floor_pump(host_r, client_w));
+    let mut up = tokio::spawn(floor_pump(client_r, host_w));
+    tokio::select! {
+        _ = &mut down => up.abort(),
+        _ = &mut up => down.abort(),
+    }
+}
+
+/// Copies `from` to `to`: reads of up to [`FLOOR_READ`] bytes, each written
+/// whole and flushed (through TLS: sealed into records and sent) before the
+/// next read; shuts `to` down at end of stream.
+async fn floor_pump<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; FLOOR_READ];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        to.write_all(&buf[..n]).await?;
+        to.flush().await?;
+    }
+}
+
+impl Measured for Floor {
+    fn cpu(&self) -> Cpu {
+        Cpu::tasks(&self.tids())
+    }
+    fn last_log(&self) -> String {
+        String::new()
+    }
+    fn thread_ns(&self) -> Vec<(u64, u64)> {
+        self.tids()
+            .into_iter()
+            .map(|tid| {
+                (
+                    tid,
+                    sched_ns(&PathBuf::from(format!("/proc/self/task/{tid}"))),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        // Without waiting: this may run on another runtime's thread.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -947,10 +1170,113 @@ struct StreamRun {
     relay_cpu_ns: Option<u64>,
     relay_cpu_tick_ms: Option<f64>,
     relay_kernel_share: Option<f64>,
+    /// The proxy's busiest threads over the run, as cores, busiest first
+    /// (at most 3; empty for the peers and the direct path).
+    relay_busiest: Vec<f64>,
     /// CPU of the simhost threads and of the client threads.
     host_cpu_ns: u64,
     client_cpu_ns: u64,
     tls: Option<String>,
+}
+
+/// CPU readings taken at the start and at the end of a run.
+struct Readings {
+    relay: Option<Cpu>,
+    /// The proxy's run time per thread (see [`Measured::thread_ns`]).
+    threads: Vec<(u64, u64)>,
+    host: Cpu,
+    client: Cpu,
+}
+
+impl Readings {
+    fn take(relay: Option<&dyn Measured>) -> Self {
+        Readings {
+            relay: relay.map(|r| r.cpu()),
+            threads: relay.map(|r| r.thread_ns()).unwrap_or_default(),
+            host: Cpu::threads("simhost"),
+            client: Cpu::threads("client"),
+        }
+    }
+
+    /// The proxy's busiest threads between `before` and these readings, as
+    /// cores (run time ÷ `wall`), busiest first, at most 3.
+    fn busiest_since(&self, before: &Readings, wall: Duration) -> Vec<f64> {
+        let mut cores: Vec<f64> = self
+            .threads
+            .iter()
+            .map(|(tid, ns)| {
+                let was = before
+                    .threads
+                    .iter()
+                    .find(|(t, _)| t == tid)
+                    .map_or(0, |t| t.1);
+                ns.saturating_sub(was) as f64 / 1e9 / wall.as_secs_f64()
+            })
+            .collect();
+        cores.sort_by(|a, b| b.total_cmp(a));
+        cores.truncate(3);
+        cores
+    }
+}
+
+/// The clients' counts of one run, all streams together.
+#[derive(Default)]
+struct Totals {
+    deltas: u64,
+    actions: u64,
+    bytes: u64,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    lat: Vec<f64>,
+    unstamped: u64,
+}
+
+impl Totals {
+    fn add(&mut self, mut s: TurnStats) {
+        self.lat.append(&mut s.lat_us);
+        self.unstamped += s.unstamped;
+        self.deltas += s.deltas;
+        self.actions += s.actions;
+        self.bytes += s.delta_frame_bytes;
+        self.first = match (self.first, s.first) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last = match (self.last, s.last) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// The run's figures, from its totals and the readings around it.
+    fn run(
+        self,
+        stamps: bool,
+        wall: Duration,
+        (b, a): (Readings, Readings),
+        ticks: u64,
+    ) -> Result<StreamRun> {
+        let span = match (self.first, self.last) {
+            (Some(x), Some(y)) if y > x => y - x,
+            _ => return Err("no deltas received".into()),
+        };
+        let relay = b.relay.zip(a.relay);
+        Ok(StreamRun {
+            rate: self.deltas as f64 / span.as_secs_f64(),
+            actions: self.actions,
+            deltas: self.deltas,
+            frame_bytes: self.bytes as f64 / self.deltas.max(1) as f64,
+            latency: stamps.then(|| Lat::of(self.lat, self.unstamped)),
+            wall,
+            relay_cpu_ns: relay.map(|(b, a)| a.ns_since(&b)),
+            relay_kernel_share: relay.map(|(b, a)| a.kernel_share_since(&b)),
+            relay_cpu_tick_ms: relay.map(|(b, a)| a.tick_ms_since(&b, ticks)),
+            relay_busiest: a.busiest_since(&b, wall),
+            host_cpu_ns: a.host.ns_since(&b.host),
+            client_cpu_ns: a.client.ns_since(&b.client),
+            tls: None,
+        })
+    }
 }
 
 async fn stream_run(
@@ -973,9 +1299,7 @@ async fn stream_run(
     }
     let conns = join_all(tasks).await?;
     let tls = conns.first().and_then(|(c, _)| c.tls_info());
-    let relay_before = relay.map(|r| r.cpu());
-    let host_before = Cpu::threads("simhost");
-    let client_before = Cpu::threads("client");
+    let before = Readings::take(relay);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for (i, (mut c, chat)) in conns.into_iter().enumerate() {
@@ -988,57 +1312,19 @@ async fn stream_run(
     }
     let done = join_all(tasks).await?;
     let wall = start.elapsed();
-    let relay_after = relay.map(|r| r.cpu());
-    let host_after = Cpu::threads("simhost");
-    let client_after = Cpu::threads("client");
-    let mut deltas = 0;
-    let mut actions = 0;
-    let mut bytes = 0;
-    let mut first: Option<Instant> = None;
-    let mut last: Option<Instant> = None;
+    let after = Readings::take(relay);
+    let mut totals = Totals::default();
     let mut conns = Vec::new();
-    let (mut lat, mut unstamped) = (Vec::new(), 0);
-    for (c, mut s) in done {
-        lat.append(&mut s.lat_us);
-        unstamped += s.unstamped;
-        deltas += s.deltas;
-        actions += s.actions;
-        bytes += s.delta_frame_bytes;
-        first = match (first, s.first) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        last = match (last, s.last) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+    for (c, s) in done {
+        totals.add(s);
         conns.push(c);
     }
     for c in conns {
         c.hang_up();
     }
-    let span = match (first, last) {
-        (Some(a), Some(b)) if b > a => b - a,
-        _ => return Err("no deltas received".into()),
-    };
-    Ok(StreamRun {
-        rate: deltas as f64 / span.as_secs_f64(),
-        actions,
-        deltas,
-        frame_bytes: bytes as f64 / deltas.max(1) as f64,
-        latency: stamps.then(|| Lat::of(lat, unstamped)),
-        wall,
-        relay_cpu_ns: relay_before.zip(relay_after).map(|(b, a)| a.ns_since(&b)),
-        relay_kernel_share: relay_before
-            .zip(relay_after)
-            .map(|(b, a)| a.kernel_share_since(&b)),
-        relay_cpu_tick_ms: relay_before
-            .zip(relay_after)
-            .map(|(b, a)| a.tick_ms_since(&b, ticks)),
-        host_cpu_ns: host_after.ns_since(&host_before),
-        client_cpu_ns: client_after.ns_since(&client_before),
-        tls,
-    })
+    let mut run = totals.run(stamps, wall, (before, after), ticks)?;
+    run.tls = tls;
+    Ok(run)
 }
 
 /// Figures of one configuration over all rounds.
@@ -1132,18 +1418,46 @@ impl Series {
             _ => "-".into(),
         }
     }
+    /// The proxy's busiest threads as cores, busiest first: the median over
+    /// runs of each rank.
+    fn busiest(&self) -> Vec<f64> {
+        let ranks = self
+            .runs
+            .iter()
+            .map(|r| r.relay_busiest.len())
+            .max()
+            .unwrap_or(0);
+        (0..ranks)
+            .map(|i| {
+                median(
+                    self.runs
+                        .iter()
+                        .filter_map(|r| r.relay_busiest.get(i).copied())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
 }
 
 struct Throughput {
-    /// [one stream, many streams] × paths ([`PATHS`], peers if installed).
+    /// [one stream, many streams] × paths (direct, relay wss://, relay ws://,
+    /// the installed peers, floor).
     series: [Vec<Series>; 2],
-    /// The paths measured, in [`PATHS`] order.
-    paths: Vec<&'static str>,
+    /// The labels of the paths measured (see [`PATHS`]).
+    paths: Vec<String>,
     errors: Vec<String>,
     /// Runs that ended with the client closed or cut off, per path.
     disconnects: Vec<usize>,
     /// The TLS relay's memory around the runs.
     memory: Option<ReplayRss>,
+}
+
+impl Throughput {
+    /// The path whose label starts with `name` (e.g. `nginx`).
+    fn path(&self, name: &str) -> Option<usize> {
+        self.paths.iter().position(|p| p.starts_with(name))
+    }
 }
 
 /// A relay's resident memory before and after the throughput runs, and what its
@@ -1178,12 +1492,13 @@ impl ReplayRss {
     }
 }
 
-const PATHS: [&str; 5] = [
+const PATHS: [&str; 6] = [
     "direct ws://",
     "relay wss://",
     "relay ws://",
     "nginx wss://",
     "haproxy wss://",
+    "floor wss://",
 ];
 
 /// The two simhosts (one stream, many streams) of one path.
@@ -1199,64 +1514,128 @@ async fn host_pair(tag: &str, s: &Settings) -> Result<[SimHost; 2]> {
     ])
 }
 
-async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
-    // Each path gets its own pair of identical simhosts: a host serves one
-    // relay's watch link only (two relays in front of one host would take
-    // turns superseding each other's watch link, which uses a fixed clientId).
-    let peers: Vec<&str> = PEERS.into_iter().filter(|p| installed(p)).collect();
-    let mut hosts = Vec::new();
-    for tag in ["d", "t", "p", "n", "h"].iter().take(3 + peers.len()) {
-        hosts.push(host_pair(tag, s).await?);
+/// The proxies of the throughput section, each in front of its own pair of
+/// simhosts: `hosts` = direct, relay wss://, relay ws://, each installed
+/// peer, floor.
+struct Proxies {
+    hosts: Vec<[SimHost; 2]>,
+    tls: RelayProc,
+    plain: RelayProc,
+    peers: Vec<(&'static str, [Peer; 2])>,
+    floor: Floor,
+}
+
+/// One path of the throughput section: its label, its endpoints (one
+/// stream, many streams) and what is measured on each.
+type TPath<'a> = (String, [Endpoint; 2], [Option<&'a dyn Measured>; 2]);
+
+impl Proxies {
+    async fn start(s: &Settings) -> Result<Self> {
+        // Each path gets its own pair of identical simhosts: a host serves one
+        // relay's watch link only (two relays in front of one host would take
+        // turns superseding each other's watch link, which uses a fixed clientId).
+        let peers: Vec<&'static str> = PEERS.into_iter().filter(|p| installed(p)).collect();
+        let mut hosts = Vec::new();
+        for tag in ["d", "t", "p"]
+            .into_iter()
+            .chain(peers.iter().copied())
+            .chain(["f"])
+        {
+            hosts.push(host_pair(tag, s).await?);
+        }
+        let both = |h: &[SimHost; 2]| [pair(&h[0]), pair(&h[1])];
+        let tls = RelayProc::start("tput-tls", &both(&hosts[1]), true, "").await?;
+        let plain = RelayProc::start("tput-plain", &both(&hosts[2]), false, "").await?;
+        let (cert, key) = (tls.kit.cert.clone(), tls.kit.key.clone());
+        let mut proxies = Vec::new();
+        for (i, kind) in peers.iter().enumerate() {
+            let h = &hosts[3 + i];
+            proxies.push((
+                *kind,
+                [
+                    Peer::start(kind, &h[0].url(), &cert, &key).await?,
+                    Peer::start(kind, &h[1].url(), &cert, &key).await?,
+                ],
+            ));
+        }
+        let f = &hosts[3 + peers.len()];
+        let floor = Floor::start(&[f[0].url(), f[1].url()], &cert, &key)?;
+        Ok(Proxies {
+            hosts,
+            tls,
+            plain,
+            peers: proxies,
+            floor,
+        })
     }
-    let both = |h: &[SimHost; 2]| [pair(&h[0]), pair(&h[1])];
-    let tls = RelayProc::start("tput-tls", &both(&hosts[1]), true, "").await?;
-    let tls_rss_before = tls.rss();
-    let plain = RelayProc::start("tput-plain", &both(&hosts[2]), false, "").await?;
-    let (cert, key) = (tls.kit.cert.clone(), tls.kit.key.clone());
-    let mut proxies = Vec::new();
-    for (i, kind) in peers.iter().enumerate() {
-        let h = &hosts[3 + i];
-        proxies.push([
-            Peer::start(kind, &h[0].url(), &cert, &key).await?,
-            Peer::start(kind, &h[1].url(), &cert, &key).await?,
-        ]);
-    }
-    let direct = |h: &[SimHost; 2]| {
-        [
-            Endpoint::direct("direct", &h[0]),
-            Endpoint::direct("direct", &h[1]),
-        ]
-    };
-    type Path<'a> = ([Endpoint; 2], [Option<&'a dyn Measured>; 2]);
-    let mut eps: Vec<Path> = vec![
-        (direct(&hosts[0]), [None, None]),
-        (
-            [tls.endpoint("relay-tls"), tls.endpoint("relay-tls")],
-            [Some(&tls), Some(&tls)],
-        ),
-        (
-            [plain.endpoint("relay-plain"), plain.endpoint("relay-plain")],
-            [Some(&plain), Some(&plain)],
-        ),
-    ];
-    for (i, p) in proxies.iter().enumerate() {
-        let label = if peers[i] == "nginx" {
-            "nginx"
-        } else {
-            "haproxy"
-        };
-        eps.push((
-            [p[0].endpoint(label, &cert), p[1].endpoint(label, &cert)],
-            [Some(&p[0]), Some(&p[1])],
+
+    /// Every path, in the order of `hosts`.
+    fn paths(&self) -> Vec<TPath<'_>> {
+        let h = &self.hosts[0];
+        let ca = &self.tls.kit.cert;
+        let (tls, plain, floor): (&dyn Measured, &dyn Measured, &dyn Measured) =
+            (&self.tls, &self.plain, &self.floor);
+        let mut out: Vec<TPath> = vec![
+            (
+                PATHS[0].into(),
+                [
+                    Endpoint::direct("direct", &h[0]),
+                    Endpoint::direct("direct", &h[1]),
+                ],
+                [None, None],
+            ),
+            (
+                PATHS[1].into(),
+                [
+                    self.tls.endpoint("relay-tls"),
+                    self.tls.endpoint("relay-tls"),
+                ],
+                [Some(tls), Some(tls)],
+            ),
+            (
+                PATHS[2].into(),
+                [
+                    self.plain.endpoint("relay-plain"),
+                    self.plain.endpoint("relay-plain"),
+                ],
+                [Some(plain), Some(plain)],
+            ),
+        ];
+        for (kind, [one, many]) in &self.peers {
+            out.push((
+                format!("{kind} wss://"),
+                [one.endpoint(kind, ca), many.endpoint(kind, ca)],
+                [Some(one as &dyn Measured), Some(many as &dyn Measured)],
+            ));
+        }
+        out.push((
+            PATHS[5].into(),
+            [self.floor.endpoint(0, ca), self.floor.endpoint(1, ca)],
+            [Some(floor), Some(floor)],
         ));
+        out
     }
-    let n = eps.len();
+
+    async fn stop(self) {
+        drop((self.tls, self.plain, self.peers, self.floor));
+        for [a, b] in self.hosts {
+            stop_host(a).await;
+            stop_host(b).await;
+        }
+    }
+}
+
+async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
+    let proxies = Proxies::start(s).await?;
+    let tls_rss_before = proxies.tls.rss();
+    let paths = proxies.paths();
+    let n = paths.len();
     let mut out = Throughput {
         series: [
             (0..n).map(|_| Series::default()).collect(),
             (0..n).map(|_| Series::default()).collect(),
         ],
-        paths: PATHS[..n].to_vec(),
+        paths: paths.iter().map(|p| p.0.clone()).collect(),
         errors: Vec::new(),
         disconnects: vec![0; n],
         memory: None,
@@ -1265,15 +1644,10 @@ async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
         for k in 0..n {
             // Rotate the order so no path always runs first.
             let p = (k + round) % n;
-            let ([ep_one, ep_many], [m_one, m_many]) = &eps[p];
-            let name = |i: usize| hosts[p][i].config().name.clone();
+            let (_, [ep_one, ep_many], [m_one, m_many]) = &paths[p];
+            let name = |i: usize| proxies.hosts[p][i].config().name.clone();
             let runs = [
-                (
-                    ep_one,
-                    *m_one,
-                    (name(0), round + 1, 1, s.one_stream_deltas),
-                    "one",
-                ),
+                (ep_one, *m_one, (name(0), round + 1, 1, s.one_stream_deltas)),
                 (
                     ep_many,
                     *m_many,
@@ -1283,11 +1657,10 @@ async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
                         s.many_streams,
                         s.many_deltas,
                     ),
-                    "many",
                 ),
             ];
-            for (k, (ep, m, (host, first, streams, deltas), what)) in runs.into_iter().enumerate() {
-                let tag = format!("r{round}-{}-{what}", ep.label);
+            for (k, (ep, m, (host, first, streams, deltas))) in runs.into_iter().enumerate() {
+                let tag = format!("r{round}-{}-{}", ep.label, ["one", "many"][k]);
                 match stream_run(ep, m, (&host, first, streams, deltas), &tag, ticks, false).await {
                     Ok(r) => out.series[k][p].push(round, r),
                     Err(e) => {
@@ -1298,12 +1671,9 @@ async fn throughput(s: &Settings, ticks: u64) -> Result<Throughput> {
             }
         }
     }
-    out.memory = ReplayRss::after(&tls, tls_rss_before).await;
-    drop((tls, plain, proxies));
-    for [a, b] in hosts {
-        stop_host(a).await;
-        stop_host(b).await;
-    }
+    out.memory = ReplayRss::after(&proxies.tls, tls_rss_before).await;
+    drop(paths);
+    proxies.stop().await;
     Ok(out)
 }
 
@@ -1852,24 +2222,69 @@ fn machine() -> String {
 }
 
 fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
+    report_throughput_intro(t);
+    for k in 0..2 {
+        report_throughput_table(t, k);
+    }
+    report_busiest(t);
+    for e in &t.errors {
+        println!("   run failed: {e}");
+    }
+    println!();
     println!(
-        "1. Throughput of relayed chat/delta envelopes (deltas/s received, all streams, median of runs)"
+        "2. CPU per million relayed actions: the relay's (or the proxy's, all its processes; the floor's"
     );
     println!(
-        "   The load source is the simhost's streaming mode ([stream:<n>]: pre-rendered ~320-byte deltas,"
+        "   two threads) CPU = the sum of /proc/<pid>/task/*/schedstat run time over the run, ÷ actions received."
     );
-    println!(
-        "   flat out, paced only by TCP). direct = clients → simhost over plain ws://; relay wss:// ="
-    );
-    println!(
-        "   clients ─TLS─ relay ─ws─ simhost; relay ws:// = the relay without TLS; nginx / haproxy wss:// ="
-    );
-    println!(
-        "   the same simhost behind that proxy terminating TLS 1.3 with the relay's certificate. Paths take"
-    );
-    println!(
-        "   turns within each round; ratio = median over rounds of path ÷ direct in the same round."
-    );
+    for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
+        let s = &t.series[k];
+        for (p, path) in t.paths.iter().enumerate().skip(1) {
+            println!(
+                "   {name:<10} {path:>15} {:>6.0} ms [{:.0} ticks-ms], {:.0}% in the kernel",
+                s[p].relay_ms_per_m(),
+                s[p].relay_tick_ms_per_m(),
+                100.0 * s[p].relay_kernel_share(),
+            );
+        }
+    }
+    let mut memory = Vec::new();
+    report_replay_rss(t.memory.as_ref(), &mut memory);
+    let targets = issue20_rows(t);
+    println!("   Issue #20 targets, relay wss:// in this run (also in the closing table):");
+    print_rows(&targets, "     ");
+    rows.extend(targets);
+    rows.extend(memory);
+    for (k, (name, min)) in [("1 stream", 0.85), ("50 streams", 0.80)]
+        .iter()
+        .enumerate()
+    {
+        let ratio = t.series[k][1].ratio_to(&t.series[k][0]);
+        rows.push(row(
+            &format!("throughput, {name}, relay wss:// ÷ direct (§10)"),
+            &format!("≥ {min:.2}×"),
+            format!("{ratio:.2}×"),
+            ratio.is_finite().then_some(ratio >= *min),
+        ));
+    }
+    println!();
+}
+
+fn report_throughput_intro(t: &Throughput) {
+    for line in [
+        "1. Throughput of relayed chat/delta envelopes (deltas/s received, all streams, median of runs)",
+        "   The load source is the simhost's streaming mode ([stream:<n>]: pre-rendered ~320-byte deltas,",
+        "   flat out, paced only by TCP). direct = clients → simhost over plain ws://; relay wss:// =",
+        "   clients ─TLS─ relay ─ws─ simhost; relay ws:// = the relay without TLS; nginx / haproxy wss:// =",
+        "   the same simhost behind that proxy terminating TLS 1.3 with the relay's certificate. Paths take",
+        "   turns within each round; ratio = median over rounds of path ÷ direct in the same round.",
+        "   floor wss:// = a minimal TLS 1.3 byte forwarder in this process on the relay's stack (tokio,",
+        "   tokio-rustls with ring, the same certificate; 64 KiB reads, one write_all + flush each, raw",
+        "   bytes to its own simhost, no WebSocket parsing) on two threads of its own: what any design on",
+        "   tokio + rustls pays for these bytes (TLS + syscalls), the floor under the relay.",
+    ] {
+        println!("{line}");
+    }
     if let Some(d) = t.series[0].first().map(Series::rate) {
         println!(
             "   Load source, direct, one stream: {d:.0} actions/s (§10: ≥ 1M/s so the host is not the limit)."
@@ -1889,61 +2304,100 @@ fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
     {
         println!("   Client ↔ relay TLS: {tls}, ECDSA P-256 self-signed certificate.");
     }
-    let targets = [0.85, 0.80];
-    for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
-        let s = &t.series[k];
+}
+
+/// The table of one workload (`k`: 0 = 1 stream, 1 = 50 streams).
+fn report_throughput_table(t: &Throughput, k: usize) {
+    let name = ["1 stream", "50 streams"][k];
+    let s = &t.series[k];
+    println!(
+        "   {name:<10} {:>15} {:>9} {:>7} {:>12} {:>9} {:>6}   cores: host/clients/proxy",
+        "path", "deltas/s", "ratio", "runs, k/s", "CPU/1M", "frame",
+    );
+    for (p, path) in t.paths.iter().enumerate() {
+        let cpu = s[p].relay_ms_per_m();
+        let cpu = if cpu.is_finite() {
+            format!("{cpu:.0} ms")
+        } else {
+            "-".into()
+        };
+        let (h, c, rl) = s[p].cores();
+        let (hm, cm) = s[p].host_client_ms_per_m();
         println!(
-            "   {name:<10} {:>15} {:>9} {:>7} {:>12} {:>9} {:>6}   cores: host/clients/proxy",
-            "path", "deltas/s", "ratio", "runs, k/s", "CPU/1M", "frame",
+            "   {:<10} {path:>15} {:>9.0} {:>6.2}x {:>12} {cpu:>9} {:>5.0}B   {h:.2} / {c:.2} / {rl:.2}  (host {hm:.0}, clients {cm:.0} ms/1M)",
+            "",
+            s[p].rate(),
+            s[p].ratio_to(&s[0]),
+            s[p].spread(),
+            s[p].frame_bytes(),
         );
-        for (p, path) in t.paths.iter().enumerate() {
-            let cpu = s[p].relay_ms_per_m();
-            let cpu = if cpu.is_finite() {
-                format!("{cpu:.0} ms")
-            } else {
-                "-".into()
-            };
-            let (h, c, rl) = s[p].cores();
-            let (hm, cm) = s[p].host_client_ms_per_m();
-            println!(
-                "   {:<10} {path:>15} {:>9.0} {:>6.2}x {:>12} {cpu:>9} {:>5.0}B   {h:.2} / {c:.2} / {rl:.2}  (host {hm:.0}, clients {cm:.0} ms/1M)",
-                "",
-                s[p].rate(),
-                s[p].ratio_to(&s[0]),
-                s[p].spread(),
-                s[p].frame_bytes(),
-            );
+    }
+}
+
+/// One line per single-process proxy: its busiest threads in the 1-stream
+/// runs, so one hot stream on one core or on two can be told apart.
+fn report_busiest(t: &Throughput) {
+    for (p, path) in t.paths.iter().enumerate() {
+        let top = t.series[0][p].busiest();
+        if top.is_empty() {
+            continue;
         }
-        let ratio = s[1].ratio_to(&s[0]);
-        let peer = |i: usize| s.get(i).map(|x| x.ratio_to(&s[0]));
-        let peers = match (peer(3), peer(4)) {
-            (Some(n), Some(h)) => format!("nginx {n:.2}×, haproxy {h:.2}×"),
-            (Some(n), None) => format!("nginx {n:.2}×"),
-            _ => "-".into(),
-        };
-        let ahead = peer(3).is_none_or(|n| ratio >= n);
+        let top: Vec<String> = top.iter().map(|c| format!("{c:.2}")).collect();
+        println!(
+            "   1 stream, {path} busiest threads (cores, median per rank over runs): {}",
+            top.join(" / ")
+        );
+    }
+}
+
+/// `f` of each comparison path present (nginx, haproxy, floor), as
+/// `name figure` joined by commas.
+fn others(t: &Throughput, k: usize, f: impl Fn(&Series) -> String) -> String {
+    ["nginx", "haproxy", "floor"]
+        .iter()
+        .filter_map(|name| Some(format!("{name} {}", f(&t.series[k][t.path(name)?]))))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Issue #20's targets for the relay over TLS, from this run: CPU per 1M ≤
+/// nginx's and ≤ 450 ms, throughput ÷ direct ≥ nginx's (1 and 50 streams),
+/// no disconnected run. A comparison with nginx is `-` when nginx is absent.
+fn issue20_rows(t: &Throughput) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let names = ["1 stream", "50 streams"];
+    let nginx = t.path("nginx");
+    for (k, name) in names.iter().enumerate() {
+        let ms = t.series[k][1].relay_ms_per_m();
+        let theirs = nginx.map_or(f64::NAN, |n| t.series[k][n].relay_ms_per_m());
+        let peers = others(t, k, |s| format!("{:.0}", s.relay_ms_per_m()));
         rows.push(row(
-            &format!("throughput, {name}, relay wss:// ÷ direct"),
-            &format!("≥ {:.2}×, ≥ nginx", targets[k]),
-            format!("{ratio:.2}× ({peers})"),
-            ratio.is_finite().then_some(ratio >= targets[k] && ahead),
-        ));
-        let ms = s[1].relay_ms_per_m();
-        let peer_ms = |i: usize| s.get(i).map(Series::relay_ms_per_m);
-        let peers = match (peer_ms(3), peer_ms(4)) {
-            (Some(n), Some(h)) => format!("nginx {n:.0}, haproxy {h:.0}"),
-            (Some(n), None) => format!("nginx {n:.0}"),
-            _ => "-".into(),
-        };
-        rows.push(row(
-            &format!("relay CPU per 1M actions over TLS, {name}"),
-            "≤ 450 ms",
+            &format!("relay wss:// CPU per 1M actions, {name}"),
+            "≤ nginx's",
             format!("{ms:.0} ms ({peers})"),
+            (ms.is_finite() && theirs.is_finite()).then_some(ms <= theirs),
+        ));
+    }
+    for (k, name) in names.iter().enumerate() {
+        let ms = t.series[k][1].relay_ms_per_m();
+        rows.push(row(
+            &format!("relay wss:// CPU per 1M actions, {name} (§10)"),
+            "≤ 450 ms",
+            format!("{ms:.0} ms"),
             ms.is_finite().then_some(ms <= 450.0),
         ));
     }
-    for e in &t.errors {
-        println!("   run failed: {e}");
+    for (k, name) in names.iter().enumerate() {
+        let s = &t.series[k];
+        let ratio = s[1].ratio_to(&s[0]);
+        let theirs = nginx.map_or(f64::NAN, |n| s[n].ratio_to(&s[0]));
+        let peers = others(t, k, |x| format!("{:.2}×", x.ratio_to(&s[0])));
+        rows.push(row(
+            &format!("relay wss:// throughput ÷ direct, {name}"),
+            "≥ nginx's",
+            format!("{ratio:.2}× ({peers})"),
+            (ratio.is_finite() && theirs.is_finite()).then_some(ratio >= theirs),
+        ));
     }
     let relay_drops = t.disconnects.get(1).copied().unwrap_or(0);
     let others: Vec<String> = t
@@ -1951,7 +2405,7 @@ fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
         .iter()
         .zip(&t.disconnects)
         .filter(|(p, _)| !p.starts_with("relay wss"))
-        .map(|(p, d)| format!("{} {d}", p.split(' ').next().unwrap_or(p)))
+        .map(|(p, d)| format!("{} {d}", p.trim_end_matches("://")))
         .collect();
     rows.push(row(
         "disconnected runs at max rate, relay wss://",
@@ -1959,26 +2413,7 @@ fn report_throughput(t: &Throughput, rows: &mut Vec<Row>) {
         format!("{relay_drops} ({})", others.join(", ")),
         Some(relay_drops == 0),
     ));
-    println!();
-    println!(
-        "2. CPU per million relayed actions: the relay's (or the proxy's, all its processes) CPU ="
-    );
-    println!(
-        "   the sum of /proc/<pid>/task/*/schedstat run time over the run, ÷ actions received."
-    );
-    for (k, name) in ["1 stream", "50 streams"].iter().enumerate() {
-        let s = &t.series[k];
-        for (p, path) in t.paths.iter().enumerate().skip(1) {
-            println!(
-                "   {name:<10} {path:>15} {:>6.0} ms [{:.0} ticks-ms], {:.0}% in the kernel",
-                s[p].relay_ms_per_m(),
-                s[p].relay_tick_ms_per_m(),
-                100.0 * s[p].relay_kernel_share(),
-            );
-        }
-    }
-    report_replay_rss(t.memory.as_ref(), rows);
-    println!();
+    rows
 }
 
 /// The TLS relay's resident memory after the throughput runs against what its
@@ -2306,6 +2741,23 @@ fn report_replay(r: &Replay, rows: &mut Vec<Row>) {
     println!();
 }
 
+/// Prints `rows` as a table: what, target, measured, met / NOT MET.
+fn print_rows(rows: &[Row], indent: &str) {
+    let width = |f: fn(&Row) -> &str| rows.iter().map(|r| f(r).chars().count()).max();
+    let w = width(|r| &r.what).unwrap_or(0);
+    let t = width(|r| &r.target).unwrap_or(0);
+    // Capped so one long figure (the disconnect counts) does not push the
+    // verdicts of every other row to the far right.
+    let m = width(|r| &r.measured).unwrap_or(0).min(48);
+    for r in rows {
+        let v = r.ok.map_or("-", verdict);
+        println!(
+            "{indent}{:<w$}  {:<t$}  {:<m$}  {v}",
+            r.what, r.target, r.measured
+        );
+    }
+}
+
 fn failed(rows: &mut Vec<Row>, what: &str, e: &BoxError) {
     println!("{what}: FAILED: {e}\n");
     rows.push(row(what, "", "not measured".into(), None));
@@ -2360,21 +2812,7 @@ async fn run(s: Settings) {
         }
     }
     println!("Contract §10 targets (as measured, not tuned):");
-    let w = rows
-        .iter()
-        .map(|r| r.what.chars().count())
-        .max()
-        .unwrap_or(0);
-    for r in &rows {
-        let v = r.ok.map_or("-", verdict);
-        println!(
-            "  {:<w$}  {:<18}  {:<22}  {v}",
-            r.what,
-            r.target,
-            r.measured,
-            w = w
-        );
-    }
+    print_rows(&rows, "  ");
     let busy_after = busy_ticks();
     let secs = begin.elapsed().as_secs_f64();
     let others = (busy_after.0.saturating_sub(busy_before.0) as f64
