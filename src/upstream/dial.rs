@@ -15,12 +15,16 @@ use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signat
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio::io::BufReader;
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{Connector, connect_async_tls_with_config};
+use tokio_tungstenite::{
+    Connector, MaybeTlsStream, client_async_tls_with_config, connect_async_tls_with_config,
+};
 
 /// Where and how to connect.
 ///
@@ -223,14 +227,16 @@ impl DialError {
 /// refused upgrade yields [`DialError::UpgradeRefused`] with its status code;
 /// the whole dial is bounded by `opts.connect_timeout`.
 pub async fn dial(opts: &DialOptions) -> Result<ahp_ws::WebSocketTransport, DialError> {
-    dial_stream(opts)
+    let (request, config, connector) = prepare(opts, &Credentials::default(), None)?;
+    let handshake = connect_async_tls_with_config(request, Some(config), true, Some(connector));
+    finish(opts, handshake)
         .await
         .map(ahp_ws::WebSocketTransport::from_stream)
 }
 
-/// A WebSocket opened by [`dial_stream`].
-pub type WsStream =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+/// A WebSocket opened by [`dial_stream`]: TLS (for `wss`) over a TCP stream
+/// read through a [`READ_BUFFER_BYTES`] buffer.
+pub type WsStream = tokio_tungstenite::WebSocketStream<MaybeTlsStream<BufReader<TcpStream>>>;
 
 /// Like [`dial`] but returns the raw WebSocket, for callers that frame
 /// JSON-RPC themselves (the relay's upstream links). Same guarantees.
@@ -251,6 +257,38 @@ pub async fn dial_stream_with(
 /// Bytes a WebSocket read asks the socket for at most (see [`dial_stream_capped`]).
 const READ_BUFFER_BYTES: usize = 16 * 1024;
 
+/// Bytes one `recv` from a host may take. tungstenite reads into what is left
+/// of its current chunk (often 2–4 KiB: a streaming host was read ~7 frames
+/// per `recv`, each `recv` costing more than relaying the frames it brought);
+/// reading through a buffer this size lets one `recv` take everything the
+/// socket holds, and tungstenite's small reads become copies from memory.
+const SOCKET_READ_BYTES: usize = 64 * 1024;
+
+/// Connects TCP to the request's host (Nagle off) behind a
+/// [`SOCKET_READ_BYTES`] read buffer.
+async fn tcp_connect(
+    request: &Request,
+) -> Result<BufReader<TcpStream>, tokio_tungstenite::tungstenite::Error> {
+    use tokio_tungstenite::tungstenite::error::{Error, UrlError};
+    let uri = request.uri();
+    let host = uri.host().ok_or(Error::Url(UrlError::NoHostName))?;
+    // An IPv6 literal comes bracketed in a URI, not in a socket address.
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("wss") {
+            443
+        } else {
+            80
+        });
+    let tcp = TcpStream::connect((host, port)).await?;
+    tcp.set_nodelay(true)?;
+    Ok(BufReader::with_capacity(SOCKET_READ_BYTES, tcp))
+}
+
 /// [`dial_stream_with`] whose WebSocket refuses any message or frame over
 /// `max_message_bytes` (`None`: tungstenite's defaults, 64 MiB messages and
 /// 16 MiB frames). The refusal happens when the frame header is read,
@@ -262,6 +300,21 @@ pub async fn dial_stream_capped(
     creds: &Credentials,
     max_message_bytes: Option<usize>,
 ) -> Result<WsStream, DialError> {
+    let (request, config, connector) = prepare(opts, creds, max_message_bytes)?;
+    let handshake = async {
+        let tcp = tcp_connect(&request).await?;
+        client_async_tls_with_config(request, tcp, Some(config), Some(connector)).await
+    };
+    finish(opts, handshake).await
+}
+
+/// The upgrade request, WebSocket limits and TLS connector of a dial, all
+/// checked before any network I/O.
+fn prepare(
+    opts: &DialOptions,
+    creds: &Credentials,
+    max_message_bytes: Option<usize>,
+) -> Result<(Request, WebSocketConfig, Connector), DialError> {
     let mut request = upgrade_request(opts)?;
     if let Some(token) = &creds.query_token {
         add_query_token(&mut request, token)?;
@@ -275,7 +328,22 @@ pub async fn dial_stream_capped(
     if let Some(n) = max_message_bytes {
         config = config.max_message_size(Some(n)).max_frame_size(Some(n));
     }
-    let handshake = connect_async_tls_with_config(request, Some(config), true, Some(connector));
+    Ok((request, config, connector))
+}
+
+/// Runs `handshake` within `opts.connect_timeout`, its failure classified.
+async fn finish<S>(
+    opts: &DialOptions,
+    handshake: impl Future<
+        Output = Result<
+            (
+                tokio_tungstenite::WebSocketStream<S>,
+                tokio_tungstenite::tungstenite::handshake::client::Response,
+            ),
+            tokio_tungstenite::tungstenite::Error,
+        >,
+    >,
+) -> Result<tokio_tungstenite::WebSocketStream<S>, DialError> {
     match tokio::time::timeout(opts.connect_timeout, handshake).await {
         Err(_) => Err(DialError::Timeout {
             url: opts.url.clone(),

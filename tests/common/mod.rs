@@ -14,9 +14,7 @@ use ahp_relay::simhost::{AgentScript, SimHost, SimHostConfig};
 use ahp_types::actions::ActionEnvelope;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub mod frames;
 pub mod haproxy;
@@ -149,18 +147,26 @@ pub fn initialized_ids(host: &SimHost) -> Vec<String> {
 
 /// A raw WebSocket for frames the SDK cannot send or would not parse.
 pub struct RawWs {
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    ws: ahp_relay::upstream::dial::WsStream,
 }
 
 impl RawWs {
     /// Wraps an already-open WebSocket.
-    pub fn from_stream(ws: WebSocketStream<MaybeTlsStream<TcpStream>>) -> Self {
+    pub fn from_stream(ws: ahp_relay::upstream::dial::WsStream) -> Self {
         Self { ws }
     }
 
-    /// Opens a raw WebSocket to `url`.
+    /// Opens a raw WebSocket to `url` (any certificate accepted).
     pub async fn connect(url: &str) -> Self {
-        let (ws, _) = tokio_tungstenite::connect_async(url)
+        let options = ahp_relay::upstream::dial::DialOptions {
+            url: url.to_owned(),
+            token: None,
+            ca_file: None,
+            insecure: true,
+            connect_timeout: WAIT,
+            extra_headers: Vec::new(),
+        };
+        let ws = ahp_relay::upstream::dial::dial_stream(&options)
             .await
             .expect("raw websocket connects");
         Self { ws }

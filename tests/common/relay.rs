@@ -20,10 +20,10 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_tungstenite::Connector;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
 use tokio_tungstenite::tungstenite::http::{HeaderMap, HeaderName, HeaderValue};
-use tokio_tungstenite::{Connector, connect_async_tls_with_config};
 
 use super::{RawWs, WAIT};
 
@@ -310,7 +310,18 @@ pub async fn upgrade_at(
             req.headers_mut().append(name.clone(), value);
         }
     }
-    let attempt = connect_async_tls_with_config(req, None, true, connector);
+    let attempt = async {
+        let uri = req.uri();
+        let addr = format!(
+            "{}:{}",
+            uri.host().expect("host"),
+            uri.port_u16().expect("port")
+        );
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let tcp = tokio::io::BufReader::new(tcp);
+        tokio_tungstenite::client_async_tls_with_config(req, tcp, None, connector).await
+    };
     match tokio::time::timeout(WAIT, attempt)
         .await
         .expect("upgrade answered in time")
