@@ -195,7 +195,11 @@ fn link_socket(
         match upgrade.await {
             Ok(upgraded) => {
                 port.metrics().connector_links.inc();
-                let io: Box<dyn HostIo> = Box::new(TokioIo::new(upgraded));
+                // Read like a dialed host: one `recv` takes what the socket holds.
+                let io: Box<dyn HostIo> = Box::new(tokio::io::BufReader::with_capacity(
+                    crate::upstream::dial::SOCKET_READ_BYTES,
+                    TokioIo::new(upgraded),
+                ));
                 let ws: InboundSocket =
                     WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
                 let _ = delivery.send(Ok(ws));

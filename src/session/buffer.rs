@@ -139,6 +139,8 @@ pub struct ReplayBuffer {
     max_bytes: usize,
     evicted_through: u64,
     memory: Option<Arc<ReplayMemory>>,
+    /// Bytes pushed (net of evictions) not yet added to `memory`.
+    unsettled: isize,
 }
 
 impl ReplayBuffer {
@@ -151,11 +153,13 @@ impl ReplayBuffer {
             max_bytes,
             evicted_through: 0,
             memory: None,
+            unsettled: 0,
         }
     }
 
     /// Accounts this buffer's bytes (now and from now on) in `memory`.
     pub fn set_memory(&mut self, memory: Arc<ReplayMemory>) {
+        self.settle();
         if let Some(old) = self.memory.take() {
             old.sub(self.bytes);
         }
@@ -168,6 +172,15 @@ impl ReplayBuffer {
     /// Returns how many frames were evicted and their cost
     /// ([`envelope_cost`]).
     pub fn push(&mut self, seq: u64, frame: Text) -> (usize, usize) {
+        let evicted = self.push_unsettled(seq, frame);
+        self.settle();
+        evicted
+    }
+
+    /// [`ReplayBuffer::push`] whose bytes reach the relay-wide account only
+    /// at the next [`ReplayBuffer::settle`]: a batch of envelopes costs one
+    /// atomic operation on the account, not one each.
+    pub fn push_unsettled(&mut self, seq: u64, frame: Text) -> (usize, usize) {
         let added = envelope_cost(frame.len());
         self.bytes += added;
         self.frames.push_back((seq, frame));
@@ -184,15 +197,21 @@ impl ReplayBuffer {
                 None => break,
             }
         }
+        self.unsettled += added as isize - bytes as isize;
+        (frames, bytes)
+    }
+
+    /// Adds what was pushed since the last settlement to the relay-wide
+    /// account (one atomic operation).
+    pub fn settle(&mut self) {
+        let delta = std::mem::take(&mut self.unsettled);
         if let Some(m) = &self.memory {
-            // One atomic operation per envelope, net of what it evicted.
-            if added >= bytes {
-                m.add(added - bytes);
+            if delta >= 0 {
+                m.add(delta.unsigned_abs());
             } else {
-                m.sub(bytes - added);
+                m.sub(delta.unsigned_abs());
             }
         }
-        (frames, bytes)
     }
 
     /// Drops every frame under memory pressure (contract §5.4) and records
@@ -200,6 +219,7 @@ impl ReplayBuffer {
     /// lost, so no `replay` can be built across the gap. Returns how many
     /// frames and bytes were dropped.
     pub fn drop_all(&mut self, through: u64) -> (usize, usize) {
+        self.settle();
         let dropped = (self.frames.len(), self.bytes);
         if let Some((last, _)) = self.frames.back() {
             self.evicted_through = self.evicted_through.max(*last);
@@ -231,6 +251,7 @@ impl ReplayBuffer {
 
 impl Drop for ReplayBuffer {
     fn drop(&mut self) {
+        self.settle();
         if let Some(m) = &self.memory {
             m.sub(self.bytes);
         }
@@ -305,6 +326,36 @@ mod tests {
         assert_eq!(a.usage(), (0, 0));
         drop(b);
         assert_eq!(m.used(), 0, "a dropped buffer gives its bytes back");
+    }
+
+    #[test]
+    fn a_batch_reaches_the_account_when_settled_and_never_leaks_it() {
+        let c = envelope_cost;
+        let (m, _rx) = ReplayMemory::new(1000, 500);
+        let mut a = ReplayBuffer::new(2, 1000);
+        a.set_memory(m.clone());
+        a.push_unsettled(1, Text::from("x".repeat(10)));
+        a.push_unsettled(2, Text::from("x".repeat(20)));
+        a.push_unsettled(3, Text::from("x".repeat(30)));
+        assert_eq!(
+            m.used(),
+            0,
+            "nothing reaches the account before the settlement"
+        );
+        a.settle();
+        assert_eq!(
+            m.used(),
+            c(20) + c(30),
+            "pushes net of the eviction, at once"
+        );
+        a.push_unsettled(4, Text::from("x".repeat(40)));
+        drop(a);
+        assert_eq!(m.used(), 0, "a dropped buffer settles what it had not");
+        let mut b = ReplayBuffer::new(10, 1000);
+        b.set_memory(m.clone());
+        b.push_unsettled(1, Text::from("y".repeat(7)));
+        assert_eq!(b.drop_all(1), (1, c(7)));
+        assert_eq!(m.used(), 0, "dropping everything settles first");
     }
 
     #[test]

@@ -51,6 +51,20 @@ pub(super) struct Numbering {
     /// Relay echoes deferred while `cut_pending`: (channel, action,
     /// clientSeq, rejection reason if rejected).
     pub(super) deferred: Vec<(String, Value, i64, Option<String>)>,
+    /// Counts of envelopes numbered in the batch of host frames being
+    /// handled (`Some` only then), reported once at its end.
+    pub(super) batch: Option<Tally>,
+}
+
+/// What a batch of numbered envelopes adds to the relay-wide metrics.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    /// Envelopes numbered.
+    pub(super) relayed: u64,
+    /// Envelopes evicted from the replay buffer.
+    pub(super) evicted: u64,
+    /// Net change of the replay buffer's cost in bytes.
+    pub(super) cost: i64,
 }
 
 /// The channels the client follows and their state per host.
@@ -124,6 +138,7 @@ impl SessionCore {
                 ),
                 cut_pending: false,
                 deferred: Vec::new(),
+                batch: None,
             },
             channels: Channels::default(),
             links: Links {

@@ -71,14 +71,23 @@ impl ClientSession {
             if let FrameKind::Notification { method } = &frame.kind
                 && method == "action"
             {
-                let core = core.get_or_insert_with(|| self.lock());
+                let core = core.get_or_insert_with(|| {
+                    let mut core = self.lock();
+                    self.begin_batch(&mut core);
+                    core
+                });
                 self.on_envelope(core, host, link, (text, &frame), &mut arena);
                 continue;
             }
-            core = None;
+            if let Some(mut guard) = core.take() {
+                self.end_batch(&mut guard);
+            }
             if let Some(reply) = self.host_frame(host, link, text, &frame) {
                 replies.push(reply);
             }
+        }
+        if let Some(mut guard) = core {
+            self.end_batch(&mut guard);
         }
     }
 

@@ -336,7 +336,10 @@ impl ClientSession {
         let n = core.seq.last + 1;
         let frame = build(n)?;
         core.seq.last = n;
-        let (evicted, evicted_bytes) = core.seq.buffer.push(n, frame.clone());
+        let (evicted, evicted_bytes) = match core.seq.batch {
+            Some(_) => core.seq.buffer.push_unsettled(n, frame.clone()),
+            None => core.seq.buffer.push(n, frame.clone()),
+        };
         let gap_lost = core
             .attachment
             .detached_at
@@ -347,14 +350,45 @@ impl ClientSession {
             // close now (§5.7).
             core.lose_links();
         }
-        let metrics = &self.env.metrics;
-        metrics.buffer_evictions.inc_by(evicted as u64);
-        metrics
-            .buffer_bytes
-            .add(buffer::envelope_cost(frame.len()) as i64 - evicted_bytes as i64);
-        metrics.envelopes_relayed.inc();
+        let cost = buffer::envelope_cost(frame.len()) as i64 - evicted_bytes as i64;
+        match &mut core.seq.batch {
+            Some(tally) => {
+                tally.relayed += 1;
+                tally.evicted += evicted as u64;
+                tally.cost += cost;
+            }
+            None => self.report(&core::Tally {
+                relayed: 1,
+                evicted: evicted as u64,
+                cost,
+            }),
+        }
         self.push(core, frame);
         Some(n)
+    }
+
+    /// Starts a batch: envelopes numbered until [`ClientSession::end_batch`]
+    /// reach the relay-wide metrics and memory account once, at its end
+    /// (shared counters updated once per batch, not once per envelope).
+    pub(crate) fn begin_batch(&self, core: &mut SessionCore) {
+        core.seq.batch.get_or_insert_with(core::Tally::default);
+    }
+
+    /// Ends a batch begun by [`ClientSession::begin_batch`].
+    pub(crate) fn end_batch(&self, core: &mut SessionCore) {
+        if let Some(tally) = core.seq.batch.take() {
+            core.seq.buffer.settle();
+            self.report(&tally);
+        }
+    }
+
+    fn report(&self, tally: &core::Tally) {
+        let metrics = &self.env.metrics;
+        if tally.evicted > 0 {
+            metrics.buffer_evictions.inc_by(tally.evicted);
+        }
+        metrics.buffer_bytes.add(tally.cost);
+        metrics.envelopes_relayed.inc_by(tally.relayed);
     }
 
     /// Delivers a relay-made rejection echo of a client dispatch (§5.3).

@@ -262,7 +262,7 @@ const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// per `recv`, each `recv` costing more than relaying the frames it brought);
 /// reading through a buffer this size lets one `recv` take everything the
 /// socket holds, and tungstenite's small reads become copies from memory.
-const SOCKET_READ_BYTES: usize = 64 * 1024;
+pub const SOCKET_READ_BYTES: usize = 64 * 1024;
 
 /// Connects TCP to the request's host (Nagle off) behind a
 /// [`SOCKET_READ_BYTES`] read buffer.
