@@ -5,9 +5,21 @@
 //! [`classify`](super::classify) lets serde_json walk the frame through visitors, then
 //! scans `params.action` and `params.origin` again for their `type` and `clientId`:
 //! about 10,000 instructions for a ~320-byte `chat/delta` (`valgrind --tool=callgrind`
-//! on `benches/wire.rs`), a third of the relay's CPU per relayed action. serde_json's
-//! bare validation alone is half of that, so validating with it and then walking would
-//! gain nothing; this walk does both in one pass.
+//! on `benches/wire.rs`). serde_json's bare validation alone is half of that, so
+//! validating with it and then walking would gain nothing; this walk does both in one
+//! pass, in about 1,700 instructions on that frame (`--toggle-collect='*classify_action*'`
+//! with `AHP_WIRE_SCALE=0.01`; ~1,800 when its members come in another order). What
+//! keeps it there:
+//! - The levels it reads (top, `params`, `params.action`, `params.origin`) are one loop
+//!   each, inlined into one function that keeps the position in a register; only
+//!   objects, arrays and literals it skips go through a (recursive) call.
+//! - Strings are scanned eight bytes at a time on `u64` words ([`stops`]), escapes out of
+//!   line; a key it reads is recognised with its closing quote and colon in one
+//!   comparison (`channel":`), and the head hosts write, `{"jsonrpc":"2.0",
+//!   "method":"action","params":`, in one.
+//! - The depth limit is counted by the walk instead of a scan of its own: for a frame the
+//!   walk accepts (valid JSON) its depth is the nesting `WireLimits` measures. Nothing is
+//!   allocated unless a routed string has an escape.
 //!
 //! This is a second reading of JSON beside serde_json's, which the module documentation
 //! of [`wire`](super) warns against: a disagreement is a place to smuggle a meaning past
@@ -18,9 +30,10 @@
 //! `None` and the caller classifies the frame the general way, which also produces the
 //! error: a key with an escape at a level it reads, a key it reads given twice, an `id`,
 //! `result` or `error`, a routed value of the wrong type or with an undecodable escape,
-//! a method other than a plain `"action"`, and anything that is not JSON. The guarantee
-//! is checked by the generated and mutated frames of `wire::tests::generated`, by the
-//! fuzz target `wire_host` and by the replay of its corpus in CI.
+//! a method other than a plain `"action"`, a frame longer or deeper than the limits
+//! allow, and anything that is not JSON. The guarantee is checked by the generated and
+//! mutated frames of `wire::tests::generated`, by the tests below (every scanner at every
+//! alignment), by the fuzz target `wire_host` and by the replay of its corpus in CI.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -40,38 +53,41 @@ pub fn classify_host<'a>(text: &'a str, limits: &WireLimits) -> Result<Frame<'a>
 /// Classifies `text` when it is an `action` notification in the plain form; `None`
 /// otherwise (then use [`classify`](super::classify)). See the module documentation.
 pub fn classify_action<'a>(text: &'a str, limits: &WireLimits) -> Option<Frame<'a>> {
-    limits.check(text).ok()?;
-    let mut walk = Walk {
-        text,
-        at: 0,
-        depth: 0,
-    };
-    let mut top = Top::default();
-    walk.object(true, |w, key| top.member(w, key))?;
-    walk.at_end().then_some(())?;
-    if top.jsonrpc? != r#""2.0""# || top.method? != r#""action""# {
+    if text.len() > limits.max_frame_bytes {
         return None;
     }
-    let params = top.params?;
-    let string = |token: Option<&'a str>, field| {
-        token
-            .map(|t| StrField::new(text, t, field))
-            .transpose()
-            .ok()
+    let mut walk = Walk {
+        bytes: text.as_bytes(),
+        at: 0,
+        depth: 0,
+        max_depth: limits.max_depth.min(MAX_WALK_DEPTH),
     };
-    let (action, action_type) = params.action.unzip();
-    let (origin, origin_client_id) = params.origin.unzip();
+    let params = top(&mut walk)?;
+    walk.at_end().then_some(())?;
+    let (action, action_type) = match params.action {
+        Some((range, Some(token))) => (Some(range), Some(token.field(text, "params.action.type")?)),
+        Some((range, None)) => (Some(range), None),
+        None => (None, None),
+    };
+    let (origin, origin_client_id) = match params.origin {
+        Some((range, Some(token))) => (
+            Some(range),
+            Some(token.field(text, "params.origin.clientId")?),
+        ),
+        Some((range, None)) => (Some(range), None),
+        None => (None, None),
+    };
+    let channel = match params.channel {
+        Some(token) => Some(token.field(text, "params.channel")?),
+        None => None,
+    };
     let fields = ParamsFields {
-        channel: string(params.channel, "params.channel")?,
-        server_seq: params
-            .server_seq
-            .map(|t| SeqField::new(text, t, "params.serverSeq"))
-            .transpose()
-            .ok()?,
+        channel,
+        server_seq: params.server_seq,
         action,
-        action_type: string(action_type.flatten(), "params.action.type")?,
+        action_type,
         origin,
-        origin_client_id: string(origin_client_id.flatten(), "params.origin.clientId")?,
+        origin_client_id,
     };
     Some(Frame {
         kind: FrameKind::Notification {
@@ -82,52 +98,110 @@ pub fn classify_action<'a>(text: &'a str, limits: &WireLimits) -> Option<Frame<'
     })
 }
 
-/// The top-level members read: the tokens of `jsonrpc` and `method`, and `params`.
-#[derive(Default)]
-struct Top<'a> {
-    jsonrpc: Option<&'a str>,
-    method: Option<&'a str>,
-    params: Option<Params<'a>>,
+/// A string token of the frame: its range, quotes included, and whether it has an escape.
+struct Str {
+    range: Range<usize>,
+    escaped: bool,
 }
 
-impl<'a> Top<'a> {
-    /// Reads one top-level member whose value `w` is at.
-    fn member(&mut self, w: &mut Walk<'a>, key: &str) -> Option<()> {
-        match key {
-            "jsonrpc" => once(&mut self.jsonrpc, w.token()?),
-            "method" => once(&mut self.method, w.token()?),
-            "params" if self.params.is_none() && w.peek() == Some(b'{') => {
-                let mut params = Params::default();
-                w.object(true, |w, key| params.member(w, key))?;
-                self.params = Some(params);
-                Some(())
-            }
-            "params" | "id" | "result" | "error" => None,
-            _ => w.skip(),
+impl Str {
+    /// The token as a routed string `field` of `text`: borrowed without escapes, decoded
+    /// by serde_json with them; `None` if it does not decode (a lone surrogate escape),
+    /// where [`classify`](super::classify) refuses the frame.
+    #[inline(always)]
+    fn field<'a>(self, text: &'a str, field: &'static str) -> Option<StrField<'a>> {
+        let Self { range, escaped } = self;
+        if escaped {
+            return StrField::new(text, text.get(range)?, field).ok();
         }
+        let value = text.get(range.start + 1..range.end - 1)?;
+        Some(StrField {
+            value: Cow::Borrowed(value),
+            range,
+        })
     }
 }
 
-/// Members of `params` read: tokens of `channel` and `serverSeq`; `action` and
-/// `origin` as their range and the token of their `type` / `clientId`.
-#[derive(Default)]
-struct Params<'a> {
-    channel: Option<&'a str>,
-    server_seq: Option<&'a str>,
-    action: Option<(Range<usize>, Option<&'a str>)>,
-    origin: Option<(Range<usize>, Option<&'a str>)>,
+/// How hosts begin an `action` notification. A frame that starts so is read from
+/// `params` on, with `jsonrpc` and `method` seen: exactly what the member-by-member
+/// walk reads from these bytes, in one comparison instead of three members' steps.
+const PLAIN_HEAD: &[u8] = br#"{"jsonrpc":"2.0","method":"action","params":"#;
+
+/// Reads the top-level object: `jsonrpc` must be `"2.0"` and `method` `"action"`, each
+/// written exactly so (another spelling fails the walk), and `params` an object, whose
+/// members it returns; `id`, `result`, `error` and a second `jsonrpc`, `method` or
+/// `params` fail the walk.
+#[inline(always)]
+fn top(w: &mut Walk<'_>) -> Option<Params> {
+    let (mut jsonrpc, mut method, mut params) = (false, false, None);
+    let mut more = if w.bytes.starts_with(PLAIN_HEAD) {
+        w.enter()?;
+        w.at = PLAIN_HEAD.len();
+        (jsonrpc, method) = (true, true);
+        params = Some(Params::read(w)?);
+        w.next_member()?
+    } else {
+        w.open_object()?
+    };
+    while more {
+        match w.member_of(&[
+            br#"jsonrpc":"#,
+            br#"method":"#,
+            br#"params":"#,
+            br#"id":"#,
+            br#"result":"#,
+            br#"error":"#,
+        ])? {
+            0 => {
+                first(&mut jsonrpc)?;
+                w.exactly(br#""2.0""#)?;
+            }
+            1 => {
+                first(&mut method)?;
+                w.exactly(br#""action""#)?;
+            }
+            2 => once(&mut params, Params::read(w)?)?,
+            3..=5 => return None,
+            _ => w.value()?,
+        }
+        more = w.next_member()?;
+    }
+    (jsonrpc && method).then_some(params)?
 }
 
-impl<'a> Params<'a> {
-    /// Reads one member of `params` whose value `w` is at.
-    fn member(&mut self, w: &mut Walk<'a>, key: &str) -> Option<()> {
-        match key {
-            "channel" => once(&mut self.channel, w.token()?),
-            "serverSeq" => once(&mut self.server_seq, w.token()?),
-            "action" => once(&mut self.action, w.with_member("type")?),
-            "origin" => once(&mut self.origin, w.with_member("clientId")?),
-            _ => w.skip(),
+/// Members of `params` read: `channel` (a string), `serverSeq` (an integer in
+/// `0..=u64::MAX`); `action` and `origin` as their range and their `type` / `clientId`
+/// (a string, when the value is an object that has it).
+#[derive(Default)]
+struct Params {
+    channel: Option<Str>,
+    server_seq: Option<SeqField>,
+    action: Option<(Range<usize>, Option<Str>)>,
+    origin: Option<(Range<usize>, Option<Str>)>,
+}
+
+impl Params {
+    /// Reads the object `w` is at (anything else fails the walk).
+    #[inline(always)]
+    fn read(w: &mut Walk<'_>) -> Option<Self> {
+        let mut params = Self::default();
+        let mut more = w.open_object()?;
+        while more {
+            match w.member_of(&[
+                br#"channel":"#,
+                br#"serverSeq":"#,
+                br#"action":"#,
+                br#"origin":"#,
+            ])? {
+                0 => once(&mut params.channel, w.string()?)?,
+                1 => once(&mut params.server_seq, w.seq()?)?,
+                2 => once(&mut params.action, w.with_member(br#"type":"#)?)?,
+                3 => once(&mut params.origin, w.with_member(br#"clientId":"#)?)?,
+                _ => w.value()?,
+            }
+            more = w.next_member()?;
         }
+        Some(params)
     }
 }
 
@@ -136,254 +210,427 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Option<()> {
     slot.replace(value).is_none().then_some(())
 }
 
-/// Bytes before the first `"`, `\\` or control character of `run` (`None` if there is
-/// none), eight bytes at a time: strings of a frame are mostly short (keys, URIs), where
-/// setting up a vectorised search costs more than it saves, and a word-at-a-time test
-/// is as fast on the long ones.
-fn string_run(run: &[u8]) -> Option<usize> {
-    let mut words = run.chunks_exact(8);
-    let mut at = 0;
-    for word in words.by_ref() {
-        let mask = stops(u64::from_le_bytes(word.try_into().ok()?));
-        if mask != 0 {
-            return Some(at + mask.trailing_zeros() as usize / 8);
-        }
-        at += 8;
-    }
-    let tail = words.remainder();
-    let len = tail
-        .iter()
-        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-    Some(at + len)
+/// Sets `seen`; `None` if it was set (a second occurrence).
+fn first(seen: &mut bool) -> Option<()> {
+    (!std::mem::replace(seen, true)).then_some(())
 }
 
-/// The high bit of each byte of `word` that may be `"`, `\\` or below 0x20. The lowest
-/// set bit is always exact (a borrow only reaches bytes above a true match), which is
-/// all [`string_run`] reads.
-fn stops(word: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let below = |w: u64, n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & HIGH;
-    let quote = word ^ (ONES * u64::from(b'"'));
-    let backslash = word ^ (ONES * u64::from(b'\\'));
-    below(quote, 1) | below(backslash, 1) | below(word, 0x20)
-}
+/// Deepest nesting the walk follows (the top-level object is depth 1); a deeper frame is
+/// left to the general path, whose skipping does not recurse. `limits.max_depth` is the
+/// operator's to raise, so the walk's stack needs a bound of its own.
+const MAX_WALK_DEPTH: usize = 128;
 
 /// A position in a frame, walked as JSON: every step checks the grammar (serde_json's:
 /// RFC 8259 with lone surrogate escapes allowed in strings) and fails on anything else.
 struct Walk<'a> {
-    text: &'a str,
+    bytes: &'a [u8],
     at: usize,
-    /// Containers open around the position (the walk recurses into them).
+    /// Objects and arrays open around the position (the walk recurses into them).
     depth: usize,
+    /// Deepest nesting allowed: `limits.max_depth`, at most [`MAX_WALK_DEPTH`]. For a
+    /// frame the walk accepts (valid JSON) this is the nesting `WireLimits` measures.
+    max_depth: usize,
 }
 
-/// Deepest nesting the walk follows; a deeper frame is left to the general path, whose
-/// skipping does not recurse. `limits.max_json_depth` is the operator's to raise, so the
-/// walk's stack needs a bound of its own.
-const MAX_WALK_DEPTH: usize = 128;
-
 impl<'a> Walk<'a> {
-    fn bytes(&self) -> &'a [u8] {
-        self.text.as_bytes()
-    }
-
-    fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes().get(self.at) {
-            self.at += 1;
-        }
-    }
-
+    /// The next byte that is not JSON whitespace, which the position moves to.
+    #[inline(always)]
     fn peek(&mut self) -> Option<u8> {
-        self.skip_ws();
-        self.bytes().get(self.at).copied()
-    }
-
-    /// Consumes `byte` (after whitespace) if it is next.
-    fn eat(&mut self, byte: u8) -> bool {
-        let next = self.peek() == Some(byte);
-        if next {
-            self.at += 1;
+        let byte = *self.bytes.get(self.at)?;
+        if byte > b' ' {
+            return Some(byte);
         }
-        next
-    }
-
-    /// Consumes the digits here; whether there was at least one.
-    fn digits(&mut self) -> bool {
-        let start = self.at;
-        while let Some(b'0'..=b'9') = self.bytes().get(self.at) {
-            self.at += 1;
-        }
-        self.at > start
-    }
-
-    /// Consumes the value here (after whitespace) and returns its range.
-    fn value(&mut self) -> Option<Range<usize>> {
-        self.skip_ws();
-        let start = self.at;
-        match self.bytes().get(start)? {
-            b'"' => self.string()?,
-            b'{' | b'[' => self.container()?,
-            b't' => self.literal("true")?,
-            b'f' => self.literal("false")?,
-            b'n' => self.literal("null")?,
-            _ => self.number()?,
-        }
-        Some(start..self.at)
-    }
-
-    /// Consumes the string whose opening quote is here: no control characters, and
-    /// only JSON's escapes (`\uXXXX` with any four hex digits, as serde_json skips).
-    fn string(&mut self) -> Option<()> {
-        let bytes = self.bytes();
-        let mut at = self.at + 1;
-        loop {
-            let run = bytes.get(at..)?;
-            at += string_run(run)?;
-            match bytes.get(at)? {
-                b'"' => {
-                    self.at = at + 1;
-                    return Some(());
-                }
-                b'\\' => {
-                    at += match bytes.get(at + 1)? {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => 2,
-                        b'u' => {
-                            let hex = bytes.get(at + 2..at + 6)?;
-                            hex.iter().all(u8::is_ascii_hexdigit).then_some(6)?
-                        }
-                        _ => return None,
-                    }
-                }
-                _ => return None,
-            }
-        }
-    }
-
-    /// Consumes `word` (`true`, `false` or `null`).
-    fn literal(&mut self, word: &str) -> Option<()> {
-        let end = self.at + word.len();
-        (self.text.get(self.at..end)? == word).then(|| self.at = end)
-    }
-
-    /// Consumes a number: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
-    fn number(&mut self) -> Option<()> {
-        if self.bytes().get(self.at) == Some(&b'-') {
-            self.at += 1;
-        }
-        match self.bytes().get(self.at)? {
-            b'0' => self.at += 1,
-            b'1'..=b'9' => {
-                self.digits();
-            }
-            _ => return None,
-        }
-        if self.bytes().get(self.at) == Some(&b'.') {
-            self.at += 1;
-            self.digits().then_some(())?;
-        }
-        if let Some(b'e' | b'E') = self.bytes().get(self.at) {
-            self.at += 1;
-            if let Some(b'+' | b'-') = self.bytes().get(self.at) {
-                self.at += 1;
-            }
-            self.digits().then_some(())?;
-        }
-        Some(())
-    }
-
-    /// Consumes the array whose opening bracket is here.
-    /// Consumes the object or array here, one level deeper.
-    fn container(&mut self) -> Option<()> {
-        self.depth += 1;
-        if self.depth > MAX_WALK_DEPTH {
-            return None;
-        }
-        let done = match self.bytes().get(self.at)? {
-            b'{' => self.object(false, |w, _| w.skip()),
-            _ => self.array(),
-        };
-        self.depth -= 1;
-        done
-    }
-
-    fn array(&mut self) -> Option<()> {
-        self.at += 1;
-        if self.eat(b']') {
-            return Some(());
-        }
-        loop {
-            self.value()?;
-            if self.eat(b']') {
-                return Some(());
-            }
-            self.eat(b',').then_some(())?;
-        }
-    }
-
-    /// Consumes the value here and returns its token.
-    fn token(&mut self) -> Option<&'a str> {
-        let range = self.value()?;
-        self.text.get(range)
-    }
-
-    /// Consumes the value here and skips it.
-    fn skip(&mut self) -> Option<()> {
-        self.value().map(drop)
-    }
-
-    /// Consumes the value here: its range and, if it is an object, the token of its
-    /// member `key` (`None` if absent; the walk fails if it occurs twice).
-    fn with_member(&mut self, key: &str) -> Option<(Range<usize>, Option<&'a str>)> {
-        if self.peek() != Some(b'{') {
-            return Some((self.value()?, None));
-        }
-        let start = self.at;
-        let mut found = None;
-        self.object(true, |w, name| match name == key {
-            true => once(&mut found, w.token()?),
-            false => w.skip(),
-        })?;
-        Some((start..self.at, found))
-    }
-
-    /// Consumes the object here, calling `member(walk, key)` with the walk at each
-    /// value, which `member` must consume. `key` is the key's text between its quotes;
-    /// with `plain_keys`, a key with an escape fails the walk (its decoded form is left
-    /// to the general path).
-    fn object(
-        &mut self,
-        plain_keys: bool,
-        mut member: impl FnMut(&mut Self, &str) -> Option<()>,
-    ) -> Option<()> {
-        if !self.eat(b'{') {
-            return None;
-        }
-        if self.eat(b'}') {
-            return Some(());
-        }
-        loop {
-            if self.peek() != Some(b'"') {
-                return None;
-            }
-            let start = self.at;
-            self.string()?;
-            let key = self.text.get(start + 1..self.at - 1)?;
-            if (plain_keys && key.contains('\\')) || !self.eat(b':') {
-                return None;
-            }
-            member(self, key)?;
-            if self.eat(b'}') {
-                return Some(());
-            }
-            self.eat(b',').then_some(())?;
-        }
+        self.at = after_ws(self.bytes, self.at);
+        self.bytes.get(self.at).copied()
     }
 
     /// Whether only whitespace is left.
+    #[inline(always)]
     fn at_end(&mut self) -> bool {
         self.peek().is_none()
     }
+
+    /// Consumes the value here (after whitespace), which must be the bytes `token`.
+    #[inline(always)]
+    fn exactly(&mut self, token: &[u8]) -> Option<()> {
+        self.peek()?;
+        let found = self.bytes.get(self.at..)?.starts_with(token);
+        found.then(|| self.at += token.len())
+    }
+
+    /// Consumes the value here (after whitespace). Strings and numbers, most of the
+    /// values skipped, are read in place; the rest by [`after_other`].
+    #[inline(always)]
+    fn value(&mut self) -> Option<()> {
+        self.at = match self.peek()? {
+            b'"' => string_end(self.bytes, self.at + 1)?.0,
+            b'-' | b'0'..=b'9' => number_end(self.bytes, self.at)?,
+            _ => after_other(self.bytes, self.at, self.depth, self.max_depth)?,
+        };
+        Some(())
+    }
+
+    /// Consumes the object, array or literal here.
+    fn other_value(&mut self) -> Option<()> {
+        match self.bytes.get(self.at)? {
+            b'{' => {
+                let mut more = self.open_object()?;
+                while more {
+                    self.skip_key()?;
+                    self.value()?;
+                    more = self.next_member()?;
+                }
+                Some(())
+            }
+            b'[' => self.array(),
+            b't' => self.exactly(b"true"),
+            b'f' => self.exactly(b"false"),
+            b'n' => self.exactly(b"null"),
+            _ => None,
+        }
+    }
+
+    /// Consumes the value here, which must be a string.
+    #[inline(always)]
+    fn string(&mut self) -> Option<Str> {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        let start = self.at;
+        let (end, escaped) = string_end(self.bytes, start + 1)?;
+        self.at = end;
+        Some(Str {
+            range: start..end,
+            escaped,
+        })
+    }
+
+    /// Consumes the value here, which must be an integer in `0..=u64::MAX` written
+    /// without fraction or exponent (what [`SeqField`] accepts).
+    #[inline(always)]
+    fn seq(&mut self) -> Option<SeqField> {
+        self.peek()?;
+        let bytes = self.bytes;
+        let start = self.at;
+        let mut at = start;
+        let mut value = 0u64;
+        while let Some(&digit @ b'0'..=b'9') = bytes.get(at) {
+            value = value.wrapping_mul(10).wrapping_add(u64::from(digit - b'0'));
+            at += 1;
+        }
+        let leading_zero = bytes.get(start) == Some(&b'0') && at > start + 1;
+        if at == start || leading_zero || matches!(bytes.get(at), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        // Nineteen digits always fit; a longer token is read again, exactly.
+        if at - start > 19 {
+            value = std::str::from_utf8(bytes.get(start..at)?)
+                .ok()?
+                .parse()
+                .ok()?;
+        }
+        self.at = at;
+        Some(SeqField {
+            value,
+            range: start..at,
+        })
+    }
+
+    /// Enters an object or array: one level deeper, within `max_depth`.
+    #[inline(always)]
+    fn enter(&mut self) -> Option<()> {
+        self.depth += 1;
+        self.at += 1;
+        (self.depth <= self.max_depth).then_some(())
+    }
+
+    /// Consumes the array whose opening bracket is here.
+    #[inline(always)]
+    fn array(&mut self) -> Option<()> {
+        self.enter()?;
+        if self.peek()? != b']' {
+            loop {
+                self.value()?;
+                match self.peek()? {
+                    b',' => self.at += 1,
+                    b']' => break,
+                    _ => return None,
+                }
+            }
+        }
+        self.leave();
+        Some(())
+    }
+
+    /// Leaves an object or array whose closing bracket is here.
+    #[inline(always)]
+    fn leave(&mut self) {
+        self.at += 1;
+        self.depth -= 1;
+    }
+
+    /// Consumes the value here: its range and, if it is an object, its member `key`
+    /// (written as [`named`](Self::named) takes it), which must be a string (`None` if
+    /// absent; the walk fails if it occurs twice).
+    #[inline(always)]
+    fn with_member(&mut self, key: &[u8]) -> Option<(Range<usize>, Option<Str>)> {
+        let object = self.peek()? == b'{';
+        let start = self.at;
+        if !object {
+            self.value()?;
+            return Some((start..self.at, None));
+        }
+        let mut found = None;
+        let mut more = self.open_object()?;
+        while more {
+            match self.member_of(&[key])? {
+                0 => once(&mut found, self.string()?)?,
+                _ => self.value()?,
+            }
+            more = self.next_member()?;
+        }
+        Some((start..self.at, found))
+    }
+
+    /// Opens the object here (after whitespace; anything else fails the walk): whether
+    /// it has a member, whose key's opening quote the walk is then at (else the walk is
+    /// after the object).
+    #[inline(always)]
+    fn open_object(&mut self) -> Option<bool> {
+        if self.bytes.get(self.at..)?.starts_with(b"{\"") {
+            self.enter()?;
+            return Some(true);
+        }
+        if self.peek()? != b'{' {
+            return None;
+        }
+        self.enter()?;
+        match self.peek()? {
+            b'"' => Some(true),
+            b'}' => {
+                self.leave();
+                Some(false)
+            }
+            _ => None,
+        }
+    }
+
+    /// After a member's value: whether another member follows, as
+    /// [`open_object`](Self::open_object) says it.
+    #[inline(always)]
+    fn next_member(&mut self) -> Option<bool> {
+        if self.bytes.get(self.at..)?.starts_with(b",\"") {
+            self.at += 1;
+            return Some(true);
+        }
+        match self.peek()? {
+            b',' => {
+                self.at += 1;
+                (self.peek()? == b'"').then_some(true)
+            }
+            b'}' => {
+                self.leave();
+                Some(false)
+            }
+            _ => None,
+        }
+    }
+
+    /// Consumes the key whose opening quote is here, and its colon: the index in `names`
+    /// of its name, or `names.len()` for another name. `names` are written as
+    /// [`named`](Self::named) takes them, which reads the plain form (no whitespace
+    /// before the colon) in one comparison each; [`key`](Self::key) reads the rest, and
+    /// fails the walk on a key with an escape.
+    #[inline(always)]
+    fn member_of(&mut self, names: &[&[u8]]) -> Option<usize> {
+        if let Some(index) = names.iter().position(|name| self.named(name)) {
+            return Some(index);
+        }
+        let key = self.key()?;
+        let index = names
+            .iter()
+            .position(|name| name.strip_suffix(b"\":") == Some(key));
+        Some(index.unwrap_or(names.len()))
+    }
+
+    /// Whether the key here is `name` followed directly by the colon: `name` is the
+    /// key's text, its closing quote and the colon (`channel":`), which are then
+    /// consumed. Exact: such bytes after an opening quote are that key and no other.
+    #[inline(always)]
+    fn named(&mut self, name: &[u8]) -> bool {
+        let start = self.at + 1;
+        let found = self
+            .bytes
+            .get(start..)
+            .is_some_and(|rest| rest.starts_with(name));
+        if found {
+            self.at = start + name.len();
+        }
+        found
+    }
+
+    /// Consumes the key whose opening quote is here, and its colon, whatever the key.
+    #[inline(always)]
+    fn skip_key(&mut self) -> Option<()> {
+        self.at = string_end(self.bytes, self.at + 1)?.0;
+        (self.peek()? == b':').then(|| self.at += 1)
+    }
+
+    /// Consumes the key whose opening quote is here, and its colon: the key's bytes
+    /// between its quotes. A key with an escape fails the walk: this is only for levels
+    /// the walk reads, whose keys' decoded form is left to the general path.
+    #[inline(always)]
+    fn key(&mut self) -> Option<&'a [u8]> {
+        let start = self.at + 1;
+        let (end, escaped) = string_end(self.bytes, start)?;
+        if escaped {
+            return None;
+        }
+        let key = self.bytes.get(start..end - 1)?;
+        self.at = end;
+        if self.peek()? != b':' {
+            return None;
+        }
+        self.at += 1;
+        Some(key)
+    }
+}
+
+/// The position after the whitespace from `at` on.
+#[inline(never)]
+fn after_ws(bytes: &[u8], mut at: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// The position after the object, array or literal at `at`, walked at `depth` (see
+/// [`Walk`]). Not inlined: the walk recurses through it into nested containers, and the
+/// values of a frame's routed levels are mostly strings and numbers.
+#[inline(never)]
+fn after_other(bytes: &[u8], at: usize, depth: usize, max_depth: usize) -> Option<usize> {
+    let mut walk = Walk {
+        bytes,
+        at,
+        depth,
+        max_depth,
+    };
+    walk.other_value()?;
+    Some(walk.at)
+}
+
+/// The position after the number at `at`:
+/// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+#[inline(always)]
+fn number_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+    if bytes.get(at) == Some(&b'-') {
+        at += 1;
+    }
+    at = match bytes.get(at)? {
+        b'0' => at + 1,
+        b'1'..=b'9' => digits(bytes, at + 1),
+        _ => return None,
+    };
+    if bytes.get(at) == Some(&b'.') {
+        at = some_digits(bytes, at + 1)?;
+    }
+    if let Some(b'e' | b'E') = bytes.get(at) {
+        at += 1;
+        if let Some(b'+' | b'-') = bytes.get(at) {
+            at += 1;
+        }
+        at = some_digits(bytes, at)?;
+    }
+    Some(at)
+}
+
+/// The position after the digits from `at` on.
+fn digits(bytes: &[u8], mut at: usize) -> usize {
+    while let Some(b'0'..=b'9') = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// [`digits`], which must be at least one.
+fn some_digits(bytes: &[u8], at: usize) -> Option<usize> {
+    let end = digits(bytes, at);
+    (end > at).then_some(end)
+}
+
+/// The position after the escape whose backslash is at `at`: one of JSON's, with any
+/// four hex digits after `\u`.
+fn escape_end(bytes: &[u8], at: usize) -> Option<usize> {
+    match bytes.get(at + 1)? {
+        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(at + 2),
+        b'u' => {
+            let hex = bytes.get(at + 2..)?.first_chunk::<4>()?;
+            hex.iter().all(u8::is_ascii_hexdigit).then_some(at + 6)
+        }
+        _ => None,
+    }
+}
+
+/// The position after the closing quote of the string whose content starts at `at`, and
+/// whether the string has an escape; `None` if it is not a JSON string (a control
+/// character, an escape other than JSON's, no closing quote). Inlined at each of its
+/// uses: most strings of a frame are keys and short values that end in the first word
+/// [`string_stop`] tests, where a call would cost as much as the test.
+#[inline(always)]
+fn string_end(bytes: &[u8], at: usize) -> Option<(usize, bool)> {
+    let stop = string_stop(bytes, at)?;
+    match bytes.get(stop)? {
+        b'"' => Some((stop + 1, false)),
+        _ => escaped_string_end(bytes, stop),
+    }
+}
+
+/// [`string_end`] from `at`, the first `\\` or control character of the string.
+#[inline(never)]
+fn escaped_string_end(bytes: &[u8], mut at: usize) -> Option<(usize, bool)> {
+    loop {
+        match bytes.get(at)? {
+            b'\\' => at = string_stop(bytes, escape_end(bytes, at)?)?,
+            b'"' => return Some((at + 1, true)),
+            _ => return None,
+        }
+    }
+}
+
+/// The position of the first `"`, `\\` or control character from `at` on (`None` if
+/// there is none), eight bytes at a time ([`stops`]), then a byte at a time for the last
+/// seven bytes of the frame. Words, not `memchr`: setting up a vectorised search costs
+/// more than it saves on strings this short.
+#[inline(always)]
+fn string_stop(bytes: &[u8], at: usize) -> Option<usize> {
+    let mut rest = bytes.get(at..)?;
+    while let Some((word, tail)) = rest.split_first_chunk::<8>() {
+        let mask = stops(u64::from_le_bytes(*word));
+        if mask != 0 {
+            return Some(bytes.len() - rest.len() + mask.trailing_zeros() as usize / 8);
+        }
+        rest = tail;
+    }
+    let len = rest
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    Some(bytes.len() - rest.len() + len)
+}
+
+/// The high bit of each byte of `word` (little-endian) that may be `"`, `\\` or below
+/// 0x20. The lowest set bit is always exact (a borrow only reaches bytes above a true
+/// match), which is all [`string_stop`] reads.
+///
+/// `byte ^ 0x02` is below 0x21 exactly for the control characters and `"` (0x22 becomes
+/// 0x20), and `byte ^ 0x5c` is zero exactly for `\\`; both keep the high bit, so one
+/// `!word` clears the bytes from 0x80 up for both tests.
+fn stops(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let quote_or_control = (word ^ (ONES * 0x02)).wrapping_sub(ONES * 0x21);
+    let backslash = (word ^ (ONES * u64::from(b'\\'))).wrapping_sub(ONES);
+    (quote_or_control | backslash) & !word & HIGH
 }
 
 #[cfg(test)]
@@ -493,21 +740,6 @@ mod tests {
     }
 
     #[test]
-    fn string_runs_stop_at_the_first_quote_backslash_or_control() {
-        for len in 0..40 {
-            for stop in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
-                let mut run = vec![b'a'; len];
-                run.extend([stop, b'"', b'b']);
-                assert_eq!(string_run(&run), Some(len), "{len} {stop}");
-                let mut high: Vec<u8> = "é€😀~\x7f".bytes().cycle().take(len).collect();
-                high.extend([stop, b'x']);
-                assert_eq!(string_run(&high), Some(len), "{len} {stop} after non-ASCII");
-            }
-            assert_eq!(string_run(&vec![b' '; len]), None, "{len}: no stop");
-        }
-    }
-
-    #[test]
     fn deep_frames_are_left_to_the_general_path() {
         let limits = WireLimits {
             max_depth: 1_000_000,
@@ -535,6 +767,221 @@ mod tests {
         ];
         for text in other {
             assert!(!agrees(text), "the fast path took {text}");
+        }
+    }
+
+    /// Whether `byte` ends a run of plain string content.
+    fn is_stop(byte: u8) -> bool {
+        byte == b'"' || byte == b'\\' || byte < 0x20
+    }
+
+    #[test]
+    fn stops_finds_the_first_stop_byte_at_each_position_of_a_word() {
+        for fill in [b'a', b' ', b'~', 0x7f, 0x80, 0xa1, 0xdc, 0xff] {
+            for position in 0..8 {
+                for byte in 0..=255u8 {
+                    let mut word = [fill; 8];
+                    word[position] = byte;
+                    let mask = stops(u64::from_le_bytes(word));
+                    let first = (mask != 0).then(|| mask.trailing_zeros() as usize / 8);
+                    let expected = word.iter().position(|&b| is_stop(b));
+                    assert_eq!(first, expected, "fill {fill:#x}, {byte:#x} at {position}");
+                }
+            }
+        }
+        // A stop below another: the borrow of the lower one must not hide it.
+        for (low, high) in [(0usize, 1usize), (2, 7), (6, 7)] {
+            for (a, b) in [(b'"', b'\\'), (0x00, b'"'), (b'\\', 0x1f), (0x1f, 0x00)] {
+                let mut word = [b'x'; 8];
+                word[low] = a;
+                word[high] = b;
+                let mask = stops(u64::from_le_bytes(word));
+                assert_eq!(mask.trailing_zeros() as usize / 8, low, "{a:#x} {b:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn string_ends_are_found_at_every_alignment() {
+        let fills: [&[u8]; 3] = [b"abcdefgh", "é€😀~\x7f".as_bytes(), b" /:-.~09"];
+        for offset in 0..9 {
+            for len in 0..34 {
+                for fill in fills {
+                    // `offset` bytes before the opening quote shift the string against
+                    // the eight-byte words; the closing quote is the last byte or not.
+                    let mut text = vec![b'['; offset];
+                    text.push(b'"');
+                    let content: Vec<u8> = fill.iter().copied().cycle().take(len).collect();
+                    text.extend(&content);
+                    text.push(b'"');
+                    let end = text.len();
+                    assert_eq!(string_end(&text, offset + 1), Some((end, false)));
+                    text.extend(b"]\"x");
+                    assert_eq!(string_end(&text, offset + 1), Some((end, false)));
+                    text.truncate(end - 1);
+                    assert_eq!(string_end(&text, offset + 1), None, "unterminated");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn string_ends_stop_at_a_quote_backslash_or_control_at_each_position() {
+        for offset in 0..9 {
+            for len in 0..26 {
+                for at in 0..len {
+                    let string = |stop: &[u8]| {
+                        let mut text = vec![b' '; offset];
+                        text.push(b'"');
+                        text.extend(std::iter::repeat_n(b'a', len));
+                        text.splice(offset + 1 + at..offset + 2 + at, stop.iter().copied());
+                        text.extend(b"\"tail\"");
+                        text
+                    };
+                    let from = offset + 1;
+                    let quote = string(b"\"");
+                    assert_eq!(string_end(&quote, from), Some((from + at + 1, false)));
+                    for control in [0x00, 0x01, b'\t', b'\n', 0x1f] {
+                        assert_eq!(string_end(&string(&[control]), from), None, "{control}");
+                    }
+                    for (escape, width) in [(&b"\\n"[..], 2), (b"\\\"", 2), (b"\\u00e9", 6)] {
+                        let text = string(escape);
+                        let end = offset + 1 + len + width;
+                        assert_eq!(string_end(&text, from), Some((end, true)), "{at} {len}");
+                    }
+                    for bad in [&b"\\x"[..], b"\\u12G4", b"\\u12x", b"\\\x01"] {
+                        assert_eq!(string_end(&string(bad), from), None, "{bad:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strings_near_the_end_of_the_frame_are_read_a_byte_at_a_time() {
+        for len in 0..9 {
+            let mut text: Vec<u8> = std::iter::repeat_n(b'z', len).collect();
+            text.push(b'"');
+            assert_eq!(string_end(&text, 0), Some((len + 1, false)));
+            assert_eq!(string_end(&text, len + 1), None, "nothing left");
+            text.insert(0, b'\\');
+            text.insert(1, b'/');
+            assert_eq!(string_end(&text, 0), Some((len + 3, true)));
+            text.pop();
+            text.push(b'\\');
+            assert_eq!(string_end(&text, 0), None, "escape cut off");
+        }
+    }
+
+    #[test]
+    fn numbers_end_where_json_says() {
+        for (text, end) in [
+            ("0", Some(1)),
+            ("-0", Some(2)),
+            ("12345,", Some(5)),
+            ("0.5e-3}", Some(6)),
+            ("1E+2]", Some(4)),
+            ("01", Some(1)),
+            ("-", None),
+            ("1.", None),
+            ("1.e5", None),
+            ("1e", None),
+            ("1e+", None),
+            (".5", None),
+            ("+1", None),
+            ("-a", None),
+        ] {
+            assert_eq!(number_end(text.as_bytes(), 0), end, "{text}");
+        }
+    }
+
+    #[test]
+    fn depth_limits_are_those_of_classify() {
+        let text =
+            r#"{"jsonrpc":"2.0","method":"action","params":{"action":{"type":"t","v":[[{}]]}}}"#;
+        for max_depth in 0..8 {
+            let limits = WireLimits {
+                max_depth,
+                ..WireLimits::default()
+            };
+            let fast = classify_action(text, &limits);
+            assert_eq!(fast.is_some(), max_depth >= 6, "max_depth {max_depth}");
+            if let Some(fast) = fast {
+                assert_eq!(classify(text, &limits), Ok(fast));
+            } else {
+                assert!(classify(text, &limits).is_err() || max_depth >= 6);
+            }
+        }
+        let limits = WireLimits {
+            max_frame_bytes: text.len() - 1,
+            ..WireLimits::default()
+        };
+        assert!(classify_action(text, &limits).is_none());
+    }
+
+    #[test]
+    fn the_plain_head_reads_as_the_member_walk_does() {
+        let head = r#"{"jsonrpc":"2.0","method":"action","params":"#;
+        let params =
+            r#"{"channel":"c","serverSeq":7,"action":{"type":"t"},"origin":{"clientId":"x"}}"#;
+        let plain = format!("{head}{params}}}");
+        let reordered = format!(r#"{{"params":{params},"method":"action","jsonrpc":"2.0"}}"#);
+        let spaced = plain.replacen("params\":", "params\" :", 1);
+        for text in [&plain, &reordered, &spaced] {
+            assert!(agrees(text), "the fast path declined {text}");
+        }
+        for tail in [
+            r#","jsonrpc":"2.0"}"#,
+            r#","method":"action"}"#,
+            r#","params":{}}"#,
+            r#","id":1}"#,
+            r#","result":{}}"#,
+            r#","error":{}}"#,
+            r#"}}"#,
+            r#"} x"#,
+            r#""#,
+            r#",}"#,
+        ] {
+            let text = format!("{head}{params}{tail}");
+            assert!(!agrees(&text), "the fast path took {text}");
+        }
+        assert!(agrees(&format!(
+            r#"{head}{params},"extra":[1,"2",{{"3":null}}]}}"#
+        )));
+        assert!(agrees(&format!("{head}{params}}} \n")));
+        assert!(!agrees(&format!("{head}[]}}")), "params must be an object");
+    }
+
+    #[test]
+    fn routed_values_read_as_classify_reads_them() {
+        let frame = |params: &str| {
+            format!(r#"{{"jsonrpc":"2.0","method":"action","params":{{{params}}}}}"#)
+        };
+        for fine in [
+            r#""serverSeq":18446744073709551615"#,
+            r#""serverSeq":9999999999999999999"#,
+            r#""serverSeq":0"#,
+            r#""channel":"a\"b\u00e9""#,
+            r#""action":{"type":"a\/b","k":1},"origin":{"clientId":"\u0041"}"#,
+            r#""action":"not an object","origin":[{"clientId":1}]"#,
+            r#""channel" : "c" , "serverSeq" : 1 , "action" : { "type" : "t" } "#,
+        ] {
+            assert!(agrees(&frame(fine)), "the fast path declined {fine}");
+        }
+        for other in [
+            r#""serverSeq":18446744073709551616"#,
+            r#""serverSeq":99999999999999999999"#,
+            r#""serverSeq":00"#,
+            r#""serverSeq":1e3"#,
+            r#""serverSeq":"1""#,
+            r#""channel":"\udc00""#,
+            r#""action":{"type":1}"#,
+            r#""action":{"type":"a","type":"b"}"#,
+            r#""origin":{"clientId":null}"#,
+            r#""origin":{"client\u0049d":"x"}"#,
+            r#""chan\u006eel":"c""#,
+        ] {
+            assert!(!agrees(&frame(other)), "the fast path took {other}");
         }
     }
 }
