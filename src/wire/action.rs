@@ -984,4 +984,67 @@ mod tests {
             assert!(!agrees(&frame(other)), "the fast path took {other}");
         }
     }
+
+    #[test]
+    fn corrupted_plain_frames_agree_under_every_depth_limit() {
+        const SEED: &str = r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"ahp-chat:/c-1","action":{"type":"chat/delta","v":[1,{"k":null}],"content":"a \"b\" — c\n"},"serverSeq":12345,"origin":{"clientId":"r1.Qm9i","clientSeq":3}}}"#;
+        const PIECES: &[&str] = &[
+            "\"",
+            "\\",
+            "\\u",
+            "\\ud800",
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            " ",
+            "\u{1}",
+            "0",
+            "-",
+            "e",
+            "true",
+            "é",
+            "\"type\":",
+            "\"id\":1,",
+            "\"serverSeq\":",
+            "99999999999999999999",
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut below = |n: usize| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
+        };
+        let mut taken = 0;
+        for _ in 0..20_000 {
+            let mut text = SEED.to_string();
+            for _ in 0..=below(2) {
+                let at = below(text.len());
+                let end = (at + 1 + below(3)).min(text.len());
+                if !(text.is_char_boundary(at) && text.is_char_boundary(end)) {
+                    continue;
+                }
+                let piece = PIECES[below(PIECES.len())];
+                match below(3) {
+                    0 => text.insert_str(at, piece),
+                    1 => text.replace_range(at..end, ""),
+                    _ => text.replace_range(at..end, piece),
+                }
+            }
+            for max_depth in [2, 3, 4, 5, 64] {
+                let limits = WireLimits {
+                    max_depth,
+                    ..WireLimits::default()
+                };
+                if let Some(fast) = classify_action(&text, &limits) {
+                    taken += 1;
+                    assert_eq!(classify(&text, &limits), Ok(fast), "{max_depth}: {text}");
+                }
+            }
+        }
+        assert!(taken > 5_000, "only {taken} corrupted frames were taken");
+    }
 }
