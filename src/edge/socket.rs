@@ -15,7 +15,7 @@
 //! them between whole frames.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -31,8 +31,6 @@ const WRITE_CHUNK_BYTES: usize = 256 * 1024;
 /// Capacity the writer's buffer keeps between batches; a larger one is
 /// freed, so an idle client holds no batch-sized buffer.
 const KEEP_BUFFER_BYTES: usize = 4 * 1024;
-/// Frames handed to one vectored write (two slices each).
-const FRAMES_PER_WRITE: usize = 256;
 /// Longest header of an unmasked frame.
 const MAX_HEADER: usize = 10;
 /// Longest close reason a close frame can carry (RFC 6455 §5.5: a control
@@ -138,61 +136,8 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     }
 
     /// Writes every frame of `frames` (emptying it) as text frames, then
-    /// flushes once. Where the stream takes vectored writes (TLS and TCP
-    /// do), headers and payloads go to it as slices, so TLS encrypts the
-    /// payloads from where they are: no copy before the encryption.
+    /// flushes once.
     pub async fn write_frames(&mut self, frames: &mut VecDeque<Text>) -> io::Result<()> {
-        if self.io.is_write_vectored() {
-            self.append_control();
-            if !self.buf.is_empty() {
-                self.io.write_all(&self.buf).await?;
-                self.buf.clear();
-            }
-            while !frames.is_empty() {
-                let n = frames.len().min(FRAMES_PER_WRITE);
-                self.write_vectored(frames.range(..n)).await?;
-                frames.drain(..n);
-            }
-            return self.send().await;
-        }
-        self.write_copied(frames).await
-    }
-
-    /// Writes `frames` as one run of slices (header, payload, header, …).
-    async fn write_vectored(
-        &mut self,
-        frames: impl Iterator<Item = &Text> + Clone,
-    ) -> io::Result<()> {
-        self.buf.clear();
-        for f in frames.clone() {
-            header_into(&mut self.buf, 0x1, f.len());
-        }
-        let heads = std::mem::take(&mut self.buf);
-        let mut slices = Vec::new();
-        let mut at = 0;
-        for f in frames {
-            let len = header_len(f.len());
-            slices.push(IoSlice::new(heads.get(at..at + len).unwrap_or_default()));
-            slices.push(IoSlice::new(f.as_bytes()));
-            at += len;
-        }
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let n = self.io.write_vectored(rest).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            IoSlice::advance_slices(&mut rest, n);
-        }
-        drop(slices);
-        self.buf = heads;
-        self.buf.clear();
-        Ok(())
-    }
-
-    /// [`FrameWriter::write_frames`] for a stream without vectored writes:
-    /// frames are copied into one buffer per chunk.
-    async fn write_copied(&mut self, frames: &mut VecDeque<Text>) -> io::Result<()> {
         self.append_control();
         // One allocation for the batch (or its first chunk), not one per doubling.
         let framed: usize = frames.iter().map(|f| f.len() + MAX_HEADER).sum();
@@ -241,15 +186,6 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             self.buf = Vec::new();
         }
         self.io.flush().await
-    }
-}
-
-/// Length of the header [`header_into`] writes for `len` payload bytes.
-fn header_len(len: usize) -> usize {
-    match len {
-        0..126 => 2,
-        126..=65_535 => 4,
-        _ => 10,
     }
 }
 
@@ -341,86 +277,6 @@ mod tests {
         );
         let got = read_all(out);
         assert!(matches!(&got[0], Message::Close(Some(c)) if c.reason.as_str() == "ü".repeat(61)));
-    }
-
-    /// A stream that takes vectored writes but at most `step` bytes per call,
-    /// so every slice boundary is crossed by a partial write.
-    struct Trickle {
-        out: Vec<u8>,
-        step: usize,
-    }
-
-    impl AsyncWrite for Trickle {
-        fn poll_write(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<io::Result<usize>> {
-            let n = buf.len().min(self.step);
-            self.out.extend_from_slice(&buf[..n]);
-            Poll::Ready(Ok(n))
-        }
-        fn poll_write_vectored(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-            bufs: &[IoSlice<'_>],
-        ) -> Poll<io::Result<usize>> {
-            let mut n = 0;
-            for b in bufs {
-                let take = b.len().min(self.step - n);
-                self.out.extend_from_slice(&b[..take]);
-                n += take;
-                if n == self.step {
-                    break;
-                }
-            }
-            Poll::Ready(Ok(n))
-        }
-        fn is_write_vectored(&self) -> bool {
-            true
-        }
-        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-    }
-
-    #[tokio::test]
-    async fn vectored_writes_survive_partial_writes_at_every_boundary() {
-        let lens = [0usize, 1, 125, 126, 127, 300, 65_535, 65_536, 70_000];
-        let texts: Vec<String> = (0..600)
-            .map(|i| "x".repeat(lens[i % lens.len()] + i % 3))
-            .collect();
-        for step in [1usize, 7, 4096] {
-            let control = Arc::new(Control::default());
-            let mut w = FrameWriter {
-                io: Trickle {
-                    out: Vec::new(),
-                    step,
-                },
-                buf: Vec::new(),
-                control,
-            };
-            let mut batch: VecDeque<Text> = texts.iter().map(|t| Text::from(t.as_str())).collect();
-            w.write_frames(&mut batch).await.unwrap();
-            assert!(batch.is_empty());
-            let got = read_all(w.io.out);
-            assert_eq!(got.len(), texts.len(), "step {step}");
-            for (m, t) in got.iter().zip(&texts) {
-                assert_eq!(m, &Message::Text(Utf8Bytes::from(t.clone())), "step {step}");
-            }
-        }
-    }
-
-    #[test]
-    fn header_len_is_what_header_into_writes() {
-        for len in [0usize, 125, 126, 65_535, 65_536, 1 << 40] {
-            let mut out = Vec::new();
-            header_into(&mut out, 0x1, len);
-            assert_eq!(out.len(), header_len(len), "payload of {len} bytes");
-        }
     }
 
     #[tokio::test]

@@ -60,15 +60,7 @@ impl ClientSession {
         let mut arena = BytesMut::with_capacity(bytes);
         for text in frames {
             let text = text.as_str();
-            // The fast path's frame is used where it is built (a `Frame` is
-            // ~400 bytes: converting it into the general path's `Result`
-            // would copy it once more per envelope).
-            if let Some(frame) = wire::classify_action(text, &self.env.upstream_limits) {
-                let core = self.batch_lock(&mut core);
-                self.on_envelope(core, host, link, (text, &frame), &mut arena);
-                continue;
-            }
-            let frame = match wire::classify(text, &self.env.upstream_limits) {
+            let frame = match wire::classify_host(text, &self.env.upstream_limits) {
                 Ok(f) => f,
                 Err(e) => {
                     self.env.metrics.upstream_bad_frames.inc();
@@ -79,7 +71,11 @@ impl ClientSession {
             if let FrameKind::Notification { method } = &frame.kind
                 && method == "action"
             {
-                let core = self.batch_lock(&mut core);
+                let core = core.get_or_insert_with(|| {
+                    let mut core = self.lock();
+                    self.begin_batch(&mut core);
+                    core
+                });
                 self.on_envelope(core, host, link, (text, &frame), &mut arena);
                 continue;
             }
@@ -93,19 +89,6 @@ impl ClientSession {
         if let Some(mut guard) = core {
             self.end_batch(&mut guard);
         }
-    }
-
-    /// The session lock held for a run of envelopes, taken (and the batch
-    /// begun) by the first of them.
-    fn batch_lock<'g, 's>(
-        &'s self,
-        core: &'g mut Option<MutexGuard<'s, SessionCore>>,
-    ) -> &'g mut SessionCore {
-        core.get_or_insert_with(|| {
-            let mut core = self.lock();
-            self.begin_batch(&mut core);
-            core
-        })
     }
 
     /// Handles one frame from `host`'s link other than an action envelope;
