@@ -21,13 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use crate::rpc::Close;
+use crate::session::outbox::DirectWrite;
 use crate::wire::Text;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
 use tokio::sync::Notify;
 
-/// Bytes of a batch after which the writer writes what it framed so far and
-/// frames the rest into the emptied buffer.
-const WRITE_CHUNK_BYTES: usize = 256 * 1024;
 /// Capacity the writer's buffer keeps between batches; a larger one is
 /// freed, so an idle client holds no batch-sized buffer.
 const KEEP_BUFFER_BYTES: usize = 4 * 1024;
@@ -102,90 +100,158 @@ impl<R: Unpin> AsyncWrite for ReadSide<R> {
 
 /// Splits an upgraded connection into tungstenite's read side and the
 /// frame writer.
-pub fn split<S>(io: S) -> (ReadSide<ReadHalf<S>>, FrameWriter<WriteHalf<S>>)
+pub fn split<S>(io: S) -> (ReadSide<ReadHalf<S>>, SharedWriter<WriteHalf<S>>)
 where
     S: AsyncRead + AsyncWrite,
 {
     let (read, write) = tokio::io::split(io);
     let control = Arc::new(Control::default());
+    let writer = FrameWriter {
+        io: write,
+        buf: Vec::new(),
+        sent: 0,
+        control: control.clone(),
+        closed: false,
+    };
     (
-        ReadSide {
-            read,
-            control: control.clone(),
-        },
-        FrameWriter {
-            io: write,
-            buf: Vec::new(),
-            control,
+        ReadSide { read, control },
+        SharedWriter {
+            inner: Arc::new(Mutex::new(writer)),
         },
     )
 }
 
-/// The write half of a client socket: frames, control bytes, the close frame.
+/// The write half of a client socket, shared by its writer task and the
+/// session's links (which write a batch directly when the writer task is
+/// idle: [`DirectWrite`]). The lock is held for one poll at a time, never
+/// across an await, so neither side waits on the other's socket.
 #[derive(Debug)]
-pub struct FrameWriter<W> {
-    io: W,
-    buf: Vec<u8>,
-    control: Arc<Control>,
+pub struct SharedWriter<W> {
+    inner: Arc<Mutex<FrameWriter<W>>>,
 }
 
-impl<W: AsyncWrite + Unpin> FrameWriter<W> {
-    /// Where the reader's control bytes are announced.
-    pub fn control(&self) -> Arc<Control> {
-        self.control.clone()
+impl<W> Clone for SharedWriter<W> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// Frames, control bytes and the close frame, encoded into one buffer and
+/// written from it.
+#[derive(Debug)]
+struct FrameWriter<W> {
+    io: W,
+    /// Encoded bytes; `buf[..sent]` already reached the stream.
+    buf: Vec<u8>,
+    sent: usize,
+    control: Arc<Control>,
+    /// The close frame is encoded: nothing is written after it.
+    closed: bool,
+}
+
+impl<W: AsyncWrite + Unpin> SharedWriter<W> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FrameWriter<W>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes every frame of `frames` (emptying it) as text frames, then
-    /// flushes once.
-    pub async fn write_frames(&mut self, frames: &mut VecDeque<Text>) -> io::Result<()> {
-        self.append_control();
-        // One allocation for the batch (or its first chunk), not one per doubling.
-        let framed: usize = frames.iter().map(|f| f.len() + MAX_HEADER).sum();
-        self.buf.reserve(framed.min(WRITE_CHUNK_BYTES + MAX_HEADER));
-        while let Some(frame) = frames.pop_front() {
-            text_frame_into(&mut self.buf, frame.as_bytes());
-            if self.buf.len() >= WRITE_CHUNK_BYTES {
-                self.io.write_all(&self.buf).await?;
-                self.buf.clear();
-            }
-        }
-        self.send().await
+    /// Where the reader's control bytes are announced.
+    pub fn control(&self) -> Arc<Control> {
+        self.lock().control.clone()
+    }
+
+    /// Writes every frame of `frames` (emptying it) as text frames, after
+    /// whatever is still pending, then flushes.
+    pub async fn write_frames(&self, frames: &mut VecDeque<Text>) -> io::Result<()> {
+        self.lock().encode(frames);
+        self.drain().await
     }
 
     /// Writes the control bytes the reader queued.
-    pub async fn write_control(&mut self) -> io::Result<()> {
-        self.append_control();
-        self.send().await
+    pub async fn write_control(&self) -> io::Result<()> {
+        self.lock().encode(&mut VecDeque::new());
+        self.drain().await
     }
 
-    /// Writes the close frame for `close` (after any queued control bytes).
-    pub async fn close(&mut self, close: Close) -> io::Result<()> {
-        self.append_control();
-        close_frame_into(&mut self.buf, close.code(), close.reason());
-        self.send().await
+    /// Writes the close frame for `close` (after what is pending); nothing
+    /// is written after it.
+    pub async fn close(&self, close: Close) -> io::Result<()> {
+        {
+            let mut w = self.lock();
+            w.encode(&mut VecDeque::new());
+            close_frame_into(&mut w.buf, close.code(), close.reason());
+            w.closed = true;
+        }
+        self.drain().await
     }
 
-    /// Writes queued control bytes and shuts the write side down (TLS
+    /// Writes what is pending and shuts the write side down (TLS
     /// `close_notify`, then the TCP write side).
-    pub async fn finish(&mut self) -> io::Result<()> {
+    pub async fn finish(&self) -> io::Result<()> {
         self.write_control().await?;
-        self.io.shutdown().await
+        std::future::poll_fn(|cx| Pin::new(&mut self.lock().io).poll_shutdown(cx)).await
     }
 
-    fn append_control(&mut self) {
+    /// Writes everything encoded so far and flushes.
+    async fn drain(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.lock().poll_drain(cx)).await
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send> DirectWrite for SharedWriter<W> {
+    fn write_now(&self, frames: &mut VecDeque<Text>) -> Option<bool> {
+        let mut w = self.inner.try_lock().ok()?;
+        // Bytes still pending mean the socket is not taking them: the frames
+        // wait in the bounded queue instead, so a client that does not read
+        // fills it and is found slow (§5.9). At most one batch is ever
+        // outside the queue's bounds.
+        if w.closed || w.sent < w.buf.len() {
+            return None;
+        }
+        w.encode(frames);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // An error is the writer task's to see (its next write fails too)
+        // and the reader's (the connection ends): nothing is left to write.
+        Some(!matches!(w.poll_drain(&mut cx), Poll::Pending))
+    }
+}
+
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    /// Appends the reader's control bytes, then `frames` (emptying it).
+    fn encode(&mut self, frames: &mut VecDeque<Text>) {
         let control = self.control.take();
         self.buf.extend_from_slice(&control);
+        if self.closed {
+            frames.clear();
+            return;
+        }
+        // One allocation for the batch, not one per doubling.
+        let framed: usize = frames.iter().map(|f| f.len() + MAX_HEADER).sum();
+        self.buf.reserve(framed);
+        for frame in frames.drain(..) {
+            text_frame_into(&mut self.buf, frame.as_bytes());
+        }
     }
 
-    async fn send(&mut self) -> io::Result<()> {
-        if !self.buf.is_empty() {
-            self.io.write_all(&self.buf).await?;
-            self.buf.clear();
+    /// Writes `buf[sent..]`, then flushes; a large buffer is freed once
+    /// empty, so an idle client holds no batch-sized buffer.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.sent < self.buf.len() {
+            let rest = self.buf.get(self.sent..).unwrap_or_default();
+            match Pin::new(&mut self.io).poll_write(cx, rest) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => self.sent += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
         }
+        self.buf.clear();
+        self.sent = 0;
         if self.buf.capacity() > KEEP_BUFFER_BYTES {
             self.buf = Vec::new();
         }
-        self.io.flush().await
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 }
 
@@ -225,6 +291,7 @@ pub fn close_frame_into(out: &mut Vec<u8>, code: u16, reason: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
     use tokio_tungstenite::tungstenite::protocol::{Role, WebSocket};
     use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
@@ -280,9 +347,73 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_direct_write_goes_out_at_once_or_leaves_the_rest_to_drain() {
+        // A pipe that holds 64 bytes: the first small batch fits, the second
+        // does not and is left encoded for the writer task.
+        let (mut client, server) = tokio::io::duplex(64);
+        let (_read, writer) = split(server);
+        let mut small: VecDeque<Text> = VecDeque::from([Text::from("a"), Text::from("b")]);
+        assert_eq!(writer.write_now(&mut small), Some(true));
+        assert!(small.is_empty());
+        let mut big: VecDeque<Text> = (0..10).map(|i| Text::from(format!("{i:>20}"))).collect();
+        assert_eq!(
+            writer.write_now(&mut big),
+            Some(false),
+            "64 bytes cannot take 10 frames of 22"
+        );
+        assert!(big.is_empty(), "taken and encoded, not lost");
+        let mut more: VecDeque<Text> = VecDeque::from([Text::from("c")]);
+        assert_eq!(
+            writer.write_now(&mut more),
+            None,
+            "pending bytes: the queue keeps it"
+        );
+        assert_eq!(more.len(), 1);
+        let drain = {
+            let writer = writer.clone();
+            tokio::spawn(async move { writer.write_frames(&mut VecDeque::new()).await })
+        };
+        let mut bytes = vec![0u8; 2 * 3 + 10 * 22];
+        tokio::io::AsyncReadExt::read_exact(&mut client, &mut bytes)
+            .await
+            .unwrap();
+        drain.await.unwrap().unwrap();
+        let got = read_all(bytes);
+        let want: Vec<String> = ["a".to_string(), "b".to_string()]
+            .into_iter()
+            .chain((0..10).map(|i| format!("{i:>20}")))
+            .collect();
+        assert_eq!(
+            got,
+            want.into_iter()
+                .map(|t| Message::Text(t.into()))
+                .collect::<Vec<_>>()
+        );
+        let mut close = Vec::new();
+        close_frame_into(&mut close, Close::Idle.code(), Close::Idle.reason());
+        let closing = {
+            let writer = writer.clone();
+            tokio::spawn(async move { writer.close(Close::Idle).await })
+        };
+        let mut got = vec![0u8; close.len()];
+        tokio::io::AsyncReadExt::read_exact(&mut client, &mut got)
+            .await
+            .unwrap();
+        assert_eq!(got, close);
+        closing.await.unwrap().unwrap();
+        let mut after: VecDeque<Text> = VecDeque::from([Text::from("late")]);
+        assert_eq!(
+            writer.write_now(&mut after),
+            None,
+            "nothing after the close frame"
+        );
+        assert_eq!(after.len(), 1);
+    }
+
+    #[tokio::test]
     async fn a_batch_is_written_in_order_with_the_readers_control_bytes_first() {
         let (client, server) = tokio::io::duplex(1 << 20);
-        let (mut read_side, mut writer) = split(server);
+        let (mut read_side, writer) = split(server);
         // The reader's tungstenite answers a ping: its pong goes out first.
         let mut pong = Vec::new();
         header_into(&mut pong, 0xA, 2);

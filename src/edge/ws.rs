@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use super::port::{ConnectionGuard, RelayPort};
-use super::socket::{FrameWriter, ReadSide};
+use super::socket::{ReadSide, SharedWriter};
 use super::standing::{Needs, Standing};
 use crate::auth::Principal;
 use crate::rpc::Close;
@@ -43,6 +43,7 @@ pub async fn serve_client<S>(
     let stream = WebSocketStream::from_raw_socket(read, Role::Server, Some(config)).await;
     let limits = port.limits();
     let (out_tx, out_rx) = outbox(limits.client_queue_frames, limits.client_queue_bytes);
+    out_rx.attach(std::sync::Arc::new(write.clone()));
     let (kill_tx, kill_rx) = watch::channel::<Kill>(None);
     let mut writer = tokio::spawn(write_loop(write, out_rx, kill_rx.clone()));
     let standing = Standing::new(&port, &principal, Needs::Token);
@@ -152,7 +153,7 @@ fn refuse_frame(
 /// Writes the session's frames a batch at a time until the socket is told
 /// to close (queued frames, then the close frame) or the connection is gone.
 async fn write_loop<S>(
-    mut writer: FrameWriter<WriteHalf<S>>,
+    writer: SharedWriter<WriteHalf<S>>,
     mut out: OutboxRx,
     mut kill: watch::Receiver<Kill>,
 ) where

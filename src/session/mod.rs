@@ -370,8 +370,13 @@ impl ClientSession {
     /// Starts a batch: envelopes numbered until [`ClientSession::end_batch`]
     /// reach the relay-wide metrics and memory account once, at its end
     /// (shared counters updated once per batch, not once per envelope).
+    /// The socket's queue wakes its writer once, at the batch's end — or the
+    /// link writes the batch itself then ([`outbox::Outbox::end_batch`]).
     pub(crate) fn begin_batch(&self, core: &mut SessionCore) {
         core.seq.batch.get_or_insert_with(core::Tally::default);
+        if let Some(socket) = &core.attachment.socket {
+            socket.out.begin_batch();
+        }
     }
 
     /// Ends a batch begun by [`ClientSession::begin_batch`].
@@ -379,6 +384,9 @@ impl ClientSession {
         if let Some(tally) = core.seq.batch.take() {
             core.seq.buffer.settle();
             self.report(&tally);
+            if let Some(socket) = &core.attachment.socket {
+                socket.out.end_batch();
+            }
         }
     }
 

@@ -13,7 +13,11 @@
 //! await: senders push under it, the socket's writer takes everything queued
 //! in one swap ([`OutboxRx::recv_batch`]). The writer is woken only when it
 //! is parked waiting for frames, so a batch of frames queued while it writes
-//! costs no wake-up at all, and a batch queued while it sleeps costs one.
+//! costs no wake-up at all. A link's batch of envelopes
+//! ([`Outbox::begin_batch`] … [`Outbox::end_batch`]) wakes nobody while it
+//! is queued; at its end, if the writer is parked, the link writes the batch
+//! to the socket itself ([`DirectWrite`]) — no task hop, no wake-up — and
+//! wakes the writer only if the socket did not take it all.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,8 +36,19 @@ pub enum Refused {
     Closed,
 }
 
+/// The socket's writer as a link may use it directly (implemented by the
+/// edge's writer).
+pub trait DirectWrite: Send + Sync {
+    /// Frames and writes `frames` (emptying it) without waiting, if the
+    /// writer is free and has nothing pending: `None` when it is busy, has
+    /// bytes the socket did not take yet, or is closed (`frames` untouched);
+    /// `Some(true)` when everything reached the socket; `Some(false)` when
+    /// the rest is encoded and waits for the writer task to drain it.
+    fn write_now(&self, frames: &mut VecDeque<Text>) -> Option<bool>;
+}
+
 /// The queue itself, under [`Shared::state`].
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct State {
     frames: VecDeque<Text>,
     bytes: usize,
@@ -43,6 +58,23 @@ struct State {
     senders_gone: bool,
     /// Live [`Outbox`] handles.
     senders: usize,
+    /// A batch is being queued: no wake-up until it ends.
+    batching: bool,
+    /// A direct write left encoded bytes: the writer must drain them.
+    drain_needed: bool,
+    /// The socket's writer, for direct writes (dropped with the receiver).
+    direct: Option<Arc<dyn DirectWrite>>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("frames", &self.frames.len())
+            .field("bytes", &self.bytes)
+            .field("writer_parked", &self.writer_parked)
+            .field("batching", &self.batching)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the sending and receiving sides share: the queue, the wake-up of the
@@ -151,6 +183,9 @@ impl Outbox {
         }
         s.bytes += len;
         s.frames.push_back(frame);
+        if s.batching {
+            return Ok(());
+        }
         let wake = std::mem::take(&mut s.writer_parked);
         drop(s);
         if wake {
@@ -200,6 +235,56 @@ impl Outbox {
     pub fn queued_bytes(&self) -> usize {
         self.shared.lock().bytes
     }
+
+    /// Starts a batch: frames queued until [`Outbox::end_batch`] wake nobody.
+    pub fn begin_batch(&self) {
+        self.shared.lock().batching = true;
+    }
+
+    /// Ends a batch: when the writer is parked, the batch is written here,
+    /// directly; the writer is woken only if that is not possible or the
+    /// socket did not take everything. The queue's lock is held until the
+    /// writer's is, so no frame queued later can overtake the batch.
+    pub fn end_batch(&self) {
+        let shared = &self.shared;
+        let mut s = shared.lock();
+        s.batching = false;
+        if s.frames.is_empty() || !s.writer_parked {
+            return;
+        }
+        let written = match s.direct.clone() {
+            Some(direct) => direct.write_now(&mut s.frames),
+            None => None,
+        };
+        match written {
+            Some(done) => {
+                s.bytes = 0;
+                if !done {
+                    s.drain_needed = true;
+                    s.writer_parked = false;
+                }
+                drop(s);
+                if !done {
+                    shared.wake.notify_one();
+                }
+                shared.rooms();
+            }
+            None => {
+                s.writer_parked = false;
+                drop(s);
+                shared.wake.notify_one();
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Wakes links waiting for room, if any wait.
+    fn rooms(&self) {
+        if self.waiting.swap(false, Ordering::SeqCst) {
+            self.room.notify_waiters();
+        }
+    }
 }
 
 impl OutboxRx {
@@ -218,14 +303,20 @@ impl OutboxRx {
             into.extend(s.frames.drain(..));
         }
         s.bytes = 0;
+        s.drain_needed = false;
         drop(s);
-        if shared.waiting.swap(false, Ordering::SeqCst) {
-            shared.room.notify_waiters();
-        }
+        shared.rooms();
         true
     }
 
-    /// Waits for frames and moves all of them to `into`; `false` when every
+    /// Lets links write batches directly through `direct` while the writer
+    /// is parked.
+    pub fn attach(&self, direct: Arc<dyn DirectWrite>) {
+        self.shared.lock().direct = Some(direct);
+    }
+
+    /// Waits for frames and moves all of them to `into`; `true` also (with
+    /// no frames) when a direct write left bytes to drain; `false` when every
     /// sender is gone and nothing is left.
     pub async fn recv_batch(&mut self, into: &mut VecDeque<Text>) -> bool {
         loop {
@@ -234,6 +325,9 @@ impl OutboxRx {
             }
             {
                 let mut s = self.shared.lock();
+                if std::mem::take(&mut s.drain_needed) {
+                    return true;
+                }
                 if !s.frames.is_empty() {
                     continue;
                 }
@@ -249,6 +343,7 @@ impl OutboxRx {
 
 impl Drop for OutboxRx {
     fn drop(&mut self) {
+        self.shared.lock().direct = None;
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.room.notify_waiters();
     }
@@ -318,6 +413,102 @@ mod tests {
             got, want,
             "every frame once, in order; the writer ends when senders are gone"
         );
+    }
+
+    /// A writer that takes `take` batches whole, then leaves bytes to drain.
+    struct Direct {
+        written: std::sync::Mutex<Vec<String>>,
+        busy: AtomicBool,
+        whole: AtomicBool,
+    }
+
+    impl DirectWrite for Direct {
+        fn write_now(&self, frames: &mut VecDeque<Text>) -> Option<bool> {
+            if self.busy.load(Ordering::SeqCst) {
+                return None;
+            }
+            let mut w = self.written.lock().unwrap();
+            w.extend(frames.drain(..).map(|f| f.to_string()));
+            Some(self.whole.load(Ordering::SeqCst))
+        }
+    }
+
+    async fn parked(rx: &mut OutboxRx) {
+        let mut batch = VecDeque::new();
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            rx.recv_batch(&mut batch),
+        );
+        assert!(waited.await.is_err(), "the writer parks on an empty queue");
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_written_directly_while_the_writer_is_parked() {
+        let (tx, mut rx) = outbox(100, 1 << 20);
+        let direct = Arc::new(Direct {
+            written: Default::default(),
+            busy: AtomicBool::new(false),
+            whole: AtomicBool::new(true),
+        });
+        rx.attach(direct.clone());
+        parked(&mut rx).await;
+        tx.begin_batch();
+        for i in 0..3 {
+            tx.try_send(text(&i.to_string())).unwrap();
+        }
+        tx.end_batch();
+        assert_eq!(*direct.written.lock().unwrap(), ["0", "1", "2"]);
+        assert_eq!(tx.queued_bytes(), 0);
+        parked(&mut rx).await;
+        // The socket takes part: the writer is woken to drain, with no frames.
+        direct.whole.store(false, Ordering::SeqCst);
+        tx.begin_batch();
+        tx.try_send(text("3")).unwrap();
+        tx.end_batch();
+        let mut batch = VecDeque::new();
+        assert!(rx.recv_batch(&mut batch).await, "woken to drain");
+        assert!(batch.is_empty());
+        // A busy writer: the batch stays queued, in order, for the writer task.
+        direct.busy.store(true, Ordering::SeqCst);
+        parked(&mut rx).await;
+        tx.begin_batch();
+        tx.try_send(text("4")).unwrap();
+        tx.try_send(text("5")).unwrap();
+        tx.end_batch();
+        assert!(rx.recv_batch(&mut batch).await);
+        assert_eq!(
+            batch.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+            ["4", "5"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_wakes_no_writer_until_it_ends() {
+        let (tx, mut rx) = outbox(100, 1 << 20);
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let writer = tokio::spawn(async move {
+            let mut batch = VecDeque::new();
+            while rx.recv_batch(&mut batch).await {
+                let _ = seen_tx.send(batch.drain(..).count());
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tx.begin_batch();
+        tx.try_send(text("a")).unwrap();
+        tx.try_send(text("b")).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert!(
+            seen.try_recv().is_err(),
+            "the parked writer was not woken mid-batch"
+        );
+        tx.end_batch();
+        assert_eq!(
+            seen.recv().await,
+            Some(2),
+            "no direct writer: woken once, at the end"
+        );
+        drop(tx);
+        writer.await.unwrap();
     }
 
     #[tokio::test]
