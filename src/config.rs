@@ -334,6 +334,10 @@ pub struct Limits {
     /// resumes, requests in flight on it get -32603 `upstreamLost`; a watch
     /// link redials) and the relay never buffers it.
     pub upstream_max_frame_bytes: usize,
+    /// Bytes one read from a host connection may take (each dialed or
+    /// dialed-in host connection holds a buffer this size): large enough
+    /// that a streaming host is read many frames per `recv`. 4 KiB to 16 MiB.
+    pub upstream_read_buffer_bytes: usize,
     /// Frames queued for one link (client → host) before further requests
     /// get -32603 `reason = "hostBusy"` and dispatches a rejection echo.
     pub link_queue_frames: usize,
@@ -413,6 +417,7 @@ impl Default for Limits {
             request_burst: 200,
             client_idle_secs: 300,
             upstream_max_frame_bytes: 64 * 1024 * 1024,
+            upstream_read_buffer_bytes: 64 * 1024,
             link_queue_frames: 1024,
             reservations_per_principal: 1000,
             tombstones_per_principal: 10_000,
@@ -495,6 +500,9 @@ impl Limits {
             return bad(
                 "upstream_max_frame_bytes must be at most 67108864 (64 MiB, the WebSocket layer's message cap)",
             );
+        }
+        if !(4096..=16 << 20).contains(&self.upstream_read_buffer_bytes) {
+            return bad("upstream_read_buffer_bytes must be 4096 to 16777216 (4 KiB to 16 MiB)");
         }
         if !(1..=3600).contains(&self.status_history_secs) {
             return bad("status_history_secs must be 1 to 3600");
@@ -689,6 +697,23 @@ impl RelayConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_read_buffer_is_bounded() {
+        let with = |n: usize| {
+            Limits {
+                upstream_read_buffer_bytes: n,
+                ..Limits::default()
+            }
+            .validate()
+        };
+        assert!(with(64 * 1024).is_ok(), "the default");
+        assert!(with(4096).is_ok() && with(16 << 20).is_ok(), "the ends");
+        for bad in [0, 4095, (16 << 20) + 1] {
+            let err = with(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("upstream_read_buffer_bytes"), "{bad}: {err}");
+        }
+    }
 
     /// The replica name traces are exported under is the one the loaded
     /// configuration gives: `[relay] replica`, else the default; a file

@@ -66,6 +66,7 @@ impl Relay {
         };
         let hub_limits = HubLimits {
             max_message_bytes: Some(limits.upstream_max_frame_bytes),
+            read_buffer_bytes: limits.upstream_read_buffer_bytes,
             max_sessions: limits.sessions_per_host,
         };
         let policy: Arc<dyn Policy> = Arc::new(RulePolicy::new(&cfg.policy));

@@ -1029,3 +1029,34 @@ async fn slow_consumer_case(limits: &str) {
         "slow consumer closed with 4008, got {close:?}"
     );
 }
+
+/// Host frames far larger than the host read buffer (`upstream_read_buffer_bytes`
+/// at its 4 KiB minimum, deltas of 64 KiB) reach the client whole, numbered
+/// densely, and reduce to the host's state: a frame is assembled across as
+/// many reads as it takes.
+#[tokio::test]
+async fn frames_larger_than_the_host_read_buffer_arrive_whole() {
+    let limits = "\n[limits]\nupstream_read_buffer_bytes = 4096\n";
+    let t = TestRelay::start(vec![host("a", 1, script(24, 64 * 1024, 0))], limits).await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let client = t.client("fred").await;
+    let mut events = client.events();
+    let init = client
+        .initialize("fast".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let snap = subscribe_raw(&client, &chat).await;
+    client
+        .dispatch(chat.clone(), action(turn_started("big", "big deltas")))
+        .await
+        .expect("dispatch");
+    let mut envs = actions_until(&mut events, |e| is(e, &chat, "chat/turnComplete")).await;
+    envs.extend(settle(&client, &mut events, &[&chat]).await);
+    assert_contiguous(&envs, init.server_seq as u64);
+    assert!(envs.len() >= 24, "every delta arrived: {}", envs.len());
+    assert_eq!(
+        reduce_chat(&snap["state"], &chat, &envs),
+        host_state(&t.hosts[0], &host_chat, &[]),
+        "the client's state is the host's"
+    );
+}

@@ -26,7 +26,8 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::upstream::dial::{
-    Credentials, DialError, DialOptions, WsStream, dial_stream_capped, dial_stream_with,
+    Credentials, DialError, DialOptions, SOCKET_READ_BYTES, WsStream, dial_stream_capped,
+    dial_stream_with,
 };
 use crate::upstream::dial_in::{CONNECTOR_PATH, Control, HOST_ID_HEADER, LINK_HEADER};
 use crate::upstream::hub::{USER_ISSUER_HEADER, USER_SUBJECT_HEADER};
@@ -418,7 +419,7 @@ async fn dial_host(me: &Connector, headers: Vec<(String, String)>) -> Result<WsS
         query_token: read("query token", &a.to_query_token_file)?,
         client_cert: a.to_cert.clone().zip(a.to_key.clone()),
     };
-    dial_stream_capped(&opts, &creds, Some(MAX_MESSAGE)).await
+    dial_stream_capped(&opts, &creds, (Some(MAX_MESSAGE), SOCKET_READ_BYTES)).await
 }
 
 /// Opens link `link`: the host first (a failure is reported to the relay

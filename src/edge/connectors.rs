@@ -190,6 +190,7 @@ fn link_socket(
     };
     let upgrade = hyper::upgrade::on(req);
     let config = link_config(port.limits().upstream_max_frame_bytes);
+    let read_buffer_bytes = port.limits().upstream_read_buffer_bytes;
     let port = port.clone();
     tokio::spawn(async move {
         match upgrade.await {
@@ -197,7 +198,7 @@ fn link_socket(
                 port.metrics().connector_links.inc();
                 // Read like a dialed host: one `recv` takes what the socket holds.
                 let io: Box<dyn HostIo> = Box::new(tokio::io::BufReader::with_capacity(
-                    crate::upstream::dial::SOCKET_READ_BYTES,
+                    read_buffer_bytes,
                     TokioIo::new(upgraded),
                 ));
                 let ws: InboundSocket =

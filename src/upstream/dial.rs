@@ -251,23 +251,24 @@ pub async fn dial_stream_with(
     opts: &DialOptions,
     creds: &Credentials,
 ) -> Result<WsStream, DialError> {
-    dial_stream_capped(opts, creds, None).await
+    dial_stream_capped(opts, creds, (None, SOCKET_READ_BYTES)).await
 }
 
 /// Bytes a WebSocket read asks the socket for at most (see [`dial_stream_capped`]).
 const READ_BUFFER_BYTES: usize = 16 * 1024;
 
-/// Bytes one `recv` from a host may take. tungstenite reads into what is left
+/// Bytes one `recv` from a host may take by default (`upstream_read_buffer_bytes`). tungstenite reads into what is left
 /// of its current chunk (often 2–4 KiB: a streaming host was read ~7 frames
 /// per `recv`, each `recv` costing more than relaying the frames it brought);
 /// reading through a buffer this size lets one `recv` take everything the
 /// socket holds, and tungstenite's small reads become copies from memory.
 pub const SOCKET_READ_BYTES: usize = 64 * 1024;
 
-/// Connects TCP to the request's host (Nagle off) behind a
-/// [`SOCKET_READ_BYTES`] read buffer.
+/// Connects TCP to the request's host (Nagle off) behind a read buffer of
+/// `read_buffer_bytes`.
 async fn tcp_connect(
     request: &Request,
+    read_buffer_bytes: usize,
 ) -> Result<BufReader<TcpStream>, tokio_tungstenite::tungstenite::Error> {
     use tokio_tungstenite::tungstenite::error::{Error, UrlError};
     let uri = request.uri();
@@ -286,7 +287,7 @@ async fn tcp_connect(
         });
     let tcp = TcpStream::connect((host, port)).await?;
     tcp.set_nodelay(true)?;
-    Ok(BufReader::with_capacity(SOCKET_READ_BYTES, tcp))
+    Ok(BufReader::with_capacity(read_buffer_bytes, tcp))
 }
 
 /// [`dial_stream_with`] whose WebSocket refuses any message or frame over
@@ -298,11 +299,11 @@ async fn tcp_connect(
 pub async fn dial_stream_capped(
     opts: &DialOptions,
     creds: &Credentials,
-    max_message_bytes: Option<usize>,
+    (max_message_bytes, read_buffer_bytes): (Option<usize>, usize),
 ) -> Result<WsStream, DialError> {
     let (request, config, connector) = prepare(opts, creds, max_message_bytes)?;
     let handshake = async {
-        let tcp = tcp_connect(&request).await?;
+        let tcp = tcp_connect(&request, read_buffer_bytes).await?;
         client_async_tls_with_config(request, tcp, Some(config), Some(connector)).await
     };
     finish(opts, handshake).await

@@ -168,6 +168,8 @@ pub struct HubLimits {
     /// (`upstream_max_frame_bytes`): a bigger one ends that connection
     /// before its payload is buffered. `None`: tungstenite's defaults.
     pub max_message_bytes: Option<usize>,
+    /// Bytes one read from the host may take (`upstream_read_buffer_bytes`).
+    pub read_buffer_bytes: usize,
     /// Sessions kept in the host's catalog mirror (`sessions_per_host`):
     /// the watch link stops paging `listSessions` there and further
     /// `root/sessionAdded` are dropped, each counted as a limit hit.
@@ -178,6 +180,7 @@ impl Default for HubLimits {
     fn default() -> Self {
         Self {
             max_message_bytes: None,
+            read_buffer_bytes: crate::upstream::dial::SOCKET_READ_BYTES,
             max_sessions: 100_000,
         }
     }
@@ -310,7 +313,13 @@ impl HostHub {
                     .clone()
                     .zip(self.cfg.client_key_file.clone()),
             };
-            dial_stream_capped(&opts, &creds, self.limits.max_message_bytes).await
+            let limits = &self.limits;
+            dial_stream_capped(
+                &opts,
+                &creds,
+                (limits.max_message_bytes, limits.read_buffer_bytes),
+            )
+            .await
         }
         .await
         .map(|ws| HostSocket::Dialed(Box::new(ws)))
@@ -839,8 +848,8 @@ mod tests {
         })
         .map(|h| {
             h.limited(HubLimits {
-                max_message_bytes: None,
                 max_sessions: 2,
+                ..HubLimits::default()
             })
         });
         let Ok(hub) = hub else {
