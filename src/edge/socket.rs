@@ -112,6 +112,7 @@ where
         sent: 0,
         control: control.clone(),
         closed: false,
+        task: None,
     };
     (
         ReadSide { read, control },
@@ -149,6 +150,10 @@ struct FrameWriter<W> {
     control: Arc<Control>,
     /// The close frame is encoded: nothing is written after it.
     closed: bool,
+    /// The writer task's waker from its last drain. A direct write that
+    /// finds the socket full registered a no-op waker with the socket in its
+    /// place; waking the task makes it poll again and register its own.
+    task: Option<std::task::Waker>,
 }
 
 impl<W: AsyncWrite + Unpin> SharedWriter<W> {
@@ -195,7 +200,14 @@ impl<W: AsyncWrite + Unpin> SharedWriter<W> {
 
     /// Writes everything encoded so far and flushes.
     async fn drain(&self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.lock().poll_drain(cx)).await
+        std::future::poll_fn(|cx| {
+            let mut w = self.lock();
+            if !w.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                w.task = Some(cx.waker().clone());
+            }
+            w.poll_drain(cx)
+        })
+        .await
     }
 }
 
@@ -213,7 +225,13 @@ impl<W: AsyncWrite + Unpin + Send> DirectWrite for SharedWriter<W> {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         // An error is the writer task's to see (its next write fails too)
         // and the reader's (the connection ends): nothing is left to write.
-        Some(!matches!(w.poll_drain(&mut cx), Poll::Pending))
+        let pending = w.poll_drain(&mut cx).is_pending();
+        if pending && let Some(task) = &w.task {
+            // The socket now holds the no-op waker: the writer task (which
+            // may be waiting on the socket itself) must register its own.
+            task.wake_by_ref();
+        }
+        Some(!pending)
     }
 }
 

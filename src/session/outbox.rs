@@ -27,6 +27,10 @@ use crate::wire::Text;
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 
+/// Bytes the writer takes from the queue at a time (one write, then the
+/// next): what it holds outside the queue's bounds.
+const WRITER_TAKES_BYTES: usize = 64 * 1024;
+
 /// Why a frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
@@ -292,17 +296,32 @@ impl OutboxRx {
     /// keeps, so no allocation follows once it has grown); wakes links
     /// waiting for room. `false` when nothing was queued.
     pub fn take_all(&mut self, into: &mut VecDeque<Text>) -> bool {
+        self.take_up_to(into, usize::MAX)
+    }
+
+    /// Moves the oldest queued frames, about `max_bytes` of them (at least
+    /// one), to the back of `into`; the rest stay queued and count against
+    /// the bounds, so what the writer holds outside the queue is bounded
+    /// too and a client that does not read still fills it (§5.9).
+    fn take_up_to(&mut self, into: &mut VecDeque<Text>, max_bytes: usize) -> bool {
         let shared = &self.shared;
         let mut s = shared.lock();
         if s.frames.is_empty() {
             return false;
         }
-        if into.is_empty() {
+        if s.bytes <= max_bytes && into.is_empty() {
             std::mem::swap(&mut s.frames, into);
+            s.bytes = 0;
         } else {
-            into.extend(s.frames.drain(..));
+            let mut taken = 0;
+            while taken < max_bytes
+                && let Some(f) = s.frames.pop_front()
+            {
+                taken += f.len();
+                into.push_back(f);
+            }
+            s.bytes = s.bytes.saturating_sub(taken);
         }
-        s.bytes = 0;
         s.drain_needed = false;
         drop(s);
         shared.rooms();
@@ -320,7 +339,7 @@ impl OutboxRx {
     /// sender is gone and nothing is left.
     pub async fn recv_batch(&mut self, into: &mut VecDeque<Text>) -> bool {
         loop {
-            if self.take_all(into) {
+            if self.take_up_to(into, WRITER_TAKES_BYTES) {
                 return true;
             }
             {
@@ -509,6 +528,31 @@ mod tests {
         );
         drop(tx);
         writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_writer_takes_a_bounded_chunk_and_the_rest_still_counts() {
+        let (tx, mut rx) = outbox(1000, 10 << 20);
+        let frame = "x".repeat(20 * 1024);
+        for _ in 0..10 {
+            tx.try_send(text(&frame)).unwrap();
+        }
+        let mut batch = VecDeque::new();
+        assert!(rx.recv_batch(&mut batch).await);
+        assert_eq!(
+            batch.len(),
+            4,
+            "64 KiB taken: 20 KiB frames until it is crossed"
+        );
+        assert_eq!(
+            tx.queued_bytes(),
+            6 * 20 * 1024,
+            "the rest still counts against the bounds"
+        );
+        batch.clear();
+        assert!(rx.take_all(&mut batch));
+        assert_eq!(batch.len(), 6);
+        assert_eq!(tx.queued_bytes(), 0);
     }
 
     #[tokio::test]

@@ -250,10 +250,19 @@ impl RawWs {
 
     /// Waits for the close frame and returns its code and reason.
     pub async fn close_code(&mut self) -> Option<(u16, String)> {
+        // What arrived before a missing close says whether the relay gave up
+        // on the socket or never found the client slow.
+        let (mut frames, mut bytes) = (0usize, 0usize);
         loop {
             let msg = tokio::time::timeout(WAIT, self.ws.next())
                 .await
-                .expect("close in time")?;
+                .unwrap_or_else(|_| {
+                    panic!("no close in time after {frames} frames, {bytes} bytes")
+                })?;
+            frames += 1;
+            if let Ok(Message::Text(t)) = &msg {
+                bytes += t.len();
+            }
             if let Ok(Message::Close(frame)) = msg {
                 return frame.map(|f| (u16::from(f.code), f.reason.to_string()));
             }
