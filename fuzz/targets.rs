@@ -325,22 +325,18 @@ pub fn wire_host(data: &[u8]) {
     // A small arena shared by two envelopes: the second is spliced after the
     // first, so a frame that wrote past its own bytes would show in either.
     let mut arena = bytes::BytesMut::with_capacity(16);
-    let first = rewrite_envelope(
-        (text, &frame),
-        (CLIENT_CHANNEL, N),
-        hub(),
-        store(),
-        (IDENTITY, seen()),
-        &mut arena,
-    );
-    let out = rewrite_envelope(
-        (text, &frame),
-        (CLIENT_CHANNEL, N),
-        hub(),
-        store(),
-        (IDENTITY, seen()),
-        &mut arena,
-    );
+    let mut rewrite = || {
+        rewrite_envelope(
+            (text, &frame),
+            (CLIENT_CHANNEL, N),
+            hub(),
+            store(),
+            (IDENTITY, seen()),
+            &mut arena,
+        )
+    };
+    let first = rewrite();
+    let out = rewrite();
     assert_eq!(first, out, "the same envelope spliced twice into one arena");
     let out = out.map(|t| t.to_str().to_string());
     let expected = expected_envelope(&value, CLIENT_CHANNEL, N);
