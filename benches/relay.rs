@@ -48,6 +48,9 @@ use tokio_tungstenite::MaybeTlsStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
+#[path = "relay/work_floor.rs"]
+mod work_floor;
+
 type BoxError = Box<dyn Error + Send + Sync>;
 type Result<T> = std::result::Result<T, BoxError>;
 
@@ -672,6 +675,7 @@ struct Floor {
     /// One listener per upstream, in the order given to [`Floor::start`].
     ports: Vec<u16>,
     tids: Arc<Mutex<Vec<u64>>>,
+    label: &'static str,
 }
 
 /// This thread's id, from `/proc/thread-self` (`<pid>/task/<tid>`).
@@ -701,13 +705,18 @@ fn floor_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::Se
 
 impl Floor {
     /// Starts the forwarder's runtime and one listener per `hosts` URL.
-    fn start(hosts: &[String], cert: &std::path::Path, key: &std::path::Path) -> Result<Self> {
+    fn start(
+        hosts: &[String],
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        work: bool,
+    ) -> Result<Self> {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(floor_tls(cert, key)?));
         let tids = Arc::new(Mutex::new(Vec::new()));
         let seen = tids.clone();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("floor")
+            .thread_name(if work { "work-floor" } else { "floor" })
             .on_thread_start(move || {
                 if let Some(tid) = this_tid() {
                     seen.lock().unwrap_or_else(|e| e.into_inner()).push(tid);
@@ -725,18 +734,20 @@ impl Floor {
                 listener,
                 acceptor.clone(),
                 upstream.to_string(),
+                work,
             ));
         }
         Ok(Floor {
             rt: Some(rt),
             ports,
             tids,
+            label: if work { "work-floor" } else { "floor" },
         })
     }
 
     fn endpoint(&self, i: usize, ca: &std::path::Path) -> Endpoint {
         Endpoint {
-            label: "floor",
+            label: self.label,
             url: format!(
                 "wss://127.0.0.1:{}/",
                 self.ports.get(i).copied().unwrap_or(0)
@@ -757,19 +768,26 @@ async fn floor_accept(
     listener: std::net::TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     upstream: String,
+    work: bool,
 ) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         return;
     };
     while let Ok((tcp, _)) = listener.accept().await {
-        tokio::spawn(floor_conn(tcp, acceptor.clone(), upstream.clone()));
+        tokio::spawn(floor_conn(tcp, acceptor.clone(), upstream.clone(), work));
     }
 }
 
 /// One client: TLS handshake, a TCP connection to the upstream, then bytes
 /// both ways, each direction its own task (so the runtime may run them on
-/// either thread); the connection ends when either direction does.
-async fn floor_conn(tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, upstream: String) {
+/// either thread); the connection ends when either direction does. With
+/// `work`, host → client runs [`work_floor::pump`] instead of raw bytes.
+async fn floor_conn(
+    tcp: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    upstream: String,
+    work: bool,
+) {
     let _ = tcp.set_nodelay(true);
     let Ok(tls) = acceptor.accept(tcp).await else {
         return;
@@ -780,7 +798,11 @@ async fn floor_conn(tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, upstrea
     let _ = host.set_nodelay(true);
     let (client_r, client_w) = tokio::io::split(tls);
     let (host_r, host_w) = host.into_split();
-    let mut down = tokio::spawn(floor_pump(host_r, client_w));
+    let mut down = if work {
+        tokio::spawn(work_floor::pump(host_r, client_w))
+    } else {
+        tokio::spawn(floor_pump(host_r, client_w))
+    };
     let mut up = tokio::spawn(floor_pump(client_r, host_w));
     tokio::select! {
         _ = &mut down => up.abort(),
@@ -1492,13 +1514,14 @@ impl ReplayRss {
     }
 }
 
-const PATHS: [&str; 6] = [
+const PATHS: [&str; 7] = [
     "direct ws://",
     "relay wss://",
     "relay ws://",
     "nginx wss://",
     "haproxy wss://",
     "floor wss://",
+    "work floor wss://",
 ];
 
 /// The two simhosts (one stream, many streams) of one path.
@@ -1523,6 +1546,7 @@ struct Proxies {
     plain: RelayProc,
     peers: Vec<(&'static str, [Peer; 2])>,
     floor: Floor,
+    work: Floor,
 }
 
 /// One path of the throughput section: its label, its endpoints (one
@@ -1539,7 +1563,7 @@ impl Proxies {
         for tag in ["d", "t", "p"]
             .into_iter()
             .chain(peers.iter().copied())
-            .chain(["f"])
+            .chain(["f", "w"])
         {
             hosts.push(host_pair(tag, s).await?);
         }
@@ -1559,13 +1583,16 @@ impl Proxies {
             ));
         }
         let f = &hosts[3 + peers.len()];
-        let floor = Floor::start(&[f[0].url(), f[1].url()], &cert, &key)?;
+        let floor = Floor::start(&[f[0].url(), f[1].url()], &cert, &key, false)?;
+        let w = &hosts[4 + peers.len()];
+        let work = Floor::start(&[w[0].url(), w[1].url()], &cert, &key, true)?;
         Ok(Proxies {
             hosts,
             tls,
             plain,
             peers: proxies,
             floor,
+            work,
         })
     }
 
@@ -1573,8 +1600,12 @@ impl Proxies {
     fn paths(&self) -> Vec<TPath<'_>> {
         let h = &self.hosts[0];
         let ca = &self.tls.kit.cert;
-        let (tls, plain, floor): (&dyn Measured, &dyn Measured, &dyn Measured) =
-            (&self.tls, &self.plain, &self.floor);
+        let (tls, plain, floor, work): (
+            &dyn Measured,
+            &dyn Measured,
+            &dyn Measured,
+            &dyn Measured,
+        ) = (&self.tls, &self.plain, &self.floor, &self.work);
         let mut out: Vec<TPath> = vec![
             (
                 PATHS[0].into(),
@@ -1613,11 +1644,16 @@ impl Proxies {
             [self.floor.endpoint(0, ca), self.floor.endpoint(1, ca)],
             [Some(floor), Some(floor)],
         ));
+        out.push((
+            PATHS[6].into(),
+            [self.work.endpoint(0, ca), self.work.endpoint(1, ca)],
+            [Some(work), Some(work)],
+        ));
         out
     }
 
     async fn stop(self) {
-        drop((self.tls, self.plain, self.peers, self.floor));
+        drop((self.tls, self.plain, self.peers, self.floor, self.work));
         for [a, b] in self.hosts {
             stop_host(a).await;
             stop_host(b).await;
@@ -2282,6 +2318,11 @@ fn report_throughput_intro(t: &Throughput) {
         "   tokio-rustls with ring, the same certificate; 64 KiB reads, one write_all + flush each, raw",
         "   bytes to its own simhost, no WebSocket parsing) on two threads of its own: what any design on",
         "   tokio + rustls pays for these bytes (TLS + syscalls), the floor under the relay.",
+        "   work floor wss:// = the floor plus the per-frame work the contract asks of any relay design",
+        "   (benches/relay/work_floor.rs): host frames parsed and UTF-8 checked, each validated by the",
+        "   relay's own walk (wire::classify_host), its channel looked up and written back, serverSeq",
+        "   renumbered per client, spliced into a batch arena, kept in a 4,096-envelope replay buffer,",
+        "   re-framed; no session, lock, queue or routing: relay − work floor = the relay's design.",
     ] {
         println!("{line}");
     }
@@ -2350,10 +2391,10 @@ fn report_busiest(t: &Throughput) {
     }
 }
 
-/// `f` of each comparison path present (nginx, haproxy, floor), as
-/// `name figure` joined by commas.
+/// `f` of each comparison path present (nginx, haproxy, floor, work
+/// floor), as `name figure` joined by commas.
 fn others(t: &Throughput, k: usize, f: impl Fn(&Series) -> String) -> String {
-    ["nginx", "haproxy", "floor"]
+    ["nginx", "haproxy", "floor", "work floor"]
         .iter()
         .filter_map(|name| Some(format!("{name} {}", f(&t.series[k][t.path(name)?]))))
         .collect::<Vec<_>>()

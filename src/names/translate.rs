@@ -508,8 +508,11 @@ pub const TABLE: &[(&str, &[Row])] = &[
     ("result:runAutomation", &[Field("resource", Uri)]),
 ];
 
-/// The table indexed by shape, built once.
-static INDEX: std::sync::LazyLock<std::collections::HashMap<&'static str, &'static [Row]>> =
+/// The table by shape, built once. Hashed with foldhash, not SipHash: this
+/// lookup runs for every relayed envelope, and its keys are the table's own
+/// (a host's action type only selects a row, so seeded foldhash suffices).
+type Index = std::collections::HashMap<&'static str, &'static [Row], foldhash::fast::RandomState>;
+static INDEX: std::sync::LazyLock<Index> =
     std::sync::LazyLock::new(|| TABLE.iter().copied().collect());
 
 /// Looks up a shape's rows (a hash lookup: this runs for every envelope).

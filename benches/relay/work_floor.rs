@@ -1,0 +1,192 @@
+//! The work floor: the floor forwarder plus the per-frame work the relay's
+//! contract requires of any design, and nothing else.
+//!
+//! Host → client, after the upgrade response passes through untouched, every
+//! host frame is parsed (header, UTF-8) and validated by the relay's own walk
+//! (`wire::classify_host`, the guarantee behind every routed value); each
+//! action envelope gets the client's channel name looked up (a per-client
+//! map, as a session has) and written back, its `serverSeq` replaced by the
+//! connection's own number (§5: one sequence per client), the result spliced
+//! into a per-batch arena and kept in a bounded replay buffer of the relay's
+//! default size (§5.4: 4,096 envelopes) as well as framed for the client;
+//! each read's frames go out in one TLS write. No session, no locks, no
+//! queue, no routing table: what remains between this and the relay is the
+//! relay's design, not its contract.
+
+use std::collections::{HashMap, VecDeque};
+
+use ahp_relay::wire::{self, Edit, EditValue, Text, WireLimits};
+use bytes::{Buf, BytesMut};
+use memchr::memmem;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Bytes read from the host at a time (as the relay's default
+/// `upstream_read_buffer_bytes`).
+const READ: usize = 64 * 1024;
+/// Envelopes kept for replay (the relay's default `replay_buffer_envelopes`).
+const KEEP: usize = 4096;
+/// Arena bytes per frame beyond its own length (as the relay reserves).
+const SLACK: usize = 96;
+
+/// Copies the host's frames to the client doing the contract's per-frame
+/// work (module docs); other bytes pass through. Ends like `floor_pump`.
+pub async fn pump<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut input = BytesMut::with_capacity(READ);
+    if !pass_upgrade(&mut from, &mut to, &mut input).await? {
+        return to.shutdown().await;
+    }
+    let mut client = Client::default();
+    let mut out: Vec<u8> = Vec::with_capacity(READ + READ / 4);
+    loop {
+        client.frames(&mut input, &mut out)?;
+        if !out.is_empty() {
+            to.write_all(&out).await?;
+            to.flush().await?;
+            out.clear();
+        }
+        input.reserve(READ);
+        if from.read_buf(&mut input).await? == 0 {
+            return to.shutdown().await;
+        }
+    }
+}
+
+/// Forwards the HTTP upgrade response (through its blank line); `false` if
+/// the host closed first.
+async fn pass_upgrade<R, W>(from: &mut R, to: &mut W, input: &mut BytesMut) -> std::io::Result<bool>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if let Some(end) = memmem::find(input, b"\r\n\r\n") {
+            to.write_all(&input.split_to(end + 4)).await?;
+            to.flush().await?;
+            return Ok(true);
+        }
+        if from.read_buf(input).await? == 0 {
+            return Ok(false);
+        }
+    }
+}
+
+/// One client's state: its numbering, its replay buffer and its channels.
+struct Client {
+    seq: u64,
+    replay: VecDeque<(u64, Text)>,
+    channels: HashMap<String, String, foldhash::fast::RandomState>,
+    limits: WireLimits,
+}
+
+impl Default for Client {
+    fn default() -> Self {
+        Self {
+            seq: 0,
+            replay: VecDeque::with_capacity(KEEP),
+            channels: HashMap::default(),
+            limits: WireLimits {
+                max_frame_bytes: 16 << 20,
+                max_depth: 256,
+            },
+        }
+    }
+}
+
+impl Client {
+    /// Every complete frame in `input`, its client form appended to `out`.
+    fn frames(&mut self, input: &mut BytesMut, out: &mut Vec<u8>) -> std::io::Result<()> {
+        // Sized as the relay sizes a batch's arena: each frame's length plus
+        // SLACK (frames here are ~320 bytes).
+        let mut arena = BytesMut::with_capacity(input.len() + input.len() / 320 * SLACK + SLACK);
+        while let Some((opcode, head, len)) = header(input) {
+            if input.len() < head + len {
+                break;
+            }
+            let frame = input.split_to(head + len);
+            let payload = &frame[head..];
+            let spliced = if opcode == 0x81 {
+                let text = std::str::from_utf8(payload).map_err(std::io::Error::other)?;
+                self.envelope(text, &mut arena)
+            } else {
+                None
+            };
+            match spliced {
+                Some(t) => {
+                    frame_header(out, t.len());
+                    out.extend_from_slice(t.as_bytes());
+                }
+                None => out.extend_from_slice(&frame),
+            }
+        }
+        Ok(())
+    }
+
+    /// An action envelope renumbered for this client, kept for replay.
+    fn envelope(&mut self, text: &str, arena: &mut BytesMut) -> Option<Text> {
+        let frame = wire::classify_host(text, &self.limits).ok()?;
+        let (Some(channel), Some(seq)) = (
+            frame.params.channel.as_ref(),
+            frame.params.server_seq.as_ref(),
+        ) else {
+            return None;
+        };
+        if !self.channels.contains_key(&*channel.value) {
+            self.channels
+                .insert(channel.value.to_string(), channel.value.to_string());
+        }
+        let client_channel = self.channels.get(&*channel.value)?;
+        self.seq += 1;
+        let mut edits = [
+            Edit {
+                range: channel.range.clone(),
+                replacement: EditValue::JsonString(client_channel),
+            },
+            Edit {
+                range: seq.range.clone(),
+                replacement: EditValue::U64(self.seq),
+            },
+        ];
+        let text = wire::splice_into(text, &mut edits, arena).ok()?;
+        if self.replay.len() == KEEP {
+            self.replay.pop_front();
+        }
+        self.replay.push_back((self.seq, text.clone()));
+        Some(text)
+    }
+}
+
+/// A server frame's (first byte, header length, payload length), if its
+/// header is complete (server frames are unmasked).
+fn header(input: &[u8]) -> Option<(u8, usize, usize)> {
+    let (&b0, rest) = input.split_first()?;
+    let (&b1, rest) = rest.split_first()?;
+    match b1 & 0x7f {
+        126 => {
+            let n = rest.get(..2)?;
+            Some((b0, 4, usize::from(u16::from_be_bytes([n[0], n[1]]))))
+        }
+        127 => {
+            let mut n = rest.get(..8)?;
+            Some((b0, 10, usize::try_from(n.get_u64()).ok()?))
+        }
+        n => Some((b0, 2, usize::from(n))),
+    }
+}
+
+/// Appends an unmasked final text frame's header for `len` payload bytes.
+fn frame_header(out: &mut Vec<u8>, len: usize) {
+    out.push(0x81);
+    if len < 126 {
+        out.push(len as u8);
+    } else if len <= usize::from(u16::MAX) {
+        out.push(126);
+        out.extend_from_slice(&(len as u16).to_be_bytes());
+    } else {
+        out.push(127);
+        out.extend_from_slice(&(len as u64).to_be_bytes());
+    }
+}
