@@ -997,7 +997,10 @@ async fn slow_consumer_case(limits: &str) {
     // client's queue must overflow.
     let t = TestRelay::start(vec![host("a", 1, script(160, 64 * 1024, 120))], limits).await;
     let (chat, host_chat) = seeded_chat("a", 1);
-    let mut slow = t.raw("sloth").await;
+    // A fixed 64 KiB receive window: however the relay writes, the kernel
+    // absorbs only so much for a client that does not read, so the turn
+    // fills the relay's bounds.
+    let mut slow = t.raw_small_window("sloth", 64 * 1024).await;
     slow.initialize("slow").await;
     let sub = slow.request(1, "subscribe", json!({"channel": chat})).await;
     assert!(sub.get("result").is_some(), "subscribe: {sub}");
@@ -1022,6 +1025,12 @@ async fn slow_consumer_case(limits: &str) {
         host_state(&t.hosts[0], &host_chat, &[]),
         "the reading client got everything"
     );
+    // `slow` is slow only while it reads nothing: the relay closes it once
+    // its queue overflows or its link has had no room for slow_client_secs.
+    // Only after the relay says so (its counter) does `slow` read; reading
+    // earlier would make it a client that caught up, rightly not closed.
+    let closes = &t.relay.relay.metrics.slow_consumer_closes;
+    wait_until("the relay to find the client slow", || closes.get() >= 1).await;
     let close = slow.close_code().await;
     assert_eq!(
         close.as_ref().map(|c| c.0),

@@ -285,6 +285,29 @@ impl TestRelay {
             .await
     }
 
+    /// A raw TLS WebSocket through the relay as `sub` whose socket receive
+    /// buffer is fixed at `rcvbuf` bytes before it connects, which turns the
+    /// kernel's autotuning off: once it stops reading, its kernel takes at
+    /// most about that much more (plus the relay's send buffer), whatever
+    /// sizes the relay writes in.
+    pub async fn raw_small_window(&self, sub: &str, rcvbuf: u32) -> super::RawWs {
+        let url = format!("wss://localhost:{}/", self.relay.addr.port());
+        let mut req = url.into_client_request().expect("request");
+        let bearer = format!("Bearer {}", self.token(sub));
+        let bearer = HeaderValue::from_str(&bearer).expect("token");
+        req.headers_mut().insert(AUTHORIZATION, bearer);
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
+        let tcp = socket.connect(self.relay.addr).await.expect("connect");
+        tcp.set_nodelay(true).expect("nodelay");
+        let connector = Connector::Rustls(Arc::new(trusting(&self.kit.cert)));
+        let tcp = tokio::io::BufReader::new(tcp);
+        let upgrade =
+            tokio_tungstenite::client_async_tls_with_config(req, tcp, None, Some(connector));
+        let (ws, _) = upgrade.await.expect("raw websocket through the relay");
+        super::RawWs::from_stream(ws)
+    }
+
     /// A raw TLS WebSocket through the relay as `sub`.
     pub async fn raw(&self, sub: &str) -> super::RawWs {
         let ws = dial_stream(&self.dial_options(Some(self.token(sub))))
