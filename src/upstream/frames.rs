@@ -14,8 +14,10 @@
 //! - **One read buffer per socket** (`upstream_read_buffer_bytes`). The
 //!   socket is read only when no complete frame is buffered, into the
 //!   buffer's spare capacity (never zero-filled), at least a quarter of the
-//!   buffer at a time; a frame larger than the buffer gets room for all of
-//!   it once its header is read, so it arrives whole.
+//!   buffer at a time. For a frame larger than the buffer it grows with
+//!   what arrives (by at most what it already holds), so a host that
+//!   announces a large frame costs the bytes it sends, not the bytes it
+//!   announces, and the frame is copied a logarithmic number of times.
 //! - **Zero-copy text.** An unfragmented text frame becomes
 //!   `Message::Text` over a slice of the read buffer, validated as UTF-8
 //!   once. Fragments (text or binary, then continuations) are joined into
@@ -412,14 +414,16 @@ impl HostSocket {
         Ok(None)
     }
 
-    /// Makes room in the read buffer for the next read: all of the frame
-    /// whose header is buffered, and at least a quarter of the buffer.
+    /// Makes room in the read buffer for the next read: at least a
+    /// quarter of the buffer, and for the rest of a frame whose header is
+    /// buffered at most as much again as the buffer holds (geometric growth).
     fn make_room(&mut self) {
         let spare = self.read.capacity() - self.read.len();
-        let missing = self.want.saturating_sub(self.read.len());
         let chunk = self.limits.read_buffer_bytes.max(1);
-        if spare < missing.max(chunk / 4).max(1) {
-            self.read.reserve(missing.max(chunk));
+        let missing = self.want.saturating_sub(self.read.len());
+        let ahead = missing.min(self.read.len().max(chunk));
+        if spare < ahead.max(chunk / 4).max(1) {
+            self.read.reserve(ahead.max(chunk));
         }
     }
 
@@ -925,6 +929,25 @@ mod tests {
                 "at the cap"
             );
         }
+    }
+
+    /// A host that announces a large frame and sends little of it costs
+    /// the relay about what it sent, not what it announced.
+    #[tokio::test]
+    async fn the_buffer_grows_with_what_arrives_not_with_what_is_announced() {
+        let k = key_for(Role::Client);
+        let announced = frame(FIN | 1, &vec![b'x'; 1 << 20], k);
+        let sent = announced[..20_000].to_vec();
+        let (mut ws, _) = socket(Role::Client, LIMITS, Vec::new());
+        ws.io = Box::new(Script {
+            reads: Arc::new(Mutex::new(sent.chunks(4096).map(<[u8]>::to_vec).collect())),
+            hold: true,
+            ..Script::default()
+        });
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(50), ws.next()).await;
+        assert!(waited.is_err(), "the frame is incomplete");
+        assert_eq!(ws.read.len(), 20_000);
+        assert!(ws.read.capacity() <= 64 * 1024, "{}", ws.read.capacity());
     }
 
     #[tokio::test]
