@@ -50,7 +50,7 @@ use super::layers::{ClientAddr, NotAClient, Peer, Refusal, Resp, WsKey, refused,
 use super::port::RelayPort;
 use crate::auth::TokenSource;
 use crate::upstream::dial_in::{
-    Attachment, Control, HOST_ID_HEADER, HostIo, InboundSocket, LINK_HEADER, same_token,
+    Attachment, Control, FrameLimits, HOST_ID_HEADER, HostIo, HostSocket, LINK_HEADER, same_token,
 };
 
 pub use crate::upstream::dial_in::CONNECTOR_PATH;
@@ -189,36 +189,24 @@ fn link_socket(
         )));
     };
     let upgrade = hyper::upgrade::on(req);
-    let config = link_config(port.limits().upstream_max_frame_bytes);
-    let read_buffer_bytes = port.limits().upstream_read_buffer_bytes;
+    let limits = FrameLimits {
+        max_message_bytes: port.limits().upstream_max_frame_bytes,
+        read_buffer_bytes: port.limits().upstream_read_buffer_bytes,
+    };
     let port = port.clone();
     tokio::spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
                 port.metrics().connector_links.inc();
-                // Read like a dialed host: one `recv` takes what the socket holds.
-                let io: Box<dyn HostIo> = Box::new(tokio::io::BufReader::with_capacity(
-                    read_buffer_bytes,
-                    TokioIo::new(upgraded),
-                ));
-                let ws: InboundSocket =
-                    WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
-                let _ = delivery.send(Ok(ws));
+                // Read like a dialed host (same codec, limits and read
+                // buffer), in the server role: the connector masks.
+                let io: Box<dyn HostIo> = Box::new(TokioIo::new(upgraded));
+                let _ = delivery.send(Ok(HostSocket::new(io, Role::Server, limits)));
             }
             Err(e) => tracing::debug!(error = %e, "connector link upgrade failed"),
         }
     });
     Ok(())
-}
-
-/// A link socket's settings: what the relay accepts from a host it dials
-/// (`upgrade_max_frame_bytes`, refused when the frame header arrives) and
-/// the same 16 KiB read chunk as `upstream::dial`.
-fn link_config(max_frame_bytes: usize) -> WebSocketConfig {
-    WebSocketConfig::default()
-        .read_buffer_size(16 * 1024)
-        .max_message_size(Some(max_frame_bytes))
-        .max_frame_size(Some(max_frame_bytes))
 }
 
 /// Serves a control connection until it closes, fails, stays silent for

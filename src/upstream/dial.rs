@@ -4,6 +4,12 @@
 //! `tokio-tungstenite` and hands back an [`ahp_ws::WebSocketTransport`];
 //! [`connect_client`] additionally starts an [`ahp::Client`] on it. Neither
 //! function sends any AHP message: `initialize` is the caller's business.
+//!
+//! [`dial_host`] is the relay's dial of a host link: the same TCP, TLS,
+//! request and error classification, but the upgrade is written and its
+//! answer read here, so that what the host sends right behind its `101`
+//! stays in the read buffer of the [`HostSocket`] it returns (tungstenite
+//! keeps such bytes in a buffer of its own that its stream cannot give up).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -15,16 +21,22 @@ use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signat
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use tokio::io::BufReader;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::handshake::client::Request;
+use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError, SubProtocolError};
+use tokio_tungstenite::tungstenite::handshake::client::{Request, Response, generate_request};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::handshake::machine::TryParse;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::{
     Connector, MaybeTlsStream, client_async_tls_with_config, connect_async_tls_with_config,
 };
+
+use super::frames::{FrameLimits, HostIo, HostSocket};
 
 /// Where and how to connect.
 ///
@@ -229,17 +241,18 @@ impl DialError {
 pub async fn dial(opts: &DialOptions) -> Result<ahp_ws::WebSocketTransport, DialError> {
     let (request, config, connector) = prepare(opts, &Credentials::default(), None)?;
     let handshake = connect_async_tls_with_config(request, Some(config), true, Some(connector));
-    finish(opts, handshake)
+    bounded(opts, handshake)
         .await
-        .map(ahp_ws::WebSocketTransport::from_stream)
+        .map(|(ws, _)| ahp_ws::WebSocketTransport::from_stream(ws))
 }
 
-/// A WebSocket opened by [`dial_stream`]: TLS (for `wss`) over a TCP stream
-/// read through a [`READ_BUFFER_BYTES`] buffer.
+/// A WebSocket opened by [`dial_stream`] (tungstenite): TLS (for `wss`)
+/// over a TCP stream read through a [`SOCKET_READ_BYTES`] buffer.
 pub type WsStream = tokio_tungstenite::WebSocketStream<MaybeTlsStream<BufReader<TcpStream>>>;
 
-/// Like [`dial`] but returns the raw WebSocket, for callers that frame
-/// JSON-RPC themselves (the relay's upstream links). Same guarantees.
+/// Like [`dial`] but returns the raw tungstenite WebSocket, for callers
+/// that frame JSON-RPC themselves (the connector, tests). Same guarantees.
+/// The relay's own host links use [`dial_host`].
 pub async fn dial_stream(opts: &DialOptions) -> Result<WsStream, DialError> {
     dial_stream_with(opts, &Credentials::default()).await
 }
@@ -257,27 +270,32 @@ pub async fn dial_stream_with(
 /// Bytes a WebSocket read asks the socket for at most (see [`dial_stream_capped`]).
 const READ_BUFFER_BYTES: usize = 16 * 1024;
 
-/// Bytes one `recv` from a host may take by default (`upstream_read_buffer_bytes`). tungstenite reads into what is left
-/// of its current chunk (often 2–4 KiB: a streaming host was read ~7 frames
-/// per `recv`, each `recv` costing more than relaying the frames it brought);
-/// reading through a buffer this size lets one `recv` take everything the
-/// socket holds, and tungstenite's small reads become copies from memory.
+/// Bytes one `recv` from a host may take by default
+/// (`upstream_read_buffer_bytes`): the read buffer of a host link's
+/// [`HostSocket`], and the buffer a [`WsStream`] reads the socket through
+/// (tungstenite reads into what is left of its current chunk, often 2–4
+/// KiB; through a buffer this size one `recv` takes everything the socket
+/// holds, and tungstenite's small reads become copies from memory).
 pub const SOCKET_READ_BYTES: usize = 64 * 1024;
 
-/// Connects TCP to the request's host (Nagle off) behind a read buffer of
-/// `read_buffer_bytes`.
-async fn tcp_connect(
-    request: &Request,
-    read_buffer_bytes: usize,
-) -> Result<BufReader<TcpStream>, tokio_tungstenite::tungstenite::Error> {
-    use tokio_tungstenite::tungstenite::error::{Error, UrlError};
-    let uri = request.uri();
-    let host = uri.host().ok_or(Error::Url(UrlError::NoHostName))?;
-    // An IPv6 literal comes bracketed in a URI, not in a socket address.
-    let host = host
+/// The request's host name, an IPv6 literal without the brackets a URI
+/// puts around it (neither a socket address nor a TLS name has them).
+fn request_host(request: &Request) -> Result<&str, WsError> {
+    use tokio_tungstenite::tungstenite::error::UrlError;
+    let host = request
+        .uri()
+        .host()
+        .ok_or(WsError::Url(UrlError::NoHostName))?;
+    Ok(host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
+        .unwrap_or(host))
+}
+
+/// Connects TCP to the request's host (Nagle off).
+async fn tcp_connect(request: &Request) -> Result<TcpStream, WsError> {
+    let uri = request.uri();
+    let host = request_host(request)?;
     let port = uri
         .port_u16()
         .unwrap_or(if uri.scheme_str() == Some("wss") {
@@ -287,7 +305,7 @@ async fn tcp_connect(
         });
     let tcp = TcpStream::connect((host, port)).await?;
     tcp.set_nodelay(true)?;
-    Ok(BufReader::with_capacity(read_buffer_bytes, tcp))
+    Ok(tcp)
 }
 
 /// [`dial_stream_with`] whose WebSocket refuses any message or frame over
@@ -303,10 +321,120 @@ pub async fn dial_stream_capped(
 ) -> Result<WsStream, DialError> {
     let (request, config, connector) = prepare(opts, creds, max_message_bytes)?;
     let handshake = async {
-        let tcp = tcp_connect(&request, read_buffer_bytes).await?;
+        let tcp = BufReader::with_capacity(read_buffer_bytes, tcp_connect(&request).await?);
         client_async_tls_with_config(request, tcp, Some(config), Some(connector)).await
     };
-    finish(opts, handshake).await
+    bounded(opts, handshake).await.map(|(ws, _)| ws)
+}
+
+/// Opens a host link's WebSocket: [`dial_stream_with`]'s TCP, TLS, upgrade
+/// request, timeout and errors, read and written by our own codec
+/// ([`HostSocket`], client role) with `limits`. The upgrade is written and
+/// its answer parsed here, so frames the host sends right behind its `101`
+/// are already in the socket's read buffer, not lost.
+pub async fn dial_host(
+    opts: &DialOptions,
+    creds: &Credentials,
+    limits: FrameLimits,
+) -> Result<HostSocket, DialError> {
+    let (request, tls) = prepare_request(opts, creds)?;
+    let handshake = async {
+        let tcp = tcp_connect(&request).await?;
+        let io: Box<dyn HostIo> = match tls {
+            Some(config) => Box::new(tls_connect(config, &request, tcp).await?),
+            None => Box::new(tcp),
+        };
+        upgrade(io, request, limits).await
+    };
+    bounded(opts, handshake).await
+}
+
+/// The TLS handshake to the request's host, as tokio-tungstenite does it
+/// (so its failures classify the same way).
+async fn tls_connect(
+    config: Arc<rustls::ClientConfig>,
+    request: &Request,
+    tcp: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, WsError> {
+    use tokio_tungstenite::tungstenite::error::TlsError;
+    let name = ServerName::try_from(request_host(request)?.to_string())
+        .map_err(|_| WsError::Tls(TlsError::InvalidDnsName))?;
+    tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(WsError::Io)
+}
+
+/// Largest upgrade answer head accepted from a host.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// Writes the upgrade `request` on `io` and reads the answer's head into
+/// the read buffer of the returned socket: whatever follows the head stays
+/// there. A refusal carries the bytes read past its head as its body, as
+/// tungstenite's does.
+async fn upgrade(
+    mut io: Box<dyn HostIo>,
+    request: Request,
+    limits: FrameLimits,
+) -> Result<HostSocket, WsError> {
+    let (head, key) = generate_request(request)?;
+    io.write_all(&head).await?;
+    io.flush().await?;
+    let accept = derive_accept_key(key.as_bytes());
+    let mut read = bytes::BytesMut::with_capacity(limits.read_buffer_bytes);
+    loop {
+        if let Some((n, response)) = Response::try_parse(&read)? {
+            let _ = read.split_to(n);
+            accepted(response, &accept, &read)?;
+            return Ok(HostSocket::with_read_ahead(io, Role::Client, limits, read));
+        }
+        if read.len() >= MAX_RESPONSE_HEAD {
+            return Err(CapacityError::TooManyHeaders.into());
+        }
+        if io.read_buf(&mut read).await? == 0 {
+            return Err(ProtocolError::HandshakeIncomplete.into());
+        }
+    }
+}
+
+/// Checks an upgrade answer as RFC 6455 §4.1 asks of a client (what
+/// tungstenite checks, and that no extension was imposed): anything but
+/// `101` is [`WsError::Http`] with `tail` as its body.
+fn accepted(mut response: Response, accept: &str, tail: &[u8]) -> Result<(), WsError> {
+    if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        *response.body_mut() = Some(tail.to_vec());
+        return Err(WsError::Http(Box::new(response)));
+    }
+    let headers = response.headers();
+    let is = |name: &str, want: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case(want))
+    };
+    if !is("upgrade", "websocket") {
+        return Err(ProtocolError::MissingUpgradeWebSocketHeader.into());
+    }
+    if !is("connection", "upgrade") {
+        return Err(ProtocolError::MissingConnectionUpgradeHeader.into());
+    }
+    if headers
+        .get("sec-websocket-accept")
+        .is_none_or(|v| v.as_bytes() != accept.as_bytes())
+    {
+        return Err(ProtocolError::SecWebSocketAcceptKeyMismatch.into());
+    }
+    if headers.contains_key("sec-websocket-protocol") {
+        return Err(ProtocolError::SecWebSocketSubProtocolError(
+            SubProtocolError::ServerSentSubProtocolNoneRequested,
+        )
+        .into());
+    }
+    if headers.contains_key("sec-websocket-extensions") {
+        let name = http::HeaderName::from_static("sec-websocket-extensions");
+        return Err(ProtocolError::InvalidHeader(Box::new(name)).into());
+    }
+    Ok(())
 }
 
 /// The upgrade request, WebSocket limits and TLS connector of a dial, all
@@ -316,11 +444,8 @@ fn prepare(
     creds: &Credentials,
     max_message_bytes: Option<usize>,
 ) -> Result<(Request, WebSocketConfig, Connector), DialError> {
-    let mut request = upgrade_request(opts)?;
-    if let Some(token) = &creds.query_token {
-        add_query_token(&mut request, token)?;
-    }
-    let connector = connector_for(&request, opts, creds)?;
+    let (request, tls) = prepare_request(opts, creds)?;
+    let connector = tls.map_or(Connector::Plain, Connector::Rustls);
     // tungstenite zero-fills its whole free read buffer before every read
     // (128 KiB by default): with a 16 KiB chunk a link that reads one small
     // frame at a time pays 16 KiB of `memset`, not 128, and an idle link
@@ -332,26 +457,36 @@ fn prepare(
     Ok((request, config, connector))
 }
 
-/// Runs `handshake` within `opts.connect_timeout`, its failure classified.
-async fn finish<S>(
+/// The upgrade request (bearer header, query token) and, for `wss`, the
+/// TLS configuration of a dial, both checked before any network I/O.
+fn prepare_request(
     opts: &DialOptions,
-    handshake: impl Future<
-        Output = Result<
-            (
-                tokio_tungstenite::WebSocketStream<S>,
-                tokio_tungstenite::tungstenite::handshake::client::Response,
-            ),
-            tokio_tungstenite::tungstenite::Error,
-        >,
-    >,
-) -> Result<tokio_tungstenite::WebSocketStream<S>, DialError> {
+    creds: &Credentials,
+) -> Result<(Request, Option<Arc<rustls::ClientConfig>>), DialError> {
+    let mut request = upgrade_request(opts)?;
+    if let Some(token) = &creds.query_token {
+        add_query_token(&mut request, token)?;
+    }
+    let tls = if request.uri().scheme_str() == Some("wss") {
+        Some(Arc::new(tls_config(opts, creds)?))
+    } else {
+        None
+    };
+    Ok((request, tls))
+}
+
+/// Runs `handshake` within `opts.connect_timeout`, its failure classified.
+async fn bounded<T>(
+    opts: &DialOptions,
+    handshake: impl Future<Output = Result<T, WsError>>,
+) -> Result<T, DialError> {
     match tokio::time::timeout(opts.connect_timeout, handshake).await {
         Err(_) => Err(DialError::Timeout {
             url: opts.url.clone(),
             timeout: opts.connect_timeout,
         }),
         Ok(Err(err)) => Err(classify_ws_error(&opts.url, err)),
-        Ok(Ok((stream, _response))) => Ok(stream),
+        Ok(Ok(done)) => Ok(done),
     }
 }
 
@@ -428,19 +563,6 @@ fn add_query_token(request: &mut Request, token: &str) -> Result<(), DialError> 
     );
     *request.uri_mut() = http::Uri::from_parts(parts).map_err(|_| DialError::InvalidToken)?;
     Ok(())
-}
-
-/// The connector matching the request scheme: plain for `ws`, rustls for `wss`.
-fn connector_for(
-    request: &Request,
-    opts: &DialOptions,
-    creds: &Credentials,
-) -> Result<Connector, DialError> {
-    if request.uri().scheme_str() == Some("wss") {
-        Ok(Connector::Rustls(Arc::new(tls_config(opts, creds)?)))
-    } else {
-        Ok(Connector::Plain)
-    }
 }
 
 /// rustls client config (ring provider) with the trust policy from `opts`
@@ -526,8 +648,7 @@ fn roots_from_pem_file(path: &Path) -> Result<RootCertStore, DialError> {
 }
 
 /// Map a tungstenite failure to the most specific [`DialError`].
-fn classify_ws_error(url: &str, err: tokio_tungstenite::tungstenite::Error) -> DialError {
-    use tokio_tungstenite::tungstenite::Error as WsError;
+fn classify_ws_error(url: &str, err: WsError) -> DialError {
     match err {
         WsError::Http(response) => refused(&response),
         WsError::Io(source) => match tls_failure(&source) {
@@ -667,6 +788,117 @@ impl ServerCertVerifier for AcceptAnyServerCert {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    const LIMITS: FrameLimits = FrameLimits {
+        max_message_bytes: 1 << 20,
+        read_buffer_bytes: 4096,
+    };
+
+    /// Dials `o` as the CLI does ([`dial`], tungstenite) or as a host link
+    /// does ([`dial_host`], our codec): the errors must be the same.
+    async fn dial_err(o: &DialOptions, host_link: bool) -> Option<DialError> {
+        if host_link {
+            dial_host(o, &Credentials::default(), LIMITS).await.err()
+        } else {
+            dial(o).await.err()
+        }
+    }
+
+    /// Reads one HTTP request head from `sock`.
+    async fn read_head(sock: &mut TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = sock.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "client closed before sending headers");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8(buf).unwrap()
+    }
+
+    /// A server that answers one upgrade with `answer(accept key)`, in one
+    /// write, then holds the connection until the client closes it.
+    async fn answering(answer: fn(&str) -> Vec<u8>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let head = read_head(&mut sock).await;
+            let key = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+                .unwrap()
+                .trim()
+                .to_string();
+            sock.write_all(&answer(&derive_accept_key(key.as_bytes())))
+                .await
+                .unwrap();
+            let mut rest = Vec::new();
+            let _ = sock.read_to_end(&mut rest).await;
+        });
+        format!("ws://127.0.0.1:{port}/")
+    }
+
+    fn switching(accept: &str) -> String {
+        format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+        )
+    }
+
+    /// A frame the host sends in the same segment as its `101` is read:
+    /// the upgrade's read-ahead is the socket's read buffer.
+    #[tokio::test]
+    async fn a_host_link_keeps_the_frame_sent_with_the_101() {
+        let url = answering(|accept| {
+            let mut out = switching(accept).into_bytes();
+            out.extend_from_slice(&[0x81, 5]);
+            out.extend_from_slice(b"early");
+            out
+        })
+        .await;
+        let mut ws = dial_host(&opts(&url), &Credentials::default(), LIMITS)
+            .await
+            .unwrap();
+        use futures_util::StreamExt;
+        assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("early"));
+    }
+
+    /// A `101` that does not prove the server read our key, or imposes an
+    /// extension we did not offer, fails the dial as a handshake error.
+    #[tokio::test]
+    async fn a_host_link_checks_the_101() {
+        let wrong = answering(|_| switching("bm90IHRoZSBrZXk=").into_bytes()).await;
+        let err = dial_err(&opts(&wrong), true).await;
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("Key mismatch"), "{msg}");
+        let deflate = answering(|accept| {
+            let ok = switching(accept);
+            let head = ok.trim_end_matches("\r\n");
+            format!("{head}\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n").into_bytes()
+        })
+        .await;
+        let err = dial_err(&opts(&deflate), true).await;
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("sec-websocket-extensions"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn a_silent_host_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut o = opts(&format!("ws://127.0.0.1:{port}/"));
+        o.connect_timeout = Duration::from_millis(200);
+        for host_link in [false, true] {
+            let err = dial_err(&o, host_link).await;
+            assert!(
+                matches!(err, Some(DialError::Timeout { .. })),
+                "{host_link}: {err:?}"
+            );
+        }
+        drop(listener);
+    }
 
     fn opts(url: &str) -> DialOptions {
         DialOptions {
@@ -687,11 +919,13 @@ mod tests {
             "localhost:80",
             "ws:///path",
         ] {
-            let err = dial(&opts(url)).await.err();
-            assert!(
-                matches!(err, Some(DialError::BadUrl { .. })),
-                "{url}: {err:?}"
-            );
+            for host_link in [false, true] {
+                let err = dial_err(&opts(url), host_link).await;
+                assert!(
+                    matches!(err, Some(DialError::BadUrl { .. })),
+                    "{url}: {err:?}"
+                );
+            }
         }
     }
 
@@ -725,74 +959,68 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let err = dial(&opts(&format!("ws://127.0.0.1:{port}/"))).await.err();
-        assert!(matches!(err, Some(DialError::Connect { .. })), "{err:?}");
+        for host_link in [false, true] {
+            let err = dial_err(&opts(&format!("ws://127.0.0.1:{port}/")), host_link).await;
+            assert!(matches!(err, Some(DialError::Connect { .. })), "{err:?}");
+        }
     }
 
     #[tokio::test]
     async fn refused_upgrade_reports_status_and_sends_bearer_token() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let server = tokio::spawn(async move {
-            let (mut sock, _) = listener.accept().await.unwrap();
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 1024];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = sock.read(&mut chunk).await.unwrap();
-                assert!(n > 0, "client closed before sending headers");
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            sock.write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
-                .await
-                .unwrap();
-            String::from_utf8(buf).unwrap()
-        });
-        let mut o = opts(&format!("ws://127.0.0.1:{port}/ahp"));
-        o.token = Some("s3cret-token".into());
-        let err = dial(&o).await.err();
-        let request = server.await.unwrap().to_ascii_lowercase();
-        assert!(
-            request.contains("authorization: bearer s3cret-token"),
-            "{request}"
-        );
-        assert!(
-            matches!(err, Some(DialError::UpgradeRefused { status: 401, .. })),
-            "{err:?}"
-        );
-        let msg = err.map(|e| e.to_string()).unwrap_or_default();
-        assert_eq!(msg, "upgrade refused: HTTP 401");
+        for host_link in [false, true] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let server = tokio::spawn(async move {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let head = read_head(&mut sock).await;
+                sock.write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
+                    .await
+                    .unwrap();
+                head
+            });
+            let mut o = opts(&format!("ws://127.0.0.1:{port}/ahp"));
+            o.token = Some("s3cret-token".into());
+            let err = dial_err(&o, host_link).await;
+            let request = server.await.unwrap().to_ascii_lowercase();
+            assert!(
+                request.contains("authorization: bearer s3cret-token"),
+                "{request}"
+            );
+            assert!(
+                matches!(err, Some(DialError::UpgradeRefused { status: 401, .. })),
+                "{err:?}"
+            );
+            let msg = err.map(|e| e.to_string()).unwrap_or_default();
+            assert_eq!(msg, "upgrade refused: HTTP 401");
+        }
     }
 
     /// A refusal's body and `retry-after` reach the error text, so the
     /// user reads why (e.g. "too many failed attempts") and when to retry.
     #[tokio::test]
     async fn refused_upgrade_carries_the_body_and_retry_after() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            let (mut sock, _) = listener.accept().await.unwrap();
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 1024];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = sock.read(&mut chunk).await.unwrap();
-                assert!(n > 0, "client closed before sending headers");
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let body = "too many failed attempts\n  from this address\n";
-            let answer = format!(
-                "HTTP/1.1 429 Too Many Requests\r\nretry-after: 30\r\n\
-                 content-length: {}\r\n\r\n{body}",
-                body.len()
+        for host_link in [false, true] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            tokio::spawn(async move {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                read_head(&mut sock).await;
+                let body = "too many failed attempts\n  from this address\n";
+                let answer = format!(
+                    "HTTP/1.1 429 Too Many Requests\r\nretry-after: 30\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                sock.write_all(answer.as_bytes()).await.unwrap();
+                sock.flush().await.unwrap();
+            });
+            let err = dial_err(&opts(&format!("ws://127.0.0.1:{port}/")), host_link).await;
+            let msg = err.map(|e| e.to_string()).unwrap_or_default();
+            assert_eq!(
+                msg,
+                "upgrade refused: HTTP 429: too many failed attempts from this address (retry after 30s)"
             );
-            sock.write_all(answer.as_bytes()).await.unwrap();
-            sock.flush().await.unwrap();
-        });
-        let err = dial(&opts(&format!("ws://127.0.0.1:{port}/"))).await.err();
-        let msg = err.map(|e| e.to_string()).unwrap_or_default();
-        assert_eq!(
-            msg,
-            "upgrade refused: HTTP 429: too many failed attempts from this address (retry after 30s)"
-        );
+        }
     }
 
     #[test]

@@ -16,32 +16,14 @@
 //! [`HostHub::dial`]: super::hub::HostHub::dial
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::sink::Sink;
-use futures_util::stream::Stream;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, mpsc, oneshot};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use super::dial::WsStream;
-
-/// The byte stream under an inbound (dialed-in) WebSocket: whatever the
-/// edge upgraded (TLS or plain), boxed so `upstream` does not name it.
-pub trait HostIo: AsyncRead + AsyncWrite + Send + Unpin + std::fmt::Debug {}
-
-impl<T: AsyncRead + AsyncWrite + Send + Unpin + std::fmt::Debug> HostIo for T {}
-
-/// A WebSocket a connector opened to the relay for one link (server role
-/// on the relay's side).
-pub type InboundSocket = WebSocketStream<Box<dyn HostIo>>;
+pub use super::frames::{FrameLimits, HostIo, HostSocket};
 
 /// The path of the connector endpoint on the client listener. A request
 /// there is authenticated by a host's dial-in token, never by a client
@@ -81,70 +63,6 @@ pub enum Control {
     },
 }
 
-/// The WebSocket a link talks to its host on: dialed by the relay, or
-/// opened by the host's connector. Both are JSON-RPC text frames either
-/// way; links read and write this type only.
-#[derive(Debug)]
-pub enum HostSocket {
-    /// The relay dialed the host.
-    Dialed(Box<WsStream>),
-    /// The host's connector opened it to the relay.
-    DialedIn(Box<InboundSocket>),
-}
-
-impl HostSocket {
-    /// Closes the socket (a WebSocket close, then the stream ends).
-    pub async fn close(&mut self, frame: Option<CloseFrame>) -> Result<(), WsError> {
-        match self {
-            Self::Dialed(ws) => ws.close(frame).await,
-            Self::DialedIn(ws) => ws.close(frame).await,
-        }
-    }
-}
-
-impl Stream for HostSocket {
-    type Item = Result<Message, WsError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.get_mut() {
-            Self::Dialed(ws) => Pin::new(ws.as_mut()).poll_next(cx),
-            Self::DialedIn(ws) => Pin::new(ws.as_mut()).poll_next(cx),
-        }
-    }
-}
-
-impl Sink<Message> for HostSocket {
-    type Error = WsError;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        match self.get_mut() {
-            Self::Dialed(ws) => Pin::new(ws.as_mut()).poll_ready(cx),
-            Self::DialedIn(ws) => Pin::new(ws.as_mut()).poll_ready(cx),
-        }
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), WsError> {
-        match self.get_mut() {
-            Self::Dialed(ws) => Pin::new(ws.as_mut()).start_send(item),
-            Self::DialedIn(ws) => Pin::new(ws.as_mut()).start_send(item),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        match self.get_mut() {
-            Self::Dialed(ws) => Pin::new(ws.as_mut()).poll_flush(cx),
-            Self::DialedIn(ws) => Pin::new(ws.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
-        match self.get_mut() {
-            Self::Dialed(ws) => Pin::new(ws.as_mut()).poll_close(cx),
-            Self::DialedIn(ws) => Pin::new(ws.as_mut()).poll_close(cx),
-        }
-    }
-}
-
 /// Why a dial-in host could not be reached. Never names a credential.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DialInError {
@@ -171,10 +89,10 @@ pub enum DialInError {
 pub struct AlreadyAttached(pub String);
 
 /// Where a link's socket (or the connector's reason for not opening it) goes.
-pub type Delivery = oneshot::Sender<Result<InboundSocket, String>>;
+pub type Delivery = oneshot::Sender<Result<HostSocket, String>>;
 
 /// Where a requester waits for its [`Delivery`].
-type Awaited = oneshot::Receiver<Result<InboundSocket, String>>;
+type Awaited = oneshot::Receiver<Result<HostSocket, String>>;
 
 /// Link requests queued towards one connector before more are refused.
 const ORDERS: usize = 256;
@@ -312,7 +230,7 @@ impl Connectors {
         host: &str,
         headers: Vec<(String, String)>,
         wait: Duration,
-    ) -> Result<InboundSocket, DialInError> {
+    ) -> Result<HostSocket, DialInError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let arrived = self.arrived.notified();

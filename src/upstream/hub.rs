@@ -11,8 +11,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::upstream::dial::{Credentials, DialError, DialOptions, dial_stream_capped};
+use crate::upstream::dial::{Credentials, DialError, DialOptions, dial_host};
 use crate::upstream::dial_in::{Connectors, HostSocket};
+use crate::upstream::frames::{DEFAULT_MAX_MESSAGE_BYTES, FrameLimits};
 
 /// One upstream host.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -166,7 +167,7 @@ pub struct HostHub {
 pub struct HubLimits {
     /// Largest WebSocket message or frame read from the host
     /// (`upstream_max_frame_bytes`): a bigger one ends that connection
-    /// before its payload is buffered. `None`: tungstenite's defaults.
+    /// before its payload is buffered. `None`: 64 MiB.
     pub max_message_bytes: Option<usize>,
     /// Bytes one read from the host may take (`upstream_read_buffer_bytes`).
     pub read_buffer_bytes: usize,
@@ -313,19 +314,23 @@ impl HostHub {
                     .clone()
                     .zip(self.cfg.client_key_file.clone()),
             };
-            let limits = &self.limits;
-            dial_stream_capped(
-                &opts,
-                &creds,
-                (limits.max_message_bytes, limits.read_buffer_bytes),
-            )
-            .await
+            dial_host(&opts, &creds, self.frame_limits()).await
         }
         .await
-        .map(|ws| HostSocket::Dialed(Box::new(ws)))
         .map_err(|e| e.for_host(&self.id));
         self.note_error(result.as_ref().err().map(ToString::to_string));
         result
+    }
+
+    /// What the host's sockets accept ([`HubLimits`]).
+    fn frame_limits(&self) -> FrameLimits {
+        FrameLimits {
+            max_message_bytes: self
+                .limits
+                .max_message_bytes
+                .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+            read_buffer_bytes: self.limits.read_buffer_bytes,
+        }
     }
 
     /// [`HostHub::dial`] of a dial-in host: its connector is asked for the
@@ -341,7 +346,6 @@ impl HostHub {
             .connectors
             .request(&self.id, opts.extra_headers, opts.connect_timeout)
             .await
-            .map(|ws| HostSocket::DialedIn(Box::new(ws)))
             .map_err(|e| DialError::Host {
                 host: self.id.to_string(),
                 reason: e.to_string(),

@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::{FutureExt as _, SinkExt, StreamExt};
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
@@ -400,8 +400,9 @@ struct Batch {
     replies: Vec<String>,
 }
 
-/// Hands `first` and every text frame already read from the host (up to
-/// `allowance` frames and bytes, without waiting) to the owner in one call,
+/// Hands `first` and every text frame already in the socket's read buffer
+/// (up to `allowance` frames and bytes; no further read, no waker
+/// registered) to the owner in one call,
 /// then writes its replies; `Some` when [`pump`] must end with that value.
 async fn host_messages(
     ends: &Ends,
@@ -421,15 +422,15 @@ async fn host_messages(
         Some(Ok(_)) => return None,
     };
     while end.is_none() && batch.frames.len() < max_frames && batch.bytes < max_bytes {
-        match ws.next().now_or_never() {
+        match ws.next_buffered() {
             None => break,
-            Some(Some(Ok(Message::Text(t)))) => {
+            Some(Ok(Message::Text(t))) => {
                 batch.bytes += t.len();
                 batch.frames.push(t);
             }
-            Some(Some(Ok(Message::Close(_))) | None) => end = Some(true),
-            Some(Some(Err(e))) => end = Some(link_failed(ends, &e)),
-            Some(Some(Ok(_))) => {}
+            Some(Ok(Message::Close(_))) => end = Some(true),
+            Some(Err(e)) => end = Some(link_failed(ends, &e)),
+            Some(Ok(_)) => {}
         }
     }
     let Some(owner) = ends.owner() else {

@@ -3,6 +3,7 @@
 
 pub mod dial;
 pub mod dial_in;
+pub mod frames;
 pub mod hub;
 pub mod link;
 pub mod version;

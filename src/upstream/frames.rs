@@ -1,0 +1,1179 @@
+//! The relay's own RFC 6455 codec for host connections: [`HostSocket`].
+//!
+//! Every link and the watch link read a host through this type, dialed
+//! (client role) or dialed in (server role), over the raw byte stream left
+//! after the HTTP upgrade. It exists because the relay's hottest loop is a
+//! host streaming small text frames to a client: reading them through
+//! tokio-tungstenite cost a wake-up registration of both wakers per poll,
+//! a copy from a read buffer into tungstenite's, a second buffer's
+//! bookkeeping and a per-message allocation. Here the steady-state read of
+//! one frame is a header parse, a UTF-8 check and a zero-copy slice of the
+//! socket's one read buffer.
+//!
+//! What it guarantees:
+//! - **One read buffer per socket** (`upstream_read_buffer_bytes`). The
+//!   socket is read only when no complete frame is buffered, into the
+//!   buffer's spare capacity (never zero-filled), at least a quarter of the
+//!   buffer at a time. For a frame larger than the buffer it grows with
+//!   what arrives (by at most what it already holds), so a host that
+//!   announces a large frame costs the bytes it sends, not the bytes it
+//!   announces, and the frame is copied a logarithmic number of times.
+//! - **Zero-copy text.** An unfragmented text frame becomes
+//!   `Message::Text` over a slice of the read buffer, validated as UTF-8
+//!   once. Fragments (text or binary, then continuations) are joined into
+//!   one message; control frames between them are handled as they come.
+//! - **Bounds before buffering.** A frame, or a fragmented message so far,
+//!   longer than `max_message_bytes` is refused when its header is read,
+//!   before its payload is buffered, and ends the connection with
+//!   `Error::Capacity`.
+//! - **RFC 6455 as a peer must enforce it.** Non-zero RSV bits, unknown
+//!   opcodes, a fragmented or oversized (over 125 bytes) control frame, a
+//!   continuation with nothing to continue, a new message inside a
+//!   fragmented one, a frame masked the wrong way for the role (a server
+//!   reads masked frames only, a client unmasked only), invalid UTF-8 in a
+//!   text message or close reason, and a malformed close payload are
+//!   errors that end the connection (`Error::Protocol` / `Error::Utf8`).
+//!   After any error the stream ends (`None`).
+//! - **Control frames need nothing from the caller.** A ping is answered
+//!   with a pong carrying its payload (only the latest unanswered ping is
+//!   answered, as §5.5.3 allows), written before the socket is next waited
+//!   on or with the next flush; pongs are dropped. A close is answered
+//!   with a close carrying the same code (once: not if the relay closed
+//!   first), yielded as `Message::Close`, and the stream then ends. The end
+//!   of the byte stream without a close is
+//!   `ProtocolError::ResetWithoutClosingHandshake`, as tungstenite reports it.
+//! - **Writes** (`Sink`) are whole frames encoded into a write buffer,
+//!   written by `poll_flush`; as a client every frame is masked with a
+//!   fresh random key. Nothing is sent after a close.
+//! - [`HostSocket::next_buffered`] yields a message already buffered with
+//!   no I/O and no waker registration, so a link drains a read's worth of
+//!   frames into one batch at the cost of parsing them.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures_util::sink::Sink;
+use futures_util::stream::Stream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data};
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+
+/// The byte stream under a host WebSocket: TLS or plain TCP, or whatever
+/// the edge upgraded for a connector; boxed so `upstream` does not name it.
+pub trait HostIo: AsyncRead + AsyncWrite + Send + Unpin + std::fmt::Debug {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + std::fmt::Debug> HostIo for T {}
+
+/// What a [`HostSocket`] accepts from its peer.
+#[derive(Debug, Clone, Copy)]
+pub struct FrameLimits {
+    /// Largest frame, and largest message once its fragments are joined
+    /// (`upstream_max_frame_bytes`).
+    pub max_message_bytes: usize,
+    /// Initial capacity of the read buffer, and the most one read asks
+    /// the socket for while frames are smaller (`upstream_read_buffer_bytes`).
+    pub read_buffer_bytes: usize,
+}
+
+/// The message cap when none is configured (the most
+/// `upstream_max_frame_bytes` may be).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Most bytes of encoded frames the write buffer holds before
+/// `poll_ready` writes them out first.
+const WRITE_HIGH: usize = 64 * 1024;
+
+/// The frame opcodes of RFC 6455 §5.2 (any other is a protocol error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opcode {
+    Continue,
+    Text,
+    Binary,
+    Close,
+    Ping,
+    Pong,
+}
+
+impl Opcode {
+    fn parse(bits: u8) -> Result<Self, ProtocolError> {
+        Ok(match bits {
+            0 => Self::Continue,
+            1 => Self::Text,
+            2 => Self::Binary,
+            8 => Self::Close,
+            9 => Self::Ping,
+            10 => Self::Pong,
+            3..=7 => return Err(ProtocolError::UnknownDataFrameType(bits)),
+            _ => return Err(ProtocolError::UnknownControlFrameType(bits)),
+        })
+    }
+
+    fn bits(self) -> u8 {
+        match self {
+            Self::Continue => 0,
+            Self::Text => 1,
+            Self::Binary => 2,
+            Self::Close => 8,
+            Self::Ping => 9,
+            Self::Pong => 10,
+        }
+    }
+
+    fn is_control(self) -> bool {
+        matches!(self, Self::Close | Self::Ping | Self::Pong)
+    }
+}
+
+/// A frame header, complete in the read buffer.
+#[derive(Debug, PartialEq, Eq)]
+struct Header {
+    fin: bool,
+    opcode: Opcode,
+    mask: Option<[u8; 4]>,
+    /// Bytes of the header itself (2 to 14).
+    len: usize,
+    /// Bytes of payload that follow it.
+    payload: usize,
+}
+
+/// Parses the frame header at the start of `buf`: `None` while it is
+/// incomplete. `joined` is the length of the fragmented message a
+/// continuation would extend; a frame that would make a message longer
+/// than `max` is refused here, before its payload is read.
+fn parse_header(
+    buf: &[u8],
+    role: Role,
+    max: usize,
+    joined: usize,
+) -> Result<Option<Header>, WsError> {
+    let [b0, b1, ..] = *buf else {
+        return Ok(None);
+    };
+    if b0 & 0x70 != 0 {
+        return Err(ProtocolError::NonZeroReservedBits.into());
+    }
+    let fin = b0 & 0x80 != 0;
+    let opcode = Opcode::parse(b0 & 0x0f)?;
+    let masked = b1 & 0x80 != 0;
+    match (role, masked) {
+        (Role::Server, false) => return Err(ProtocolError::UnmaskedFrameFromClient.into()),
+        (Role::Client, true) => return Err(ProtocolError::MaskedFrameFromServer.into()),
+        _ => {}
+    }
+    let short = b1 & 0x7f;
+    if opcode.is_control() {
+        if !fin {
+            return Err(ProtocolError::FragmentedControlFrame.into());
+        }
+        if short > 125 {
+            return Err(ProtocolError::ControlFrameTooBig.into());
+        }
+    }
+    let (payload, mut len) = match short {
+        126 => match buf.get(2..4) {
+            Some(&[a, b]) => (u64::from(u16::from_be_bytes([a, b])), 4),
+            _ => return Ok(None),
+        },
+        127 => match buf.get(2..10).and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+            Some(b) => (u64::from_be_bytes(b), 10),
+            None => return Ok(None),
+        },
+        n => (u64::from(n), 2),
+    };
+    let payload = usize::try_from(payload).unwrap_or(usize::MAX);
+    let joined = if opcode == Opcode::Continue {
+        joined
+    } else {
+        0
+    };
+    let size = payload.saturating_add(joined);
+    if size > max {
+        return Err(CapacityError::MessageTooLong {
+            size,
+            max_size: max,
+        }
+        .into());
+    }
+    let mask = if masked {
+        let Some(&[a, b, c, d]) = buf.get(len..len + 4) else {
+            return Ok(None);
+        };
+        len += 4;
+        Some([a, b, c, d])
+    } else {
+        None
+    };
+    Ok(Some(Header {
+        fin,
+        opcode,
+        mask,
+        len,
+        payload,
+    }))
+}
+
+/// XORs `buf` with the repeated 4-byte `key` (RFC 6455 §5.3), 8 bytes at
+/// a time; `buf` starts at payload offset 0.
+fn apply_mask(buf: &mut [u8], key: [u8; 4]) {
+    let [a, b, c, d] = key;
+    let wide = u64::from_ne_bytes([a, b, c, d, a, b, c, d]);
+    let mut words = buf.chunks_exact_mut(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        word.copy_from_slice(&(u64::from_ne_bytes(w) ^ wide).to_ne_bytes());
+    }
+    // The tail starts at a multiple of 8, so at key offset 0.
+    for (i, byte) in words.into_remainder().iter_mut().enumerate() {
+        *byte ^= key[i & 3];
+    }
+}
+
+/// A close frame's payload: nothing, or a code the peer may send and a
+/// UTF-8 reason (§5.5.1, §7.4).
+fn parse_close(payload: &[u8]) -> Result<Option<CloseFrame>, WsError> {
+    match payload {
+        [] => Ok(None),
+        [_] => Err(ProtocolError::InvalidCloseSequence.into()),
+        [hi, lo, reason @ ..] => {
+            let code = CloseCode::from(u16::from_be_bytes([*hi, *lo]));
+            if !code.is_allowed() {
+                return Err(ProtocolError::InvalidCloseSequence.into());
+            }
+            let reason = Utf8Bytes::try_from(Bytes::copy_from_slice(reason))
+                .map_err(|e| WsError::Utf8(e.to_string()))?;
+            Ok(Some(CloseFrame { code, reason }))
+        }
+    }
+}
+
+/// A WebSocket to a host over our own codec (see the module doc): a
+/// `Stream` of messages read and a `Sink` of messages to write.
+#[derive(Debug)]
+pub struct HostSocket {
+    io: Box<dyn HostIo>,
+    role: Role,
+    limits: FrameLimits,
+    /// Bytes read and not yet taken as frames.
+    read: BytesMut,
+    /// Length of the frame at the start of `read` once its header is
+    /// complete and its payload is not (0 otherwise).
+    want: usize,
+    /// A fragmented message being joined: its kind and payload so far.
+    partial: Option<(Data, BytesMut)>,
+    /// Encoded frames not yet written.
+    write: BytesMut,
+    /// Written to `io` since its last completed flush.
+    unflushed: bool,
+    /// The payload of the latest ping not yet answered.
+    pong: Option<Bytes>,
+    /// A close frame was queued (by us or in reply): nothing more is sent.
+    close_sent: bool,
+    /// The stream has ended: a close was yielded, an error returned, or
+    /// the byte stream ended.
+    ended: bool,
+}
+
+impl HostSocket {
+    /// A socket over `io` with nothing read yet.
+    pub fn new(io: Box<dyn HostIo>, role: Role, limits: FrameLimits) -> Self {
+        let read = BytesMut::with_capacity(limits.read_buffer_bytes);
+        Self::with_read_ahead(io, role, limits, read)
+    }
+
+    /// A socket over `io` whose first bytes were already read into `read`
+    /// (what followed the upgrade's answer).
+    pub fn with_read_ahead(
+        io: Box<dyn HostIo>,
+        role: Role,
+        limits: FrameLimits,
+        read: BytesMut,
+    ) -> Self {
+        Self {
+            io,
+            role,
+            limits,
+            read,
+            want: 0,
+            partial: None,
+            write: BytesMut::new(),
+            unflushed: false,
+            pong: None,
+            close_sent: false,
+            ended: false,
+        }
+    }
+
+    /// The next complete message already in the read buffer, with no I/O
+    /// and no waker registration; `None` when none is buffered (or the
+    /// stream ended). A ping among the buffered frames is answered on the
+    /// next read or flush.
+    pub fn next_buffered(&mut self) -> Option<Result<Message, WsError>> {
+        if self.ended {
+            return None;
+        }
+        match self.decode() {
+            Ok(msg) => msg.map(Ok),
+            Err(e) => Some(Err(self.fail(e))),
+        }
+    }
+
+    /// Sends a close frame (unless one was sent) and flushes; the stream
+    /// still yields what the host sends until its close arrives.
+    pub async fn close(&mut self, frame: Option<CloseFrame>) -> Result<(), WsError> {
+        if !self.close_sent {
+            self.queue_close(frame.as_ref())?;
+        }
+        std::future::poll_fn(|cx| self.poll_write_out(cx)).await
+    }
+
+    /// Ends the stream with `e`.
+    fn fail(&mut self, e: WsError) -> WsError {
+        self.ended = true;
+        self.partial = None;
+        e
+    }
+
+    /// Takes complete frames from the read buffer until one completes a
+    /// message; control frames are handled on the way.
+    fn decode(&mut self) -> Result<Option<Message>, WsError> {
+        loop {
+            let joined = self.partial.as_ref().map_or(0, |(_, p)| p.len());
+            let max = self.limits.max_message_bytes;
+            let Some(header) = parse_header(&self.read, self.role, max, joined)? else {
+                self.want = 0;
+                return Ok(None);
+            };
+            let total = header.len + header.payload;
+            if self.read.len() < total {
+                self.want = total;
+                return Ok(None);
+            }
+            self.want = 0;
+            self.read.advance(header.len);
+            let mut payload = self.read.split_to(header.payload);
+            if let Some(key) = header.mask {
+                apply_mask(&mut payload, key);
+            }
+            if let Some(msg) = self.on_frame(header.fin, header.opcode, payload)? {
+                return Ok(Some(msg));
+            }
+        }
+    }
+
+    /// One frame: the message it completes, if any.
+    fn on_frame(
+        &mut self,
+        fin: bool,
+        opcode: Opcode,
+        payload: BytesMut,
+    ) -> Result<Option<Message>, WsError> {
+        let kind = match opcode {
+            Opcode::Text => Data::Text,
+            Opcode::Binary => Data::Binary,
+            Opcode::Continue => {
+                let Some((kind, mut joined)) = self.partial.take() else {
+                    return Err(ProtocolError::UnexpectedContinueFrame.into());
+                };
+                joined.extend_from_slice(&payload);
+                if !fin {
+                    self.partial = Some((kind, joined));
+                    return Ok(None);
+                }
+                return message(kind, joined).map(Some);
+            }
+            Opcode::Ping => {
+                self.pong = Some(payload.freeze());
+                return Ok(None);
+            }
+            Opcode::Pong => return Ok(None),
+            Opcode::Close => {
+                let frame = parse_close(&payload)?;
+                if !self.close_sent {
+                    let reply = frame.as_ref().map(|f| CloseFrame {
+                        code: f.code,
+                        reason: Utf8Bytes::default(),
+                    });
+                    self.queue_close(reply.as_ref())?;
+                }
+                self.ended = true;
+                return Ok(Some(Message::Close(frame)));
+            }
+        };
+        if let Some((kind, _)) = &self.partial {
+            return Err(ProtocolError::ExpectedFragment(*kind).into());
+        }
+        if fin {
+            return message(kind, payload).map(Some);
+        }
+        self.partial = Some((kind, payload));
+        Ok(None)
+    }
+
+    /// Makes room in the read buffer for the next read: at least a
+    /// quarter of the buffer, and for the rest of a frame whose header is
+    /// buffered at most as much again as the buffer holds (geometric growth).
+    fn make_room(&mut self) {
+        let spare = self.read.capacity() - self.read.len();
+        let chunk = self.limits.read_buffer_bytes.max(1);
+        let missing = self.want.saturating_sub(self.read.len());
+        let ahead = missing.min(self.read.len().max(chunk));
+        if spare < ahead.max(chunk / 4).max(1) {
+            self.read.reserve(ahead.max(chunk));
+        }
+    }
+
+    /// Writes out queued frames (the latest pong first encoded), then
+    /// flushes the byte stream.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+        if let Some(payload) = self.pong.take()
+            && !self.close_sent
+        {
+            self.encode(Opcode::Pong, &payload);
+        }
+        while !self.write.is_empty() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.write))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::Error::from(io::ErrorKind::WriteZero).into()));
+            }
+            self.write.advance(n);
+            self.unflushed = true;
+        }
+        if self.unflushed {
+            ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+            self.unflushed = false;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Writes queued replies (a pong, a close) without waiting for the
+    /// socket: what does not fit now goes with the next read or flush.
+    fn write_replies(&mut self, cx: &mut Context<'_>) -> Result<(), WsError> {
+        if self.pong.is_none() && self.write.is_empty() && !self.unflushed {
+            return Ok(());
+        }
+        match self.poll_write_out(cx) {
+            Poll::Ready(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Encodes one whole frame into the write buffer (masked as a client).
+    fn encode(&mut self, opcode: Opcode, payload: &[u8]) {
+        let mask_bit = if self.role == Role::Client { 0x80 } else { 0 };
+        let len = payload.len();
+        self.write.reserve(14 + len);
+        self.write.put_u8(0x80 | opcode.bits());
+        if len < 126 {
+            self.write.put_u8(mask_bit | len as u8);
+        } else if let Ok(len) = u16::try_from(len) {
+            self.write.put_u8(mask_bit | 126);
+            self.write.put_u16(len);
+        } else {
+            self.write.put_u8(mask_bit | 127);
+            self.write.put_u64(len as u64);
+        }
+        if self.role == Role::Client {
+            let key: [u8; 4] = rand::random();
+            self.write.put_slice(&key);
+            let start = self.write.len();
+            self.write.put_slice(payload);
+            apply_mask(&mut self.write[start..], key);
+        } else {
+            self.write.put_slice(payload);
+        }
+    }
+
+    /// Queues a close frame; nothing is sent after it.
+    fn queue_close(&mut self, frame: Option<&CloseFrame>) -> Result<(), WsError> {
+        let mut payload = Vec::new();
+        if let Some(f) = frame {
+            payload.extend_from_slice(&u16::from(f.code).to_be_bytes());
+            payload.extend_from_slice(f.reason.as_bytes());
+        }
+        if payload.len() > 125 {
+            return Err(ProtocolError::ControlFrameTooBig.into());
+        }
+        self.encode(Opcode::Close, &payload);
+        self.close_sent = true;
+        self.pong = None;
+        Ok(())
+    }
+}
+
+/// A complete message of `kind`; text is checked to be UTF-8 here, once.
+fn message(kind: Data, payload: BytesMut) -> Result<Message, WsError> {
+    let payload = payload.freeze();
+    match kind {
+        Data::Text => Utf8Bytes::try_from(payload)
+            .map(Message::Text)
+            .map_err(|e| WsError::Utf8(e.to_string())),
+        _ => Ok(Message::Binary(payload)),
+    }
+}
+
+impl Stream for HostSocket {
+    type Item = Result<Message, WsError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.ended {
+                // A close reply still queued goes out if the socket takes it.
+                let _ = this.write_replies(cx);
+                return Poll::Ready(None);
+            }
+            match this.decode() {
+                Ok(Some(msg)) => {
+                    if let Err(e) = this.write_replies(cx) {
+                        return Poll::Ready(Some(Err(this.fail(e))));
+                    }
+                    return Poll::Ready(Some(Ok(msg)));
+                }
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Some(Err(this.fail(e)))),
+            }
+            if let Err(e) = this.write_replies(cx) {
+                return Poll::Ready(Some(Err(this.fail(e))));
+            }
+            this.make_room();
+            match ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut this.io),
+                cx,
+                &mut this.read
+            )) {
+                Ok(0) => {
+                    let clean = this.close_sent && this.read.is_empty() && this.partial.is_none();
+                    this.ended = true;
+                    if clean {
+                        return Poll::Ready(None);
+                    }
+                    let e = ProtocolError::ResetWithoutClosingHandshake.into();
+                    return Poll::Ready(Some(Err(this.fail(e))));
+                }
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(this.fail(e.into())))),
+            }
+        }
+    }
+}
+
+impl Sink<Message> for HostSocket {
+    type Error = WsError;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+        let this = self.get_mut();
+        if this.write.len() >= WRITE_HIGH {
+            return this.poll_write_out(cx);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: Message) -> Result<(), WsError> {
+        let this = self.get_mut();
+        if this.close_sent {
+            return Err(ProtocolError::SendAfterClosing.into());
+        }
+        match item {
+            Message::Text(t) => this.encode(Opcode::Text, t.as_bytes()),
+            Message::Binary(b) => this.encode(Opcode::Binary, &b),
+            Message::Ping(p) | Message::Pong(p) if p.len() > 125 => {
+                return Err(ProtocolError::ControlFrameTooBig.into());
+            }
+            Message::Ping(p) => this.encode(Opcode::Ping, &p),
+            Message::Pong(p) => this.encode(Opcode::Pong, &p),
+            Message::Close(frame) => this.queue_close(frame.as_ref())?,
+            Message::Frame(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "raw frames are not sent on host links",
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+        self.get_mut().poll_write_out(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), WsError>> {
+        let this = self.get_mut();
+        if !this.close_sent {
+            this.queue_close(None)?;
+        }
+        this.poll_write_out(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::ReadBuf;
+    use tokio_tungstenite::WebSocketStream;
+
+    use super::*;
+
+    /// A byte stream that serves `reads` one chunk per read, then ends
+    /// (or stays pending with `hold`); writes are kept in `written`.
+    #[derive(Debug, Default)]
+    struct Script {
+        reads: Arc<Mutex<VecDeque<Vec<u8>>>>,
+        written: Arc<Mutex<Vec<u8>>>,
+        hold: bool,
+    }
+
+    impl AsyncRead for Script {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let mut reads = self.reads.lock().unwrap();
+            match reads.pop_front() {
+                Some(mut chunk) => {
+                    let n = chunk.len().min(buf.remaining());
+                    buf.put_slice(&chunk[..n]);
+                    if n < chunk.len() {
+                        reads.push_front(chunk.split_off(n));
+                    }
+                    Poll::Ready(Ok(()))
+                }
+                None if self.hold => Poll::Pending,
+                None => Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    impl AsyncWrite for Script {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.written.lock().unwrap().extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    const LIMITS: FrameLimits = FrameLimits {
+        max_message_bytes: 1 << 20,
+        read_buffer_bytes: 4096,
+    };
+
+    /// A socket in `role` reading `chunks`; its writes land in the returned vector.
+    fn socket(
+        role: Role,
+        limits: FrameLimits,
+        chunks: Vec<Vec<u8>>,
+    ) -> (HostSocket, Arc<Mutex<Vec<u8>>>) {
+        let script = Script {
+            reads: Arc::new(Mutex::new(
+                chunks.into_iter().filter(|c| !c.is_empty()).collect(),
+            )),
+            ..Script::default()
+        };
+        let written = script.written.clone();
+        (HostSocket::new(Box::new(script), role, limits), written)
+    }
+
+    /// One frame as a peer sends it: masked (towards a server) with `key`.
+    fn frame(b0: u8, payload: &[u8], key: Option<[u8; 4]>) -> Vec<u8> {
+        let mut out = vec![b0];
+        let bit = if key.is_some() { 0x80 } else { 0 };
+        match payload.len() {
+            n if n < 126 => out.push(bit | n as u8),
+            n if n <= 0xffff => {
+                out.push(bit | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(bit | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        let mut body = payload.to_vec();
+        if let Some(k) = key {
+            out.extend_from_slice(&k);
+            for (i, b) in body.iter_mut().enumerate() {
+                *b ^= k[i % 4];
+            }
+        }
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// The key a peer of `role` masks with (none towards a client).
+    fn key_for(role: Role) -> Option<[u8; 4]> {
+        (role == Role::Server).then_some([0x37, 0xfa, 0x21, 0x3d])
+    }
+
+    const FIN: u8 = 0x80;
+
+    /// Everything the socket yields until it ends, errors as text.
+    async fn drain(ws: &mut HostSocket) -> Vec<Result<Message, String>> {
+        let mut out = Vec::new();
+        while let Some(item) = ws.next().await {
+            out.push(item.map_err(|e| e.to_string()));
+        }
+        out
+    }
+
+    /// Frames written by a socket of `role`, unmasked: (first byte, payload).
+    fn written_frames(role: Role, bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let peer = if role == Role::Client {
+            Role::Server
+        } else {
+            Role::Client
+        };
+        let mut buf = bytes.to_vec();
+        let mut out = Vec::new();
+        while !buf.is_empty() {
+            let h = parse_header(&buf, peer, usize::MAX, 0).unwrap().unwrap();
+            let mut payload = buf[h.len..h.len + h.payload].to_vec();
+            if let Some(k) = h.mask {
+                apply_mask(&mut payload, k);
+            }
+            out.push((buf[0], payload));
+            buf.drain(..h.len + h.payload);
+        }
+        out
+    }
+
+    fn text(s: &str) -> Result<Message, String> {
+        Ok(Message::text(s.to_string()))
+    }
+
+    /// A conversation of small and 16-bit frames: text, a fragmented text
+    /// with a ping between its fragments (and a multi-byte character split
+    /// across them), a pong, a binary, then a close.
+    fn conversation(role: Role) -> (Vec<u8>, Vec<Result<Message, String>>) {
+        let k = key_for(role);
+        let long = "é".repeat(150);
+        let mut bytes = Vec::new();
+        bytes.extend(frame(FIN | 1, b"hello", k));
+        bytes.extend(frame(1, "ab\u{e9}".as_bytes().split_at(3).0, k));
+        bytes.extend(frame(FIN | 9, b"are you there", k));
+        bytes.extend(frame(0, &"ab\u{e9}".as_bytes()[3..], k));
+        bytes.extend(frame(FIN, b"cd", k));
+        bytes.extend(frame(FIN | 10, b"unasked", k));
+        bytes.extend(frame(FIN | 1, long.as_bytes(), k));
+        bytes.extend(frame(FIN | 2, &[0, 159, 146, 150], k));
+        bytes.extend(frame(FIN | 8, &[0x03, 0xe8, b'b', b'y', b'e'], k));
+        let expected = vec![
+            text("hello"),
+            text("ab\u{e9}cd"),
+            text(&long),
+            Ok(Message::Binary(Bytes::from_static(&[0, 159, 146, 150]))),
+            Ok(Message::Close(Some(CloseFrame {
+                code: CloseCode::Normal,
+                reason: "bye".into(),
+            }))),
+        ];
+        (bytes, expected)
+    }
+
+    #[tokio::test]
+    async fn frames_split_at_every_byte_boundary_read_the_same() {
+        for role in [Role::Client, Role::Server] {
+            let (bytes, expected) = conversation(role);
+            for at in 0..=bytes.len() {
+                let (head, tail) = bytes.split_at(at);
+                let (mut ws, written) = socket(role, LIMITS, vec![head.to_vec(), tail.to_vec()]);
+                assert_eq!(drain(&mut ws).await, expected, "{role:?} split at {at}");
+                let replies = written_frames(role, &written.lock().unwrap());
+                assert_eq!(
+                    replies,
+                    vec![
+                        (FIN | 10, b"are you there".to_vec()),
+                        (FIN | 8, vec![0x03, 0xe8])
+                    ],
+                    "{role:?} split at {at}: one pong, one close reply"
+                );
+            }
+            let bytewise = bytes.iter().map(|b| vec![*b]).collect();
+            let (mut ws, _) = socket(role, LIMITS, bytewise);
+            assert_eq!(drain(&mut ws).await, expected, "{role:?} byte by byte");
+        }
+    }
+
+    #[tokio::test]
+    async fn lengths_of_every_width_and_frames_larger_than_the_buffer_arrive_whole() {
+        for role in [Role::Client, Role::Server] {
+            let k = key_for(role);
+            let sizes = [0, 1, 125, 126, 127, 4095, 65535, 65536, 200_000];
+            let mut bytes = Vec::new();
+            let mut expected = Vec::new();
+            for (i, n) in sizes.iter().enumerate() {
+                let s: String = (0..*n)
+                    .map(|j| char::from(b'a' + ((i + j) % 26) as u8))
+                    .collect();
+                bytes.extend(frame(FIN | 1, s.as_bytes(), k));
+                expected.push(text(&s));
+            }
+            expected.push(Err(
+                "WebSocket protocol error: Connection reset without closing handshake".into(),
+            ));
+            let headers: Vec<usize> = {
+                let mut at = 0;
+                sizes
+                    .iter()
+                    .map(|n| {
+                        let start = at;
+                        at += frame(FIN | 1, &vec![0; *n], k).len();
+                        start
+                    })
+                    .collect()
+            };
+            // Splits inside and right around every header, and in payloads.
+            let mut splits: Vec<usize> = headers
+                .iter()
+                .flat_map(|h| (h.saturating_sub(1)..h + 16).filter(|a| *a <= bytes.len()))
+                .collect();
+            splits.extend([bytes.len() / 3, bytes.len() - 7, bytes.len()]);
+            for at in splits {
+                let (head, tail) = bytes.split_at(at);
+                let (mut ws, _) = socket(role, LIMITS, vec![head.to_vec(), tail.to_vec()]);
+                assert_eq!(drain(&mut ws).await, expected, "{role:?} split at {at}");
+            }
+            let small: Vec<Vec<u8>> = bytes.chunks(1000).map(<[u8]>::to_vec).collect();
+            let (mut ws, _) = socket(role, LIMITS, small);
+            assert_eq!(
+                drain(&mut ws).await,
+                expected,
+                "{role:?} in 1000-byte reads"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_masked_the_wrong_way_for_the_role_are_refused() {
+        let (mut ws, _) = socket(
+            Role::Client,
+            LIMITS,
+            vec![frame(FIN | 1, b"x", Some([1, 2, 3, 4]))],
+        );
+        assert_eq!(
+            drain(&mut ws).await,
+            vec![Err(
+                "WebSocket protocol error: Received a masked frame from server".into()
+            )]
+        );
+        let (mut ws, _) = socket(Role::Server, LIMITS, vec![frame(FIN | 1, b"x", None)]);
+        assert_eq!(
+            drain(&mut ws).await,
+            vec![Err(
+                "WebSocket protocol error: Received an unmasked frame from client".into()
+            )]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_or_message_is_refused_at_its_header() {
+        let limits = FrameLimits {
+            max_message_bytes: 1000,
+            read_buffer_bytes: 4096,
+        };
+        for role in [Role::Client, Role::Server] {
+            let k = key_for(role);
+            // Only the first bytes of the header arrive, and the stream
+            // then stays open: the refusal cannot have waited for the payload.
+            let (mut ws, _) = socket(role, limits, Vec::new());
+            ws.io = Box::new(Script {
+                reads: Arc::new(Mutex::new(VecDeque::from(vec![
+                    frame(FIN | 1, &[b'x'; 1001], k)[..4].to_vec(),
+                ]))),
+                hold: true,
+                ..Script::default()
+            });
+            let got = ws.next().await.map(|r| r.map_err(|e| e.to_string()));
+            assert_eq!(
+                got,
+                Some(Err(
+                    "Space limit exceeded: Message too long: 1001 > 1000".into()
+                )),
+                "{role:?}"
+            );
+            assert!(ws.next().await.is_none(), "the error ends the stream");
+            // A message whose fragments together pass the cap.
+            let mut bytes = frame(1, &[b'x'; 600], k);
+            bytes.extend(frame(FIN, &[b'x'; 600], k));
+            let (mut ws, _) = socket(role, limits, vec![bytes]);
+            assert_eq!(
+                drain(&mut ws).await,
+                vec![Err(
+                    "Space limit exceeded: Message too long: 1200 > 1000".into()
+                )],
+                "{role:?}"
+            );
+            let mut bytes = frame(1, &[b'x'; 500], k);
+            bytes.extend(frame(FIN, &[b'x'; 500], k));
+            let (mut ws, _) = socket(role, limits, vec![bytes]);
+            assert_eq!(
+                drain(&mut ws).await[0],
+                text(&"x".repeat(1000)),
+                "at the cap"
+            );
+        }
+    }
+
+    /// A host that announces a large frame and sends little of it costs
+    /// the relay about what it sent, not what it announced.
+    #[tokio::test]
+    async fn the_buffer_grows_with_what_arrives_not_with_what_is_announced() {
+        let k = key_for(Role::Client);
+        let announced = frame(FIN | 1, &vec![b'x'; 1 << 20], k);
+        let sent = announced[..20_000].to_vec();
+        let (mut ws, _) = socket(Role::Client, LIMITS, Vec::new());
+        ws.io = Box::new(Script {
+            reads: Arc::new(Mutex::new(sent.chunks(4096).map(<[u8]>::to_vec).collect())),
+            hold: true,
+            ..Script::default()
+        });
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(50), ws.next()).await;
+        assert!(waited.is_err(), "the frame is incomplete");
+        assert_eq!(ws.read.len(), 20_000);
+        assert!(ws.read.capacity() <= 64 * 1024, "{}", ws.read.capacity());
+    }
+
+    #[tokio::test]
+    async fn protocol_violations_end_the_stream_with_an_error() {
+        let k = key_for(Role::Server);
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (frame(FIN | 0x40 | 1, b"x", k), "Reserved bits are non-zero"),
+            (frame(FIN | 0x10 | 1, b"x", k), "Reserved bits are non-zero"),
+            (frame(FIN | 3, b"x", k), "Unknown data frame type: 3"),
+            (frame(FIN | 11, b"x", k), "Unknown control frame type: 11"),
+            (frame(9, b"x", k), "Fragmented control frame"),
+            (frame(FIN | 9, &[0; 126], k), "Control frame too big"),
+            (
+                frame(FIN, b"x", k),
+                "Continue frame but nothing to continue",
+            ),
+            (
+                [frame(1, b"x", k), frame(FIN | 1, b"y", k)].concat(),
+                "While waiting for more fragments received: TEXT",
+            ),
+            (frame(FIN | 8, &[3], k), "Invalid close sequence"),
+            (frame(FIN | 8, &[0x03, 0xed], k), "Invalid close sequence"),
+            (
+                frame(FIN | 1, &[b'a', 0xff, b'b'], k),
+                "UTF-8 encoding error",
+            ),
+            (
+                [frame(1, &[0xc3], k), frame(FIN, b"(", k)].concat(),
+                "UTF-8 encoding error",
+            ),
+            (
+                frame(FIN | 8, &[0x03, 0xe8, 0xff], k),
+                "UTF-8 encoding error",
+            ),
+        ];
+        for (bytes, error) in cases {
+            let (mut ws, _) = socket(
+                Role::Server,
+                LIMITS,
+                vec![bytes, frame(FIN | 1, b"after", k)],
+            );
+            let got = drain(&mut ws).await;
+            assert_eq!(got.len(), 1, "{error}: {got:?}");
+            let Err(e) = &got[0] else {
+                panic!("{error}: {got:?}")
+            };
+            assert!(e.contains(error), "{error}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn next_buffered_takes_only_what_is_already_read() {
+        let k = key_for(Role::Client);
+        let first: Vec<u8> = [
+            frame(FIN | 1, b"a", k),
+            frame(FIN | 1, b"b", k),
+            frame(1, b"c", k),
+        ]
+        .concat();
+        let (mut ws, _) = socket(Role::Client, LIMITS, vec![first, frame(FIN, b"d", k)]);
+        assert!(ws.next_buffered().is_none(), "nothing read yet");
+        assert_eq!(
+            ws.next().await.map(|r| r.map_err(|e| e.to_string())),
+            Some(text("a"))
+        );
+        assert_eq!(
+            ws.next_buffered().map(|r| r.map_err(|e| e.to_string())),
+            Some(text("b"))
+        );
+        assert!(ws.next_buffered().is_none(), "half a message is buffered");
+        assert!(ws.next_buffered().is_none());
+        assert_eq!(
+            ws.next().await.map(|r| r.map_err(|e| e.to_string())),
+            Some(text("cd"))
+        );
+    }
+
+    #[tokio::test]
+    async fn writes_are_masked_with_a_fresh_key_as_a_client_and_plain_as_a_server() {
+        for role in [Role::Client, Role::Server] {
+            let (mut ws, written) = socket(role, LIMITS, Vec::new());
+            let long = "z".repeat(70_000);
+            for m in ["one", "two", "three", long.as_str()] {
+                ws.feed(Message::text(m.to_string())).await.unwrap();
+            }
+            ws.send(Message::Ping(Bytes::from_static(b"p")))
+                .await
+                .unwrap();
+            ws.close(Some(CloseFrame {
+                code: CloseCode::Away,
+                reason: "done".into(),
+            }))
+            .await
+            .unwrap();
+            let err = ws
+                .send(Message::text("late"))
+                .await
+                .err()
+                .map(|e| e.to_string());
+            assert_eq!(
+                err.as_deref(),
+                Some("WebSocket protocol error: Sending after closing is not allowed")
+            );
+            let bytes = written.lock().unwrap().clone();
+            let frames = written_frames(role, &bytes);
+            let payloads: Vec<&[u8]> = frames.iter().map(|(_, p)| p.as_slice()).collect();
+            assert_eq!(
+                payloads,
+                vec![
+                    &b"one"[..],
+                    b"two",
+                    b"three",
+                    long.as_bytes(),
+                    b"p",
+                    &[0x03, 0xe9, b'd', b'o', b'n', b'e']
+                ]
+            );
+            let kinds: Vec<u8> = frames.iter().map(|(b0, _)| *b0).collect();
+            assert_eq!(
+                kinds,
+                vec![FIN | 1, FIN | 1, FIN | 1, FIN | 1, FIN | 9, FIN | 8]
+            );
+            if role == Role::Client {
+                // Keys sit at the end of each header: not all the same.
+                let mut keys = Vec::new();
+                let mut buf = bytes.as_slice();
+                while !buf.is_empty() {
+                    let h = parse_header(buf, Role::Server, usize::MAX, 0)
+                        .unwrap()
+                        .unwrap();
+                    keys.push(h.mask);
+                    buf = &buf[h.len + h.payload..];
+                }
+                assert!(keys.iter().all(Option::is_some));
+                assert!(keys.windows(2).any(|w| w[0] != w[1]), "{keys:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_close_after_ours_is_not_answered_and_ends_the_stream() {
+        let k = key_for(Role::Server);
+        let (mut ws, written) = socket(Role::Server, LIMITS, Vec::new());
+        ws.close(None).await.unwrap();
+        ws.io = Box::new(Script {
+            reads: Arc::new(Mutex::new(VecDeque::from(vec![
+                frame(FIN | 1, b"late", k),
+                frame(FIN | 8, &[0x03, 0xe8], k),
+            ]))),
+            written: written.clone(),
+            hold: true,
+        });
+        assert_eq!(drain(&mut ws).await[0], text("late"));
+        let frames = written_frames(Role::Server, &written.lock().unwrap());
+        assert_eq!(frames, vec![(FIN | 8, Vec::new())], "one close, ours");
+        // The end of the byte stream after our close is a clean end.
+        let (mut ws, _) = socket(Role::Server, LIMITS, Vec::new());
+        ws.close(None).await.unwrap();
+        assert!(ws.next().await.is_none());
+    }
+
+    #[test]
+    fn masking_eight_bytes_at_a_time_matches_the_definition() {
+        let key = [0x6d, 0xb6, 0xb2, 0x80];
+        for len in 0..40 {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let mut fast = data.clone();
+            apply_mask(&mut fast, key);
+            let slow: Vec<u8> = data
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ key[i % 4])
+                .collect();
+            assert_eq!(fast, slow, "{len}");
+        }
+    }
+
+    /// Our codec against tungstenite's, both roles, over an in-memory pipe:
+    /// messages both ways, a ping answered without the reader doing
+    /// anything but wait, and the close handshake.
+    #[tokio::test]
+    async fn interoperates_with_tungstenite_in_both_roles() {
+        use tokio_tungstenite::tungstenite::protocol::Role as TRole;
+        for role in [Role::Client, Role::Server] {
+            let (ours, theirs) = tokio::io::duplex(1 << 20);
+            let peer_role = if role == Role::Client {
+                TRole::Server
+            } else {
+                TRole::Client
+            };
+            let mut peer = WebSocketStream::from_raw_socket(theirs, peer_role, None).await;
+            let mut ws = HostSocket::new(Box::new(ours), role, LIMITS);
+            let big = "q".repeat(100_000);
+            peer.send(Message::text("hi")).await.unwrap();
+            peer.send(Message::text(big.clone())).await.unwrap();
+            assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("hi"));
+            assert_eq!(
+                ws.next().await.unwrap().unwrap(),
+                Message::text(big.clone())
+            );
+            ws.send(Message::text("back")).await.unwrap();
+            assert_eq!(peer.next().await.unwrap().unwrap(), Message::text("back"));
+            // The reader waits; the peer's ping is answered meanwhile.
+            let reader = tokio::spawn(async move {
+                let got = ws.next().await.map(|r| r.map_err(|e| e.to_string()));
+                (ws, got)
+            });
+            peer.send(Message::Ping(Bytes::from_static(b"rtt")))
+                .await
+                .unwrap();
+            assert_eq!(
+                peer.next().await.unwrap().unwrap(),
+                Message::Pong(Bytes::from_static(b"rtt"))
+            );
+            peer.close(None).await.unwrap();
+            let (mut ws, got) = reader.await.unwrap();
+            assert_eq!(got, Some(Ok(Message::Close(None))));
+            assert!(ws.next().await.is_none());
+            drop(ws);
+            // tungstenite takes our close reply (yielding it or not) and
+            // its stream then ends cleanly.
+            let mut end = peer.next().await.map(|r| r.map_err(|e| e.to_string()));
+            if end == Some(Ok(Message::Close(None))) {
+                end = peer.next().await.map(|r| r.map_err(|e| e.to_string()));
+            }
+            assert!(end.is_none(), "{role:?}: {end:?}");
+        }
+    }
+}
