@@ -226,7 +226,13 @@ async fn a_stopped_reader_is_closed_after_slow_client_secs_and_replays() {
     if !resumed.complete {
         while resumed.read(&mut back, "stop-turn", usize::MAX).await {}
     }
-    assert_eq!((resumed.deltas, resumed.complete), (60_000, true));
+    assert_eq!(
+        (resumed.deltas, resumed.complete),
+        (60_000, true),
+        "after the replay of {} actions; closed {:?}",
+        answer["result"]["actions"].as_array().map_or(0, Vec::len),
+        resumed.closed
+    );
 }
 
 /// A host with `sessions` seeded chats streaming flat out.

@@ -112,9 +112,14 @@ impl LinkOwner for ClientSession {
         let core = self.lock();
         let Some(socket) = &core.attachment.socket else {
             // Detached: frames go to the replay buffer, bounded on its own.
+            // A batch is still no larger than an empty client queue takes:
+            // a `reconnect` may attach a socket while the batch is read, and
+            // its frames then go to that socket's queue, behind the answer
+            // (a larger batch overflowed a small queue at once: 4008).
+            let limits = &self.env.cfg.limits;
             return Room::Take {
-                frames: usize::MAX,
-                bytes: usize::MAX,
+                frames: limits.client_queue_frames,
+                bytes: limits.client_queue_bytes,
             };
         };
         match socket.out.allowance() {

@@ -104,6 +104,16 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// What a frame of `len` bytes counts against the byte bound: its
+    /// length, at most the bound itself. A single frame larger than the
+    /// bound (a large `reconnect` answer) then counts as a full queue, not
+    /// as several: the links behind it pause as at any full queue, but
+    /// frames that cannot wait still pass up to twice the bound instead of
+    /// being refused before the client could read a byte of it.
+    fn cost(&self, len: usize) -> usize {
+        len.min(self.max_bytes)
+    }
+
     fn has_room(&self) -> bool {
         if self.closed.load(Ordering::SeqCst) {
             return true;
@@ -172,20 +182,21 @@ impl Drop for Outbox {
 
 impl Outbox {
     /// Queues `frame` unless the queue already holds twice its frame bound,
-    /// or the frame would take it over twice its byte bound (a single frame
-    /// larger than that still passes into an empty queue).
+    /// or the frame would take it over twice its byte bound (each frame
+    /// counted as at most the bound: [`Shared::cost`]; a frame still passes
+    /// into an empty queue).
     pub fn try_send(&self, frame: Text) -> Result<(), Refused> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::SeqCst) {
             return Err(Refused::Closed);
         }
-        let len = frame.len();
+        let cost = shared.cost(frame.len());
         let mut s = shared.lock();
-        let over_bytes = s.bytes > 0 && s.bytes + len > shared.max_bytes.saturating_mul(2);
+        let over_bytes = s.bytes > 0 && s.bytes + cost > shared.max_bytes.saturating_mul(2);
         if over_bytes || s.frames.len() >= shared.max_frames.saturating_mul(2) {
             return Err(Refused::Full);
         }
-        s.bytes += len;
+        s.bytes += cost;
         s.frames.push_back(frame);
         if s.batching {
             return Ok(());
@@ -235,7 +246,8 @@ impl Outbox {
         })
     }
 
-    /// Bytes queued and not yet taken by the writer.
+    /// Bytes queued and not yet taken by the writer (each frame counted as
+    /// at most the byte bound).
     pub fn queued_bytes(&self) -> usize {
         self.shared.lock().bytes
     }
@@ -313,14 +325,15 @@ impl OutboxRx {
             std::mem::swap(&mut s.frames, into);
             s.bytes = 0;
         } else {
-            let mut taken = 0;
+            let (mut taken, mut counted) = (0, 0);
             while taken < max_bytes
                 && let Some(f) = s.frames.pop_front()
             {
                 taken += f.len();
+                counted += shared.cost(f.len());
                 into.push_back(f);
             }
-            s.bytes = s.bytes.saturating_sub(taken);
+            s.bytes = s.bytes.saturating_sub(counted);
         }
         s.drain_needed = false;
         drop(s);
@@ -553,6 +566,32 @@ mod tests {
         assert!(rx.take_all(&mut batch));
         assert_eq!(batch.len(), 6);
         assert_eq!(tx.queued_bytes(), 0);
+    }
+
+    #[test]
+    fn a_frame_over_the_byte_bound_counts_as_the_bound() {
+        let (tx, mut rx) = outbox(100, 1000);
+        let small = "y".repeat(300);
+        assert_eq!(tx.try_send(text(&small)), Ok(()));
+        let big = "x".repeat(5000);
+        assert_eq!(
+            tx.try_send(text(&big)),
+            Ok(()),
+            "behind a small frame, a frame over twice the bound counts as the bound"
+        );
+        assert!(!tx.has_room(), "links pause behind it");
+        assert_eq!(tx.queued_bytes(), 1300);
+        assert_eq!(tx.try_send(text(&small)), Ok(()), "up to twice the bound");
+        assert_eq!(tx.try_send(text(&small)), Ok(()));
+        assert_eq!(
+            tx.try_send(text(&small)),
+            Err(Refused::Full),
+            "twice the bound still holds"
+        );
+        let mut taken = VecDeque::new();
+        assert!(rx.take_all(&mut taken));
+        assert_eq!(taken.len(), 4);
+        assert_eq!(tx.queued_bytes(), 0, "taken as counted");
     }
 
     #[tokio::test]
