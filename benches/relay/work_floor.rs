@@ -109,7 +109,7 @@ impl Client {
             let frame = input.split_to(head + len);
             let payload = &frame[head..];
             let spliced = if opcode == 0x81 {
-                let text = std::str::from_utf8(payload).map_err(std::io::Error::other)?;
+                let text = simdutf8::compat::from_utf8(payload).map_err(std::io::Error::other)?;
                 self.envelope(text, &mut arena)
             } else {
                 None

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use crate::rpc::Close;
-use crate::session::outbox::DirectWrite;
+use crate::session::outbox::{DirectWrite, Frames};
 use crate::wire::Text;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
 use tokio::sync::Notify;
@@ -169,13 +169,13 @@ impl<W: AsyncWrite + Unpin> SharedWriter<W> {
     /// Writes every frame of `frames` (emptying it) as text frames, after
     /// whatever is still pending, then flushes.
     pub async fn write_frames(&self, frames: &mut VecDeque<Text>) -> io::Result<()> {
-        self.lock().encode(frames);
+        self.lock().encode(Frames::Queued(frames));
         self.drain().await
     }
 
     /// Writes the control bytes the reader queued.
     pub async fn write_control(&self) -> io::Result<()> {
-        self.lock().encode(&mut VecDeque::new());
+        self.lock().encode(Frames::Queued(&mut VecDeque::new()));
         self.drain().await
     }
 
@@ -184,7 +184,7 @@ impl<W: AsyncWrite + Unpin> SharedWriter<W> {
     pub async fn close(&self, close: Close) -> io::Result<()> {
         {
             let mut w = self.lock();
-            w.encode(&mut VecDeque::new());
+            w.encode(Frames::Queued(&mut VecDeque::new()));
             close_frame_into(&mut w.buf, close.code(), close.reason());
             w.closed = true;
         }
@@ -212,7 +212,7 @@ impl<W: AsyncWrite + Unpin> SharedWriter<W> {
 }
 
 impl<W: AsyncWrite + Unpin + Send> DirectWrite for SharedWriter<W> {
-    fn write_now(&self, frames: &mut VecDeque<Text>) -> Option<bool> {
+    fn write_now(&self, frames: Frames<'_>) -> Option<bool> {
         let mut w = self.inner.try_lock().ok()?;
         // Bytes still pending mean the socket is not taking them: the frames
         // wait in the bounded queue instead, so a client that does not read
@@ -236,18 +236,29 @@ impl<W: AsyncWrite + Unpin + Send> DirectWrite for SharedWriter<W> {
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
-    /// Appends the reader's control bytes, then `frames` (emptying it).
-    fn encode(&mut self, frames: &mut VecDeque<Text>) {
+    /// Appends the reader's control bytes, then `frames` (emptying a queue;
+    /// none after the close frame).
+    fn encode(&mut self, frames: Frames<'_>) {
         let control = self.control.take();
         self.buf.extend_from_slice(&control);
-        if self.closed {
-            frames.clear();
-            return;
+        match frames {
+            Frames::Queued(queue) => {
+                if !self.closed {
+                    self.encode_texts(queue.iter());
+                }
+                queue.clear();
+            }
+            Frames::Kept(kept) if !self.closed => self.encode_texts(kept.map(|(_, f)| f)),
+            Frames::Kept(_) => {}
         }
+    }
+
+    /// Appends `frames` as text frames.
+    fn encode_texts<'a>(&mut self, frames: impl Iterator<Item = &'a Text> + Clone) {
         // One allocation for the batch, not one per doubling.
-        let framed: usize = frames.iter().map(|f| f.len() + MAX_HEADER).sum();
+        let framed: usize = frames.clone().map(|f| f.len() + MAX_HEADER).sum();
         self.buf.reserve(framed);
-        for frame in frames.drain(..) {
+        for frame in frames {
             text_frame_into(&mut self.buf, frame.as_bytes());
         }
     }
@@ -371,18 +382,18 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(64);
         let (_read, writer) = split(server);
         let mut small: VecDeque<Text> = VecDeque::from([Text::from("a"), Text::from("b")]);
-        assert_eq!(writer.write_now(&mut small), Some(true));
+        assert_eq!(writer.write_now(Frames::Queued(&mut small)), Some(true));
         assert!(small.is_empty());
         let mut big: VecDeque<Text> = (0..10).map(|i| Text::from(format!("{i:>20}"))).collect();
         assert_eq!(
-            writer.write_now(&mut big),
+            writer.write_now(Frames::Queued(&mut big)),
             Some(false),
             "64 bytes cannot take 10 frames of 22"
         );
         assert!(big.is_empty(), "taken and encoded, not lost");
         let mut more: VecDeque<Text> = VecDeque::from([Text::from("c")]);
         assert_eq!(
-            writer.write_now(&mut more),
+            writer.write_now(Frames::Queued(&mut more)),
             None,
             "pending bytes: the queue keeps it"
         );
@@ -421,7 +432,7 @@ mod tests {
         closing.await.unwrap().unwrap();
         let mut after: VecDeque<Text> = VecDeque::from([Text::from("late")]);
         assert_eq!(
-            writer.write_now(&mut after),
+            writer.write_now(Frames::Queued(&mut after)),
             None,
             "nothing after the close frame"
         );

@@ -243,6 +243,17 @@ impl ReplayBuffer {
         (self.frames.len(), self.bytes)
     }
 
+    /// The newest `n` frames (fewer if it holds fewer), oldest first.
+    pub fn newest(&self, n: usize) -> std::collections::vec_deque::Iter<'_, (u64, Text)> {
+        self.frames.range(self.frames.len().saturating_sub(n)..)
+    }
+
+    /// Whether `frames` frames costing `bytes` in all fit the bounds: pushed
+    /// last, none of them is evicted.
+    pub fn holds(&self, frames: usize, bytes: usize) -> bool {
+        frames <= self.max_frames && bytes <= self.max_bytes
+    }
+
     /// Frames numbered above `after`, oldest first.
     pub fn since(&self, after: u64) -> impl Iterator<Item = &(u64, Text)> {
         self.frames.iter().filter(move |(s, _)| *s > after)

@@ -65,6 +65,11 @@ pub(super) struct Tally {
     pub(super) evicted: u64,
     /// Net change of the replay buffer's cost in bytes.
     pub(super) cost: i64,
+    /// The batch's newest envelopes held only by the replay buffer, not
+    /// queued: the socket gets them at the batch's end, read in place.
+    pub(super) kept: usize,
+    /// Their cost in the replay buffer ([`super::buffer::envelope_cost`]).
+    pub(super) kept_cost: usize,
 }
 
 /// The channels the client follows and their state per host.

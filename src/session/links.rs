@@ -5,8 +5,6 @@
 
 use std::sync::{Arc, Weak};
 
-use tokio_tungstenite::tungstenite::Utf8Bytes;
-
 use super::ClientSession;
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
@@ -56,7 +54,7 @@ impl LinkOwner for ClientSession {
         &self,
         host: &Arc<HostHub>,
         link: u64,
-        frames: &[Utf8Bytes],
+        frames: &[&str],
         replies: &mut Vec<String>,
     ) {
         let started = std::time::Instant::now();

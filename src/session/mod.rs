@@ -336,9 +336,18 @@ impl ClientSession {
         let n = core.seq.last + 1;
         let frame = build(n)?;
         core.seq.last = n;
+        let len = frame.len();
+        let keep = self.may_keep(core, len);
+        let queued = if keep {
+            None
+        } else {
+            // Kept envelopes go first: nothing may overtake them.
+            self.spill(core);
+            Some(frame.clone())
+        };
         let (evicted, evicted_bytes) = match core.seq.batch {
-            Some(_) => core.seq.buffer.push_unsettled(n, frame.clone()),
-            None => core.seq.buffer.push(n, frame.clone()),
+            Some(_) => core.seq.buffer.push_unsettled(n, frame),
+            None => core.seq.buffer.push(n, frame),
         };
         let gap_lost = core
             .attachment
@@ -350,21 +359,66 @@ impl ClientSession {
             // close now (§5.7).
             core.lose_links();
         }
-        let cost = buffer::envelope_cost(frame.len()) as i64 - evicted_bytes as i64;
+        let added = buffer::envelope_cost(len);
+        let cost = added as i64 - evicted_bytes as i64;
         match &mut core.seq.batch {
             Some(tally) => {
                 tally.relayed += 1;
                 tally.evicted += evicted as u64;
                 tally.cost += cost;
+                if keep {
+                    tally.kept += 1;
+                    tally.kept_cost += added;
+                }
             }
             None => self.report(&core::Tally {
                 relayed: 1,
                 evicted: evicted as u64,
                 cost,
+                ..core::Tally::default()
             }),
         }
-        self.push(core, frame);
+        if let Some(frame) = queued {
+            self.push(core, frame);
+        }
         Some(n)
+    }
+
+    /// Whether an envelope of `len` bytes numbered in the current batch may
+    /// stay held by the replay buffer alone until the batch ends (no queue
+    /// entry, no second reference): a client is attached to receive it, it
+    /// is within the client frame limit, and the buffer holds it and the
+    /// batch's other kept envelopes whatever else it evicts.
+    fn may_keep(&self, core: &SessionCore, len: usize) -> bool {
+        let Some(tally) = &core.seq.batch else {
+            return false;
+        };
+        let cost = tally.kept_cost + buffer::envelope_cost(len);
+        core.attachment.socket.is_some()
+            && len <= self.env.cfg.limits.max_frame_bytes
+            && core.seq.buffer.holds(tally.kept + 1, cost)
+    }
+
+    /// Queues the batch's kept envelopes now (an envelope that cannot be
+    /// kept follows them).
+    fn spill(&self, core: &mut SessionCore) {
+        let Some(tally) = &mut core.seq.batch else {
+            return;
+        };
+        let kept = std::mem::take(&mut tally.kept);
+        tally.kept_cost = 0;
+        if kept == 0 {
+            return;
+        }
+        let frames: Vec<Text> = core
+            .seq
+            .buffer
+            .newest(kept)
+            .map(|(_, f)| f.clone())
+            .collect();
+        for frame in frames {
+            self.push(core, frame);
+        }
     }
 
     /// Starts a batch: envelopes numbered until [`ClientSession::end_batch`]
@@ -380,13 +434,23 @@ impl ClientSession {
     }
 
     /// Ends a batch begun by [`ClientSession::begin_batch`].
+    /// The batch's kept envelopes go to the socket now, read in place.
     pub(crate) fn end_batch(&self, core: &mut SessionCore) {
-        if let Some(tally) = core.seq.batch.take() {
-            core.seq.buffer.settle();
-            self.report(&tally);
-            if let Some(socket) = &core.attachment.socket {
-                socket.out.end_batch();
+        let Some(tally) = core.seq.batch.take() else {
+            return;
+        };
+        core.seq.buffer.settle();
+        self.report(&tally);
+        let Some(socket) = &core.attachment.socket else {
+            return;
+        };
+        match socket.out.end_batch(core.seq.buffer.newest(tally.kept)) {
+            Ok(()) => {}
+            Err(outbox::Refused::Full) => {
+                self.env.metrics.slow_consumer_closes.inc();
+                self.close_locked(core, Close::SlowConsumer);
             }
+            Err(outbox::Refused::Closed) => core.attachment.socket = None,
         }
     }
 

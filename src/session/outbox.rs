@@ -19,7 +19,7 @@
 //! to the socket itself ([`DirectWrite`]) — no task hop, no wake-up — and
 //! wakes the writer only if the socket did not take it all.
 
-use std::collections::VecDeque;
+use std::collections::{VecDeque, vec_deque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -40,15 +40,25 @@ pub enum Refused {
     Closed,
 }
 
+/// Frames handed to [`DirectWrite::write_now`].
+#[derive(Debug)]
+pub enum Frames<'a> {
+    /// Frames taken from the queue (emptied when written).
+    Queued(&'a mut VecDeque<Text>),
+    /// A batch's envelopes, still held only by the replay buffer: read in
+    /// place, shared with nobody, so writing them costs no reference count.
+    Kept(vec_deque::Iter<'a, (u64, Text)>),
+}
+
 /// The socket's writer as a link may use it directly (implemented by the
 /// edge's writer).
 pub trait DirectWrite: Send + Sync {
-    /// Frames and writes `frames` (emptying it) without waiting, if the
+    /// Frames and writes `frames` (emptying a queue) without waiting, if the
     /// writer is free and has nothing pending: `None` when it is busy, has
     /// bytes the socket did not take yet, or is closed (`frames` untouched);
     /// `Some(true)` when everything reached the socket; `Some(false)` when
     /// the rest is encoded and waits for the writer task to drain it.
-    fn write_now(&self, frames: &mut VecDeque<Text>) -> Option<bool>;
+    fn write_now(&self, frames: Frames<'_>) -> Option<bool>;
 }
 
 /// The queue itself, under [`Shared::state`].
@@ -112,6 +122,22 @@ impl Shared {
     /// being refused before the client could read a byte of it.
     fn cost(&self, len: usize) -> usize {
         len.min(self.max_bytes)
+    }
+
+    /// Counts a frame of `len` bytes into `s` unless the queue already
+    /// holds twice its frame bound, or the frame would take it over twice
+    /// its byte bound (each frame counted as at most the bound: [`cost`];
+    /// a frame still passes into an empty queue).
+    ///
+    /// [`cost`]: Self::cost
+    fn admit(&self, s: &mut State, len: usize) -> Result<(), Refused> {
+        let cost = self.cost(len);
+        let over_bytes = s.bytes > 0 && s.bytes + cost > self.max_bytes.saturating_mul(2);
+        if over_bytes || s.frames.len() >= self.max_frames.saturating_mul(2) {
+            return Err(Refused::Full);
+        }
+        s.bytes += cost;
+        Ok(())
     }
 
     fn has_room(&self) -> bool {
@@ -190,13 +216,8 @@ impl Outbox {
         if shared.closed.load(Ordering::SeqCst) {
             return Err(Refused::Closed);
         }
-        let cost = shared.cost(frame.len());
         let mut s = shared.lock();
-        let over_bytes = s.bytes > 0 && s.bytes + cost > shared.max_bytes.saturating_mul(2);
-        if over_bytes || s.frames.len() >= shared.max_frames.saturating_mul(2) {
-            return Err(Refused::Full);
-        }
-        s.bytes += cost;
+        shared.admit(&mut s, frame.len())?;
         s.frames.push_back(frame);
         if s.batching {
             return Ok(());
@@ -257,33 +278,41 @@ impl Outbox {
         self.shared.lock().batching = true;
     }
 
-    /// Ends a batch: when the writer is parked, the batch is written here,
-    /// directly; the writer is woken only if that is not possible or the
-    /// socket did not take everything. The queue's lock is held until the
-    /// writer's is, so no frame queued later can overtake the batch.
-    pub fn end_batch(&self) {
+    /// Ends a batch: `kept` are its envelopes not queued (still held only by
+    /// the replay buffer), which follow what the batch queued. When the
+    /// writer is parked, the batch is written here, directly (`kept` read in
+    /// place when nothing is queued); the writer is woken only if that is
+    /// not possible or the socket did not take everything. Frames that are
+    /// not written are queued under the bounds of [`Outbox::try_send`], and
+    /// refused as it refuses them (then none of the rest is queued). The
+    /// queue's lock is held until the writer's is, so no frame queued later
+    /// can overtake the batch.
+    pub fn end_batch(&self, kept: vec_deque::Iter<'_, (u64, Text)>) -> Result<(), Refused> {
         let shared = &self.shared;
+        if shared.closed.load(Ordering::SeqCst) {
+            return Err(Refused::Closed);
+        }
         let mut s = shared.lock();
         s.batching = false;
-        if s.frames.is_empty() || !s.writer_parked {
-            return;
+        if kept.len() > 0 && s.frames.is_empty() && s.writer_parked {
+            let direct = s.direct.clone();
+            if let Some(done) = direct.and_then(|d| d.write_now(Frames::Kept(kept.clone()))) {
+                self.written(s, done);
+                return Ok(());
+            }
         }
-        let written = match s.direct.clone() {
-            Some(direct) => direct.write_now(&mut s.frames),
-            None => None,
-        };
-        match written {
+        for (_, frame) in kept {
+            shared.admit(&mut s, frame.len())?;
+            s.frames.push_back(frame.clone());
+        }
+        if s.frames.is_empty() || !s.writer_parked {
+            return Ok(());
+        }
+        let direct = s.direct.clone();
+        match direct.and_then(|d| d.write_now(Frames::Queued(&mut s.frames))) {
             Some(done) => {
                 s.bytes = 0;
-                if !done {
-                    s.drain_needed = true;
-                    s.writer_parked = false;
-                }
-                drop(s);
-                if !done {
-                    shared.wake.notify_one();
-                }
-                shared.rooms();
+                self.written(s, done);
             }
             None => {
                 s.writer_parked = false;
@@ -291,6 +320,21 @@ impl Outbox {
                 shared.wake.notify_one();
             }
         }
+        Ok(())
+    }
+
+    /// After a direct write: the writer drains what the socket did not take
+    /// (`done` false); links waiting for room are told there is some.
+    fn written(&self, mut s: MutexGuard<'_, State>, done: bool) {
+        if !done {
+            s.drain_needed = true;
+            s.writer_parked = false;
+        }
+        drop(s);
+        if !done {
+            self.shared.wake.notify_one();
+        }
+        self.shared.rooms();
     }
 }
 
@@ -455,14 +499,67 @@ mod tests {
     }
 
     impl DirectWrite for Direct {
-        fn write_now(&self, frames: &mut VecDeque<Text>) -> Option<bool> {
+        fn write_now(&self, frames: Frames<'_>) -> Option<bool> {
             if self.busy.load(Ordering::SeqCst) {
                 return None;
             }
             let mut w = self.written.lock().unwrap();
-            w.extend(frames.drain(..).map(|f| f.to_string()));
+            match frames {
+                Frames::Queued(queue) => w.extend(queue.drain(..).map(|f| f.to_string())),
+                Frames::Kept(kept) => w.extend(kept.map(|(_, f)| f.to_string())),
+            }
             Some(self.whole.load(Ordering::SeqCst))
         }
+    }
+
+    /// A batch with no kept envelopes.
+    const NONE_KEPT: VecDeque<(u64, Text)> = VecDeque::new();
+
+    fn kept(texts: &[&str]) -> VecDeque<(u64, Text)> {
+        texts.iter().zip(1..).map(|(t, n)| (n, text(t))).collect()
+    }
+
+    #[tokio::test]
+    async fn kept_envelopes_follow_what_the_batch_queued_written_in_place_or_queued() {
+        let (tx, mut rx) = outbox(2, 1 << 20);
+        let direct = Arc::new(Direct {
+            written: Default::default(),
+            busy: AtomicBool::new(false),
+            whole: AtomicBool::new(true),
+        });
+        rx.attach(direct.clone());
+        parked(&mut rx).await;
+        tx.begin_batch();
+        tx.end_batch(kept(&["k0", "k1"]).iter()).unwrap();
+        assert_eq!(*direct.written.lock().unwrap(), ["k0", "k1"], "in place");
+        assert_eq!(tx.queued_bytes(), 0, "never counted in the queue");
+        parked(&mut rx).await;
+        tx.begin_batch();
+        tx.try_send(text("q")).unwrap();
+        tx.end_batch(kept(&["k2"]).iter()).unwrap();
+        assert_eq!(
+            *direct.written.lock().unwrap(),
+            ["k0", "k1", "q", "k2"],
+            "behind q"
+        );
+        // A busy writer: they are queued, in order, under the queue's bounds.
+        direct.busy.store(true, Ordering::SeqCst);
+        parked(&mut rx).await;
+        tx.begin_batch();
+        tx.end_batch(kept(&["k3", "k4"]).iter()).unwrap();
+        let mut batch = VecDeque::new();
+        assert!(rx.recv_batch(&mut batch).await);
+        assert_eq!(
+            batch.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+            ["k3", "k4"]
+        );
+        tx.begin_batch();
+        let refused = tx.end_batch(kept(&["a", "b", "c", "d", "e"]).iter());
+        assert_eq!(
+            refused,
+            Err(Refused::Full),
+            "over twice the frame bound of 2"
+        );
     }
 
     async fn parked(rx: &mut OutboxRx) {
@@ -488,7 +585,7 @@ mod tests {
         for i in 0..3 {
             tx.try_send(text(&i.to_string())).unwrap();
         }
-        tx.end_batch();
+        tx.end_batch(NONE_KEPT.iter()).unwrap();
         assert_eq!(*direct.written.lock().unwrap(), ["0", "1", "2"]);
         assert_eq!(tx.queued_bytes(), 0);
         parked(&mut rx).await;
@@ -496,7 +593,7 @@ mod tests {
         direct.whole.store(false, Ordering::SeqCst);
         tx.begin_batch();
         tx.try_send(text("3")).unwrap();
-        tx.end_batch();
+        tx.end_batch(NONE_KEPT.iter()).unwrap();
         let mut batch = VecDeque::new();
         assert!(rx.recv_batch(&mut batch).await, "woken to drain");
         assert!(batch.is_empty());
@@ -506,7 +603,7 @@ mod tests {
         tx.begin_batch();
         tx.try_send(text("4")).unwrap();
         tx.try_send(text("5")).unwrap();
-        tx.end_batch();
+        tx.end_batch(NONE_KEPT.iter()).unwrap();
         assert!(rx.recv_batch(&mut batch).await);
         assert_eq!(
             batch.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
@@ -533,7 +630,7 @@ mod tests {
             seen.try_recv().is_err(),
             "the parked writer was not woken mid-batch"
         );
-        tx.end_batch();
+        tx.end_batch(NONE_KEPT.iter()).unwrap();
         assert_eq!(
             seen.recv().await,
             Some(2),

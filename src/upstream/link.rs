@@ -18,9 +18,10 @@ use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
-use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+use tokio_tungstenite::tungstenite::Message;
 
 use super::dial_in::HostSocket;
+use super::frames::Texts;
 use super::hub::HostHub;
 
 /// Whether a link may read from its host now (§5.9).
@@ -80,7 +81,7 @@ pub trait LinkOwner: Send + Sync + 'static {
         &self,
         host: &Arc<HostHub>,
         link: u64,
-        frames: &[Utf8Bytes],
+        frames: &[&str],
         replies: &mut Vec<String>,
     );
     /// The connection dropped; a resume will be tried. Requests in flight on
@@ -326,9 +327,14 @@ async fn pump(
                     }
                 }
             }
-            msg = ws.next(), if paused.is_none() => {
+            ready = std::future::poll_fn(|cx| ws.poll_frame(cx)), if paused.is_none() => {
                 heard.now();
-                if let Some(end) = host_messages(ends, ws, msg, allowance, &mut batch).await {
+                let end = match ready {
+                    Ok(true) => host_messages(ends, ws, allowance, &mut batch).await,
+                    Ok(false) => Some(true),
+                    Err(e) => Some(link_failed(ends, &e)),
+                };
+                if let Some(end) = end {
                     return end;
                 }
             }
@@ -397,50 +403,41 @@ impl Heard {
 /// Host frames read together, and the answers the owner wants written back.
 #[derive(Default)]
 struct Batch {
-    frames: Vec<Utf8Bytes>,
-    bytes: usize,
+    texts: Texts,
     replies: Vec<String>,
 }
 
-/// Hands `first` and every text frame already in the socket's read buffer
-/// (up to `allowance` frames and bytes; no further read, no waker
-/// registered) to the owner in one call,
-/// then writes its replies; `Some` when [`pump`] must end with that value.
+/// Hands every text frame already in the socket's read buffer (up to
+/// `allowance` frames and bytes; no further read, no waker registered) to
+/// the owner in one call, read in place, then writes its replies; `Some`
+/// when [`pump`] must end with that value.
 async fn host_messages(
     ends: &Ends,
     ws: &mut HostSocket,
-    first: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
-    (max_frames, max_bytes): (usize, usize),
+    allowance: (usize, usize),
     batch: &mut Batch,
 ) -> Option<bool> {
-    let mut end = match first {
-        Some(Ok(Message::Text(t))) => {
-            batch.bytes = t.len();
-            batch.frames.push(t);
-            None
+    let mut end = match ws.take_texts(&mut batch.texts, allowance) {
+        Ok(true) => None,
+        Ok(false) => {
+            // The host closed: our answering close goes out as it would
+            // have with a read (best effort, the connection is ending).
+            let _ = ws.flush().await;
+            Some(true)
         }
-        Some(Ok(Message::Close(_))) | None => return Some(true),
-        Some(Err(e)) => return Some(link_failed(ends, &e)),
-        Some(Ok(_)) => return None,
+        Err(e) => Some(link_failed(ends, &e)),
     };
-    while end.is_none() && batch.frames.len() < max_frames && batch.bytes < max_bytes {
-        match ws.next_buffered() {
-            None => break,
-            Some(Ok(Message::Text(t))) => {
-                batch.bytes += t.len();
-                batch.frames.push(t);
-            }
-            Some(Ok(Message::Close(_))) => end = Some(true),
-            Some(Err(e)) => end = Some(link_failed(ends, &e)),
-            Some(Ok(_)) => {}
+    if !batch.texts.is_empty() {
+        let Some(owner) = ends.owner() else {
+            return Some(false);
+        };
+        let mut frames = Vec::with_capacity(batch.texts.len());
+        if let Err(e) = ws.texts(&batch.texts, &mut frames) {
+            end = Some(link_failed(ends, &e));
         }
+        owner.on_host_frames(&ends.host, ends.link_id, &frames, &mut batch.replies);
     }
-    let Some(owner) = ends.owner() else {
-        return Some(false);
-    };
-    owner.on_host_frames(&ends.host, ends.link_id, &batch.frames, &mut batch.replies);
-    drop(owner);
-    batch.frames.clear();
+    ws.release(&mut batch.texts);
     if !batch.replies.is_empty() {
         for reply in batch.replies.drain(..) {
             if ws.feed(Message::text(reply)).await.is_err() {
@@ -469,7 +466,7 @@ fn hand_over(owner: &dyn LinkOwner, ends: &Ends, frames: Vec<String>) {
     if frames.is_empty() {
         return;
     }
-    let frames: Vec<Utf8Bytes> = frames.into_iter().map(Utf8Bytes::from).collect();
+    let frames: Vec<&str> = frames.iter().map(String::as_str).collect();
     owner.on_host_frames(&ends.host, ends.link_id, &frames, &mut Vec::new());
 }
 
