@@ -2331,6 +2331,7 @@ fn report_throughput_intro(t: &Throughput) {
             "   Load source, direct, one stream: {d:.0} actions/s (§10: ≥ 1M/s so the host is not the limit)."
         );
     }
+    print_in_memory();
     let missing: Vec<&str> = PEERS.into_iter().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
         println!(
@@ -2886,4 +2887,25 @@ fn main() -> Result<()> {
     clients.shutdown_timeout(Duration::from_secs(1));
     hosts.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// Prints the work floor's per-frame work measured alone, in memory, on the
+/// load source's own frames: added to the floor's CPU it is the least any
+/// relay design on this stack can spend per action.
+fn print_in_memory() {
+    let tpl = ahp_relay::simhost::stream::Template::new(
+        "ahp-chat:/s-1-main",
+        "turn-1",
+        "turn-1-text",
+        320,
+    );
+    let frames = tpl.render_batch(1, 200, || 1_764_000_000_000_000);
+    let texts: Vec<&str> = frames.iter().map(|f| f.as_str()).collect();
+    match work_floor::in_memory(&texts, 2_000) {
+        Ok(m) => println!(
+            "   Contract work alone, in memory (the work floor's per-frame work, no I/O): {:.0} ns per action,\n   of which the validating walk {:.0} ns; floor + this = the least a relay on this stack can spend.",
+            m.work_ns, m.walk_ns
+        ),
+        Err(e) => println!("   Contract work alone, in memory: not measured ({e})."),
+    }
 }

@@ -188,6 +188,18 @@ fn main() -> Result<()> {
         &action_frame(),
         iterations(1e6),
     )?;
+    let streamed = ahp_relay::simhost::stream::Template::new(
+        "ahp-chat:/s-1-main",
+        "turn-1",
+        "turn-1-text",
+        320,
+    )
+    .render(12345, 1_764_000_000_000_000);
+    compare(
+        "streamed chat/delta (the frame of `benches/relay.rs`)",
+        streamed.as_str(),
+        iterations(1e6),
+    )?;
     compare(
         "subscribe response with snapshot",
         &subscribe_frame(),

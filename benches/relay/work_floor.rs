@@ -14,6 +14,8 @@
 //! relay's design, not its contract.
 
 use std::collections::{HashMap, VecDeque};
+use std::hint::black_box;
+use std::time::Instant;
 
 use ahp_relay::wire::{self, Edit, EditValue, Text, WireLimits};
 use bytes::{Buf, BytesMut};
@@ -157,6 +159,56 @@ impl Client {
         self.replay.push_back((self.seq, text.clone()));
         Some(text)
     }
+}
+
+/// The work floor's per-frame work measured alone, in memory: no socket,
+/// no TLS, no other thread.
+pub struct InMemory {
+    /// Nanoseconds of per-frame work (everything [`pump`] does to a frame
+    /// between the read and the write, the copy into the read buffer taken
+    /// out).
+    pub work_ns: f64,
+    /// Of which the validating walk (`wire::classify_action`) alone.
+    pub walk_ns: f64,
+}
+
+/// Runs `frames` (host text frames), as one host read after another, through
+/// a client's work `rounds` times (see [`InMemory`]).
+pub fn in_memory(frames: &[&str], rounds: usize) -> std::io::Result<InMemory> {
+    let mut stream = Vec::new();
+    for f in frames {
+        frame_header(&mut stream, f.len());
+        stream.extend_from_slice(f.as_bytes());
+    }
+    let per_round = frames.len().max(1) as f64;
+    let copies = Instant::now();
+    for _ in 0..rounds {
+        black_box(BytesMut::from(&stream[..]));
+    }
+    let copies = copies.elapsed();
+    let mut client = Client::default();
+    let mut out = Vec::with_capacity(stream.len() * 2);
+    let work = Instant::now();
+    for _ in 0..rounds {
+        let mut input = BytesMut::from(&stream[..]);
+        client.frames(&mut input, &mut out)?;
+        black_box(&out);
+        out.clear();
+    }
+    let work = work.elapsed().saturating_sub(copies);
+    let limits = client.limits;
+    let walk = Instant::now();
+    for _ in 0..rounds {
+        for f in frames {
+            black_box(wire::classify_action(black_box(f), &limits));
+        }
+    }
+    let walk = walk.elapsed();
+    let per = |d: std::time::Duration| d.as_nanos() as f64 / (rounds as f64 * per_round);
+    Ok(InMemory {
+        work_ns: per(work),
+        walk_ns: per(walk),
+    })
 }
 
 /// A server frame's (first byte, header length, payload length), if its
