@@ -774,19 +774,11 @@ pub fn rewrite_envelope(
         .as_ref()
         .filter(|ty| translate::rows(&ty.value).is_some());
     if own.is_none() && translated.is_none() {
-        // Nearly every envelope: two edits, built where they are used (no
-        // moves of `Edit`s through the general list below).
-        let mut edits = [
-            Edit {
-                range: p.channel.as_ref()?.range.clone(),
-                replacement: EditValue::JsonString(client_channel),
-            },
-            Edit {
-                range: p.server_seq.as_ref()?.range.clone(),
-                replacement: EditValue::U64(n),
-            },
-        ];
-        return wire::splice_into(text, &mut edits, arena).ok();
+        // Nearly every envelope: its two routed values, spliced without a
+        // list of edits.
+        let channel = (p.channel.as_ref()?.range.clone(), client_channel);
+        let seq = (p.server_seq.as_ref()?.range.clone(), n);
+        return wire::splice_routed_into(text, channel, seq, arena).ok();
     }
     let mut edits = Edits::default();
     edits.push(Edit {

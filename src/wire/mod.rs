@@ -102,7 +102,9 @@ pub use limits::WireLimits;
 pub use params::ParamsFields;
 pub use refusal::{Refusal, refusal};
 pub use result::{ResultFields, SnapshotFields};
-pub use splice::{Edit, EditValue, Out, SpliceError, json_escape_into, splice, splice_into};
+pub use splice::{
+    Edit, EditValue, Out, SpliceError, json_escape_into, splice, splice_into, splice_routed_into,
+};
 pub use text::Text;
 
 #[cfg(test)]

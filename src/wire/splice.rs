@@ -128,6 +128,55 @@ pub fn splice_into(
     Ok(Text::from_spliced(arena.split().freeze()))
 }
 
+/// [`splice_into`] with the two edits of nearly every envelope: the string
+/// token at `channel` replaced by `client_channel` (as
+/// [`EditValue::JsonString`]) and the number at `seq` by `n` (as
+/// [`EditValue::U64`]). The same result and guarantees, without building,
+/// sorting and walking a list of edits.
+pub fn splice_routed_into(
+    text: &str,
+    (channel, client_channel): (Range<usize>, &str),
+    (seq, n): (Range<usize>, u64),
+    arena: &mut BytesMut,
+) -> Result<Text, SpliceError> {
+    let out_of_bounds = |r: &Range<usize>| SpliceError::OutOfBounds {
+        start: r.start,
+        end: r.end,
+        len: text.len(),
+    };
+    let kept = text
+        .get(channel.clone())
+        .ok_or_else(|| out_of_bounds(&channel))?;
+    let number = text.get(seq.clone()).ok_or_else(|| out_of_bounds(&seq))?;
+    let (first, second) = if channel.start < seq.start {
+        (&channel, &seq)
+    } else {
+        (&seq, &channel)
+    };
+    if second.start < first.end || second.start == first.start {
+        return Err(SpliceError::Overlap {
+            first: first.clone(),
+            second: second.clone(),
+        });
+    }
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(n);
+    let capacity = text.len() - kept.len() - number.len() + client_channel.len() + 2 + digits.len();
+    Out::reserve(arena, capacity);
+    let mut copied = 0;
+    for range in [first, second] {
+        Out::push_str(arena, text.get(copied..range.start).unwrap_or_default());
+        if range.start == channel.start {
+            json_escape_into(arena, client_channel);
+        } else {
+            Out::push_str(arena, digits);
+        }
+        copied = range.end;
+    }
+    Out::push_str(arena, text.get(copied..).unwrap_or_default());
+    Ok(Text::from_spliced(arena.split().freeze()))
+}
+
 /// Sorts `edits`, checks them against `text` and returns the spliced length
 /// (exact unless a string needs escapes).
 fn checked_capacity(text: &str, edits: &mut [Edit<'_>]) -> Result<usize, SpliceError> {

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::{at, value};
 use crate::wire::{
     Edit, EditValue, Frame, FrameKind, WireError, WireLimits, classify, classify_action, splice,
+    splice_routed_into,
 };
 
 /// xorshift64*: deterministic, good enough to shuffle test inputs. The flag, when set,
@@ -292,6 +293,33 @@ fn agrees(text: &str, frame: &Frame) {
     }
 }
 
+/// [`splice_routed_into`] writes exactly what [`splice`] writes for the same
+/// two edits (the channel and the number), whichever comes first.
+fn routed_splice_agrees(text: &str, frame: &Frame, channel: &str, n: u64) {
+    let (Some(c), Some(s)) = (&frame.params.channel, &frame.params.server_seq) else {
+        return;
+    };
+    let mut edits = [
+        Edit {
+            range: c.range.clone(),
+            replacement: EditValue::JsonString(channel),
+        },
+        Edit {
+            range: s.range.clone(),
+            replacement: EditValue::U64(n),
+        },
+    ];
+    let general = splice(text, &mut edits).unwrap();
+    let mut arena = bytes::BytesMut::with_capacity(7);
+    let routed = splice_routed_into(
+        text,
+        (c.range.clone(), channel),
+        (s.range.clone(), n),
+        &mut arena,
+    );
+    assert_eq!(routed.unwrap().to_str(), general, "{text}");
+}
+
 /// Replaces every value the frame located, in the text and in a `Value`; both must agree.
 fn splice_everything(rng: &mut Rng, text: &str, frame: &Frame) {
     let mut expected = value(text);
@@ -299,6 +327,7 @@ fn splice_everything(rng: &mut Rng, text: &str, frame: &Frame) {
     let seq = rng.next();
     let mut edits = Vec::new();
     let p = &frame.params;
+    routed_splice_agrees(text, frame, &strings[0], seq);
     if let Some(c) = &p.channel {
         string_edit(
             &mut edits,
