@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;
 use std::time::Instant;
 
-use ahp_relay::wire::{self, Edit, EditValue, Text, WireLimits};
+use ahp_relay::wire::{self, Text, WireLimits};
 use bytes::{Buf, BytesMut};
 use memchr::memmem;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -142,17 +142,13 @@ impl Client {
         }
         let client_channel = self.channels.get(&*channel.value)?;
         self.seq += 1;
-        let mut edits = [
-            Edit {
-                range: channel.range.clone(),
-                replacement: EditValue::JsonString(client_channel),
-            },
-            Edit {
-                range: seq.range.clone(),
-                replacement: EditValue::U64(self.seq),
-            },
-        ];
-        let text = wire::splice_into(text, &mut edits, arena).ok()?;
+        let text = wire::splice_routed_into(
+            text,
+            (channel.range.clone(), client_channel),
+            (seq.range.clone(), self.seq),
+            arena,
+        )
+        .ok()?;
         if self.replay.len() == KEEP {
             self.replay.pop_front();
         }
