@@ -975,6 +975,54 @@ async fn rejections_are_numbered_and_attributed() {
 /// §5.9: a client that stops reading is closed with 4008 once its queue has
 /// stayed over the frame bound for `slow_client_secs`, while another client
 /// of the same host receives the whole turn in order.
+/// A link's batch whose envelopes the replay buffer cannot all hold (4 here)
+/// is queued as it comes instead of being kept for the batch's end. The
+/// client pauses so its queue fills, its link stops and the host's socket
+/// backs up: the batches read when it resumes are far longer than the
+/// buffer. The turn still arrives whole, in order, numbered without a gap.
+#[tokio::test]
+async fn a_batch_longer_than_the_replay_buffer_arrives_whole_and_in_order() {
+    let limits = "\n[limits]\nreplay_buffer_envelopes = 4\nclient_queue_frames = 1024\n";
+    let t = TestRelay::start(vec![host("a", 1, script(8, 24, 0))], limits).await;
+    let (chat, _) = seeded_chat("a", 1);
+    let mut pausing = t.raw_small_window("sloth", 64 * 1024).await;
+    pausing.initialize("pausing").await;
+    let sub = pausing
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
+    let from = snapshot_from_seq(&sub["result"]["snapshot"]);
+    let driver = t.client("fred").await;
+    driver
+        .initialize("driver".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    subscribe_raw(&driver, &chat).await;
+    // The streaming load mode: 20,000 pre-rendered ~320-byte deltas written
+    // many to a write (~6 MiB: more than the kernel buffers of a client
+    // that does not read absorb on loopback, ~4 MiB, so the queue fills).
+    driver
+        .dispatch(chat.clone(), action(turn_started("t", "[stream:20000]")))
+        .await
+        .expect("dispatch");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut seqs, mut deltas) = (Vec::new(), 0);
+    loop {
+        let frame = pausing.recv_json().await.expect("the turn's envelopes");
+        if frame["method"] != "action" {
+            continue;
+        }
+        seqs.push(frame["params"]["serverSeq"].as_u64().expect("serverSeq"));
+        match frame["params"]["action"]["type"].as_str() {
+            Some("chat/delta") => deltas += 1,
+            Some("chat/turnComplete") => break,
+            _ => {}
+        }
+    }
+    assert_eq!(deltas, 20_000, "every delta");
+    let want: Vec<u64> = (from + 1..from + 1 + seqs.len() as u64).collect();
+    assert_eq!(seqs, want, "numbered in order without a gap");
+}
+
 #[tokio::test]
 async fn slow_consumer_is_closed_others_unaffected() {
     slow_consumer_case("\n[limits]\nclient_queue_frames = 16\nslow_client_secs = 1\n").await;

@@ -522,12 +522,7 @@ mod tests {
     #[tokio::test]
     async fn kept_envelopes_follow_what_the_batch_queued_written_in_place_or_queued() {
         let (tx, mut rx) = outbox(2, 1 << 20);
-        let direct = Arc::new(Direct {
-            written: Default::default(),
-            busy: AtomicBool::new(false),
-            whole: AtomicBool::new(true),
-        });
-        rx.attach(direct.clone());
+        let direct = Direct::attached(&rx);
         parked(&mut rx).await;
         tx.begin_batch();
         tx.end_batch(kept(&["k0", "k1"]).iter()).unwrap();
@@ -562,6 +557,19 @@ mod tests {
         );
     }
 
+    impl Direct {
+        /// A free writer that takes whole batches, attached to `rx`.
+        fn attached(rx: &OutboxRx) -> Arc<Self> {
+            let direct = Arc::new(Self {
+                written: Default::default(),
+                busy: AtomicBool::new(false),
+                whole: AtomicBool::new(true),
+            });
+            rx.attach(direct.clone());
+            direct
+        }
+    }
+
     async fn parked(rx: &mut OutboxRx) {
         let mut batch = VecDeque::new();
         let waited = tokio::time::timeout(
@@ -574,12 +582,7 @@ mod tests {
     #[tokio::test]
     async fn a_batch_is_written_directly_while_the_writer_is_parked() {
         let (tx, mut rx) = outbox(100, 1 << 20);
-        let direct = Arc::new(Direct {
-            written: Default::default(),
-            busy: AtomicBool::new(false),
-            whole: AtomicBool::new(true),
-        });
-        rx.attach(direct.clone());
+        let direct = Direct::attached(&rx);
         parked(&mut rx).await;
         tx.begin_batch();
         for i in 0..3 {
