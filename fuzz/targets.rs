@@ -324,19 +324,23 @@ pub fn wire_host(data: &[u8]) {
     const N: u64 = 9_007_199_254_740_991;
     // A small arena shared by two envelopes: the second is spliced after the
     // first, so a frame that wrote past its own bytes would show in either.
+    // The second passes the channel's JSON token made beforehand (as a
+    // batch's route does): the same bytes either way.
     let mut arena = bytes::BytesMut::with_capacity(16);
-    let mut rewrite = || {
+    let mut token = String::new();
+    wire::json_escape_into(&mut token, CLIENT_CHANNEL);
+    let mut rewrite = |token| {
         rewrite_envelope(
             (text, &frame),
-            (CLIENT_CHANNEL, N),
+            (CLIENT_CHANNEL, token, N),
             hub(),
             store(),
             (IDENTITY, seen()),
             &mut arena,
         )
     };
-    let first = rewrite();
-    let out = rewrite();
+    let first = rewrite(None);
+    let out = rewrite(Some(token.as_str()));
     assert_eq!(first, out, "the same envelope spliced twice into one arena");
     let out = out.map(|t| t.to_str().to_string());
     let expected = expected_envelope(&value, CLIENT_CHANNEL, N);

@@ -137,10 +137,13 @@ impl Client {
             return None;
         };
         if !self.channels.contains_key(&*channel.value) {
-            self.channels
-                .insert(channel.value.to_string(), channel.value.to_string());
+            // The client channel's JSON token, made once (as a session's
+            // batch route makes it).
+            let mut token = String::new();
+            wire::json_escape_into(&mut token, &channel.value);
+            self.channels.insert(channel.value.to_string(), token);
         }
-        let client_channel = self.channels.get(&*channel.value)?;
+        let client_channel = wire::EditValue::Raw(self.channels.get(&*channel.value)?);
         self.seq += 1;
         let text = wire::splice_routed_into(
             text,

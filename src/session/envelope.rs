@@ -252,32 +252,31 @@ impl ClientSession {
                     return;
                 }
                 Some(Chan::Live { client }) => {
-                    *route = token.map(|host_channel| Route {
-                        host_channel,
-                        client: client.clone(),
-                    });
+                    *route = token.map(|host_channel| Route::new(host_channel, client.clone()));
                 }
             }
         }
         if let Some(r) = route {
-            self.deliver(core, host, (text, frame), &r.client, arena);
+            let client = (&*r.client, Some(r.client_token.as_str()));
+            self.deliver(core, host, (text, frame), client, arena);
         }
     }
 
-    /// Numbers and delivers one host envelope on `client_channel`.
+    /// Numbers and delivers one host envelope on `client_channel` (whose
+    /// JSON string token is `client_token`, when already made).
     fn deliver(
         &self,
         core: &mut SessionCore,
         host: &Arc<HostHub>,
         (text, frame): (&str, &Frame<'_>),
-        client_channel: &str,
+        (client_channel, client_token): (&str, Option<&str>),
         arena: &mut BytesMut,
     ) {
         let relay = &self.env;
         let rewritten = self.push_envelope(core, |n| {
             rewrite_envelope(
                 (text, frame),
-                (client_channel, n),
+                (client_channel, client_token, n),
                 host,
                 relay.store.as_ref(),
                 (self.identity(), &self.seen),
@@ -335,7 +334,7 @@ impl ClientSession {
         let mut arena = BytesMut::new();
         for (_, text) in held.into_iter().filter(|(s, _)| *s > from) {
             if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
-                self.deliver(core, host, (&text, &frame), &client, &mut arena);
+                self.deliver(core, host, (&text, &frame), (&client, None), &mut arena);
             }
         }
     }
@@ -754,11 +753,12 @@ impl ClientSession {
     }
 }
 
-/// The client frame for a host envelope numbered `n` on `client_channel`,
+/// The client frame for a host envelope numbered `n` on `client_channel`
+/// (whose JSON string token is `client_token`, when already made),
 /// spliced into `arena`, or `None` if a name in it cannot be translated.
 pub fn rewrite_envelope(
     (text, frame): (&str, &Frame<'_>),
-    (client_channel, n): (&str, u64),
+    (client_channel, client_token, n): (&str, Option<&str>, u64),
     host: &HostHub,
     store: &dyn crate::names::store::UriStore,
     (identity, seen): ((&str, &str), &crate::names::seen::Seen),
@@ -775,8 +775,9 @@ pub fn rewrite_envelope(
         .filter(|ty| translate::rows(&ty.value).is_some());
     if own.is_none() && translated.is_none() {
         // Nearly every envelope: its two routed values, spliced without a
-        // list of edits.
-        let channel = (p.channel.as_ref()?.range.clone(), client_channel);
+        // list of edits (the channel's token made once per batch: `Route`).
+        let token = client_token.map_or(EditValue::JsonString(client_channel), EditValue::Raw);
+        let channel = (p.channel.as_ref()?.range.clone(), token);
         let seq = (p.server_seq.as_ref()?.range.clone(), n);
         return wire::splice_routed_into(text, channel, seq, arena).ok();
     }
@@ -848,6 +849,20 @@ struct Route<'f> {
     /// The host channel's token (quotes included) in the host's frame.
     host_channel: &'f str,
     client: Arc<str>,
+    /// `client` as a JSON string token (quoted, escaped), made once.
+    client_token: String,
+}
+
+impl<'f> Route<'f> {
+    fn new(host_channel: &'f str, client: Arc<str>) -> Self {
+        let mut client_token = String::new();
+        wire::json_escape_into(&mut client_token, &client);
+        Self {
+            host_channel,
+            client,
+            client_token,
+        }
+    }
 }
 
 /// Bytes a client frame may grow by over its host frame without the batch's

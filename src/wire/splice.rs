@@ -129,13 +129,14 @@ pub fn splice_into(
 }
 
 /// [`splice_into`] with the two edits of nearly every envelope: the string
-/// token at `channel` replaced by `client_channel` (as
-/// [`EditValue::JsonString`]) and the number at `seq` by `n` (as
+/// token at `channel` replaced by `client_channel` (an
+/// [`EditValue::JsonString`], or the same name already in JSON form as an
+/// [`EditValue::Raw`]) and the number at `seq` by `n` (as
 /// [`EditValue::U64`]). The same result and guarantees, without building,
 /// sorting and walking a list of edits.
 pub fn splice_routed_into(
     text: &str,
-    (channel, client_channel): (Range<usize>, &str),
+    (channel, client_channel): (Range<usize>, EditValue<'_>),
     (seq, n): (Range<usize>, u64),
     arena: &mut BytesMut,
 ) -> Result<Text, SpliceError> {
@@ -161,13 +162,14 @@ pub fn splice_routed_into(
     }
     let mut digits = itoa::Buffer::new();
     let digits = digits.format(n);
-    let capacity = text.len() - kept.len() - number.len() + client_channel.len() + 2 + digits.len();
+    let capacity =
+        text.len() - kept.len() - number.len() + client_channel.len_hint() + digits.len();
     Out::reserve(arena, capacity);
     let mut copied = 0;
     for range in [first, second] {
         Out::push_str(arena, text.get(copied..range.start).unwrap_or_default());
         if range.start == channel.start {
-            json_escape_into(arena, client_channel);
+            client_channel.write_into(arena);
         } else {
             Out::push_str(arena, digits);
         }

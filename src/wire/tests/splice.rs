@@ -295,21 +295,41 @@ fn the_routed_splice_refuses_what_splice_refuses_and_writes_nothing() {
     let (channel, seq) = (11..15, 28..29);
     let ok = splice_routed_into(
         text,
-        (channel.clone(), "c\"1"),
+        (channel.clone(), EditValue::JsonString("c\"1")),
         (seq.clone(), 42),
         &mut arena,
     );
     assert_eq!(ok.unwrap().to_str(), r#"{"channel":"c\"1","serverSeq":42}"#);
-    let splits_a_character = splice_routed_into(text, (13..15, "x"), (seq.clone(), 1), &mut arena);
+    let splits_a_character = splice_routed_into(
+        text,
+        (13..15, EditValue::JsonString("x")),
+        (seq.clone(), 1),
+        &mut arena,
+    );
     assert!(matches!(
         splits_a_character,
         Err(SpliceError::OutOfBounds { .. })
     ));
-    let past_the_end = splice_routed_into(text, (channel.clone(), "x"), (28..99, 1), &mut arena);
+    let past_the_end = splice_routed_into(
+        text,
+        (channel.clone(), EditValue::JsonString("x")),
+        (28..99, 1),
+        &mut arena,
+    );
     assert!(matches!(past_the_end, Err(SpliceError::OutOfBounds { .. })));
-    let overlapping = splice_routed_into(text, (channel.clone(), "x"), (14..20, 1), &mut arena);
+    let overlapping = splice_routed_into(
+        text,
+        (channel.clone(), EditValue::JsonString("x")),
+        (14..20, 1),
+        &mut arena,
+    );
     assert!(matches!(overlapping, Err(SpliceError::Overlap { .. })));
-    let same_start = splice_routed_into(text, (channel.clone(), "x"), (11..11, 1), &mut arena);
+    let same_start = splice_routed_into(
+        text,
+        (channel.clone(), EditValue::JsonString("x")),
+        (11..11, 1),
+        &mut arena,
+    );
     assert!(matches!(same_start, Err(SpliceError::Overlap { .. })));
     assert!(arena.is_empty(), "nothing written on a refusal");
 }
