@@ -3,11 +3,13 @@
 //! Reading stays with tungstenite (masking, fragments, control frames, UTF-8
 //! and size limits, close codes for bad input). Writing is this module's: the
 //! frames a session queued are framed here — a server's frames are unmasked,
-//! so a text frame is a 2–10 byte header before the payload — into one buffer
-//! per batch and written with one `write_all` and one flush. A frame is thus
-//! copied once on its way to TLS (which encrypts the batch into records of at
-//! most 16 KiB and writes them with one `writev`), never through a second
-//! WebSocket write buffer, and a batch of frames costs one TLS write.
+//! so a text frame is a 2–10 byte header before the payload. A batch is
+//! handed to the stream as slices (each frame's header, then its bytes where
+//! they lie) in one vectored write and one flush: TLS copies each slice once
+//! into its records (of at most 16 KiB, written with one `writev`), so a
+//! frame is never copied through a WebSocket write buffer, and a batch costs
+//! one TLS write. Only what the stream does not take at once is copied into
+//! the writer's buffer, to be written by the writer task.
 //!
 //! Control frames that tungstenite's reader must send (a pong, the reply to a
 //! client's close) are written by the reader into [`ReadSide`]'s write side,
@@ -31,6 +33,12 @@ use tokio::sync::Notify;
 const KEEP_BUFFER_BYTES: usize = 4 * 1024;
 /// Longest header of an unmasked frame.
 const MAX_HEADER: usize = 10;
+/// Most bytes handed to the stream in one slice. rustls copies each slice
+/// into its record with one `memcpy`; glibc's switches to `rep movsb` at
+/// about 2 KiB, which on AMD EPYC (Zen) ran 7× slower per byte than its
+/// vector loop for these copies (15.5 % of the relay's CPU against 1.5 %,
+/// BENCHMARKS.md, fifth round). Smaller slices keep every copy on the loop.
+const SLICE_BYTES: usize = 2048;
 /// Longest close reason a close frame can carry (RFC 6455 §5.5: a control
 /// frame's payload is at most 125 bytes, two of them the code).
 const MAX_CLOSE_REASON: usize = 123;
@@ -110,6 +118,7 @@ where
         io: write,
         buf: Vec::new(),
         sent: 0,
+        heads: Vec::new(),
         control: control.clone(),
         closed: false,
         task: None,
@@ -147,6 +156,8 @@ struct FrameWriter<W> {
     /// Encoded bytes; `buf[..sent]` already reached the stream.
     buf: Vec<u8>,
     sent: usize,
+    /// The headers of the frames of a vectored write (scratch).
+    heads: Vec<u8>,
     control: Arc<Control>,
     /// The close frame is encoded: nothing is written after it.
     closed: bool,
@@ -169,8 +180,16 @@ impl<W: AsyncWrite + Unpin> SharedWriter<W> {
     /// Writes every frame of `frames` (emptying it) as text frames, after
     /// whatever is still pending, then flushes.
     pub async fn write_frames(&self, frames: &mut VecDeque<Text>) -> io::Result<()> {
-        self.lock().encode(Frames::Queued(frames));
-        self.drain().await
+        let mut frames = Some(frames);
+        std::future::poll_fn(|cx| {
+            let mut w = self.lock();
+            w.note_task(cx);
+            match frames.take() {
+                Some(queue) => w.send(cx, Frames::Queued(queue)),
+                None => w.poll_drain(cx),
+            }
+        })
+        .await
     }
 
     /// Writes the control bytes the reader queued.
@@ -202,9 +221,7 @@ impl<W: AsyncWrite + Unpin> SharedWriter<W> {
     async fn drain(&self) -> io::Result<()> {
         std::future::poll_fn(|cx| {
             let mut w = self.lock();
-            if !w.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
-                w.task = Some(cx.waker().clone());
-            }
+            w.note_task(cx);
             w.poll_drain(cx)
         })
         .await
@@ -221,11 +238,10 @@ impl<W: AsyncWrite + Unpin + Send> DirectWrite for SharedWriter<W> {
         if w.closed || w.sent < w.buf.len() {
             return None;
         }
-        w.encode(frames);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         // An error is the writer task's to see (its next write fails too)
         // and the reader's (the connection ends): nothing is left to write.
-        let pending = w.poll_drain(&mut cx).is_pending();
+        let pending = w.send(&mut cx, frames).is_pending();
         if pending && let Some(task) = &w.task {
             // The socket now holds the no-op waker: the writer task (which
             // may be waiting on the socket itself) must register its own.
@@ -236,6 +252,84 @@ impl<W: AsyncWrite + Unpin + Send> DirectWrite for SharedWriter<W> {
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    /// Remembers the writer task's waker (see `task`).
+    fn note_task(&mut self, cx: &Context<'_>) {
+        if !self.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+            self.task = Some(cx.waker().clone());
+        }
+    }
+
+    /// Writes the reader's control bytes, then `frames` (emptying a queue;
+    /// none after the close frame), then flushes. With nothing pending and a
+    /// stream that takes slices, the frames go out from where they lie (one
+    /// vectored write); the part the stream does not take now is copied to
+    /// `buf` for [`FrameWriter::poll_drain`]. Otherwise they are encoded
+    /// into `buf` behind what is pending.
+    fn send(&mut self, cx: &mut Context<'_>, frames: Frames<'_>) -> Poll<io::Result<()>> {
+        if self.closed || self.sent < self.buf.len() || !self.io.is_write_vectored() {
+            self.encode(frames);
+            return self.poll_drain(cx);
+        }
+        let control = self.control.take();
+        let sent = match frames {
+            Frames::Queued(queue) => {
+                let sent = self.send_slices(cx, &control, queue.iter());
+                queue.clear();
+                sent
+            }
+            Frames::Kept(kept) => self.send_slices(cx, &control, kept.map(|(_, f)| f)),
+        };
+        match sent {
+            Poll::Ready(Ok(())) => self.poll_drain(cx),
+            other => other,
+        }
+    }
+
+    /// Writes `control` then `frames` as slices, until the stream takes them
+    /// all (`Ready(Ok)`, not yet flushed) or is full (`Pending`: the rest is
+    /// copied to the empty `buf`).
+    fn send_slices<'a>(
+        &mut self,
+        cx: &mut Context<'_>,
+        control: &[u8],
+        frames: impl Iterator<Item = &'a Text> + Clone,
+    ) -> Poll<io::Result<()>> {
+        self.heads.clear();
+        let mut count = 1;
+        for frame in frames.clone() {
+            header_into(&mut self.heads, 0x1, frame.len());
+            count += 1 + frame.len().div_ceil(SLICE_BYTES);
+        }
+        let mut slices = Vec::with_capacity(count);
+        slices.push(io::IoSlice::new(control));
+        let mut heads = self.heads.as_slice();
+        for frame in frames {
+            let (head, rest) = heads.split_at(header_len(frame.len()).min(heads.len()));
+            heads = rest;
+            slices.push(io::IoSlice::new(head));
+            slices.extend(frame.as_bytes().chunks(SLICE_BYTES).map(io::IoSlice::new));
+        }
+        let mut rest = slices.as_mut_slice();
+        io::IoSlice::advance_slices(&mut rest, 0);
+        while !rest.is_empty() {
+            match Pin::new(&mut self.io).poll_write_vectored(cx, rest) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => io::IoSlice::advance_slices(&mut rest, n),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    for slice in rest.iter() {
+                        self.buf.extend_from_slice(slice);
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+        if self.heads.capacity() > KEEP_BUFFER_BYTES {
+            self.heads = Vec::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+
     /// Appends the reader's control bytes, then `frames` (emptying a queue;
     /// none after the close frame).
     fn encode(&mut self, frames: Frames<'_>) {
@@ -281,6 +375,15 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             self.buf = Vec::new();
         }
         Pin::new(&mut self.io).poll_flush(cx)
+    }
+}
+
+/// The length of an unmasked frame's header for `len` payload bytes.
+fn header_len(len: usize) -> usize {
+    match len {
+        0..126 => 2,
+        126..=0xffff => 4,
+        _ => 10,
     }
 }
 
@@ -375,12 +478,70 @@ mod tests {
         assert!(matches!(&got[0], Message::Close(Some(c)) if c.reason.as_str() == "ü".repeat(61)));
     }
 
+    /// A pipe that takes slices (as TLS does: each vectored write takes what
+    /// the pipe takes of the slices' bytes, in order) or does not (a write
+    /// of slices takes the first one alone).
+    struct Pipe(tokio::io::DuplexStream, bool);
+
+    impl AsyncRead for Pipe {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Pipe {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.0).poll_write(cx, buf)
+        }
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let joined: Vec<u8> = match self.1 {
+                true => bufs.iter().flat_map(|b| b.iter().copied()).collect(),
+                false => bufs
+                    .iter()
+                    .find(|b| !b.is_empty())
+                    .map_or(vec![], |b| b.to_vec()),
+            };
+            self.poll_write(cx, &joined)
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.1
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_shutdown(cx)
+        }
+    }
+
     #[tokio::test]
     async fn a_direct_write_goes_out_at_once_or_leaves_the_rest_to_drain() {
-        // A pipe that holds 64 bytes: the first small batch fits, the second
-        // does not and is left encoded for the writer task.
-        let (mut client, server) = tokio::io::duplex(64);
-        let (_read, writer) = split(server);
+        for vectored in [false, true] {
+            let (client, server) = tokio::io::duplex(64);
+            direct_write_case(client, split(Pipe(server, vectored)).1, vectored).await;
+        }
+    }
+
+    /// A pipe that holds 64 bytes: the first small batch fits, the second
+    /// does not and is left for the writer task.
+    async fn direct_write_case<W: AsyncWrite + Unpin + Send + 'static>(
+        mut client: tokio::io::DuplexStream,
+        writer: SharedWriter<W>,
+        vectored: bool,
+    ) {
+        assert_eq!(writer.lock().io.is_write_vectored(), vectored);
         let mut small: VecDeque<Text> = VecDeque::from([Text::from("a"), Text::from("b")]);
         assert_eq!(writer.write_now(Frames::Queued(&mut small)), Some(true));
         assert!(small.is_empty());
@@ -441,27 +602,57 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_is_written_in_order_with_the_readers_control_bytes_first() {
-        let (client, server) = tokio::io::duplex(1 << 20);
-        let (mut read_side, writer) = split(server);
+        for (pipe, vectored) in [
+            (1 << 20, false),
+            (1000, false),
+            (1 << 20, true),
+            (1000, true),
+        ] {
+            let (client, server) = tokio::io::duplex(pipe);
+            let (read_side, writer) = split(Pipe(server, vectored));
+            batch_case(client, read_side, writer).await;
+        }
+    }
+
+    /// Frames of every length class (empty, longer than a slice, longer
+    /// than the pipe) arrive whole and in order after the reader's pong,
+    /// whether the pipe takes the batch at once or in parts.
+    async fn batch_case<S: AsyncRead + AsyncWrite + Send + 'static>(
+        mut client: tokio::io::DuplexStream,
+        mut read_side: ReadSide<ReadHalf<S>>,
+        writer: SharedWriter<WriteHalf<S>>,
+    ) {
         // The reader's tungstenite answers a ping: its pong goes out first.
         let mut pong = Vec::new();
         header_into(&mut pong, 0xA, 2);
         pong.extend_from_slice(b"hi");
         read_side.write_all(&pong).await.unwrap();
-        let mut batch: VecDeque<Text> = (0..300).map(|i| format!("frame {i}").into()).collect();
+        let texts: Vec<String> = (0..300)
+            .map(|i| match i {
+                7 => String::new(),
+                8 => "é".repeat(2 * SLICE_BYTES + 1),
+                9 => "x".repeat(70_000),
+                _ => format!("frame {i}"),
+            })
+            .collect();
+        let reading = tokio::spawn(async move {
+            let mut bytes = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut client, &mut bytes)
+                .await
+                .unwrap();
+            bytes
+        });
+        let mut batch: VecDeque<Text> = texts.iter().map(|t| Text::from(t.as_str())).collect();
         writer.write_frames(&mut batch).await.unwrap();
         assert!(batch.is_empty());
         writer.close(Close::SlowConsumer).await.unwrap();
+        writer.finish().await.unwrap();
         drop((read_side, writer));
-        let mut bytes = Vec::new();
-        let mut client = client;
-        tokio::io::AsyncReadExt::read_to_end(&mut client, &mut bytes)
-            .await
-            .unwrap();
-        let got = read_all(bytes);
+        let got = read_all(reading.await.unwrap());
         assert_eq!(got[0], Message::Pong(b"hi".to_vec().into()));
-        for (i, m) in got[1..301].iter().enumerate() {
-            assert_eq!(m, &Message::Text(format!("frame {i}").into()));
+        assert_eq!(got.len(), 302);
+        for (m, t) in got[1..301].iter().zip(&texts) {
+            assert_eq!(m, &Message::Text(t.as_str().into()));
         }
         assert!(matches!(&got[301], Message::Close(Some(c)) if u16::from(c.code) == 4008));
     }
