@@ -22,7 +22,9 @@
 //! `cargo bench --bench relay` (about 2 minutes); `AHP_BENCH_QUICK=1` for a
 //! ~30 s version with fewer runs and clients; `AHP_BENCH_ONLY=1,4` runs some
 //! sections only (1 includes 2); `AHP_BENCH_IDLE_CLIENTS=N` overrides the
-//! idle-client count (e.g. 10000). Linux only (`/proc`).
+//! idle-client count (e.g. 10000); `AHP_BENCH_LAT_DUMP=<dir>` writes each
+//! paced delta's send stamp and latency to a file per run. Linux only
+//! (`/proc`).
 
 use std::collections::VecDeque;
 use std::error::Error;
@@ -347,6 +349,14 @@ impl RelayProc {
             &format!("admin_addr = \"127.0.0.1:{admin_port}\""),
         );
         std::fs::write(&config, text)?;
+        if tag.ends_with("-shared") {
+            let text = std::fs::read_to_string(&config)?.replacen(
+                "\naddr = ",
+                "\nedge_threads = 0\naddr = ",
+                1,
+            );
+            std::fs::write(&config, text)?;
+        }
         if !tls {
             let text = std::fs::read_to_string(&config)?;
             let text = text
@@ -672,6 +682,8 @@ const FLOOR_READ: usize = 64 * 1024;
 /// tokio + rustls pays for these bytes.
 struct Floor {
     rt: Option<tokio::runtime::Runtime>,
+    /// With [`Floor::start_per_core`]: each thread's stop signal.
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
     /// One listener per upstream, in the order given to [`Floor::start`].
     ports: Vec<u16>,
     tids: Arc<Mutex<Vec<u64>>>,
@@ -739,9 +751,80 @@ impl Floor {
         }
         Ok(Floor {
             rt: Some(rt),
+            stops: Vec::new(),
             ports,
             tids,
             label: if work { "work-floor" } else { "floor" },
+        })
+    }
+
+    /// As [`Floor::start`], on two single-threaded runtimes (one thread
+    /// each, as nginx's two workers each own their connections): the
+    /// listener hands clients to them in turn, and a client's tasks stay on
+    /// its runtime.
+    fn start_per_core(
+        hosts: &[String],
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        work: bool,
+    ) -> Result<Self> {
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(floor_tls(cert, key)?));
+        let tids = Arc::new(Mutex::new(Vec::new()));
+        let mut handles = Vec::new();
+        let mut stops = Vec::new();
+        for i in 0..2 {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(rt.handle().clone());
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            stops.push(stop);
+            let seen = tids.clone();
+            std::thread::Builder::new()
+                .name(format!("floor-core-{i}"))
+                .spawn(move || {
+                    if let Some(tid) = this_tid() {
+                        seen.lock().unwrap_or_else(|e| e.into_inner()).push(tid);
+                    }
+                    let _ = rt.block_on(stopped);
+                })?;
+        }
+        let mut ports = Vec::new();
+        for host in hosts {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            listener.set_nonblocking(true)?;
+            ports.push(listener.local_addr()?.port());
+            let upstream = host.trim_start_matches("ws://").trim_end_matches('/');
+            let (acceptor, upstream, cores) =
+                (acceptor.clone(), upstream.to_string(), handles.clone());
+            handles[0].spawn(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                let mut n = 0usize;
+                while let Ok((tcp, _)) = listener.accept().await {
+                    let std = tcp.into_std();
+                    let (a, u) = (acceptor.clone(), upstream.clone());
+                    cores[n % cores.len()].spawn(async move {
+                        let Ok(tcp) = std.and_then(TcpStream::from_std) else {
+                            return;
+                        };
+                        floor_conn(tcp, a, u, work).await;
+                    });
+                    n += 1;
+                }
+            });
+        }
+        Ok(Floor {
+            rt: None,
+            stops,
+            ports,
+            tids,
+            label: if work {
+                "work-floor-core"
+            } else {
+                "floor-core"
+            },
         })
     }
 
@@ -854,6 +937,9 @@ impl Drop for Floor {
         // Without waiting: this may run on another runtime's thread.
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
+        }
+        for stop in self.stops.drain(..) {
+            let _ = stop.send(());
         }
     }
 }
@@ -1041,7 +1127,10 @@ impl Conn {
                 s.last = Some(now);
                 if stamps {
                     match delta_stamp(&frame, &content) {
-                        Some(sent) => s.lat_us.push(arrived as f64 - sent as f64),
+                        Some(sent) => {
+                            s.lat_us.push(arrived as f64 - sent as f64);
+                            s.sent_us.push(sent);
+                        }
                         None => s.unstamped += 1,
                     }
                 }
@@ -1088,6 +1177,8 @@ struct TurnStats {
     last: Option<Instant>,
     /// Latency of each delta, µs (with `stamps`).
     lat_us: Vec<f64>,
+    /// Send stamp of each delta, µs since the epoch (with `stamps`).
+    sent_us: Vec<u64>,
     /// Deltas without a readable send stamp (with `stamps`).
     unstamped: u64,
 }
@@ -1250,12 +1341,20 @@ struct Totals {
     first: Option<Instant>,
     last: Option<Instant>,
     lat: Vec<f64>,
+    sent: Vec<u64>,
+    /// The stream (in order of [`Totals::add`]) of each of `sent`.
+    stream: Vec<u32>,
+    streams: u32,
     unstamped: u64,
 }
 
 impl Totals {
     fn add(&mut self, mut s: TurnStats) {
         self.lat.append(&mut s.lat_us);
+        let stream = self.streams;
+        self.streams += 1;
+        self.stream.extend(s.sent_us.iter().map(|_| stream));
+        self.sent.append(&mut s.sent_us);
         self.unstamped += s.unstamped;
         self.deltas += s.deltas;
         self.actions += s.actions;
@@ -1344,9 +1443,29 @@ async fn stream_run(
     for c in conns {
         c.hang_up();
     }
+    if stamps {
+        dump_latency(tag, &totals);
+    }
     let mut run = totals.run(stamps, wall, (before, after), ticks)?;
     run.tls = tls;
     Ok(run)
+}
+
+/// With `AHP_BENCH_LAT_DUMP=<dir>`, writes every delta of the run as
+/// `<send stamp µs> <latency µs> <stream>` lines to `<dir>/<tag>.txt`, to see when
+/// the slow ones happened (best effort: the figures do not depend on it).
+fn dump_latency(tag: &str, t: &Totals) {
+    let Some(dir) = std::env::var_os("AHP_BENCH_LAT_DUMP") else {
+        return;
+    };
+    let mut out = String::with_capacity(t.sent.len() * 24);
+    for ((sent, lat), stream) in t.sent.iter().zip(&t.lat).zip(&t.stream) {
+        out.push_str(&format!("{sent} {lat:.0} {stream}\n"));
+    }
+    let path = std::path::Path::new(&dir).join(format!("{tag}.txt"));
+    if let Err(e) = std::fs::write(&path, out) {
+        eprintln!("latency dump {}: {e}", path.display());
+    }
 }
 
 /// Figures of one configuration over all rounds.
@@ -1830,6 +1949,12 @@ fn min_max(v: &[f64]) -> String {
     }
 }
 
+/// The paced load's floors (`Floor::start_per_core`) and the relay with its
+/// connections on the shared runtime (`[listen] edge_threads = 0`).
+const FLOOR_CORE: &str = "floor/core wss://";
+const WORK_FLOOR_CORE: &str = "work floor/core wss://";
+const RELAY_SHARED: &str = "relay, shared rt wss://";
+
 /// [`PACED_STREAMS`] clients, each subscribed to its own fresh chat, start
 /// one `[stream:<n>]` turn each on a host paced at [`PACED_PER_STREAM`] per
 /// stream, through each path in turn (the order rotates every round); every
@@ -1839,7 +1964,8 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
     let peers: Vec<&'static str> = PEERS.into_iter().filter(|p| installed(p)).collect();
     let sessions = s.latency_runs * PACED_STREAMS;
     let mut hosts = Vec::new();
-    for tag in ["d", "t", "p", "n", "h"].iter().take(3 + peers.len()) {
+    let tags = ["d", "t", "p", "n", "h"].into_iter().take(3 + peers.len());
+    for tag in tags.chain(["f", "w", "s"]) {
         hosts.push(paced_host(&format!("lat-{tag}"), sessions).await?);
     }
     let tls = RelayProc::start("lat-tls", &[pair(&hosts[1])], true, "").await?;
@@ -1849,6 +1975,10 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
     for (i, kind) in peers.iter().enumerate() {
         proxies.push(Peer::start(kind, &hosts[3 + i].url(), &cert, &key).await?);
     }
+    let n = 3 + peers.len();
+    let floor = Floor::start_per_core(&[hosts[n].url()], &cert, &key, false)?;
+    let work = Floor::start_per_core(&[hosts[n + 1].url()], &cert, &key, true)?;
+    let shared = RelayProc::start("lat-tls-shared", &[pair(&hosts[n + 2])], true, "").await?;
     let mut eps: Vec<(Endpoint, Option<&dyn Measured>)> = vec![
         (Endpoint::direct("direct", &hosts[0]), None),
         (tls.endpoint("relay-tls"), Some(&tls)),
@@ -1859,6 +1989,12 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
         eps.push((p.endpoint(kind, &cert), Some(p as &dyn Measured)));
         paths.push(format!("{kind} wss://"));
     }
+    for (f, path) in [(&floor, FLOOR_CORE), (&work, WORK_FLOOR_CORE)] {
+        eps.push((f.endpoint(0, &cert), Some(f as &dyn Measured)));
+        paths.push(path.into());
+    }
+    eps.push((shared.endpoint("relay-shared"), Some(&shared)));
+    paths.push(RELAY_SHARED.into());
     let per_stream = (f64::from(PACED_PER_STREAM) * s.latency_secs) as u64;
     let mut out = Latency {
         series: (0..eps.len()).map(|_| Series::default()).collect(),
@@ -1880,7 +2016,7 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
             }
         }
     }
-    drop((tls, plain, proxies));
+    drop((tls, plain, proxies, floor, work, shared));
     for h in hosts {
         stop_host(h).await;
     }
@@ -2514,7 +2650,16 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
         "   its own host and fresh chats); added = path − direct in the same round. Medians over rounds, min–max."
     );
     println!(
-        "   {:>15} {:>7} {:>11} {:>7} {:>13} {:>8} {:>15} {:>17}",
+        "   {FLOOR_CORE} and {WORK_FLOOR_CORE}: the floors of section 1 on one single-threaded runtime per core"
+    );
+    println!(
+        "   (the least tokio + rustls, and the contract's per-frame work on it, cost at this load); {RELAY_SHARED}:"
+    );
+    println!(
+        "   the relay with its connections on the shared runtime (edge_threads = 0) instead of its edge threads."
+    );
+    println!(
+        "   {:>23} {:>7} {:>11} {:>7} {:>13} {:>8} {:>15} {:>17}",
         "path", "p50 µs", "runs", "p99 µs", "runs", "max µs", "added p50 µs", "added p99 µs"
     );
     for (p, path) in l.paths.iter().enumerate() {
@@ -2527,7 +2672,7 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
         };
         let vals = |f: LatOf| -> Vec<f64> { l.values(p, f).into_iter().map(|(_, v)| v).collect() };
         println!(
-            "   {path:>15} {:>7.0} {:>11} {:>7.0} {:>13} {:>8.0} {:>15} {:>17}",
+            "   {path:>23} {:>7.0} {:>11} {:>7.0} {:>13} {:>8.0} {:>15} {:>17}",
             l.med(p, |x| x.p50),
             min_max(&vals(|x| x.p50)),
             l.med(p, |x| x.p99),
@@ -2549,7 +2694,7 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
 /// loss or unstamped delta is an error), the rate reached, CPU per 1M.
 fn report_paced_load(l: &Latency) {
     println!(
-        "   {:>15} {:>9} {:>18} {:>9}   cores: host/clients/proxy",
+        "   {:>23} {:>9} {:>18} {:>9}   cores: host/clients/proxy",
         "path", "deltas/s", "received/sent", "CPU/1M"
     );
     for (p, (path, s)) in l.paths.iter().zip(&l.series).enumerate() {
@@ -2564,7 +2709,7 @@ fn report_paced_load(l: &Latency) {
         let (h, c, rl) = s.cores();
         let (hm, cm) = s.host_client_ms_per_m();
         println!(
-            "   {path:>15} {:>9.0} {:>18} {cpu:>9}   {h:.2} / {c:.2} / {rl:.2}  (host {hm:.0}, clients {cm:.0} ms/1M)",
+            "   {path:>23} {:>9.0} {:>18} {cpu:>9}   {h:.2} / {c:.2} / {rl:.2}  (host {hm:.0}, clients {cm:.0} ms/1M)",
             s.rate(),
             format!("{received}/{sent}"),
         );

@@ -123,6 +123,12 @@ pub struct ListenConfig {
     /// Length of the auth-failure window in seconds (default 60).
     #[serde(default = "default_auth_failure_window_secs")]
     pub auth_failure_window_secs: u64,
+    /// Threads serving client connections (`edge::pool`), each owning the
+    /// connections handed to it at accept with their sessions and links;
+    /// default one per core. 0 serves them on the main runtime's shared
+    /// threads instead.
+    #[serde(default)]
+    pub edge_threads: Option<usize>,
 }
 
 /// Relay-owned state.

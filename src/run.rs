@@ -398,7 +398,8 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;
     let purge_every = Duration::from_secs(cfg.limits.store_purge_secs.max(1));
     let (relay, events) = Relay::new(cfg, secret, store.clone(), auth).map_err(StartError::Load)?;
-    let edge = Edge::new(relay.clone(), tls);
+    let edge = Edge::new(relay.clone(), tls)
+        .map_err(|e| StartError::Load(format!("cannot start the edge threads: {e}")))?;
     let tasks = vec![
         tokio::spawn(relay.registry.clone().run_fanout(events)),
         tokio::spawn(edge.clone().serve(listener)),

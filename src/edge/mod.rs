@@ -11,6 +11,7 @@ pub mod layers;
 pub mod limiter;
 pub mod origin;
 pub mod pending;
+pub mod pool;
 pub mod port;
 pub mod proxy;
 pub mod server;

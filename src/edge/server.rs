@@ -34,6 +34,7 @@ use super::layers::{
 use super::limiter::{DEFAULT_MAX_TRACKED, FailureLimiter};
 use super::origin::Origins;
 use super::pending::{Pending, Slot};
+use super::pool::EdgePool;
 use super::port::RelayPort;
 use super::proxy::TrustedProxies;
 use super::status::StatusFeeds;
@@ -48,6 +49,9 @@ pub struct Edge {
     trusted: Arc<TrustedProxies>,
     origins: Arc<Origins>,
     feeds: Arc<StatusFeeds>,
+    /// The threads client connections are spread over (`None`: the
+    /// caller's runtime, `edge_threads = 0`).
+    pool: Option<Arc<EdgePool>>,
     /// False once draining began: `/readyz` answers 503 and upgrades are
     /// refused with 503.
     pub ready: Arc<AtomicBool>,
@@ -63,10 +67,15 @@ impl std::fmt::Debug for Edge {
 
 impl Edge {
     /// An edge for `relay`, with TLS on the client listener when `tls` is
-    /// given; failure limit and trusted proxies from `[listen]`.
-    pub fn new(relay: Arc<Relay>, tls: Option<TlsAcceptor>) -> Arc<Self> {
+    /// given; failure limit, trusted proxies and edge threads from
+    /// `[listen]`. Fails only when the edge threads cannot be started.
+    pub fn new(relay: Arc<Relay>, tls: Option<TlsAcceptor>) -> std::io::Result<Arc<Self>> {
         let port = RelayPort::new(relay);
         let listen = port.listen();
+        let pool = match EdgePool::threads_for(listen.edge_threads) {
+            0 => None,
+            n => Some(Arc::new(EdgePool::new(n, EdgePool::LINGER)?)),
+        };
         let limiter = FailureLimiter::new(
             listen.auth_failure_limit,
             Duration::from_secs(listen.auth_failure_window_secs),
@@ -78,15 +87,16 @@ impl Edge {
             port.limits().status_watchers,
             port.limits().status_history_secs,
         );
-        Arc::new(Self {
+        Ok(Arc::new(Self {
             port,
             tls,
             limiter: Arc::new(limiter),
             trusted: Arc::new(trusted),
             origins,
             feeds,
+            pool,
             ready: Arc::new(AtomicBool::new(true)),
-        })
+        }))
     }
 
     fn handshake_timeout(&self) -> Duration {
@@ -145,7 +155,8 @@ impl Edge {
     /// Accepts client connections on `listener` until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         let stack = self.client_stack();
-        accept_loop(listener, self.tls.clone(), self.bounds(), stack).await;
+        let pool = self.pool.clone();
+        accept_loop(listener, self.tls.clone(), self.bounds(), stack, pool).await;
     }
 
     /// Computes the status shared by every status feed while any is open,
@@ -174,7 +185,7 @@ impl Edge {
             .service(routes);
         tokio::select! {
             () = store.watch(self.port.clone()) => {}
-            () = accept_loop(listener, None, self.bounds(), stack) => {}
+            () = accept_loop(listener, None, self.bounds(), stack, None) => {}
         }
     }
 }
@@ -209,12 +220,14 @@ struct Bounds {
     port: RelayPort,
 }
 
-/// Serves `stack` on every connection `listener` accepts.
+/// Serves `stack` on every connection `listener` accepts, each on the
+/// next of `pool`'s threads (on this runtime without a pool).
 async fn accept_loop<S: HttpService>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     bounds: Bounds,
     stack: S,
+    pool: Option<Arc<EdgePool>>,
 ) {
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -235,15 +248,33 @@ async fn accept_loop<S: HttpService>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let conn = connection(
-            stream,
-            peer,
-            tls.clone(),
-            bounds.clone(),
-            stack.clone(),
-            slot,
+        let span = tracing::debug_span!("edge.conn", %peer);
+        let (tls, bounds, stack) = (tls.clone(), bounds.clone(), stack.clone());
+        let Some(pool) = &pool else {
+            let conn = connection(stream, peer, tls, bounds, stack, slot);
+            tokio::spawn(conn.instrument(span));
+            continue;
+        };
+        // The socket moves to the thread that will serve it: registered
+        // with that runtime's reactor, its readiness wakes its task there.
+        let std = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepted socket could not move to an edge thread");
+                continue;
+            }
+        };
+        pool.spawn(
+            async move {
+                match TcpStream::from_std(std) {
+                    Ok(stream) => connection(stream, peer, tls, bounds, stack, slot).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "socket not registered on its edge thread")
+                    }
+                }
+            }
+            .instrument(span),
         );
-        tokio::spawn(conn.instrument(tracing::debug_span!("edge.conn", %peer)));
     }
 }
 

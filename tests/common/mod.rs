@@ -229,6 +229,23 @@ impl RawWs {
         }
     }
 
+    /// The responses to `ids`, in the order of `ids` whatever order they
+    /// arrive in (other frames are skipped): answers that nothing orders,
+    /// such as two requests' timeouts, may come either way round.
+    pub async fn responses(&mut self, ids: &[Value]) -> Vec<Value> {
+        let mut got: Vec<Option<Value>> = vec![None; ids.len()];
+        while got.iter().any(Option::is_none) {
+            let v = self
+                .recv_json()
+                .await
+                .expect("socket open until the responses");
+            if let Some(i) = ids.iter().position(|id| v.get("id") == Some(id)) {
+                got[i] = Some(v);
+            }
+        }
+        got.into_iter().flatten().collect()
+    }
+
     /// Sends a request and returns its response.
     pub async fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
         self.send_json(&request_frame(id, method, params)).await;

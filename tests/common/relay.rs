@@ -113,9 +113,19 @@ impl TestRelay {
         let cfg = kit
             .config("127.0.0.1:0", &pairs, "", "")
             .expect("same config");
-        let relay = ahp_relay::run::start(cfg)
-            .await
-            .expect("relay restarts on the same directory");
+        // The last `Arc<Relay>` may still be dropping its store on another
+        // thread (an edge thread) when the weak count reads 0: retry while
+        // the file is locked.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let relay = loop {
+            match ahp_relay::run::start(cfg.clone()).await {
+                Ok(r) => break r,
+                Err(ahp_relay::run::StartError::Store(_)) if std::time::Instant::now() < end => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("relay restarts on the same directory: {e}"),
+            }
+        };
         let t = TestRelay { relay, hosts, kit };
         t.wait_hosts_up().await;
         t
