@@ -738,16 +738,8 @@ impl Floor {
             .build()?;
         let mut ports = Vec::new();
         for host in hosts {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-            listener.set_nonblocking(true)?;
-            ports.push(listener.local_addr()?.port());
-            let upstream = host.trim_start_matches("ws://").trim_end_matches('/');
-            rt.spawn(floor_accept(
-                listener,
-                acceptor.clone(),
-                upstream.to_string(),
-                work,
-            ));
+            let (listener, upstream) = floor_listener(host, &mut ports)?;
+            rt.spawn(floor_accept(listener, acceptor.clone(), upstream, work));
         }
         Ok(Floor {
             rt: Some(rt),
@@ -791,12 +783,8 @@ impl Floor {
         }
         let mut ports = Vec::new();
         for host in hosts {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-            listener.set_nonblocking(true)?;
-            ports.push(listener.local_addr()?.port());
-            let upstream = host.trim_start_matches("ws://").trim_end_matches('/');
-            let (acceptor, upstream, cores) =
-                (acceptor.clone(), upstream.to_string(), handles.clone());
+            let (listener, upstream) = floor_listener(host, &mut ports)?;
+            let (acceptor, cores) = (acceptor.clone(), handles.clone());
             handles[0].spawn(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
                     return;
@@ -844,6 +832,16 @@ impl Floor {
     fn tids(&self) -> Vec<u64> {
         self.tids.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+}
+
+/// A listener for the floor in front of `host` (a `ws://` URL), its port
+/// added to `ports`; and the upstream's `host:port`.
+fn floor_listener(host: &str, ports: &mut Vec<u16>) -> Result<(std::net::TcpListener, String)> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    ports.push(listener.local_addr()?.port());
+    let upstream = host.trim_start_matches("ws://").trim_end_matches('/');
+    Ok((listener, upstream.to_string()))
 }
 
 /// Accepts clients for one upstream until the runtime stops.
