@@ -812,8 +812,9 @@ async fn keep_alive_without_upgrade_is_closed_at_the_upgrade_deadline() {
 
 /// At `pending_connections_per_address` connections from one address that
 /// have not upgraded, the next one is closed at accept, before any TLS
-/// (counted once: the three upgraded sockets opened before do not count);
-/// a closed pending connection frees its place.
+/// (counted once: the three upgraded sockets opened before do not count,
+/// their places freed before their `101` was written, whichever edge thread
+/// serves them); a closed pending connection frees its place.
 #[tokio::test]
 async fn pending_connections_are_capped_per_address() {
     let e = Edge::start_with("", "\n[limits]\npending_connections_per_address = 2\n").await;

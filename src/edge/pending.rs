@@ -83,6 +83,26 @@ impl Pending {
     }
 }
 
+/// A connection's [`Slot`], shared by the connection (which frees it when it
+/// closes) and its request stack (which frees it when it answers an
+/// upgrade). The answer is built before it is written, so a client that has
+/// read its `101` is no longer counted as pending.
+#[derive(Debug, Clone)]
+pub struct HeldSlot(Arc<Mutex<Option<Slot>>>);
+
+impl HeldSlot {
+    /// Holds `slot` until [`release`](Self::release) or the last clone drops.
+    pub fn new(slot: Slot) -> Self {
+        Self(Arc::new(Mutex::new(Some(slot))))
+    }
+
+    /// Frees the place now (idempotent).
+    pub fn release(&self) {
+        let slot = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(slot);
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         let Some((pending, key)) = self.address.take() else {
@@ -125,6 +145,25 @@ mod tests {
         let _c = p.admit(ip("198.51.100.7")).unwrap();
         assert_eq!(p.admit(ip("10.0.0.1")).unwrap_err(), "pending_connections");
         assert_eq!(p.per_address.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_held_slot_is_freed_by_release_or_by_its_last_clone() {
+        let trusted = Arc::new(TrustedProxies::new(&[]));
+        let p = Pending::new(5, 1, trusted);
+        let held = HeldSlot::new(p.admit(ip("192.0.2.1")).unwrap());
+        let stack = held.clone();
+        assert!(p.admit(ip("192.0.2.1")).is_err(), "held while pending");
+        stack.release();
+        let again = HeldSlot::new(p.admit(ip("192.0.2.1")).unwrap());
+        held.release();
+        assert!(
+            p.admit(ip("192.0.2.1")).is_err(),
+            "a second release frees nothing else"
+        );
+        drop(again);
+        drop((held, stack));
+        assert!(p.admit(ip("192.0.2.1")).is_ok(), "the last clone frees it");
     }
 
     #[test]

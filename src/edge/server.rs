@@ -33,7 +33,7 @@ use super::layers::{
 };
 use super::limiter::{DEFAULT_MAX_TRACKED, FailureLimiter};
 use super::origin::Origins;
-use super::pending::{Pending, Slot};
+use super::pending::{HeldSlot, Pending, Slot};
 use super::pool::EdgePool;
 use super::port::RelayPort;
 use super::proxy::TrustedProxies;
@@ -281,22 +281,24 @@ async fn accept_loop<S: HttpService>(
 /// One connection: the TLS handshake (within the handshake timeout), then
 /// HTTP, all of it until the upgrade within the upgrade deadline (the
 /// connection's future ends when it upgrades: the socket then belongs to
-/// the WebSocket task, and `_slot`, its pending place, is freed).
+/// the WebSocket task). Its pending place is freed when the upgrade is
+/// answered, or else when the connection closes.
 async fn connection<S: HttpService>(
     stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     bounds: Bounds,
     stack: S,
-    _slot: Slot,
+    slot: Slot,
 ) {
     let handshake = bounds.handshake;
+    let slot = HeldSlot::new(slot);
     let served = async move {
         let Some(acceptor) = tls else {
-            return http(TokioIo::new(stream), peer, handshake, stack).await;
+            return http(TokioIo::new(stream), peer, handshake, stack, slot).await;
         };
         match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-            Ok(Ok(tls)) => http(TokioIo::new(tls), peer, handshake, stack).await,
+            Ok(Ok(tls)) => http(TokioIo::new(tls), peer, handshake, stack, slot).await,
             Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
             Err(_) => tracing::debug!("TLS handshake timed out"),
         }
@@ -310,8 +312,9 @@ async fn connection<S: HttpService>(
 
 /// HTTP/1.1 with upgrades on `io`; each request carries its [`Peer`]. The
 /// request head must arrive within `head_timeout` (on TLS and plaintext
-/// listeners alike).
-async fn http<I, S>(io: I, peer: SocketAddr, head_timeout: Duration, stack: S)
+/// listeners alike). An answered upgrade (`101`) frees `slot` before the
+/// answer is written.
+async fn http<I, S>(io: I, peer: SocketAddr, head_timeout: Duration, stack: S, slot: HeldSlot)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: HttpService,
@@ -320,6 +323,12 @@ where
         .map_request(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(Peer(peer));
             req
+        })
+        .map_response(move |resp: Resp| {
+            if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                slot.release();
+            }
+            resp
         })
         .service(stack);
     let conn = hyper::server::conn::http1::Builder::new()
