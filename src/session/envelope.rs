@@ -55,8 +55,13 @@ impl ClientSession {
         let mut route = None;
         // The batch's client frames are spliced into one buffer (one
         // allocation for the batch, not one or two per frame); a rewritten
-        // channel name or number may be longer than the host's.
-        let bytes: usize = frames.iter().map(|f| f.len() + ARENA_SLACK).sum();
+        // channel name or number may be longer than the host's. A lone
+        // frame gets an allocation of exactly its spliced size instead (the
+        // splice sizes an empty arena): no slack kept in its replay buffer.
+        let bytes: usize = match frames {
+            [_] => 0,
+            _ => frames.iter().map(|f| f.len() + ARENA_SLACK).sum(),
+        };
         let mut arena = BytesMut::with_capacity(bytes);
         let limits = &self.env.upstream_limits;
         for &text in frames {
@@ -251,13 +256,20 @@ impl ClientSession {
                     held.push((seq.value, text.to_string()));
                     return;
                 }
-                Some(Chan::Live { client }) => {
-                    *route = token.map(|host_channel| Route::new(host_channel, client.clone()));
+                Some(Chan::Live {
+                    client,
+                    token: json,
+                }) => {
+                    *route = token.map(|host_channel| Route {
+                        host_channel,
+                        client: client.clone(),
+                        client_token: json.clone(),
+                    });
                 }
             }
         }
         if let Some(r) = route {
-            let client = (&*r.client, Some(r.client_token.as_str()));
+            let client = (&*r.client, Some(&*r.client_token));
             self.deliver(core, host, (text, frame), client, arena);
         }
     }
@@ -325,12 +337,7 @@ impl ClientSession {
             return;
         };
         let from = from.unwrap_or(0);
-        chans.insert(
-            host_channel.to_string(),
-            Chan::Live {
-                client: client.clone(),
-            },
-        );
+        chans.insert(host_channel.to_string(), Chan::live(client.clone()));
         let mut arena = BytesMut::new();
         for (_, text) in held.into_iter().filter(|(s, _)| *s > from) {
             if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
@@ -849,25 +856,16 @@ struct Route<'f> {
     /// The host channel's token (quotes included) in the host's frame.
     host_channel: &'f str,
     client: Arc<str>,
-    /// `client` as a JSON string token (quoted, escaped), made once.
-    client_token: String,
-}
-
-impl<'f> Route<'f> {
-    fn new(host_channel: &'f str, client: Arc<str>) -> Self {
-        let mut client_token = String::new();
-        wire::json_escape_into(&mut client_token, &client);
-        Self {
-            host_channel,
-            client,
-            client_token,
-        }
-    }
+    /// `client` as a JSON string token (quoted, escaped), made when the
+    /// channel went live ([`Chan::live`]).
+    client_token: Arc<str>,
 }
 
 /// Bytes a client frame may grow by over its host frame without the batch's
-/// arena growing (a longer channel name, number or client id).
-const ARENA_SLACK: usize = 96;
+/// arena growing (a longer channel name, number or client id). The unused
+/// rest stays allocated as long as the batch's last envelope is buffered;
+/// a batch that needs more gets a second allocation, no error.
+const ARENA_SLACK: usize = 32;
 
 /// The (at most four) edits of one envelope, on the stack.
 struct Edits<'e> {

@@ -140,14 +140,27 @@ pub enum Chan {
         /// Client form of the channel (shared: every envelope's delivery
         /// takes it without copying).
         client: Arc<str>,
+        /// `client` as a JSON string token (quoted, escaped), made once
+        /// when the channel went live rather than per delivered batch.
+        token: Arc<str>,
     },
 }
 
 impl Chan {
+    /// A live channel whose client form is `client`.
+    pub fn live(client: Arc<str>) -> Self {
+        let mut token = String::with_capacity(client.len() + 2);
+        crate::wire::json_escape_into(&mut token, &client);
+        Chan::Live {
+            client,
+            token: token.into(),
+        }
+    }
+
     /// The channel's client form.
     pub fn client(&self) -> &str {
         match self {
-            Chan::Holding { client, .. } | Chan::Live { client } => client,
+            Chan::Holding { client, .. } | Chan::Live { client, .. } => client,
         }
     }
 }

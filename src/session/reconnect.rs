@@ -194,7 +194,7 @@ fn hold_for_cut(core: &mut SessionCore) {
     core.channels.baselined.clear();
     for chans in core.channels.chans.values_mut() {
         for chan in chans.values_mut() {
-            if let Chan::Live { client } = chan {
+            if let Chan::Live { client, .. } = chan {
                 *chan = Chan::Holding {
                     client: client.clone(),
                     held: Vec::new(),

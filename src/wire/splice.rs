@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use super::text::Text;
 
@@ -125,7 +125,7 @@ pub fn splice_into(
     let capacity = checked_capacity(text, edits)?;
     Out::reserve(arena, capacity);
     write_spliced(text, edits, arena);
-    Ok(Text::from_spliced(arena.split().freeze()))
+    Ok(Text::from_spliced(take_written(arena)))
 }
 
 /// [`splice_into`] with the two edits of nearly every envelope: the string
@@ -176,7 +176,20 @@ pub fn splice_routed_into(
         copied = range.end;
     }
     Out::push_str(arena, text.get(copied..).unwrap_or_default());
-    Ok(Text::from_spliced(arena.split().freeze()))
+    Ok(Text::from_spliced(take_written(arena)))
+}
+
+/// The frame just written to `arena`, as bytes of its own. An arena holding
+/// exactly this frame (a lone frame spliced into an empty arena, sized
+/// exactly by the splice) is taken whole: one allocation of the frame's
+/// size and no shared header, which is what a replay buffer then holds per
+/// envelope. Otherwise the frame is split off the batch's buffer.
+fn take_written(arena: &mut BytesMut) -> Bytes {
+    if arena.len() == arena.capacity() {
+        std::mem::take(arena).freeze()
+    } else {
+        arena.split().freeze()
+    }
 }
 
 /// Sorts `edits`, checks them against `text` and returns the spliced length

@@ -34,6 +34,13 @@ impl Text {
         self.0.is_empty()
     }
 
+    /// Whether no other handle shares this text's allocation (tests: what
+    /// a replay buffer holding it keeps alive).
+    #[cfg(test)]
+    pub(crate) fn owns_its_buffer(&self) -> bool {
+        self.0.is_unique()
+    }
+
     /// The text as `str`, checked (for the few readers off the hot path:
     /// replays, tests); empty if the guarantee were ever broken.
     pub fn to_str(&self) -> &str {

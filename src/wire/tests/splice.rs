@@ -333,3 +333,40 @@ fn the_routed_splice_refuses_what_splice_refuses_and_writes_nothing() {
     assert!(matches!(same_start, Err(SpliceError::Overlap { .. })));
     assert!(arena.is_empty(), "nothing written on a refusal");
 }
+
+/// A lone frame spliced into an empty arena takes the arena's one exact
+/// allocation whole (nothing left behind for a replay buffer to hold on
+/// to); frames spliced into a batch arena sized with room share it,
+/// back to back, and leave the room after them.
+#[test]
+fn a_lone_frame_takes_an_exact_arena_and_a_batch_shares_one() {
+    let text = r#"{"channel":"c","serverSeq":7,"x":1}"#;
+    let routed = |arena: &mut bytes::BytesMut, n| {
+        splice_routed_into(
+            text,
+            (11..14, EditValue::JsonString("ahp-chat:/c-1")),
+            (27..28, n),
+            arena,
+        )
+        .expect("valid edits")
+    };
+    let mut lone = bytes::BytesMut::new();
+    let out = routed(&mut lone, 123);
+    assert_eq!(
+        out.to_str(),
+        r#"{"channel":"ahp-chat:/c-1","serverSeq":123,"x":1}"#
+    );
+    assert_eq!(lone.capacity(), 0, "the lone frame took the arena whole");
+    assert!(out.owns_its_buffer(), "no header shared with the arena");
+    let mut batch = bytes::BytesMut::with_capacity(4 * text.len());
+    let first = routed(&mut batch, 1);
+    let second = routed(&mut batch, 2);
+    let after_first = first.as_bytes().as_ptr_range().end;
+    assert_eq!(second.as_bytes().as_ptr(), after_first, "back to back");
+    assert!(
+        batch.capacity() > 0,
+        "the batch's room stays for the next frame"
+    );
+    assert!(!first.owns_its_buffer(), "batch frames share one buffer");
+    assert!(second.to_str().contains(r#""serverSeq":2,"#));
+}
