@@ -1923,10 +1923,18 @@ impl Latency {
 
     /// `f` of `path` − `f` of direct in the same round, for every round.
     fn added(&self, path: usize, f: LatOf) -> Vec<f64> {
+        self.added_by_round(path, f)
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// `added`, each with its round.
+    fn added_by_round(&self, path: usize, f: LatOf) -> Vec<(usize, f64)> {
         let direct = self.values(0, f);
         self.values(path, f)
             .into_iter()
-            .filter_map(|(r, v)| Some(v - direct.iter().find(|(d, _)| *d == r)?.1))
+            .filter_map(|(r, v)| Some((r, v - direct.iter().find(|(d, _)| *d == r)?.1)))
             .collect()
     }
 
@@ -2684,8 +2692,43 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
     for e in &l.errors {
         println!("   run failed: {e}");
     }
+    p99_against_nginx(l);
     latency_rows(l, rows);
     println!();
+}
+
+/// Per round, the added p99 of the relay and of the per-core work floor ÷
+/// nginx's in the same round: how often the contract's per-frame work on
+/// tokio + rustls alone (the work floor) is ahead of nginx, beside the relay.
+fn p99_against_nginx(l: &Latency) {
+    let Some(nginx) = l.path("nginx") else {
+        return;
+    };
+    let base = l.added_by_round(nginx, |x| x.p99);
+    for name in ["relay wss://", WORK_FLOOR_CORE] {
+        let Some(p) = l.path(name) else { continue };
+        let ratios: Vec<String> = l
+            .added_by_round(p, |x| x.p99)
+            .into_iter()
+            .filter_map(|(r, v)| {
+                let n = base.iter().find(|(b, _)| *b == r)?.1;
+                Some(match n > 0.0 {
+                    true => format!("{:.2}", v / n),
+                    false => format!("{v:+.0} vs {n:+.0} µs"),
+                })
+            })
+            .collect();
+        let ahead = l
+            .added_by_round(p, |x| x.p99)
+            .iter()
+            .filter(|(r, v)| base.iter().any(|(b, n)| b == r && v <= n))
+            .count();
+        println!(
+            "   added p99 ÷ nginx's, per round, {name}: {} (at or ahead in {ahead} of {})",
+            ratios.join(", "),
+            ratios.len()
+        );
+    }
 }
 
 /// What each path delivered and what it cost: deltas received ÷ sent (any
