@@ -92,6 +92,8 @@ struct Settings {
     list_reps: usize,
     /// Timed `reconnect`s of the replay figure.
     replay_reps: usize,
+    /// Clients holding the replay chat's large snapshot, for memory.
+    snapshot_holders: usize,
     /// Sections to run (`AHP_BENCH_ONLY=1,4`; 1 includes 2); all if empty.
     only: Vec<u32>,
 }
@@ -117,6 +119,7 @@ impl Settings {
                 list_sessions: 1000,
                 list_reps: 11,
                 replay_reps: 5,
+                snapshot_holders: 50,
                 only: Vec::new(),
             }
         } else {
@@ -133,6 +136,7 @@ impl Settings {
                 list_sessions: 1000,
                 list_reps: 21,
                 replay_reps: 9,
+                snapshot_holders: 100,
                 only: Vec::new(),
             }
         };
@@ -2231,6 +2235,45 @@ struct Replay {
     relay_bytes: usize,
     direct_ms: Vec<f64>,
     direct_bytes: usize,
+    holders: Holders,
+}
+
+/// Relay memory kept per client after a large snapshot went through its
+/// link: `count` clients (each its own session and link) subscribe to the
+/// filled chat and stay connected.
+struct Holders {
+    count: usize,
+    snapshot_bytes: usize,
+    rss_before: u64,
+    rss_after: u64,
+}
+
+/// `count` subscribers of `chat`, held open while the relay's RSS settles.
+async fn hold_snapshots(
+    relay: &RelayProc,
+    ep: &Endpoint,
+    chat: &str,
+    count: usize,
+) -> Result<Holders> {
+    let rss_before = relay.rss();
+    let mut held = Vec::new();
+    let mut snapshot_bytes = 0;
+    for i in 0..count {
+        let mut c = ep.connect(&format!("holder-{i}")).await?;
+        c.initialize(&format!("holder-{i}")).await?;
+        let snapshot = c.request("subscribe", json!({ "channel": chat })).await?;
+        snapshot_bytes = snapshot.to_string().len();
+        held.push(c);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after = relay.rss();
+    drop(held);
+    Ok(Holders {
+        count,
+        snapshot_bytes,
+        rss_before,
+        rss_after,
+    })
 }
 
 /// `sub` subscribes `chat`, streams a turn longer than the buffer, and
@@ -2308,6 +2351,7 @@ async fn replay(s: &Settings) -> Result<Replay> {
     let watermark = fill(&ep, "replayer", &chat, KEEP).await?;
     let (relay_ms, relay_bytes) =
         time_reconnects(&ep, "replayer", &chat, watermark, KEEP, s.replay_reps).await?;
+    let holders = hold_snapshots(&relay, &ep, &chat, s.snapshot_holders).await?;
     let direct = Endpoint::direct("direct", &host);
     let chat = direct.chat("rep", 2);
     let watermark = fill(&direct, "replayer-direct", &chat, KEEP).await?;
@@ -2328,6 +2372,7 @@ async fn replay(s: &Settings) -> Result<Replay> {
         relay_bytes,
         direct_ms,
         direct_bytes,
+        holders,
     })
 }
 
@@ -2959,6 +3004,19 @@ fn report_replay(r: &Replay, rows: &mut Vec<Row>) {
         "   relay wss:// median {rm:.2} ms ({:.0} KiB answer);  direct ws:// from the simhost's log median {dm:.2} ms ({:.0} KiB)",
         r.relay_bytes as f64 / 1024.0,
         r.direct_bytes as f64 / 1024.0
+    );
+    let h = &r.holders;
+    let per = (h.rss_after as f64 - h.rss_before as f64) / h.count.max(1) as f64;
+    println!(
+        "   Then {} clients (each its own session and host link) subscribe to that chat ({:.0} KiB snapshot)",
+        h.count,
+        h.snapshot_bytes as f64 / 1024.0
+    );
+    println!(
+        "   and stay connected: relay VmRSS {:.1} → {:.1} MiB, {:.1} KiB per client (1 s settle).",
+        h.rss_before as f64 / 1048576.0,
+        h.rss_after as f64 / 1048576.0,
+        per / 1024.0
     );
     rows.push(row(
         "4096-envelope replay",

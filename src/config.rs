@@ -342,7 +342,9 @@ pub struct Limits {
     pub upstream_max_frame_bytes: usize,
     /// Bytes one read from a host connection may take (each dialed or
     /// dialed-in host connection holds a buffer this size): large enough
-    /// that a streaming host is read many frames per `recv`. 4 KiB to 16 MiB.
+    /// that a streaming host is read many frames per `recv`. A larger frame
+    /// grows the buffer while it arrives; once it is taken, an empty buffer
+    /// goes back to at most twice this size. 4 KiB to 16 MiB.
     pub upstream_read_buffer_bytes: usize,
     /// Frames queued for one link (client → host) before further requests
     /// get -32603 `reason = "hostBusy"` and dispatches a rejection echo.

@@ -19,6 +19,9 @@
 //!   what arrives (by at most what it already holds), so a host that
 //!   announces a large frame costs the bytes it sends, not the bytes it
 //!   announces, and the frame is copied a logarithmic number of times.
+//!   Once the buffer is empty again it goes back to its size before the
+//!   next read (and the write buffer after a large frame is written): an
+//!   empty buffer holds at most twice `read_buffer_bytes`.
 //! - **Text read in place.** [`HostSocket::take_texts`] takes the text
 //!   messages already buffered as ranges of the read buffer (no I/O, no
 //!   waker registration: a link drains a read's worth of frames into one
@@ -331,6 +334,10 @@ pub struct HostSocket {
     partial: Option<(Data, BytesMut)>,
     /// Encoded frames not yet written.
     write: BytesMut,
+    /// `read` / `write` hold an allocation over twice `read_buffer_bytes`
+    /// (a large frame's), given back once the buffer is empty.
+    read_grown: bool,
+    write_grown: bool,
     /// Written to `io` since its last completed flush.
     unflushed: bool,
     /// The payload of the latest ping not yet answered.
@@ -365,6 +372,8 @@ impl HostSocket {
             want: 0,
             partial: None,
             write: BytesMut::new(),
+            read_grown: false,
+            write_grown: false,
             unflushed: false,
             pong: None,
             close_sent: false,
@@ -620,14 +629,29 @@ impl HostSocket {
     /// Makes room in the read buffer for the next read: at least a
     /// quarter of the buffer, and for the rest of a frame whose header is
     /// buffered at most as much again as the buffer holds (geometric growth).
+    /// An empty buffer holds at most twice `read_buffer_bytes`: what a large
+    /// frame made it take is given back before the next read, so a link
+    /// does not keep its largest snapshot's size for its whole life.
     fn make_room(&mut self) {
-        let spare = self.read.capacity() - self.read.len();
         let chunk = self.limits.read_buffer_bytes.max(1);
+        if self.read_grown && self.read.is_empty() {
+            self.read = BytesMut::with_capacity(chunk);
+            self.read_grown = false;
+        }
+        let spare = self.read.capacity() - self.read.len();
         let missing = self.want.saturating_sub(self.read.len());
         let ahead = missing.min(self.read.len().max(chunk));
         if spare < ahead.max(chunk / 4).max(1) {
             self.read.reserve(ahead.max(chunk));
+            self.read_grown = self.oversized(&self.read);
         }
+    }
+
+    /// Whether `buf` holds more than twice `read_buffer_bytes`: more than a
+    /// stream of small frames makes it take (a partial frame at the end of
+    /// a full buffer doubles it once).
+    fn oversized(&self, buf: &BytesMut) -> bool {
+        buf.capacity() > 2 * self.limits.read_buffer_bytes.max(1)
     }
 
     /// Writes out queued frames (the latest pong first encoded), then
@@ -645,6 +669,11 @@ impl HostSocket {
             }
             self.write.advance(n);
             self.unflushed = true;
+        }
+        if self.write_grown {
+            // A large frame is written: its allocation goes with it.
+            self.write = BytesMut::new();
+            self.write_grown = false;
         }
         if self.unflushed {
             ready!(Pin::new(&mut self.io).poll_flush(cx))?;
@@ -670,6 +699,7 @@ impl HostSocket {
         let mask_bit = if self.role == Role::Client { 0x80 } else { 0 };
         let len = payload.len();
         self.write.reserve(14 + len);
+        self.write_grown |= self.oversized(&self.write);
         self.write.put_u8(0x80 | opcode.bits());
         if len < 126 {
             self.write.put_u8(mask_bit | len as u8);
@@ -1136,6 +1166,38 @@ mod tests {
         assert!(waited.is_err(), "the frame is incomplete");
         assert_eq!(ws.read.len(), 20_000);
         assert!(ws.read.capacity() <= 64 * 1024, "{}", ws.read.capacity());
+    }
+
+    /// A large frame's memory is given back once the frame is gone: the
+    /// read buffer after it, and the write buffer after a large frame is
+    /// written, are back within twice `read_buffer_bytes`.
+    #[tokio::test]
+    async fn buffers_give_back_a_large_frame_s_memory() {
+        let big = "x".repeat(200_000);
+        let bytes = frame(FIN | 1, big.as_bytes(), None);
+        let small = frame(FIN | 1, b"after", None);
+        let mut chunks: Vec<Vec<u8>> = bytes.chunks(4096).map(<[u8]>::to_vec).collect();
+        chunks.push(small);
+        let (mut ws, written) = socket(Role::Client, LIMITS, chunks);
+        let first = ws.next().await.map(|m| m.map_err(|e| e.to_string()));
+        assert_eq!(first.map(|m| m.map(|m| m.len())), Some(Ok(200_000)));
+        assert_eq!(
+            ws.next().await.map(|m| m.map_err(|e| e.to_string())),
+            Some(text("after"))
+        );
+        let limit = 2 * LIMITS.read_buffer_bytes;
+        assert!(ws.read.capacity() <= limit, "read {}", ws.read.capacity());
+
+        ws.send(Message::text(big)).await.unwrap();
+        ws.send(Message::text("small")).await.unwrap();
+        assert!(
+            ws.write.capacity() <= limit,
+            "write {}",
+            ws.write.capacity()
+        );
+        let frames = written_frames(Role::Client, &written.lock().unwrap());
+        let lens: Vec<usize> = frames.iter().map(|(_, p)| p.len()).collect();
+        assert_eq!(lens, [200_000, 5], "both frames written whole");
     }
 
     #[tokio::test]
