@@ -2236,6 +2236,7 @@ struct Replay {
     direct_ms: Vec<f64>,
     direct_bytes: usize,
     holders: Holders,
+    streamed: Streamed,
 }
 
 /// Relay memory kept per client after a large snapshot went through its
@@ -2273,6 +2274,70 @@ async fn hold_snapshots(
         snapshot_bytes,
         rss_before,
         rss_after,
+    })
+}
+
+/// Relay memory kept per client, beyond its replay buffer, after a paced
+/// stream of small frames went through its link (a live chat's deltas):
+/// `count` clients (each its own session and link) stream
+/// [`STREAMED_DELTAS`] deltas each at [`PACED_PER_STREAM`] a second and
+/// stay connected.
+struct Streamed {
+    count: usize,
+    rss_before: u64,
+    rss_after: u64,
+    /// Growth of `ahp_relay_buffer_bytes` over the same time.
+    accounted: u64,
+}
+
+/// Deltas each client of [`hold_streamed`] streams: ~160 KiB through its
+/// link, more than a 64 KiB read buffer.
+const STREAMED_DELTAS: u64 = 500;
+
+async fn buffer_bytes(relay: &RelayProc) -> Result<u64> {
+    let page = relay.get("/metrics").await?;
+    let v = page
+        .lines()
+        .find_map(|l| l.strip_prefix("ahp_relay_buffer_bytes "))
+        .ok_or("no ahp_relay_buffer_bytes")?;
+    Ok(v.trim().parse()?)
+}
+
+async fn hold_streamed(count: usize) -> Result<Streamed> {
+    let host = paced_host("held", count).await?;
+    let relay = RelayProc::start("held", &[pair(&host)], true, "").await?;
+    let ep = relay.endpoint("relay-tls");
+    let (rss_before, accounted_before) = (relay.rss(), buffer_bytes(&relay).await?);
+    let mut held = Vec::new();
+    for wave in (0..count).collect::<Vec<_>>().chunks(PACED_STREAMS) {
+        let mut tasks = Vec::new();
+        for &i in wave {
+            let ep = ep.clone();
+            tasks.push(tokio::spawn(async move {
+                let chat = ep.chat("held", i + 1);
+                let mut c = ep.subscriber(&format!("streamed-{i}"), &chat).await?;
+                c.start_turn(&chat, &format!("held-turn-{i}"), Some(STREAMED_DELTAS))
+                    .await?;
+                let s = c.read_turn(false).await?;
+                if s.deltas != STREAMED_DELTAS {
+                    return Err(format!("{} of {STREAMED_DELTAS} deltas", s.deltas).into());
+                }
+                Ok(c)
+            }));
+        }
+        held.extend(join_all(tasks).await?);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after = relay.rss();
+    let accounted = buffer_bytes(&relay).await?.saturating_sub(accounted_before);
+    drop(held);
+    drop(relay);
+    stop_host(host).await;
+    Ok(Streamed {
+        count,
+        rss_before,
+        rss_after,
+        accounted,
     })
 }
 
@@ -2366,6 +2431,7 @@ async fn replay(s: &Settings) -> Result<Replay> {
     .await?;
     drop(relay);
     stop_host(host).await;
+    let streamed = hold_streamed(s.snapshot_holders).await?;
     Ok(Replay {
         envelopes: KEEP,
         relay_ms,
@@ -2373,6 +2439,7 @@ async fn replay(s: &Settings) -> Result<Replay> {
         direct_ms,
         direct_bytes,
         holders,
+        streamed,
     })
 }
 
@@ -3017,6 +3084,23 @@ fn report_replay(r: &Replay, rows: &mut Vec<Row>) {
         h.rss_before as f64 / 1048576.0,
         h.rss_after as f64 / 1048576.0,
         per / 1024.0
+    );
+    let st = &r.streamed;
+    let growth = st.rss_after.saturating_sub(st.rss_before);
+    let beyond = (growth as f64 - st.accounted as f64) / st.count.max(1) as f64;
+    println!(
+        "   {} more clients (each its own session and host link, a relay of their own) each stream {STREAMED_DELTAS}",
+        st.count
+    );
+    println!(
+        "   ~330-byte deltas at {PACED_PER_STREAM}/s and stay connected: relay VmRSS {:.1} → {:.1} MiB, of which",
+        st.rss_before as f64 / 1048576.0,
+        st.rss_after as f64 / 1048576.0
+    );
+    println!(
+        "   replay buffers {:.1} MiB: {:.1} KiB per client beyond its replay buffer (1 s settle).",
+        st.accounted as f64 / 1048576.0,
+        beyond / 1024.0
     );
     rows.push(row(
         "4096-envelope replay",

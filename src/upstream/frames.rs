@@ -21,7 +21,9 @@
 //!   announces, and the frame is copied a logarithmic number of times.
 //!   Once the buffer is empty again it goes back to its size before the
 //!   next read (and the write buffer after a large frame is written): an
-//!   empty buffer holds at most twice `read_buffer_bytes`.
+//!   empty buffer holds at most twice `read_buffer_bytes`. An empty buffer
+//!   is read into from its start, so a link whose every read is taken
+//!   touches the same few cache lines and pages read after read.
 //! - **Text read in place.** [`HostSocket::take_texts`] takes the text
 //!   messages already buffered as ranges of the read buffer (no I/O, no
 //!   waker registration: a link drains a read's worth of frames into one
@@ -631,12 +633,18 @@ impl HostSocket {
     /// buffered at most as much again as the buffer holds (geometric growth).
     /// An empty buffer holds at most twice `read_buffer_bytes`: what a large
     /// frame made it take is given back before the next read, so a link
-    /// does not keep its largest snapshot's size for its whole life.
+    /// does not keep its largest snapshot's size for its whole life. An
+    /// empty buffer is read into from its start again (no allocation, no
+    /// copy): a link whose reads are all taken (a paced stream) reuses the
+    /// same cache lines and pages for every read instead of walking
+    /// through the whole buffer (BENCHMARKS.md, "Ninth round").
     fn make_room(&mut self) {
         let chunk = self.limits.read_buffer_bytes.max(1);
         if self.read_grown && self.read.is_empty() {
             self.read = BytesMut::with_capacity(chunk);
             self.read_grown = false;
+        } else if self.read.is_empty() && self.read.capacity() < chunk {
+            self.read.reserve(chunk);
         }
         let spare = self.read.capacity() - self.read.len();
         let missing = self.want.saturating_sub(self.read.len());
@@ -1265,6 +1273,30 @@ mod tests {
         let taken = out.iter().map(|t| t.to_string()).collect();
         ws.release(&mut texts);
         (more, taken, refused)
+    }
+
+    /// A link that takes every frame it reads (a paced stream: one small
+    /// frame per read) reads each into the start of its buffer, not into
+    /// the next bytes of it: the same few cache lines and pages serve every
+    /// read, instead of a walk through the whole buffer.
+    #[tokio::test]
+    async fn a_link_taking_what_it_reads_reads_into_the_start_of_its_buffer() {
+        let payload = [b'x'; 100];
+        let chunks = (0..100).map(|_| frame(FIN | 1, &payload, None)).collect();
+        let (mut ws, _) = socket(Role::Client, LIMITS, chunks);
+        let mut start = None;
+        for n in 0..100 {
+            assert!(std::future::poll_fn(|cx| ws.poll_frame(cx)).await.unwrap());
+            let at = ws.read.as_ptr();
+            assert_eq!(
+                *start.get_or_insert(at),
+                at,
+                "read {n} moved into the buffer"
+            );
+            assert_eq!(ws.read.capacity(), LIMITS.read_buffer_bytes);
+            let (_, taken, _) = take(&mut ws, false, (9, 1 << 20)).await;
+            assert_eq!(taken.len(), 1);
+        }
     }
 
     #[tokio::test]
