@@ -23,8 +23,10 @@
 //! ~30 s version with fewer runs and clients; `AHP_BENCH_ONLY=1,4` runs some
 //! sections only (1 includes 2); `AHP_BENCH_IDLE_CLIENTS=N` overrides the
 //! idle-client count (e.g. 10000); `AHP_BENCH_LAT_DUMP=<dir>` writes each
-//! paced delta's send stamp and latency to a file per run. Linux only
-//! (`/proc`).
+//! paced delta's send stamp and latency to a file per run;
+//! `AHP_BENCH_ALT_BIN=<path to another ahp-relay build>` adds it to section 3
+//! as "relay (alt)", configured as "relay", and prints alt − relay per round
+//! (an A/B of two builds in the same rounds). Linux only (`/proc`).
 
 use std::collections::VecDeque;
 use std::error::Error;
@@ -378,7 +380,13 @@ impl RelayProc {
             config = dir.join("relay-plain.toml");
             std::fs::write(&config, text)?;
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        // The A/B path (`AHP_BENCH_ALT_BIN`): another build of the relay,
+        // configured the same way, measured in the same rounds.
+        let bin = match tag.ends_with("-alt") {
+            true => std::env::var("AHP_BENCH_ALT_BIN")?,
+            false => env!("CARGO_BIN_EXE_ahp-relay").to_string(),
+        };
+        let mut child = Command::new(bin)
             .arg("serve")
             .arg("--config")
             .arg(&config)
@@ -1964,6 +1972,8 @@ fn min_max(v: &[f64]) -> String {
 const FLOOR_CORE: &str = "floor/core wss://";
 const WORK_FLOOR_CORE: &str = "work floor/core wss://";
 const RELAY_SHARED: &str = "relay, shared rt wss://";
+/// Section 3's A/B path: the binary `AHP_BENCH_ALT_BIN` names, as "relay".
+const RELAY_ALT: &str = "relay (alt) wss://";
 
 /// [`PACED_STREAMS`] clients, each subscribed to its own fresh chat, start
 /// one `[stream:<n>]` turn each on a host paced at [`PACED_PER_STREAM`] per
@@ -1989,6 +1999,14 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
     let floor = Floor::start_per_core(&[hosts[n].url()], &cert, &key, false)?;
     let work = Floor::start_per_core(&[hosts[n + 1].url()], &cert, &key, true)?;
     let shared = RelayProc::start("lat-tls-shared", &[pair(&hosts[n + 2])], true, "").await?;
+    let alt = match std::env::var_os("AHP_BENCH_ALT_BIN") {
+        Some(_) => {
+            hosts.push(paced_host("lat-a", sessions).await?);
+            let h = pair(&hosts[n + 3]);
+            Some(RelayProc::start("lat-tls-alt", &[h], true, "").await?)
+        }
+        None => None,
+    };
     let mut eps: Vec<(Endpoint, Option<&dyn Measured>)> = vec![
         (Endpoint::direct("direct", &hosts[0]), None),
         (tls.endpoint("relay-tls"), Some(&tls)),
@@ -2005,6 +2023,10 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
     }
     eps.push((shared.endpoint("relay-shared"), Some(&shared)));
     paths.push(RELAY_SHARED.into());
+    if let Some(alt) = &alt {
+        eps.push((alt.endpoint("relay-alt"), Some(alt)));
+        paths.push(RELAY_ALT.into());
+    }
     let per_stream = (f64::from(PACED_PER_STREAM) * s.latency_secs) as u64;
     let mut out = Latency {
         series: (0..eps.len()).map(|_| Series::default()).collect(),
@@ -2026,7 +2048,7 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
             }
         }
     }
-    drop((tls, plain, proxies, floor, work, shared));
+    drop((tls, plain, proxies, floor, work, shared, alt));
     for h in hosts {
         stop_host(h).await;
     }
@@ -2805,6 +2827,7 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
         println!("   run failed: {e}");
     }
     p99_against_nginx(l);
+    alt_against_relay(l);
     latency_rows(l, rows);
     println!();
 }
@@ -2812,6 +2835,42 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
 /// Per round, the added p99 of the relay and of the per-core work floor ÷
 /// nginx's in the same round: how often the contract's per-frame work on
 /// tokio + rustls alone (the work floor) is ahead of nginx, beside the relay.
+/// The A/B path against the relay, round by round (paired: the machine's
+/// drift between rounds cancels; the order of paths rotates every round):
+/// CPU per 1M and added p99, alt − relay.
+fn alt_against_relay(l: &Latency) {
+    let (Some(alt), Some(relay)) = (l.path(RELAY_ALT), l.path("relay wss://")) else {
+        return;
+    };
+    let cpu = |p: usize| -> Vec<(usize, f64)> {
+        let s = &l.series[p];
+        s.rounds
+            .iter()
+            .zip(&s.runs)
+            .filter_map(|(r, run)| Some((*r, run.relay_cpu_ns? as f64 / run.actions as f64)))
+            .collect()
+    };
+    let paired = |a: Vec<(usize, f64)>, b: Vec<(usize, f64)>| -> Vec<f64> {
+        a.iter()
+            .filter_map(|(r, v)| Some(v - b.iter().find(|(q, _)| q == r)?.1))
+            .collect()
+    };
+    let p99 = |p: usize| l.added_by_round(p, |x| x.p99);
+    for (what, d, unit) in [
+        ("CPU per 1M", paired(cpu(alt), cpu(relay)), "ms"),
+        ("added p99", paired(p99(alt), p99(relay)), "µs"),
+    ] {
+        let mean = d.iter().sum::<f64>() / d.len().max(1) as f64;
+        let each: Vec<String> = d.iter().map(|v| format!("{v:+.0}")).collect();
+        println!(
+            "   relay (alt) − relay, {what}, per round: {} {unit} (mean {mean:+.0}, alt lower in {} of {})",
+            each.join(", "),
+            d.iter().filter(|v| **v < 0.0).count(),
+            d.len()
+        );
+    }
+}
+
 fn p99_against_nginx(l: &Latency) {
     let Some(nginx) = l.path("nginx") else {
         return;
