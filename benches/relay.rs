@@ -1623,13 +1623,7 @@ impl ReplayRss {
     async fn after(relay: &RelayProc, rss_before: u64) -> Option<Self> {
         // Let detached sessions settle (their links close, queues drain).
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let page = relay.get("/metrics").await.ok()?;
-        let accounted = page
-            .lines()
-            .find_map(|l| l.strip_prefix("ahp_relay_buffer_bytes "))?
-            .trim()
-            .parse()
-            .ok()?;
+        let accounted = buffer_bytes(relay).await.ok()?;
         Some(Self {
             rss_before,
             rss_after: relay.rss(),
@@ -2316,6 +2310,7 @@ struct Streamed {
 /// link, more than a 64 KiB read buffer.
 const STREAMED_DELTAS: u64 = 500;
 
+/// What the relay's replay buffers account for now (`ahp_relay_buffer_bytes`).
 async fn buffer_bytes(relay: &RelayProc) -> Result<u64> {
     let page = relay.get("/metrics").await?;
     let v = page
@@ -2331,9 +2326,9 @@ async fn hold_streamed(count: usize) -> Result<Streamed> {
     let ep = relay.endpoint("relay-tls");
     let (rss_before, accounted_before) = (relay.rss(), buffer_bytes(&relay).await?);
     let mut held = Vec::new();
-    for wave in (0..count).collect::<Vec<_>>().chunks(PACED_STREAMS) {
+    for wave in (0..count).step_by(PACED_STREAMS) {
         let mut tasks = Vec::new();
-        for &i in wave {
+        for i in wave..count.min(wave + PACED_STREAMS) {
             let ep = ep.clone();
             tasks.push(tokio::spawn(async move {
                 let chat = ep.chat("held", i + 1);
@@ -2832,9 +2827,6 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
     println!();
 }
 
-/// Per round, the added p99 of the relay and of the per-core work floor ÷
-/// nginx's in the same round: how often the contract's per-frame work on
-/// tokio + rustls alone (the work floor) is ahead of nginx, beside the relay.
 /// The A/B path against the relay, round by round (paired: the machine's
 /// drift between rounds cancels; the order of paths rotates every round):
 /// CPU per 1M and added p99, alt − relay.
@@ -2871,6 +2863,9 @@ fn alt_against_relay(l: &Latency) {
     }
 }
 
+/// Per round, the added p99 of the relay and of the per-core work floor ÷
+/// nginx's in the same round: how often the contract's per-frame work on
+/// tokio + rustls alone (the work floor) is ahead of nginx, beside the relay.
 fn p99_against_nginx(l: &Latency) {
     let Some(nginx) = l.path("nginx") else {
         return;
