@@ -55,6 +55,12 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 #[path = "relay/work_floor.rs"]
 mod work_floor;
 
+/// The relay's allocator (`src/main.rs`): the floors run in this process, so
+/// relay − work floor compares the relay's design, not two allocators (the
+/// work floor keeps departed clients' replay memory as the relay does).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 type BoxError = Box<dyn Error + Send + Sync>;
 type Result<T> = std::result::Result<T, BoxError>;
 
@@ -2593,7 +2599,9 @@ fn report_throughput_intro(t: &Throughput) {
         "   (benches/relay/work_floor.rs): host frames parsed and UTF-8 checked, each validated by the",
         "   relay's own walk (wire::classify_host), its channel looked up and written back, serverSeq",
         "   renumbered per client, spliced into a batch arena, kept in a 4,096-envelope replay buffer,",
-        "   re-framed; no session, lock, queue or routing: relay − work floor = the relay's design.",
+        "   re-framed; a departed client's buffer kept as a detached session's is (§5.7), under the relay's",
+        "   default replay_memory_bytes (256 MiB, earliest dropped first); no session, lock, queue or",
+        "   routing: relay − work floor = the relay's design.",
     ] {
         println!("{line}");
     }

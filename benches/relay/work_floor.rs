@@ -9,12 +9,16 @@
 //! connection's own number (§5: one sequence per client), the result spliced
 //! into a per-batch arena and kept in a bounded replay buffer of the relay's
 //! default size (§5.4: 4,096 envelopes) as well as framed for the client;
-//! each read's frames go out in one TLS write. No session, no locks, no
+//! each read's frames go out in one TLS write. When a client leaves, its
+//! replay buffer is kept, as a detached session's is (§5.7: kept for
+//! `reconnect`), under the relay's default `replay_memory_bytes`, the
+//! earliest left dropped first ([`Retained`]). No session, no locks, no
 //! queue, no routing table: what remains between this and the relay is the
 //! relay's design, not its contract.
 
 use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use ahp_relay::wire::{self, Text, WireLimits};
@@ -29,6 +33,47 @@ const READ: usize = 64 * 1024;
 const KEEP: usize = 4096;
 /// Arena bytes per frame beyond its own length (as the relay reserves).
 const SLACK: usize = 96;
+/// Bytes of departed clients' replay buffers kept (the relay's default
+/// `replay_memory_bytes`).
+const RETAIN_BYTES: usize = 256 << 20;
+
+/// Replay buffers of clients that left, earliest first, with their bytes:
+/// the memory a relay keeps for `reconnect` (§5.4, §5.7), so the floor
+/// touches fresh memory for every envelope kept, as the relay does, until
+/// the budget makes it reuse what it drops. One store for the process's
+/// work floors (a relay process has one budget).
+struct Retained {
+    buffers: VecDeque<(usize, VecDeque<(u64, Text)>)>,
+    bytes: usize,
+}
+
+static RETAINED: Mutex<Retained> = Mutex::new(Retained {
+    buffers: VecDeque::new(),
+    bytes: 0,
+});
+
+/// Keeps a departed client's replay buffer, dropping the earliest kept
+/// until the total is within [`RETAIN_BYTES`]. Buffers count their frames'
+/// bytes (the relay also counts a per-envelope overhead, so it drops a
+/// little sooner: the floor never keeps less than the relay). Dropped
+/// buffers are freed after the lock is released.
+fn retain(replay: VecDeque<(u64, Text)>) {
+    let bytes: usize = replay.iter().map(|(_, t)| t.len()).sum();
+    let mut dropped = Vec::new();
+    {
+        let mut kept = RETAINED.lock().unwrap_or_else(|e| e.into_inner());
+        kept.bytes += bytes;
+        kept.buffers.push_back((bytes, replay));
+        while kept.bytes > RETAIN_BYTES {
+            let Some((b, buffer)) = kept.buffers.pop_front() else {
+                break;
+            };
+            kept.bytes -= b;
+            dropped.push(buffer);
+        }
+    }
+    drop(dropped);
+}
 
 /// Copies the host's frames to the client doing the contract's per-frame
 /// work (module docs); other bytes pass through. Ends like `floor_pump`.
@@ -42,6 +87,7 @@ where
         return to.shutdown().await;
     }
     let mut client = Client::default();
+    client.keep_on_leave = true;
     let mut out: Vec<u8> = Vec::with_capacity(READ + READ / 4);
     loop {
         client.frames(&mut input, &mut out)?;
@@ -106,6 +152,16 @@ struct Client {
     replay: VecDeque<(u64, Text)>,
     channels: HashMap<String, String, foldhash::fast::RandomState>,
     limits: WireLimits,
+    /// Whether its replay buffer is kept when it leaves ([`retain`]).
+    keep_on_leave: bool,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if self.keep_on_leave {
+            retain(std::mem::take(&mut self.replay));
+        }
+    }
 }
 
 impl Default for Client {
@@ -118,6 +174,7 @@ impl Default for Client {
                 max_frame_bytes: 16 << 20,
                 max_depth: 256,
             },
+            keep_on_leave: false,
         }
     }
 }
