@@ -2303,13 +2303,38 @@ async fn hold_snapshots(
 /// stream of small frames went through its link (a live chat's deltas):
 /// `count` clients (each its own session and link) stream
 /// [`STREAMED_DELTAS`] deltas each at [`PACED_PER_STREAM`] a second and
-/// stay connected.
+/// stay connected, in two halves: the second half's growth alone is what
+/// one more client costs, without what the relay allocates once for the
+/// first clients (thread heaps, pools).
 struct Streamed {
     count: usize,
+    /// Clients of the first half.
+    half: usize,
     rss_before: u64,
+    /// After the first half.
+    rss_mid: u64,
     rss_after: u64,
-    /// Growth of `ahp_relay_buffer_bytes` over the same time.
+    /// Growth of `ahp_relay_buffer_bytes` over the first half and over all.
+    accounted_mid: u64,
     accounted: u64,
+}
+
+impl Streamed {
+    /// RSS per client beyond the replay buffers: over all clients, and over
+    /// the second half alone.
+    fn beyond_per_client(&self) -> (f64, f64) {
+        let per = |rss: u64, base: u64, accounted: u64, n: usize| {
+            (rss as f64 - base as f64 - accounted as f64) / n.max(1) as f64
+        };
+        let all = per(self.rss_after, self.rss_before, self.accounted, self.count);
+        let second = per(
+            self.rss_after,
+            self.rss_mid,
+            self.accounted.saturating_sub(self.accounted_mid),
+            self.count - self.half,
+        );
+        (all, second)
+    }
 }
 
 /// Deltas each client of [`hold_streamed`] streams: ~160 KiB through its
@@ -2326,15 +2351,13 @@ async fn buffer_bytes(relay: &RelayProc) -> Result<u64> {
     Ok(v.trim().parse()?)
 }
 
-async fn hold_streamed(count: usize) -> Result<Streamed> {
-    let host = paced_host("held", count).await?;
-    let relay = RelayProc::start("held", &[pair(&host)], true, "").await?;
-    let ep = relay.endpoint("relay-tls");
-    let (rss_before, accounted_before) = (relay.rss(), buffer_bytes(&relay).await?);
+/// Clients `clients` each stream [`STREAMED_DELTAS`] deltas on a chat of
+/// their own, [`PACED_STREAMS`] at a time; returns them still connected.
+async fn stream_clients(ep: &Endpoint, clients: std::ops::Range<usize>) -> Result<Vec<Conn>> {
     let mut held = Vec::new();
-    for wave in (0..count).step_by(PACED_STREAMS) {
+    for wave in clients.clone().step_by(PACED_STREAMS) {
         let mut tasks = Vec::new();
-        for i in wave..count.min(wave + PACED_STREAMS) {
+        for i in wave..clients.end.min(wave + PACED_STREAMS) {
             let ep = ep.clone();
             tasks.push(tokio::spawn(async move {
                 let chat = ep.chat("held", i + 1);
@@ -2350,6 +2373,20 @@ async fn hold_streamed(count: usize) -> Result<Streamed> {
         }
         held.extend(join_all(tasks).await?);
     }
+    Ok(held)
+}
+
+async fn hold_streamed(count: usize) -> Result<Streamed> {
+    let host = paced_host("held", count).await?;
+    let relay = RelayProc::start("held", &[pair(&host)], true, "").await?;
+    let ep = relay.endpoint("relay-tls");
+    let (rss_before, accounted_before) = (relay.rss(), buffer_bytes(&relay).await?);
+    let half = count / 2;
+    let mut held = stream_clients(&ep, 0..half).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_mid = relay.rss();
+    let accounted_mid = buffer_bytes(&relay).await?.saturating_sub(accounted_before);
+    held.extend(stream_clients(&ep, half..count).await?);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_after = relay.rss();
     let accounted = buffer_bytes(&relay).await?.saturating_sub(accounted_before);
@@ -2358,8 +2395,11 @@ async fn hold_streamed(count: usize) -> Result<Streamed> {
     stop_host(host).await;
     Ok(Streamed {
         count,
+        half,
         rss_before,
+        rss_mid,
         rss_after,
+        accounted_mid,
         accounted,
     })
 }
@@ -3148,8 +3188,7 @@ fn report_replay(r: &Replay, rows: &mut Vec<Row>) {
         per / 1024.0
     );
     let st = &r.streamed;
-    let growth = st.rss_after.saturating_sub(st.rss_before);
-    let beyond = (growth as f64 - st.accounted as f64) / st.count.max(1) as f64;
+    let (beyond, second) = st.beyond_per_client();
     println!(
         "   {} more clients (each its own session and host link, a relay of their own) each stream {STREAMED_DELTAS}",
         st.count
@@ -3160,9 +3199,14 @@ fn report_replay(r: &Replay, rows: &mut Vec<Row>) {
         st.rss_after as f64 / 1048576.0
     );
     println!(
-        "   replay buffers {:.1} MiB: {:.1} KiB per client beyond its replay buffer (1 s settle).",
+        "   replay buffers {:.1} MiB: {:.1} KiB per client beyond its replay buffer (1 s settle);",
         st.accounted as f64 / 1048576.0,
         beyond / 1024.0
+    );
+    println!(
+        "   the last {} alone (what one more client costs, without what the first ones set up): {:.1} KiB per client.",
+        st.count - st.half,
+        second / 1024.0
     );
     rows.push(row(
         "4096-envelope replay",
