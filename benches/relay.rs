@@ -26,7 +26,10 @@
 //! paced delta's send stamp and latency to a file per run;
 //! `AHP_BENCH_ALT_BIN=<path to another ahp-relay build>` adds it to section 3
 //! as "relay (alt)", configured as "relay", and prints alt − relay per round
-//! (an A/B of two builds in the same rounds). Linux only (`/proc`).
+//! (an A/B of two builds in the same rounds); `AHP_BENCH_PACED_RATE=<n>`
+//! paces section 3's streams at n deltas/s instead of 1000 (e.g. for an alt
+//! binary that is a wrapper running the relay under callgrind). Linux only
+//! (`/proc`).
 
 use std::collections::VecDeque;
 use std::error::Error;
@@ -1302,6 +1305,8 @@ struct StreamRun {
     /// The proxy's busiest threads over the run, as cores, busiest first
     /// (at most 3; empty for the peers and the direct path).
     relay_busiest: Vec<f64>,
+    /// The share of the machine's time stolen by the hypervisor during the run.
+    steal: Option<f64>,
     /// CPU of the simhost threads and of the client threads.
     host_cpu_ns: u64,
     client_cpu_ns: u64,
@@ -1315,6 +1320,8 @@ struct Readings {
     threads: Vec<(u64, u64)>,
     host: Cpu,
     client: Cpu,
+    /// The machine's stolen and total clock ticks ([`stolen_ticks`]).
+    steal: (u64, u64),
 }
 
 impl Readings {
@@ -1324,7 +1331,17 @@ impl Readings {
             threads: relay.map(|r| r.thread_ns()).unwrap_or_default(),
             host: Cpu::threads("simhost"),
             client: Cpu::threads("client"),
+            steal: stolen_ticks(),
         }
+    }
+
+    /// The share of the machine's clock ticks since `before` that the
+    /// hypervisor gave to someone else (`steal`): time when a runnable
+    /// thread of any path waited for no reason of its own.
+    fn steal_since(&self, before: &Readings) -> Option<f64> {
+        let stolen = self.steal.0.checked_sub(before.steal.0)?;
+        let total = self.steal.1.checked_sub(before.steal.1)?;
+        (total > 0).then(|| stolen as f64 / total as f64)
     }
 
     /// The proxy's busiest threads between `before` and these readings, as
@@ -1409,6 +1426,7 @@ impl Totals {
             relay_kernel_share: relay.map(|(b, a)| a.kernel_share_since(&b)),
             relay_cpu_tick_ms: relay.map(|(b, a)| a.tick_ms_since(&b, ticks)),
             relay_busiest: a.busiest_since(&b, wall),
+            steal: a.steal_since(&b),
             host_cpu_ns: a.host.ns_since(&b.host),
             client_cpu_ns: a.client.ns_since(&b.client),
             tls: None,
@@ -1862,6 +1880,18 @@ fn failure(tag: &str, e: &BoxError, relay: Option<&dyn Measured>) -> String {
 const PACED_STREAMS: usize = 50;
 const PACED_PER_STREAM: u32 = 1000;
 
+/// Deltas per second per paced stream: [`PACED_PER_STREAM`], or
+/// `AHP_BENCH_PACED_RATE` (a lighter load, e.g. for a path run under
+/// `valgrind --tool=callgrind` through `AHP_BENCH_ALT_BIN`, where the
+/// figures that count are instructions per action, not time).
+fn paced_rate() -> u32 {
+    std::env::var("AHP_BENCH_PACED_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&r| r > 0)
+        .unwrap_or(PACED_PER_STREAM)
+}
+
 /// One figure of a run's latency (e.g. its p50).
 type LatOf = fn(&Lat) -> f64;
 
@@ -1896,8 +1926,8 @@ impl Lat {
 async fn paced_host(name: &str, sessions: usize) -> Result<SimHost> {
     start_configured(SimHostConfig {
         sessions,
-        stream_rate: PACED_PER_STREAM,
-        stream_in_flight: 4 * PACED_PER_STREAM as usize,
+        stream_rate: paced_rate(),
+        stream_in_flight: 4 * paced_rate() as usize,
         replay_log: 20_000,
         record_limit: 16,
         ..SimHostConfig::named(name)
@@ -2027,7 +2057,7 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
         eps.push((alt.endpoint("relay-alt"), Some(alt)));
         paths.push(RELAY_ALT.into());
     }
-    let per_stream = (f64::from(PACED_PER_STREAM) * s.latency_secs) as u64;
+    let per_stream = (f64::from(paced_rate()) * s.latency_secs) as u64;
     let mut out = Latency {
         series: (0..eps.len()).map(|_| Series::default()).collect(),
         paths,
@@ -2556,6 +2586,26 @@ fn busy_ticks() -> (u64, u64) {
     (machine, mine)
 }
 
+/// The machine's `steal` clock ticks (the hypervisor ran someone else while
+/// this VM had work) and all its clock ticks, from `/proc/stat`; zeros where
+/// unreadable.
+fn stolen_ticks() -> (u64, u64) {
+    let fields: Vec<u64> = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().next()?.to_string();
+            Some(
+                line.split_whitespace()
+                    .skip(1)
+                    .take(8)
+                    .filter_map(|v| v.parse().ok())
+                    .collect(),
+            )
+        })
+        .unwrap_or_default();
+    (fields.get(7).copied().unwrap_or(0), fields.iter().sum())
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -2813,12 +2863,14 @@ fn report_replay_rss(m: Option<&ReplayRss>, rows: &mut Vec<Row>) {
 
 fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
     println!(
-        "3. Latency at a paced load: {PACED_STREAMS} streams × {PACED_PER_STREAM} deltas/s = {}k actions/s, {:.0} s per run",
-        PACED_STREAMS as u32 * PACED_PER_STREAM / 1000,
+        "3. Latency at a paced load: {PACED_STREAMS} streams × {} deltas/s = {}k actions/s, {:.0} s per run",
+        paced_rate(),
+        f64::from(PACED_STREAMS as u32 * paced_rate()) / 1000.0,
         l.secs
     );
     println!(
-        "   The load source is the simhost's streaming mode, each stream paced on its own at stream_rate {PACED_PER_STREAM}/s;"
+        "   The load source is the simhost's streaming mode, each stream paced on its own at stream_rate {}/s;",
+        paced_rate()
     );
     println!(
         "   each delta's text starts with its send time (µs since the epoch, stamped as the host renders it,"
@@ -2941,6 +2993,19 @@ fn p99_against_nginx(l: &Latency) {
             "   added p99 ÷ nginx's, per round, {name}: {} (at or ahead in {ahead} of {})",
             ratios.join(", "),
             ratios.len()
+        );
+    }
+    for name in ["nginx", "relay wss://", WORK_FLOOR_CORE] {
+        let Some(p) = l.path(name) else { continue };
+        let s = &l.series[p];
+        let each: Vec<String> = s
+            .runs
+            .iter()
+            .map(|r| r.steal.map_or("-".into(), |x| format!("{:.1}", x * 100.0)))
+            .collect();
+        println!(
+            "   machine time stolen by the hypervisor during each round's run, {name}: {} %",
+            each.join(", ")
         );
     }
 }
@@ -3194,7 +3259,8 @@ fn report_replay(r: &Replay, rows: &mut Vec<Row>) {
         st.count
     );
     println!(
-        "   ~330-byte deltas at {PACED_PER_STREAM}/s and stay connected: relay VmRSS {:.1} → {:.1} MiB, of which",
+        "   ~330-byte deltas at {}/s and stay connected: relay VmRSS {:.1} → {:.1} MiB, of which",
+        paced_rate(),
         st.rss_before as f64 / 1048576.0,
         st.rss_after as f64 / 1048576.0
     );

@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use ahp_relay::wire::{Edit, EditValue, WireLimits, classify, classify_action, splice};
+use ahp_relay::wire::{Edit, EditValue, WireLimits, classify, classify_notification, splice};
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
@@ -152,10 +152,10 @@ fn compare(name: &str, text: &str, iterations: u32) -> Result<()> {
         serde_json::from_str::<IgnoredAny>(black_box(text))?;
         Ok(String::new())
     })?;
-    let fast = match classify_action(text, &limits) {
+    let fast = match classify_notification(text, &limits) {
         Some(_) => {
             let (ns, _) = time(iterations, || {
-                classify_action(black_box(text), &limits)
+                classify_notification(black_box(text), &limits)
                     .map(|_| String::new())
                     .ok_or_else(|| "declined".into())
             })?;

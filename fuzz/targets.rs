@@ -296,12 +296,12 @@ pub fn wire_host(data: &[u8]) {
         return;
     };
     let classified = wire::classify(text, &LIMITS);
-    // The fast path for action envelopes agrees with the general one or declines.
-    if let Some(fast) = wire::classify_action(text, &LIMITS) {
+    // The fast path for notifications agrees with the general one or declines.
+    if let Some(fast) = wire::classify_notification(text, &LIMITS) {
         assert_eq!(
             Ok(fast),
             classified,
-            "classify_action disagrees with classify"
+            "classify_notification disagrees with classify"
         );
     }
     let Ok(frame) = classified else {

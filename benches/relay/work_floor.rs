@@ -248,7 +248,7 @@ pub struct InMemory {
     /// between the read and the write, the copy into the read buffer taken
     /// out).
     pub work_ns: f64,
-    /// Of which the validating walk (`wire::classify_action`) alone.
+    /// Of which the validating walk (`wire::classify_notification`) alone.
     pub walk_ns: f64,
 }
 
@@ -280,7 +280,7 @@ pub fn in_memory(frames: &[&str], rounds: usize) -> std::io::Result<InMemory> {
     let walk = Instant::now();
     for _ in 0..rounds {
         for f in frames {
-            black_box(wire::classify_action(black_box(f), &limits));
+            black_box(wire::classify_notification(black_box(f), &limits));
         }
     }
     let walk = walk.elapsed();

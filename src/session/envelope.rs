@@ -67,7 +67,7 @@ impl ClientSession {
         for &text in frames {
             // `classify_host` in two steps, so the fast path's frame is used
             // where it was built (no move of the ~400-byte `Frame` per frame).
-            let fast = wire::classify_action(text, limits);
+            let fast = wire::classify_notification(text, limits);
             let slow;
             let frame = match &fast {
                 Some(frame) => frame,

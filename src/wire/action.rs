@@ -1,13 +1,15 @@
-//! [`classify_action`]: the fast path for the frame that is nearly all of a host's
-//! traffic, an `action` notification, read in one pass that checks the JSON grammar and
-//! finds the routed values together.
+//! [`classify_notification`]: the fast path for a host's notifications — the `action`
+//! notification that is nearly all of a host's traffic, and the root-scoped ones
+//! (`root/session*`) that every per-client link receives and discards (contract §6.2:
+//! one per link for each catalog change) — read in one pass that checks the JSON
+//! grammar and finds the routed values together.
 //!
 //! [`classify`](super::classify) lets serde_json walk the frame through visitors, then
 //! scans `params.action` and `params.origin` again for their `type` and `clientId`:
 //! about 10,000 instructions for a ~320-byte `chat/delta` (`valgrind --tool=callgrind`
 //! on `benches/wire.rs`). serde_json's bare validation alone is half of that, so
 //! validating with it and then walking would gain nothing; this walk does both in one
-//! pass, in about 1,700 instructions on that frame (`--toggle-collect='*classify_action*'`
+//! pass, in about 1,700 instructions on that frame (`--toggle-collect='*classify_notification*'`
 //! with `AHP_WIRE_SCALE=0.01`; ~1,800 when its members come in another order). What
 //! keeps it there:
 //! - The levels it reads (top, `params`, `params.action`, `params.origin`) are one loop
@@ -23,14 +25,14 @@
 //!
 //! This is a second reading of JSON beside serde_json's, which the module documentation
 //! of [`wire`](super) warns against: a disagreement is a place to smuggle a meaning past
-//! routing. It is kept safe by what it may return. Guarantee: when [`classify_action`]
+//! routing. It is kept safe by what it may return. Guarantee: when [`classify_notification`]
 //! returns `Some(frame)`, [`classify`](super::classify) returns `Ok(frame)` for the same
 //! text and limits — so the fast path never accepts a frame the general path refuses,
 //! and never reads a value differently. Anything outside the plain form hosts write gives
 //! `None` and the caller classifies the frame the general way, which also produces the
 //! error: a key with an escape at a level it reads, a key it reads given twice, an `id`,
 //! `result` or `error`, a routed value of the wrong type or with an undecodable escape,
-//! a method other than a plain `"action"`, a frame longer or deeper than the limits
+//! a method that is not a string or has an escape, a frame longer or deeper than the limits
 //! allow, and anything that is not JSON. The guarantee is checked by the generated and
 //! mutated frames of `wire::tests::generated`, by the tests below (every scanner at every
 //! alignment), by the fuzz target `wire_host` and by the replay of its corpus in CI.
@@ -44,15 +46,16 @@ use super::params::ParamsFields;
 use super::result::ResultFields;
 use super::{WireError, WireLimits};
 
-/// Classifies a frame from a host: through [`classify_action`] when it takes the frame,
+/// Classifies a frame from a host: through [`classify_notification`] when it takes the frame,
 /// else through [`classify`](super::classify). Same result as `classify` alone.
 pub fn classify_host<'a>(text: &'a str, limits: &WireLimits) -> Result<Frame<'a>, WireError> {
-    classify_action(text, limits).map_or_else(|| super::classify(text, limits), Ok)
+    classify_notification(text, limits).map_or_else(|| super::classify(text, limits), Ok)
 }
 
-/// Classifies `text` when it is an `action` notification in the plain form; `None`
-/// otherwise (then use [`classify`](super::classify)). See the module documentation.
-pub fn classify_action<'a>(text: &'a str, limits: &WireLimits) -> Option<Frame<'a>> {
+/// Classifies `text` when it is a notification in the plain form (`action` or any other
+/// method without escapes); `None` otherwise (then use [`classify`](super::classify)).
+/// See the module documentation.
+pub fn classify_notification<'a>(text: &'a str, limits: &WireLimits) -> Option<Frame<'a>> {
     if text.len() > limits.max_frame_bytes {
         return None;
     }
@@ -62,8 +65,14 @@ pub fn classify_action<'a>(text: &'a str, limits: &WireLimits) -> Option<Frame<'
         depth: 0,
         max_depth: limits.max_depth.min(MAX_WALK_DEPTH),
     };
-    let params = top(&mut walk)?;
+    let (method, params) = top(&mut walk)?;
     walk.at_end().then_some(())?;
+    let method = match method {
+        Method::Action => "action",
+        // Without escapes the method is its bytes between the quotes, as `classify`
+        // decodes it.
+        Method::Plain(range) => text.get(range.start + 1..range.end - 1)?,
+    };
     let (action, action_type) = match params.action {
         Some((range, Some(token))) => (Some(range), Some(token.field(text, "params.action.type")?)),
         Some((range, None)) => (Some(range), None),
@@ -91,7 +100,7 @@ pub fn classify_action<'a>(text: &'a str, limits: &WireLimits) -> Option<Frame<'
     };
     Some(Frame {
         kind: FrameKind::Notification {
-            method: Cow::Borrowed("action"),
+            method: Cow::Borrowed(method),
         },
         params: fields,
         result: ResultFields::default(),
@@ -127,17 +136,25 @@ impl Str {
 /// walk reads from these bytes, in one comparison instead of three members' steps.
 const PLAIN_HEAD: &[u8] = br#"{"jsonrpc":"2.0","method":"action","params":"#;
 
-/// Reads the top-level object: `jsonrpc` must be `"2.0"` and `method` `"action"`, each
-/// written exactly so (another spelling fails the walk), and `params` an object, whose
-/// members it returns; `id`, `result`, `error` and a second `jsonrpc`, `method` or
-/// `params` fail the walk.
+/// The `method` of a notification the walk takes.
+enum Method {
+    /// `"action"`, read with the head hosts write ([`PLAIN_HEAD`]).
+    Action,
+    /// Any other string without an escape: its range, quotes included.
+    Plain(Range<usize>),
+}
+
+/// Reads the top-level object: `jsonrpc` must be `"2.0"`, written exactly so (another
+/// spelling fails the walk), `method` a string without escapes, and `params` an
+/// object, whose members it returns with the method; `id`, `result`, `error` and a
+/// second `jsonrpc`, `method` or `params` fail the walk.
 #[inline(always)]
-fn top(w: &mut Walk<'_>) -> Option<Params> {
-    let (mut jsonrpc, mut method, mut params) = (false, false, None);
+fn top(w: &mut Walk<'_>) -> Option<(Method, Params)> {
+    let (mut jsonrpc, mut method, mut params) = (false, None, None);
     let mut more = if w.bytes.starts_with(PLAIN_HEAD) {
         w.enter()?;
         w.at = PLAIN_HEAD.len();
-        (jsonrpc, method) = (true, true);
+        (jsonrpc, method) = (true, Some(Method::Action));
         params = Some(Params::read(w)?);
         w.next_member()?
     } else {
@@ -157,8 +174,9 @@ fn top(w: &mut Walk<'_>) -> Option<Params> {
                 w.exactly(br#""2.0""#)?;
             }
             1 => {
-                first(&mut method)?;
-                w.exactly(br#""action""#)?;
+                let token = w.string()?;
+                (!token.escaped).then_some(())?;
+                once(&mut method, Method::Plain(token.range))?;
             }
             2 => once(&mut params, Params::read(w)?)?,
             3..=5 => return None,
@@ -166,7 +184,8 @@ fn top(w: &mut Walk<'_>) -> Option<Params> {
         }
         more = w.next_member()?;
     }
-    (jsonrpc && method).then_some(params)?
+    jsonrpc.then_some(())?;
+    Some((method?, params?))
 }
 
 /// Members of `params` read: `channel` (a string), `serverSeq` (an integer in
@@ -638,10 +657,10 @@ mod tests {
     use super::super::classify;
     use super::*;
 
-    /// `classify_action` either agrees with `classify` or declines.
+    /// `classify_notification` either agrees with `classify` or declines.
     fn agrees(text: &str) -> bool {
         let limits = WireLimits::default();
-        match classify_action(text, &limits) {
+        match classify_notification(text, &limits) {
             Some(fast) => {
                 assert_eq!(classify(text, &limits), Ok(fast), "{text}");
                 true
@@ -651,13 +670,16 @@ mod tests {
     }
 
     #[test]
-    fn reads_plain_envelopes_as_classify_does() {
+    fn reads_plain_notifications_as_classify_does() {
         let plain = [
             r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"ahp-chat:/c","serverSeq":7,"action":{"type":"chat/delta","content":"a \"}\" b"},"origin":{"clientId":"r1.x","clientSeq":3}}}"#,
             r#" { "params" : { "action" : { "x" : [ 1 , { "type" : 2 } ] , "type" : "t" } , "serverSeq" : 0 , "channel" : "c" } , "method" : "action" , "jsonrpc" : "2.0" , "extra" : null } "#,
             r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"c\u00e9","serverSeq":1,"action":[1,2],"origin":null}}"#,
             r#"{"jsonrpc":"2.0","method":"action","params":{}}"#,
             r#"{"jsonrpc":"2.0","method":"action","params":{"action":{}}}"#,
+            r#"{"jsonrpc":"2.0","method":"ping","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"root/sessionSummaryChanged","params":{"channel":"ahp-root://","session":"s:/1","changes":{"status":1,"chats":[{"resource":"ahp-chat:/c","title":"t"}]}}}"#,
+            r#"{"params":{"channel":"ahp-root://"},"method":"root/progress","jsonrpc":"2.0"}"#,
         ];
         for text in plain {
             assert!(agrees(text), "the fast path declined {text}");
@@ -677,7 +699,10 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"action","params":{"channel":7}}"#,
             r#"{"jsonrpc":"2.0","method":"action","params":[]}"#,
             r#"{"jsonrpc":"2.0","method":"action"}"#,
-            r#"{"jsonrpc":"2.0","method":"ping","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":7,"params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"root\/sessionAdded","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"a","method":"b","params":{}}"#,
+            r#"{"jsonrpc":"2.0","params":{}}"#,
             r#"{"jsonrpc":"1.0","method":"action","params":{}}"#,
             r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"c"}"#,
             r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"\ud800"}}"#,
@@ -750,7 +775,7 @@ mod tests {
             let text = format!(
                 r#"{{"jsonrpc":"2.0","method":"action","params":{{"channel":"c","action":{{"type":"t","v":{junk}}}}}}}"#
             );
-            let fast = classify_action(&text, &limits);
+            let fast = classify_notification(&text, &limits);
             assert_eq!(fast.is_some(), depth < MAX_WALK_DEPTH, "depth {depth}");
             if let Some(fast) = fast {
                 assert_eq!(classify(&text, &limits), Ok(fast));
@@ -904,7 +929,7 @@ mod tests {
                 max_depth,
                 ..WireLimits::default()
             };
-            let fast = classify_action(text, &limits);
+            let fast = classify_notification(text, &limits);
             assert_eq!(fast.is_some(), max_depth >= 6, "max_depth {max_depth}");
             if let Some(fast) = fast {
                 assert_eq!(classify(text, &limits), Ok(fast));
@@ -916,7 +941,7 @@ mod tests {
             max_frame_bytes: text.len() - 1,
             ..WireLimits::default()
         };
-        assert!(classify_action(text, &limits).is_none());
+        assert!(classify_notification(text, &limits).is_none());
     }
 
     #[test]
@@ -1039,7 +1064,7 @@ mod tests {
                     max_depth,
                     ..WireLimits::default()
                 };
-                if let Some(fast) = classify_action(&text, &limits) {
+                if let Some(fast) = classify_notification(&text, &limits) {
                     taken += 1;
                     assert_eq!(classify(&text, &limits), Ok(fast), "{max_depth}: {text}");
                 }

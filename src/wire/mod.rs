@@ -49,7 +49,8 @@
 //! 6.8 µs (2 allocations against 162).
 //!
 //! One exception, for the frame that is nearly all of the traffic: a host's `action`
-//! notification goes first through [`classify_action`] (`action.rs`), one walk that
+//! notification (and any other notification of a host, e.g. the `root/session*` every
+//! link discards) goes first through [`classify_notification`] (`action.rs`), one walk that
 //! checks the grammar, the limits and finds the routed values together, in about a sixth
 //! of `classify`'s instructions (1.7k against ~10k on a `chat/delta`, `callgrind`). It is
 //! bound by a strict rule: it returns a frame only when `classify` returns the same frame
@@ -94,7 +95,7 @@ mod scan;
 mod splice;
 mod text;
 
-pub use action::{classify_action, classify_host};
+pub use action::{classify_host, classify_notification};
 pub use error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, WireError};
 pub use fields::{IdKind, RawId, SeqField, StrField};
 pub use frame::{Frame, FrameKind, classify};
