@@ -883,7 +883,8 @@ async fn floor_accept(
 /// One client: TLS handshake, a TCP connection to the upstream, then bytes
 /// both ways, each direction its own task (so the runtime may run them on
 /// either thread); the connection ends when either direction does. With
-/// `work`, host → client runs [`work_floor::pump`] instead of raw bytes.
+/// `work`, host → client runs [`work_floor::pump`] and client → host
+/// [`work_floor::up`] (the link's root subscription added) instead of raw bytes.
 async fn floor_conn(
     tcp: TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
@@ -905,7 +906,11 @@ async fn floor_conn(
     } else {
         tokio::spawn(floor_pump(host_r, client_w))
     };
-    let mut up = tokio::spawn(floor_pump(client_r, host_w));
+    let mut up = if work {
+        tokio::spawn(work_floor::up(client_r, host_w))
+    } else {
+        tokio::spawn(floor_pump(client_r, host_w))
+    };
     tokio::select! {
         _ = &mut down => up.abort(),
         _ = &mut up => down.abort(),
@@ -2690,8 +2695,9 @@ fn report_throughput_intro(t: &Throughput) {
         "   relay's own walk (wire::classify_host), its channel looked up and written back, serverSeq",
         "   renumbered per client, spliced into a batch arena, kept in a 4,096-envelope replay buffer,",
         "   re-framed; a departed client's buffer kept as a detached session's is (§5.7), under the relay's",
-        "   default replay_memory_bytes (256 MiB, earliest dropped first); no session, lock, queue or",
-        "   routing: relay − work floor = the relay's design.",
+        "   default replay_memory_bytes (256 MiB, earliest dropped first); and, as every per-client link",
+        "   does (§6.2), ahp-root:// subscribed upstream, the host's root/session* events read and dropped;",
+        "   no session, lock, queue or routing: relay − work floor = the relay's design.",
     ] {
         println!("{line}");
     }

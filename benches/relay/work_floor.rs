@@ -15,13 +15,23 @@
 //! earliest left dropped first ([`Retained`]). No session, no locks, no
 //! queue, no routing table: what remains between this and the relay is the
 //! relay's design, not its contract.
+//!
+//! Client → host, the connection also subscribes `ahp-root://` right after
+//! the client's first frame (its `initialize`), as every per-client link
+//! does (§6.2: for its own `auth/required` and `root/progress`); the host
+//! then sends it every catalog event (`root/session*`), which is read,
+//! validated and dropped, with the subscription's answer, as a link drops
+//! them ([`up`]). So the floor pays what that subscription costs on each
+//! catalog change (one more frame per connection to read), as the relay
+//! does and a byte proxy in front of a client that never subscribed root
+//! does not.
 
 use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ahp_relay::wire::{self, Text, WireLimits};
+use ahp_relay::wire::{self, Frame, FrameKind, Text, WireLimits};
 use bytes::{Buf, BytesMut};
 use memchr::memmem;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -100,6 +110,50 @@ where
         if from.read_buf(&mut input).await? == 0 {
             return to.shutdown().await;
         }
+    }
+}
+
+/// The root subscription a per-client link makes (§6.2), as a client
+/// frame's payload; its answer is recognised by [`ROOT_ID`].
+const ROOT_SUBSCRIBE: &str = r#"{"jsonrpc":"2.0","id":"work-floor-root","method":"subscribe","params":{"channel":"ahp-root://"}}"#;
+// One header byte of length: [`masked_text_frame`] writes short frames only.
+const _: () = assert!(ROOT_SUBSCRIBE.len() < 126);
+/// The id of [`ROOT_SUBSCRIBE`], as its token appears in the answer.
+const ROOT_ID: &str = "\"work-floor-root\"";
+
+/// Copies the client's bytes to the host, adding the root subscription a
+/// per-client link makes (§6.2) after the client's first frame (the host
+/// takes requests only after `initialize`). Ends like `floor_pump`.
+pub async fn up<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut input = BytesMut::with_capacity(READ);
+    if !pass_upgrade(&mut from, &mut to, &mut input).await? {
+        return to.shutdown().await;
+    }
+    let first = loop {
+        if let Some(n) = client_frame_len(&input).filter(|&n| input.len() >= n) {
+            break n;
+        }
+        if from.read_buf(&mut input).await? == 0 {
+            return to.shutdown().await;
+        }
+    };
+    let mut out = input.split_to(first).to_vec();
+    masked_text_frame(&mut out, ROOT_SUBSCRIBE);
+    out.extend_from_slice(&input);
+    to.write_all(&out).await?;
+    to.flush().await?;
+    let mut buf = vec![0u8; READ];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        write_sliced(&mut to, &buf[..n]).await?;
+        to.flush().await?;
     }
 }
 
@@ -191,26 +245,48 @@ impl Client {
             }
             let frame = input.split_to(head + len);
             let payload = &frame[head..];
-            let spliced = if opcode == 0x81 {
+            let handled = if opcode == 0x81 {
                 let text = simdutf8::compat::from_utf8(payload).map_err(std::io::Error::other)?;
-                self.envelope(text, &mut arena)
+                self.host_frame(text, &mut arena)
             } else {
-                None
+                HostFrame::Pass
             };
-            match spliced {
-                Some(t) => {
+            match handled {
+                HostFrame::Envelope(t) => {
                     frame_header(out, t.len());
                     out.extend_from_slice(t.as_bytes());
                 }
-                None => out.extend_from_slice(&frame),
+                HostFrame::Drop => {}
+                HostFrame::Pass => out.extend_from_slice(&frame),
             }
         }
         Ok(())
     }
 
+    /// What becomes of a host frame: an action envelope renumbered for
+    /// this client (kept for replay); the root subscription's answer and
+    /// the catalog events it brings dropped (§6.2); anything else passed.
+    fn host_frame(&mut self, text: &str, arena: &mut BytesMut) -> HostFrame {
+        let Ok(frame) = wire::classify_host(text, &self.limits) else {
+            return HostFrame::Pass;
+        };
+        match &frame.kind {
+            FrameKind::Notification { method } if method.starts_with("root/session") => {
+                HostFrame::Drop
+            }
+            FrameKind::Response { id } | FrameKind::ErrorResponse { id, .. }
+                if id.raw == ROOT_ID =>
+            {
+                HostFrame::Drop
+            }
+            _ => self
+                .envelope(text, &frame, arena)
+                .map_or(HostFrame::Pass, HostFrame::Envelope),
+        }
+    }
+
     /// An action envelope renumbered for this client, kept for replay.
-    fn envelope(&mut self, text: &str, arena: &mut BytesMut) -> Option<Text> {
-        let frame = wire::classify_host(text, &self.limits).ok()?;
+    fn envelope(&mut self, text: &str, frame: &Frame<'_>, arena: &mut BytesMut) -> Option<Text> {
         let (Some(channel), Some(seq)) = (
             frame.params.channel.as_ref(),
             frame.params.server_seq.as_ref(),
@@ -239,6 +315,16 @@ impl Client {
         self.replay.push_back((self.seq, text.clone()));
         Some(text)
     }
+}
+
+/// What [`Client::host_frame`] makes of a host frame.
+enum HostFrame {
+    /// An action envelope in the client's form.
+    Envelope(Text),
+    /// Read and dropped (what a link discards).
+    Drop,
+    /// Forwarded as it came.
+    Pass,
 }
 
 /// The work floor's per-frame work measured alone, in memory: no socket,
@@ -307,6 +393,23 @@ fn header(input: &[u8]) -> Option<(u8, usize, usize)> {
         }
         n => Some((b0, 2, usize::from(n))),
     }
+}
+
+/// A client frame's whole length (header, mask key, payload), if its
+/// header is complete.
+fn client_frame_len(input: &[u8]) -> Option<usize> {
+    let (_, head, len) = header(input)?;
+    let mask = if input.get(1)? & 0x80 != 0 { 4 } else { 0 };
+    Some(head + mask + len)
+}
+
+/// Appends a final text frame of `text` (under 126 bytes) masked with a
+/// zero key, as a client sends it.
+fn masked_text_frame(out: &mut Vec<u8>, text: &str) {
+    out.push(0x81);
+    out.push(0x80 | text.len() as u8);
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(text.as_bytes());
 }
 
 /// Appends an unmasked final text frame's header for `len` payload bytes.

@@ -10,8 +10,11 @@
 //! ([`LinkOwner::on_link_down`]) with the dispatches still queued, so they
 //! get rejection echoes ("host unavailable").
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -269,7 +272,7 @@ async fn pump(
     ws: &mut HostSocket,
 ) -> bool {
     let mut heard = Heard::new(ends.spec.ping_after, ends.spec.ping_timeout);
-    let mut paused: Option<(BoxFuture<'static, ()>, tokio::time::Instant)> = None;
+    let mut paused: Option<Paused> = None;
     let mut allowance = (1, 1);
     let mut batch = Batch::default();
     // One ping timer for the link, moved only when it fires: frames just
@@ -285,12 +288,9 @@ async fn pump(
                 Room::Take { frames, bytes } => {
                     allowance = (frames.clamp(1, BATCH_FRAMES), bytes.clamp(1, BATCH_BYTES));
                 }
-                Room::Wait(wait) => {
-                    paused = Some((wait, tokio::time::Instant::now() + ends.spec.stall_after));
-                }
+                Room::Wait(wait) => paused = Some(Paused::new(wait, ends.spec.stall_after)),
             }
         }
-        let stall = paused.as_ref().map(|(_, at)| *at);
         tokio::select! {
             cmd = rx.recv() => {
                 let Some(cmd) = cmd else {
@@ -299,15 +299,13 @@ async fn pump(
                 };
                 if !write_queued(ws, cmd, rx).await { return true; }
             }
-            () = room(&mut paused) => {
+            resumed = std::future::poll_fn(|cx| Paused::poll(&mut paused, cx)), if paused.is_some() => {
                 paused = None;
                 heard.now();
-            }
-            _ = tokio::time::sleep_until(stall.unwrap_or_else(tokio::time::Instant::now)), if stall.is_some() => {
-                paused = None;
-                heard.now();
-                let Some(owner) = ends.owner() else { return false };
-                owner.on_stalled(&ends.host);
+                if let Resumed::Stalled = resumed {
+                    let Some(owner) = ends.owner() else { return false };
+                    owner.on_stalled(&ends.host);
+                }
             }
             () = &mut ping, if paused.is_none() => {
                 match heard.due() {
@@ -470,11 +468,42 @@ fn hand_over(owner: &dyn LinkOwner, ends: &Ends, frames: Vec<String>) {
     owner.on_host_frames(&ends.host, ends.link_id, &frames, &mut Vec::new());
 }
 
-/// Waits on the owner's room future, forever when there is none.
-async fn room(paused: &mut Option<(BoxFuture<'static, ()>, tokio::time::Instant)>) {
-    match paused {
-        Some((wait, _)) => wait.await,
-        None => std::future::pending().await,
+/// A link without room: the owner's room future, and the stall timer
+/// started when the room ran out. Both live only while paused, so a wake-up
+/// with room builds no timer (no clock read, no runtime handle) and the
+/// select's state stays a few words.
+struct Paused {
+    wait: BoxFuture<'static, ()>,
+    stall: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// How a pause ended.
+enum Resumed {
+    /// The owner has room again.
+    Room,
+    /// `stall_after` passed first (§5.9).
+    Stalled,
+}
+
+impl Paused {
+    fn new(wait: BoxFuture<'static, ()>, stall_after: Duration) -> Self {
+        Self {
+            wait,
+            stall: Box::pin(tokio::time::sleep(stall_after)),
+        }
+    }
+
+    /// Ready when the room future or the stall timer is (room first);
+    /// pending forever when not paused (the select only polls it when
+    /// paused, and `paused` changes only between selects).
+    fn poll(paused: &mut Option<Self>, cx: &mut Context<'_>) -> Poll<Resumed> {
+        let Some(p) = paused.as_mut() else {
+            return Poll::Pending;
+        };
+        if p.wait.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Resumed::Room);
+        }
+        p.stall.as_mut().poll(cx).map(|()| Resumed::Stalled)
     }
 }
 
