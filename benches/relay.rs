@@ -689,10 +689,6 @@ impl Drop for Peer {
 
 // ─── the floor: TLS and the syscalls alone ──────────────────────────────────
 
-/// Bytes a floor forwarder reads at a time (the relay reads its hosts 16 KiB
-/// at a time; larger reads only lower the floor's syscalls per byte).
-const FLOOR_READ: usize = 64 * 1024;
-
 /// A minimal TLS-terminating byte forwarder on the relay's stack (tokio,
 /// tokio-rustls with ring, TLS 1.3 only, the relay's dev certificate): each
 /// client's TLS connection is spliced to a plain TCP connection to its
@@ -904,35 +900,16 @@ async fn floor_conn(
     let mut down = if work {
         tokio::spawn(work_floor::pump(host_r, client_w))
     } else {
-        tokio::spawn(floor_pump(host_r, client_w))
+        tokio::spawn(work_floor::copy(host_r, client_w))
     };
     let mut up = if work {
         tokio::spawn(work_floor::up(client_r, host_w))
     } else {
-        tokio::spawn(floor_pump(client_r, host_w))
+        tokio::spawn(work_floor::copy(client_r, host_w))
     };
     tokio::select! {
         _ = &mut down => up.abort(),
         _ = &mut up => down.abort(),
-    }
-}
-
-/// Copies `from` to `to`: reads of up to [`FLOOR_READ`] bytes, each written
-/// whole and flushed (through TLS: sealed into records and sent) before the
-/// next read; shuts `to` down at end of stream.
-async fn floor_pump<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; FLOOR_READ];
-    loop {
-        let n = from.read(&mut buf).await?;
-        if n == 0 {
-            return to.shutdown().await;
-        }
-        work_floor::write_sliced(&mut to, &buf[..n]).await?;
-        to.flush().await?;
     }
 }
 

@@ -36,8 +36,8 @@ use bytes::{Buf, BytesMut};
 use memchr::memmem;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Bytes read from the host at a time (as the relay's default
-/// `upstream_read_buffer_bytes`).
+/// Bytes read at a time, from the host (as the relay's default
+/// `upstream_read_buffer_bytes`) and by the plain floor's [`copy`].
 const READ: usize = 64 * 1024;
 /// Envelopes kept for replay (the relay's default `replay_buffer_envelopes`).
 const KEEP: usize = 4096;
@@ -86,7 +86,7 @@ fn retain(replay: VecDeque<(u64, Text)>) {
 }
 
 /// Copies the host's frames to the client doing the contract's per-frame
-/// work (module docs); other bytes pass through. Ends like `floor_pump`.
+/// work (module docs); other bytes pass through. Ends like [`copy`].
 pub async fn pump<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -123,7 +123,7 @@ const ROOT_ID: &str = "\"work-floor-root\"";
 
 /// Copies the client's bytes to the host, adding the root subscription a
 /// per-client link makes (§6.2) after the client's first frame (the host
-/// takes requests only after `initialize`). Ends like `floor_pump`.
+/// takes requests only after `initialize`). Ends like [`copy`].
 pub async fn up<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -146,6 +146,17 @@ where
     out.extend_from_slice(&input);
     to.write_all(&out).await?;
     to.flush().await?;
+    copy(from, to).await
+}
+
+/// Copies `from` to `to` (the floor's forwarding): reads of up to 64 KiB,
+/// each written whole and flushed (through TLS: sealed into records and
+/// sent) before the next read; shuts `to` down at end of stream.
+pub async fn copy<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut buf = vec![0u8; READ];
     loop {
         let n = from.read(&mut buf).await?;
