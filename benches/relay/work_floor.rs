@@ -92,10 +92,9 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut input = BytesMut::with_capacity(READ);
-    if !pass_upgrade(&mut from, &mut to, &mut input).await? {
-        return to.shutdown().await;
-    }
+    let Some(mut input) = pass_upgrade(&mut from, &mut to).await? else {
+        return Ok(());
+    };
     let mut client = Client::default();
     client.keep_on_leave = true;
     let mut out: Vec<u8> = Vec::with_capacity(READ + READ / 4);
@@ -129,10 +128,9 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut input = BytesMut::with_capacity(READ);
-    if !pass_upgrade(&mut from, &mut to, &mut input).await? {
-        return to.shutdown().await;
-    }
+    let Some(mut input) = pass_upgrade(&mut from, &mut to).await? else {
+        return Ok(());
+    };
     let first = loop {
         if let Some(n) = client_frame_len(&input).filter(|&n| input.len() >= n) {
             break n;
@@ -192,21 +190,24 @@ pub async fn write_sliced<W: AsyncWrite + Unpin>(to: &mut W, bytes: &[u8]) -> st
     Ok(())
 }
 
-/// Forwards the HTTP upgrade response (through its blank line); `false` if
-/// the host closed first.
-async fn pass_upgrade<R, W>(from: &mut R, to: &mut W, input: &mut BytesMut) -> std::io::Result<bool>
+/// Forwards the HTTP upgrade request or response (through its blank line)
+/// and returns what was read after it; `None`, with `to` shut down, if
+/// `from` closed first.
+async fn pass_upgrade<R, W>(from: &mut R, to: &mut W) -> std::io::Result<Option<BytesMut>>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let mut input = BytesMut::with_capacity(READ);
     loop {
-        if let Some(end) = memmem::find(input, b"\r\n\r\n") {
+        if let Some(end) = memmem::find(&input, b"\r\n\r\n") {
             to.write_all(&input.split_to(end + 4)).await?;
             to.flush().await?;
-            return Ok(true);
+            return Ok(Some(input));
         }
-        if from.read_buf(input).await? == 0 {
-            return Ok(false);
+        if from.read_buf(&mut input).await? == 0 {
+            to.shutdown().await?;
+            return Ok(None);
         }
     }
 }
