@@ -304,6 +304,16 @@ pub fn wire_host(data: &[u8]) {
             "classify_notification disagrees with classify"
         );
     }
+    // A frame a per-client link discards unread is never one the general path acts on.
+    if wire::is_catalog_notification(text)
+        && let Ok(frame) = &classified
+    {
+        assert!(
+            matches!(&frame.kind, FrameKind::Notification { method } if method.starts_with("root/session")),
+            "is_catalog_notification took {:?}",
+            frame.kind
+        );
+    }
     let Ok(frame) = classified else {
         return;
     };

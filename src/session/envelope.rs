@@ -65,6 +65,11 @@ impl ClientSession {
         let mut arena = BytesMut::with_capacity(bytes);
         let limits = &self.env.upstream_limits;
         for &text in frames {
+            // Catalog notifications come from the watch link alone (§6.2): this
+            // link's copy is discarded unread, without ending a run of envelopes.
+            if wire::is_catalog_notification(text) {
+                continue;
+            }
             // `classify_host` in two steps, so the fast path's frame is used
             // where it was built (no move of the ~400-byte `Frame` per frame).
             let fast = wire::classify_notification(text, limits);

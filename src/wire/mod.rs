@@ -59,6 +59,12 @@
 //! over generated and mutated frames, by the `wire_host` fuzz target and by the replay of
 //! its corpus in CI.
 //!
+//! A per-client link does not read the `root/session*` it discards at all (contract §6.2:
+//! the watch link reads the same event): [`is_catalog_notification`] recognises them by
+//! their head, with no backslash and no `"id"` anywhere, and promises that `classify`
+//! would refuse such a text or read a notification whose method starts with
+//! `root/session` — never anything a link acts on. Checked the same ways.
+//!
 //! # What is accepted and refused ([`WireError`], [`WireError::json_rpc_code`])
 //! Refused: oversize and too-deep frames, invalid JSON (-32700), arrays (batches),
 //! non-objects, `jsonrpc` other than `"2.0"`, non-string `method`, ids that are not a
@@ -95,7 +101,7 @@ mod scan;
 mod splice;
 mod text;
 
-pub use action::{classify_host, classify_notification};
+pub use action::{classify_host, classify_notification, is_catalog_notification};
 pub use error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, WireError};
 pub use fields::{IdKind, RawId, SeqField, StrField};
 pub use frame::{Frame, FrameKind, classify};

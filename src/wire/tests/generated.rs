@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{at, value};
 use crate::wire::{
     Edit, EditValue, Frame, FrameKind, WireError, WireLimits, classify, classify_notification,
-    json_escape_into, splice, splice_routed_into,
+    is_catalog_notification, json_escape_into, splice, splice_routed_into,
 };
 
 /// xorshift64*: deterministic, good enough to shuffle test inputs. The flag, when set,
@@ -465,9 +465,76 @@ fn generated_frames_are_read_like_serde_json_reads_them() {
         };
         agrees(&text, &frame);
         fast += usize::from(fast_path_agrees(&text));
+        catalog_check_holds(&text);
         splice_everything(&mut rng, &text, &frame);
     }
     assert!(fast > 300, "only {fast} frames took the action fast path");
+}
+
+#[test]
+fn catalog_notifications_discarded_unread_are_never_anything_a_link_acts_on() {
+    // Catalog frames in the form hosts write, then mutated: noise, an `id` or a second
+    // `method` spliced in at random places.
+    const SPLICES: &[&str] = &[
+        "{",
+        "}",
+        "\"",
+        "\\",
+        ",",
+        ":",
+        "0",
+        r#","id":1"#,
+        r#""id":"#,
+        r#","method":"action""#,
+        r#","method":"auth/required""#,
+        r#","result":{}"#,
+        r#"\u0069d"#,
+    ];
+    let mut rng = Rng(0x5851_f42d_4c95_7f2d, false);
+    let (mut taken, mut taken_valid, mut declined) = (0, 0, 0);
+    for i in 0..20_000 {
+        rng.1 = i % 2 == 1;
+        let suffix = ["Added", "Removed", "SummaryChanged"][rng.below(3)];
+        let changes = vec![("status".to_string(), junk(&mut rng, 2))];
+        let params = vec![
+            ("channel".to_string(), string_token(&mut rng, "ahp-root://")),
+            ("changes".to_string(), object(&mut rng, changes, 2)),
+        ];
+        let params = object(&mut rng, params, 1);
+        let mut text =
+            format!(r#"{{"jsonrpc":"2.0","method":"root/session{suffix}","params":{params}}}"#);
+        for _ in 0..rng.below(3) {
+            let at = rng.below(text.len() + 1);
+            if text.is_char_boundary(at) {
+                text.insert_str(at, SPLICES[rng.below(SPLICES.len())]);
+            }
+        }
+        if catalog_check_holds(&text) {
+            taken += 1;
+            taken_valid += usize::from(classify(&text, &WireLimits::default()).is_ok());
+        } else {
+            declined += 1;
+        }
+    }
+    assert!(
+        taken_valid > 1000 && taken > taken_valid && declined > 1000,
+        "taken {taken} ({taken_valid} valid), declined {declined}"
+    );
+}
+
+/// Whether `is_catalog_notification` took `text`; when it does, `classify` must refuse it
+/// or read a notification whose method starts with `root/session`.
+fn catalog_check_holds(text: &str) -> bool {
+    if !is_catalog_notification(text) {
+        return false;
+    }
+    if let Ok(frame) = classify(text, &WireLimits::default()) {
+        let FrameKind::Notification { method } = &frame.kind else {
+            panic!("taken as a catalog notification: {:?} {text}", frame.kind);
+        };
+        assert!(method.starts_with("root/session"), "{text}");
+    }
+    true
 }
 
 /// Whether `classify_notification` took `text`; when it does, it must read it exactly as
@@ -513,6 +580,7 @@ fn mutated_frames_never_panic_and_are_accepted_only_if_valid() {
         }
         let text: String = chars.into_iter().collect();
         fast_path_agrees(&text);
+        catalog_check_holds(&text);
         match classify(&text, &WireLimits::default()) {
             Ok(frame) => {
                 accepted += 1;
