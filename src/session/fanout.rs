@@ -85,14 +85,20 @@ impl Registry {
     /// hosts whose claims or sessions changed, chats listed anew (they may
     /// have moved sessions) — then the resync of hosts that came back.
     fn fan_batch(&self, batch: Batch) {
-        for (host, method, params) in batch.notifications {
-            // A host removed meanwhile has no hub: its events are moot.
-            if let Some(hub) = self.env.hosts.get(&host) {
-                self.fan_catalog(&hub, method, params);
+        // Who follows root, read once for the batch (each follower is checked
+        // again under its lock before anything is pushed to it). With none,
+        // the catalog notifications are neither translated nor written.
+        let followers = self.followers();
+        if !followers.is_empty() {
+            for (host, method, params) in batch.notifications {
+                // A host removed meanwhile has no hub: its events are moot.
+                if let Some(hub) = self.env.hosts.get(&host) {
+                    self.fan_catalog_to(&followers, &hub, method, params);
+                }
             }
         }
         if !batch.fields.is_empty() {
-            self.fan_root(&batch.fields);
+            self.fan_root_to(&followers, &batch.fields);
         }
         for host in batch.claims {
             let listed = self.listed_terminal(&host);
@@ -205,7 +211,12 @@ impl Registry {
     /// `tests/relay_model.rs`: a value computed before a reload reached the
     /// client after the reload's).
     pub fn fan_root(&self, fields: &[RootField]) {
-        for s in self.followers() {
+        self.fan_root_to(&self.followers(), fields);
+    }
+
+    /// [`Self::fan_root`] to `followers`, a recent [`Self::followers`].
+    fn fan_root_to(&self, followers: &[Arc<ClientSession>], fields: &[RootField]) {
+        for s in followers {
             for field in fields {
                 let key = match field {
                     RootField::Agents => "agents",
@@ -248,7 +259,19 @@ impl Registry {
 
     /// Sends a catalog notification to the followers that can see its
     /// session, under the policy in force now (§6.4).
-    fn fan_catalog(&self, hub: &HostHub, method: &str, mut params: Value) {
+    fn fan_catalog(&self, hub: &HostHub, method: &str, params: Value) {
+        self.fan_catalog_to(&self.followers(), hub, method, params);
+    }
+
+    /// [`Self::fan_catalog`] to `followers`, a recent [`Self::followers`]
+    /// (one that stopped following since is skipped under its lock).
+    fn fan_catalog_to(
+        &self,
+        followers: &[Arc<ClientSession>],
+        hub: &HostHub,
+        method: &str,
+        mut params: Value,
+    ) {
         let host_session = params
             .get("session")
             .or_else(|| params.pointer("/summary/resource"))
@@ -274,7 +297,7 @@ impl Registry {
             return;
         }
         let frame = crate::rpc::notification_frame(method, &params);
-        for s in self.followers() {
+        for s in followers {
             let now = s.who();
             let who = now.subject();
             let visible = self
