@@ -75,15 +75,17 @@ impl Registry {
                 host,
                 method,
                 params,
-            } => batch.catalog(host, method, params),
+                moved,
+            } => batch.catalog(host, method, params, moved),
         }
     }
 
     /// Delivers a coalesced batch: catalog notifications in order, then the
     /// root fields that changed, then the re-evaluation of the
     /// subscriptions the batch may take from someone (§7.6) — terminals of
-    /// hosts whose claims or sessions changed, chats listed anew (they may
-    /// have moved sessions) — then the resync of hosts that came back.
+    /// hosts whose claims or sessions changed, chats listed under another
+    /// session than before (they may have moved) — then the resync of hosts
+    /// that came back.
     fn fan_batch(&self, batch: Batch) {
         // Who follows root, read once for the batch (each follower is checked
         // again under its lock before anything is pushed to it). With none,
@@ -104,8 +106,8 @@ impl Registry {
             let listed = self.listed_terminal(&host);
             self.reevaluate_subscribers(&host, "terminal_claim", listed);
         }
-        for (host, listed) in batch.listed_chats {
-            self.reevaluate_subscribers(&host, "chat_moved", |uri| listed.iter().any(|c| c == uri));
+        for (host, moved) in batch.moved_chats {
+            self.reevaluate_subscribers(&host, "chat_moved", |uri| moved.iter().any(|c| c == uri));
         }
         for host in batch.back_up {
             self.resync_orphans(&host);
@@ -158,8 +160,10 @@ impl Registry {
     /// what it may no longer see ([`ClientSession::forget_invisible`], as
     /// after a policy change) and is closed with 4000, so its `reconnect`
     /// answers without it. A channel that is merely gone (disposed) closes
-    /// nobody. Only those subscribers pay: one tenant's churn costs others
-    /// nothing.
+    /// nobody. Each call looks at every session's subscriptions on `host`
+    /// once, so it runs only when something may have changed hands (a chat
+    /// listed again under its own session does not); only those subscribers
+    /// are evaluated and closed.
     fn reevaluate_subscribers(&self, host: &str, cause: &str, which: impl Fn(&str) -> bool) {
         let affected: Vec<(Arc<ClientSession>, Vec<String>)> = self
             .sessions
@@ -381,20 +385,6 @@ impl Namer for Removal<'_> {
     }
 }
 
-/// The chats (host form) a `root/sessionSummaryChanged` lists for its
-/// session (`changes.chats` replaces the whole list); none for other
-/// catalog events.
-fn listed_chats(params: &Value) -> Vec<String> {
-    params
-        .pointer("/changes/chats")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("resource").and_then(Value::as_str))
-        .map(str::to_string)
-        .collect()
-}
-
 /// Every root field.
 const ALL_FIELDS: [RootField; 3] = [
     RootField::Agents,
@@ -419,8 +409,9 @@ struct Batch {
     /// Hosts whose terminal claims may have changed: a root `terminals`
     /// change, or a session of theirs that came or went.
     claims: Vec<Arc<str>>,
-    /// Per host, the chats summary changes listed (host form).
-    listed_chats: Vec<(Arc<str>, Vec<String>)>,
+    /// Per host, the chats summary changes listed under another session
+    /// than before (host form): they may have changed hands.
+    moved_chats: Vec<(Arc<str>, Vec<String>)>,
 }
 
 impl Batch {
@@ -438,10 +429,9 @@ impl Batch {
         }
     }
 
-    fn catalog(&mut self, host: Arc<str>, method: &'static str, params: Value) {
-        let listed = listed_chats(&params);
-        if !listed.is_empty() {
-            self.listed_chats.push((host.clone(), listed));
+    fn catalog(&mut self, host: Arc<str>, method: &'static str, params: Value, moved: Vec<String>) {
+        if !moved.is_empty() {
+            self.moved_chats.push((host.clone(), moved));
         }
         let session = params
             .get("session")
@@ -495,16 +485,19 @@ mod tests {
             h.clone(),
             "root/sessionSummaryChanged",
             summary("s1", json!({"title": "a", "status": 1})),
+            Vec::new(),
         );
         b.catalog(
             h.clone(),
             "root/sessionSummaryChanged",
             summary("s2", json!({"title": "x"})),
+            Vec::new(),
         );
         b.catalog(
             h.clone(),
             "root/sessionSummaryChanged",
             summary("s1", json!({"title": "b"})),
+            Vec::new(),
         );
         assert_eq!(b.notifications.len(), 2);
         assert_eq!(
@@ -523,21 +516,25 @@ mod tests {
             h.clone(),
             "root/sessionSummaryChanged",
             summary("s1", json!({"title": "a"})),
+            Vec::new(),
         );
         b.catalog(
             h.clone(),
             "root/sessionRemoved",
             json!({"channel": "ahp-root://", "session": "s1"}),
+            Vec::new(),
         );
         b.catalog(
             h.clone(),
             "root/sessionAdded",
             json!({"channel": "ahp-root://", "summary": {"resource": "s1"}}),
+            Vec::new(),
         );
         b.catalog(
             h.clone(),
             "root/sessionSummaryChanged",
             summary("s1", json!({"title": "b"})),
+            Vec::new(),
         );
         let methods: Vec<&str> = b.notifications.iter().map(|n| n.1).collect();
         assert_eq!(

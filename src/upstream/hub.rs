@@ -563,6 +563,17 @@ impl WatchView {
         }
     }
 
+    /// The chats a `root/sessionSummaryChanged` of `uri` lists (`changes`)
+    /// that the mirror has under another session or under none: the ones
+    /// that may change hands when it is applied (§7.6). A chat listed again
+    /// under the session that already lists it changes nobody's view.
+    pub fn chats_changing_hands(&self, uri: &str, changes: &Value) -> Vec<String> {
+        chat_uris(changes)
+            .into_iter()
+            .filter(|chat| self.chats.get(chat).is_none_or(|owner| owner != uri))
+            .collect()
+    }
+
     /// Applies `root/sessionSummaryChanged` changes (identity fields kept).
     pub fn patch_session(&mut self, uri: &str, changes: serde_json::Map<String, Value>) {
         let Some(Value::Object(mut summary)) = self.catalog.get(uri).cloned() else {
@@ -592,8 +603,8 @@ impl WatchView {
     }
 }
 
-/// The chat URIs a session summary lists.
-fn chat_uris(summary: &Value) -> Vec<String> {
+/// The chat URIs a session summary (or a summary change) lists.
+pub fn chat_uris(summary: &Value) -> Vec<String> {
     summary
         .get("chats")
         .and_then(Value::as_array)
@@ -900,6 +911,51 @@ mod tests {
         assert!(v.chats.contains_key("ahp-chat:/c"));
         v.remove_session("ahp-session:/s");
         assert!(v.chats.is_empty() && v.catalog.is_empty());
+    }
+
+    #[test]
+    fn chats_change_hands_only_when_listed_under_another_session_or_none() {
+        let mut v = WatchView {
+            status: HostStatus::Up,
+            root: None,
+            catalog: BTreeMap::new(),
+            chats: HashMap::new(),
+            catalog_version: 0,
+            trigger_characters: Vec::new(),
+            terminal_command_prefix: None,
+            max_sessions: 10,
+        };
+        let listing = |chats: &[&str]| serde_json::json!({"chats": chats.iter().map(|c| serde_json::json!({"resource": c})).collect::<Vec<_>>()});
+        let summary = |uri: &str, chats: &[&str]| {
+            let mut s = listing(chats);
+            s["resource"] = uri.into();
+            s
+        };
+        v.insert_session(
+            "ahp-session:/a".into(),
+            summary("ahp-session:/a", &["ahp-chat:/1"]),
+        );
+        v.insert_session(
+            "ahp-session:/b".into(),
+            summary("ahp-session:/b", &["ahp-chat:/2"]),
+        );
+        // Listed again under its own session (a turn's start or end): nothing moves.
+        let again = listing(&["ahp-chat:/1"]);
+        assert!(v.chats_changing_hands("ahp-session:/a", &again).is_empty());
+        // Under another session, or new to the mirror: it may have changed hands.
+        let both = listing(&["ahp-chat:/1", "ahp-chat:/2", "ahp-chat:/3"]);
+        assert_eq!(
+            v.chats_changing_hands("ahp-session:/a", &both),
+            ["ahp-chat:/2", "ahp-chat:/3"]
+        );
+        // Once applied, the mirror has them under `a`: listing them there again moves nothing.
+        let changes = both.as_object().cloned().unwrap_or_default();
+        v.patch_session("ahp-session:/a", changes);
+        assert!(v.chats_changing_hands("ahp-session:/a", &both).is_empty());
+        assert_eq!(
+            v.chats_changing_hands("ahp-session:/b", &listing(&["ahp-chat:/2"])),
+            ["ahp-chat:/2"]
+        );
     }
 
     #[test]

@@ -69,6 +69,10 @@ pub enum WatchEvent {
         method: &'static str,
         /// The notification's params, host names.
         params: Value,
+        /// The chats (host form) it lists that may have changed hands
+        /// (§7.6): listed under another session than the mirror had them
+        /// under, or under none. After a reconnect, every chat it lists.
+        moved: Vec<String>,
     },
     /// The host went up or down.
     Status {
@@ -322,10 +326,17 @@ async fn mirror(
         })
         .await;
     for (method, params) in diff {
+        // The mirror was replaced: what moved while the link was down is not
+        // known, so every chat a change lists is treated as moved.
+        let moved = params
+            .get("changes")
+            .map(super::hub::chat_uris)
+            .unwrap_or_default();
         let event = WatchEvent::Catalog {
             host: host.clone(),
             method,
             params,
+            moved,
         };
         let _ = events.send(event).await;
     }
@@ -483,11 +494,16 @@ fn on_root_action(hub: &HostHub, params: &Value) -> Option<WatchEvent> {
 /// A `root/session*` notification applied to the catalog mirror; the event
 /// carries it on to the fan-out.
 fn on_catalog_event(hub: &HostHub, method: &str, params: Value) -> Option<WatchEvent> {
+    let mut moved = Vec::new();
     let method = match method {
         "root/sessionAdded" => {
             let summary = params.get("summary").cloned().unwrap_or(Value::Null);
             let uri = summary.get("resource").and_then(Value::as_str)?.to_string();
-            if !hub.update(|view| view.insert_session(uri, summary)) {
+            let inserted = hub.update(|view| {
+                moved = view.chats_changing_hands(&uri, &summary);
+                view.insert_session(uri, summary)
+            });
+            if !inserted {
                 let max = hub.limits().max_sessions;
                 tracing::warn!(host = %hub.id, max, "session beyond sessions_per_host not mirrored");
                 return Some(catalog_full(hub));
@@ -501,8 +517,13 @@ fn on_catalog_event(hub: &HostHub, method: &str, params: Value) -> Option<WatchE
         }
         _ => {
             let uri = params.get("session").and_then(Value::as_str)?.to_string();
-            let changes = params.get("changes").and_then(Value::as_object)?.clone();
-            hub.update(|view| view.patch_session(&uri, changes));
+            let listed = params.get("changes").filter(|c| c.is_object())?;
+            let changes = listed.as_object()?.clone();
+            moved = hub.update(|view| {
+                let moved = view.chats_changing_hands(&uri, listed);
+                view.patch_session(&uri, changes);
+                moved
+            });
             "root/sessionSummaryChanged"
         }
     };
@@ -510,12 +531,79 @@ fn on_catalog_event(hub: &HostHub, method: &str, params: Value) -> Option<WatchE
         host: hub.id.clone(),
         method,
         params,
+        moved,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chats an event reports as moved (`None`: no catalog event).
+    fn moved(hub: &HostHub, method: &str, params: Value) -> Option<Vec<String>> {
+        match on_catalog_event(hub, method, params)? {
+            WatchEvent::Catalog { moved, .. } => Some(moved),
+            _ => None,
+        }
+    }
+
+    /// §7.6: a chat changes hands when a catalog event lists it under another
+    /// session than the mirror has it under (or under none), whether in a
+    /// summary change or in a session added; listed again under its own
+    /// session it moves nothing, so no subscriber is re-evaluated for it.
+    #[test]
+    fn catalog_events_report_the_chats_that_change_hands() {
+        let Ok(hub) = HostHub::new(super::super::hub::HostConfig {
+            id: "h".into(),
+            label: None,
+            url: "ws://127.0.0.1:1/".into(),
+            dial_in: None,
+            allow_plaintext: true,
+            token_file: None,
+            query_token_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            ca_file: None,
+            authenticate: crate::config::AuthenticateScope::PerConnection,
+        }) else {
+            panic!("hub");
+        };
+        let chats =
+            |c: &[&str]| -> Vec<Value> { c.iter().map(|c| json!({"resource": c})).collect() };
+        let added = |uri: &str, c: &[&str]| json!({"channel": "ahp-root://", "summary": {"resource": uri, "chats": chats(c)}});
+        let changed = |uri: &str, c: &[&str]| json!({"channel": "ahp-root://", "session": uri, "changes": {"status": 1, "chats": chats(c)}});
+        let add = "root/sessionAdded";
+        let change = "root/sessionSummaryChanged";
+        assert_eq!(
+            moved(&hub, add, added("s:/a", &["c:/1"])),
+            Some(vec!["c:/1".into()])
+        );
+        assert_eq!(
+            moved(&hub, change, changed("s:/a", &["c:/1"])),
+            Some(vec![])
+        );
+        assert_eq!(
+            moved(&hub, change, changed("s:/a", &["c:/1"])),
+            Some(vec![])
+        );
+        // Into a session added with it: moved.
+        assert_eq!(
+            moved(&hub, add, added("s:/b", &["c:/1"])),
+            Some(vec!["c:/1".into()])
+        );
+        assert_eq!(hub.session_of_chat("c:/1").as_deref(), Some("s:/b"));
+        // Back into `a` by a summary change: moved; then a's turns move nothing.
+        assert_eq!(
+            moved(&hub, change, changed("s:/a", &["c:/1", "c:/2"])),
+            Some(vec!["c:/1".into(), "c:/2".into()])
+        );
+        assert_eq!(
+            moved(&hub, change, changed("s:/a", &["c:/2", "c:/1"])),
+            Some(vec![])
+        );
+        let removed = json!({"channel": "ahp-root://", "session": "s:/b"});
+        assert_eq!(moved(&hub, "root/sessionRemoved", removed), Some(vec![]));
+    }
 
     #[test]
     fn diff_reports_added_changed_removed() {
