@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::wire::Text;
 use serde_json::Value;
@@ -72,11 +73,64 @@ pub(super) struct Tally {
     pub(super) kept_cost: usize,
 }
 
+/// The channels (client form) a client is subscribed to. Whether the relay
+/// root is among them is mirrored in a flag readable without the session's
+/// lock ([`Subs::root_flag`]): the catalog fan-out picks its followers by it
+/// instead of locking every session, then checks the set under the lock
+/// before it pushes anything (a flag read just before a change is the same
+/// race as a change just after the read).
+#[derive(Debug, Default)]
+pub(super) struct Subs {
+    set: HashSet<String>,
+    root: Arc<AtomicBool>,
+}
+
+impl Subs {
+    /// The flag that is true while the set holds the relay root.
+    pub(super) fn root_flag(&self) -> Arc<AtomicBool> {
+        self.root.clone()
+    }
+
+    pub(super) fn contains(&self, channel: &str) -> bool {
+        self.set.contains(channel)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &String> {
+        self.set.iter()
+    }
+
+    pub(super) fn insert(&mut self, channel: String) -> bool {
+        let root = channel == ahp_types::ROOT_RESOURCE_URI;
+        let added = self.set.insert(channel);
+        if root {
+            self.root.store(true, Ordering::Release);
+        }
+        added
+    }
+
+    pub(super) fn remove(&mut self, channel: &str) -> bool {
+        if channel == ahp_types::ROOT_RESOURCE_URI {
+            self.root.store(false, Ordering::Release);
+        }
+        self.set.remove(channel)
+    }
+
+    pub(super) fn retain(&mut self, keep: impl FnMut(&String) -> bool) {
+        self.set.retain(keep);
+        let root = self.set.contains(ahp_types::ROOT_RESOURCE_URI);
+        self.root.store(root, Ordering::Release);
+    }
+}
+
 /// The channels the client follows and their state per host.
 #[derive(Debug, Default)]
 pub(super) struct Channels {
     /// Channels (client form) the client is subscribed to.
-    pub(super) subs: HashSet<String>,
+    pub(super) subs: Subs,
     /// Per host: host channel → state.
     pub(super) chans: FastMap<Arc<str>, FastMap<String, Chan>>,
     /// Channels (client form) that received a snapshot in this session and
@@ -255,5 +309,33 @@ impl SessionCore {
     /// Frames and bytes in the replay buffer.
     pub fn buffer_usage(&self) -> (usize, usize) {
         self.seq.buffer.usage()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lock-free root flag the catalog fan-out reads follows every change
+    /// of the set: insert, remove, retain.
+    #[test]
+    fn the_root_flag_follows_the_subscriptions() {
+        let root = ahp_types::ROOT_RESOURCE_URI;
+        let mut subs = Subs::default();
+        let flag = subs.root_flag();
+        let on = || flag.load(Ordering::Acquire);
+        assert!(subs.insert("ahp-chat:/c".into()) && !on());
+        assert!(subs.insert(root.into()) && on());
+        assert!(
+            !subs.insert(root.into()) && on(),
+            "a second insert adds nothing"
+        );
+        subs.retain(|c| c != "ahp-chat:/c");
+        assert!(on() && subs.len() == 1);
+        subs.retain(|c| c != root);
+        assert!(!on() && subs.len() == 0);
+        subs.insert(root.into());
+        assert!(subs.remove(root) && !on());
+        assert!(!subs.remove(root) && !on());
     }
 }

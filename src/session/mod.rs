@@ -229,6 +229,8 @@ pub struct ClientSession {
     /// Host objects shown to this client, so it may name them (§7.1).
     pub seen: crate::names::seen::Seen,
     core: Mutex<SessionCore>,
+    /// The root flag of `core.channels.subs` (`Subs::root_flag`, `core.rs`).
+    root_follower: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ClientSession {
@@ -246,6 +248,7 @@ impl ClientSession {
         let limits = &env.cfg.limits;
         let s0 = registry.origins.next_above(floor);
         let core = SessionCore::new(s0, socket, limits);
+        let root_follower = core.channels.subs.root_flag();
         let seen = crate::names::seen::Seen::new(
             limits.seen_refs_per_session,
             env.metrics.limit_hits.with_label_values(&["seen_refs"]),
@@ -260,6 +263,7 @@ impl ClientSession {
             tool_calls: tool_calls::OwnedToolCalls::default(),
             seen,
             core: Mutex::new(core),
+            root_follower,
         }
     }
 
@@ -697,11 +701,10 @@ impl ClientSession {
         closed
     }
 
-    /// Whether the client follows the relay root channel.
+    /// Whether the client follows the relay root channel, read without the
+    /// session's lock (a hint: check `subs` under the lock before acting).
     pub fn follows_root(&self) -> bool {
-        self.lock()
-            .channels
-            .subs
-            .contains(ahp_types::ROOT_RESOURCE_URI)
+        self.root_follower
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 }
