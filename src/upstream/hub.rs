@@ -842,26 +842,45 @@ fn new_hub(cfg: &HostConfig) -> Result<HostHub, String> {
     HostHub::new(cfg.clone()).map_err(|e| format!("host {}: {e}", cfg.id))
 }
 
+/// A host at a plaintext address nobody listens on, with no credentials.
+#[cfg(test)]
+pub(crate) fn plain_host(id: &str) -> HostConfig {
+    HostConfig {
+        id: id.into(),
+        label: None,
+        url: "ws://127.0.0.1:1/".into(),
+        dial_in: None,
+        allow_plaintext: true,
+        token_file: None,
+        query_token_file: None,
+        client_cert_file: None,
+        client_key_file: None,
+        ca_file: None,
+        authenticate: AuthenticateScope::PerConnection,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A mirror of an empty host holding at most 10 sessions.
+    fn empty_view() -> WatchView {
+        WatchView {
+            status: HostStatus::Up,
+            root: None,
+            catalog: BTreeMap::new(),
+            chats: HashMap::new(),
+            catalog_version: 0,
+            trigger_characters: Vec::new(),
+            terminal_command_prefix: None,
+            max_sessions: 10,
+        }
+    }
+
     #[test]
     fn the_catalog_keeps_at_most_max_sessions() {
-        let hub = HostHub::new(HostConfig {
-            id: "h".into(),
-            label: None,
-            url: "ws://127.0.0.1:1/".into(),
-            dial_in: None,
-            allow_plaintext: true,
-            token_file: None,
-            query_token_file: None,
-            client_cert_file: None,
-            client_key_file: None,
-            ca_file: None,
-            authenticate: AuthenticateScope::PerConnection,
-        })
-        .map(|h| {
+        let hub = HostHub::new(plain_host("h")).map(|h| {
             h.limited(HubLimits {
                 max_sessions: 2,
                 ..HubLimits::default()
@@ -885,16 +904,7 @@ mod tests {
 
     #[test]
     fn chat_index_follows_the_catalog() {
-        let mut v = WatchView {
-            status: HostStatus::Up,
-            root: None,
-            catalog: BTreeMap::new(),
-            chats: HashMap::new(),
-            catalog_version: 0,
-            trigger_characters: Vec::new(),
-            terminal_command_prefix: None,
-            max_sessions: 10,
-        };
+        let mut v = empty_view();
         let s = |chats: &[&str]| {
             serde_json::json!({"resource": "ahp-session:/s",
                 "chats": chats.iter().map(|c| serde_json::json!({"resource": c})).collect::<Vec<_>>()})
@@ -915,16 +925,7 @@ mod tests {
 
     #[test]
     fn chats_change_hands_only_when_listed_under_another_session_or_none() {
-        let mut v = WatchView {
-            status: HostStatus::Up,
-            root: None,
-            catalog: BTreeMap::new(),
-            chats: HashMap::new(),
-            catalog_version: 0,
-            trigger_characters: Vec::new(),
-            terminal_command_prefix: None,
-            max_sessions: 10,
-        };
+        let mut v = empty_view();
         let listing = |chats: &[&str]| serde_json::json!({"chats": chats.iter().map(|c| serde_json::json!({"resource": c})).collect::<Vec<_>>()});
         let summary = |uri: &str, chats: &[&str]| {
             let mut s = listing(chats);

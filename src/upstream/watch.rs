@@ -327,9 +327,11 @@ async fn mirror(
         .await;
     for (method, params) in diff {
         // The mirror was replaced: what moved while the link was down is not
-        // known, so every chat a change lists is treated as moved.
+        // known, so every chat a change or an added session lists is treated
+        // as moved.
         let moved = params
             .get("changes")
+            .or_else(|| params.get("summary"))
             .map(super::hub::chat_uris)
             .unwrap_or_default();
         let event = WatchEvent::Catalog {
@@ -553,19 +555,7 @@ mod tests {
     /// session it moves nothing, so no subscriber is re-evaluated for it.
     #[test]
     fn catalog_events_report_the_chats_that_change_hands() {
-        let Ok(hub) = HostHub::new(super::super::hub::HostConfig {
-            id: "h".into(),
-            label: None,
-            url: "ws://127.0.0.1:1/".into(),
-            dial_in: None,
-            allow_plaintext: true,
-            token_file: None,
-            query_token_file: None,
-            client_cert_file: None,
-            client_key_file: None,
-            ca_file: None,
-            authenticate: crate::config::AuthenticateScope::PerConnection,
-        }) else {
+        let Ok(hub) = HostHub::new(super::super::hub::plain_host("h")) else {
             panic!("hub");
         };
         let chats =
