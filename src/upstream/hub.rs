@@ -274,16 +274,10 @@ impl HostHub {
         Ok(Self {
             id: cfg.id.as_str().into(),
             cfg,
-            view: RwLock::new(WatchView {
-                status: HostStatus::Connecting,
-                root: None,
-                catalog: BTreeMap::new(),
-                chats: HashMap::new(),
-                catalog_version: 0,
-                trigger_characters: Vec::new(),
-                terminal_command_prefix: None,
-                max_sessions: HubLimits::default().max_sessions,
-            }),
+            view: RwLock::new(WatchView::empty(
+                HostStatus::Connecting,
+                HubLimits::default().max_sessions,
+            )),
             catalog_changed: Notify::new(),
             links: std::sync::atomic::AtomicUsize::new(0),
             index: std::sync::Mutex::new(None),
@@ -536,6 +530,20 @@ impl HostHub {
 }
 
 impl WatchView {
+    /// A mirror with nothing in it yet, keeping at most `max_sessions`.
+    fn empty(status: HostStatus, max_sessions: usize) -> Self {
+        Self {
+            status,
+            root: None,
+            catalog: BTreeMap::new(),
+            chats: HashMap::new(),
+            catalog_version: 0,
+            trigger_characters: Vec::new(),
+            terminal_command_prefix: None,
+            max_sessions,
+        }
+    }
+
     /// Adds or replaces a session's summary; `false` (nothing changed) for
     /// a new session when the catalog already holds `max_sessions`.
     pub fn insert_session(&mut self, uri: String, summary: Value) -> bool {
@@ -866,16 +874,7 @@ mod tests {
 
     /// A mirror of an empty host holding at most 10 sessions.
     fn empty_view() -> WatchView {
-        WatchView {
-            status: HostStatus::Up,
-            root: None,
-            catalog: BTreeMap::new(),
-            chats: HashMap::new(),
-            catalog_version: 0,
-            trigger_characters: Vec::new(),
-            terminal_command_prefix: None,
-            max_sessions: 10,
-        }
+        WatchView::empty(HostStatus::Up, 10)
     }
 
     #[test]
