@@ -71,6 +71,50 @@ impl Namer for Noting<'_> {
     }
 }
 
+/// The shapes (rewrite-table keys) that remove the object they name.
+pub const REMOVALS: [&str; 2] = ["root/sessionRemoved", "session/chatRemoved"];
+
+/// Host → client names for a removal ([`REMOVALS`]). It may reach the relay
+/// after the relay answered the dispose and tombstoned the object's store
+/// entry (the answer comes on the disposer's own link; the removal on the
+/// watch link or on other clients' links): a client-chosen session or chat
+/// then keeps the name its followers know it by, not the host-assigned
+/// form [`ToClient`] gives a URI without a live entry (found by
+/// `tests/relay_model.rs`).
+///
+/// Each name is decided on **one** read of the store: an entry of this
+/// host in any state, live or tombstoned, keeps the client's name. The
+/// dispose's tombstone is written concurrently with the removal's
+/// fan-out, so two reads ("tombstoned?", then "live?") could see the
+/// entry live and then tombstoned and name it as neither (found by the
+/// model run, seed 173). Only a removal: a host announcing an object
+/// under a tombstoned name made it itself, and is named as host-assigned.
+/// Every other kind of value is `inner`'s.
+pub struct Removal<'a> {
+    inner: &'a dyn Namer,
+    store: &'a dyn UriStore,
+    host: &'a str,
+}
+
+impl<'a> Removal<'a> {
+    /// Removal names from `host` on `store`; values that are not URIs go to
+    /// `inner`.
+    pub fn new(inner: &'a dyn Namer, store: &'a dyn UriStore, host: &'a str) -> Self {
+        Removal { inner, store, host }
+    }
+}
+
+impl Namer for Removal<'_> {
+    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
+        if kind != FieldKind::Uri {
+            return self.inner.translate(kind, value);
+        }
+        let held =
+            |base: &str| matches!(self.store.lookup(base), Ok(Some(e)) if e.host == self.host);
+        names::qualify(self.host, value, held).map_err(NameError::from)
+    }
+}
+
 /// Client → host: every value must name the target host (qualified URI of
 /// this host, store entry of this host, `….host` provider, the sender's own
 /// client id); anything else fails the frame.
@@ -165,5 +209,102 @@ pub fn route(store: &dyn UriStore, uri: &str) -> Option<(String, String)> {
             _ => None,
         },
         ClientName::LocalFile { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::store::{Owner, Quota, RedbStore, StoreError, UriEntry};
+
+    /// A store whose dispose lands right after every read: each `lookup`
+    /// answers what the store held, then tombstones that entry — the
+    /// interleaving of a removal's fan-out with the dispose answer's
+    /// tombstone write.
+    struct TombstonedAfterRead(RedbStore);
+
+    type Res<T> = Result<T, StoreError>;
+
+    impl UriStore for TombstonedAfterRead {
+        fn reserve(&self, u: &str, h: &str, o: &Owner, t: u64) -> Res<()> {
+            self.0.reserve(u, h, o, t)
+        }
+        fn reserve_within(&self, u: &str, h: &str, o: &Owner, t: u64, q: Quota) -> Res<()> {
+            self.0.reserve_within(u, h, o, t, q)
+        }
+        fn confirm(&self, uri: &str) -> Res<()> {
+            self.0.confirm(uri)
+        }
+        fn release(&self, uri: &str) -> Res<()> {
+            self.0.release(uri)
+        }
+        fn tombstone(&self, uri: &str, now: u64, ttl_secs: u64) -> Res<()> {
+            self.0.tombstone(uri, now, ttl_secs)
+        }
+        fn lookup(&self, uri: &str) -> Res<Option<UriEntry>> {
+            let seen = self.0.lookup(uri);
+            let _ = self.0.tombstone(uri, 2, 60);
+            seen
+        }
+        fn entries_for_host(&self, host: &str) -> Res<Vec<UriEntry>> {
+            self.0.entries_for_host(host)
+        }
+        fn purge_expired(&self, now: u64) -> Res<usize> {
+            self.0.purge_expired(now)
+        }
+        fn health(&self) -> Res<()> {
+            self.0.health()
+        }
+    }
+
+    fn owner() -> Owner {
+        Owner {
+            issuer: "i".into(),
+            subject: "alice".into(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// A live, client-chosen session and chat whose tombstone is written
+    /// between any two reads keep their client names in a removal; a name
+    /// the store holds for another host, or not at all, is host-assigned.
+    #[test]
+    fn a_removal_keeps_the_client_name_while_the_dispose_lands() {
+        let Ok(inner) = RedbStore::open_in_memory() else {
+            panic!("in-memory store");
+        };
+        let store = TombstonedAfterRead(inner);
+        for uri in ["ahp-session:/s1", "ahp-chat:/c1"] {
+            assert!(store.reserve(uri, "h1", &owner(), 1).is_ok());
+            assert!(store.confirm(uri).is_ok());
+        }
+        assert!(store.reserve("ahp-session:/s2", "h2", &owner(), 1).is_ok());
+        let to_client = ToClient {
+            host: "h1",
+            store: &store,
+            identity: None,
+        };
+        let removal = Removal::new(&to_client, &store, "h1");
+        let name = |v: &str| removal.translate(FieldKind::Uri, v).ok();
+        assert_eq!(name("ahp-session:/s1").as_deref(), Some("ahp-session:/s1"));
+        assert_eq!(name("ahp-chat:/c1").as_deref(), Some("ahp-chat:/c1"));
+        // Tombstoned before the removal was read: still the client's name.
+        assert_eq!(name("ahp-session:/s1").as_deref(), Some("ahp-session:/s1"));
+        assert_eq!(
+            name("ahp-session:/s2").as_deref(),
+            Some("ahp-session:/h1~s2")
+        );
+        assert_eq!(
+            name("ahp-session:/s3").as_deref(),
+            Some("ahp-session:/h1~s3")
+        );
+        // Values that are not URIs are the inner namer's.
+        assert_eq!(
+            removal
+                .translate(FieldKind::Provider, "sim")
+                .ok()
+                .as_deref(),
+            Some("sim.h1")
+        );
     }
 }

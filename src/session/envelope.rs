@@ -833,13 +833,9 @@ pub fn rewrite_envelope(
 /// client form (`None` if one cannot be translated).
 fn translated_action(action: &str, ty: &str, namer: &Noting<'_>) -> Option<String> {
     let mut action: Value = serde_json::from_str(action).ok()?;
-    if super::fanout::REMOVALS.contains(&ty) {
+    if crate::names::namer::REMOVALS.contains(&ty) {
         let to_client = &namer.to_client;
-        let removal = super::fanout::Removal {
-            inner: namer,
-            store: to_client.store,
-            host: to_client.host,
-        };
+        let removal = crate::names::namer::Removal::new(namer, to_client.store, to_client.host);
         translate::translate(&mut action, ty, &removal).ok()?;
     } else {
         translate::translate(&mut action, ty, namer).ok()?;

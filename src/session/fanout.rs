@@ -10,10 +10,9 @@ use tokio::sync::mpsc;
 
 use super::ClientSession;
 use super::registry::Registry;
-use crate::names::namer::ToClient;
+use crate::names::namer::{REMOVALS, Removal, ToClient};
 use crate::names::qualify::{ChannelKind, channel_kind};
-use crate::names::store::UriState;
-use crate::names::translate::{self, FieldKind, NameError, Namer};
+use crate::names::translate;
 use crate::route::root;
 use crate::rpc::Close;
 use crate::upstream::hub::{HostHub, HostStatus};
@@ -288,11 +287,7 @@ impl Registry {
             identity: None,
         };
         let translated = if REMOVALS.contains(&method) {
-            let removal = Removal {
-                inner: &to_client,
-                store: self.env.store.as_ref(),
-                host: &hub.id,
-            };
+            let removal = Removal::new(&to_client, self.env.store.as_ref(), &hub.id);
             translate::translate(&mut params, method, &removal)
         } else {
             translate::translate(&mut params, method, &to_client)
@@ -347,41 +342,6 @@ impl Registry {
             RootField::Terminals,
             RootField::ActiveSessions,
         ]);
-    }
-}
-
-/// Host → client names for a removal (`root/sessionRemoved`, the action
-/// `session/chatRemoved`, [`REMOVALS`]). It may reach the relay after the
-/// relay answered the dispose and tombstoned the object's store entry (the
-/// answer comes on the disposer's own link; the removal on the watch link
-/// or on other clients' links): a client-chosen session or chat then keeps
-/// the name its followers know it by, not the host-assigned form
-/// [`ToClient`] gives a URI without a live entry (found by
-/// `tests/relay_model.rs`). Only a removal: a host announcing an object
-/// under a tombstoned name made it itself, and is named as host-assigned.
-/// Every other name is `inner`'s.
-pub(super) struct Removal<'a> {
-    /// The namer of everything else.
-    pub inner: &'a dyn Namer,
-    /// The URI store.
-    pub store: &'a dyn crate::names::store::UriStore,
-    /// The host the removal came from.
-    pub host: &'a str,
-}
-
-/// The shapes (rewrite-table keys) that remove the object they name.
-pub(super) const REMOVALS: [&str; 2] = ["root/sessionRemoved", "session/chatRemoved"];
-
-impl Namer for Removal<'_> {
-    fn translate(&self, kind: FieldKind, value: &str) -> Result<String, NameError> {
-        let tombstoned = kind == FieldKind::Uri
-            && matches!(self.store.lookup(value),
-                Ok(Some(e)) if e.host == self.host
-                    && matches!(e.state, UriState::Tombstone { .. }));
-        if tombstoned {
-            return Ok(value.to_string());
-        }
-        self.inner.translate(kind, value)
     }
 }
 
