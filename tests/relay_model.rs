@@ -723,6 +723,9 @@ impl Run<'_> {
         }
         if allowed {
             self.model.sessions.remove(&uri);
+            // Listings right after the answer, the host's removal perhaps
+            // still on its way, no longer hold it (§6.3).
+            self.check_lists().await?;
             self.removed(&uri).await?;
         }
         Ok(())
@@ -1269,34 +1272,29 @@ async fn the_relay_allows_exactly_what_the_model_allows() {
     );
 }
 
-/// Found by the model run (§4.2, §6.4): the host's `root/sessionRemoved`
-/// for a client-chosen session can reach the relay after the dispose's
-/// answer tombstoned its store entry; it still names the session as its
-/// followers know it (`ahp-session:/gone-1`), not as a host-assigned
-/// `ahp-session:/h1~gone-1` they never saw.
-#[tokio::test]
-async fn a_removal_after_the_dispose_answer_keeps_the_client_name() {
+/// A relay in front of simhost h1 where everyone operates, and alice,
+/// who created session `uri` through it.
+async fn relay_with_session(uri: &str) -> (TestRelay, Cl) {
     let rules = common::relay::rule("all", &["*"], &["*"], "operator", "all", "");
     let t = TestRelay::start(vec![fast_config("h1", 0)], &rules).await;
     let mut alice = Cl::open(&t, "alice", "a", vec![]).await.expect("alice");
-    let mut bob = Cl::open(&t, "bob", "b", vec![]).await.expect("bob");
-    let uri = "ahp-session:/gone-1";
-    let r = alice
-        .call(
-            "createSession",
-            json!({"channel": uri, "provider": "sim.h1"}),
-        )
-        .await
-        .expect("create answered");
+    let params = json!({"channel": uri, "provider": "sim.h1"});
+    let r = alice.call("createSession", params).await.expect("answered");
     assert_eq!(r["result"], Value::Null, "{r}");
-    let added = |v: &Value| notification_of(v, "root/sessionAdded", uri);
-    bob.wait_for("sessionAdded", added).await.expect("added");
+    (t, alice)
+}
+
+/// `c` disposes session `uri` (answered) while h1 holds its catalog
+/// events: the host's `root/sessionRemoved` waits until released.
+async fn dispose_held(t: &TestRelay, c: &mut Cl, uri: &str) {
     t.hosts[0].hold_catalog_events(true);
-    let r = alice
-        .call("disposeSession", json!({"channel": uri}))
-        .await
-        .expect("dispose answered");
+    let params = json!({"channel": uri});
+    let r = c.call("disposeSession", params).await.expect("answered");
     assert_eq!(r["result"], Value::Null, "{r}");
+}
+
+/// Waits until the relay's dispose of `uri` has tombstoned its entry.
+async fn tombstoned(t: &TestRelay, uri: &str) {
     let store = t.relay.relay.store.clone();
     wait_until("the dispose tombstoned the entry", || {
         store
@@ -1306,6 +1304,21 @@ async fn a_removal_after_the_dispose_answer_keeps_the_client_name() {
             .is_some_and(|e| matches!(e.state, ahp_relay::names::store::UriState::Tombstone { .. }))
     })
     .await;
+}
+
+/// Found by the model run (§4.2, §6.4): the host's `root/sessionRemoved`
+/// for a client-chosen session can reach the relay after the dispose's
+/// answer tombstoned its store entry; it still names the session as its
+/// followers know it (`ahp-session:/gone-1`), not as a host-assigned
+/// `ahp-session:/h1~gone-1` they never saw.
+#[tokio::test]
+async fn a_removal_after_the_dispose_answer_keeps_the_client_name() {
+    let uri = "ahp-session:/gone-1";
+    let (t, mut alice) = relay_with_session(uri).await;
+    // Bob follows the root from the start: he has the session in his list.
+    let mut bob = Cl::open(&t, "bob", "b", vec![]).await.expect("bob");
+    dispose_held(&t, &mut alice, uri).await;
+    tombstoned(&t, uri).await;
     t.hosts[0].hold_catalog_events(false);
     let removed = |v: &Value| v["method"] == "root/sessionRemoved";
     let got = bob
@@ -1313,6 +1326,48 @@ async fn a_removal_after_the_dispose_answer_keeps_the_client_name() {
         .await
         .expect("removed");
     assert_eq!(got["params"]["session"], uri, "{got}");
+}
+
+/// A `listSessions` right after a dispose was answered (§6.3), while the
+/// host's `root/sessionRemoved` has not reached the relay yet, does not
+/// list the disposed session — neither by its name nor as a host-assigned
+/// `ahp-session:/h1~gone-l` nobody ever saw — before or after the
+/// tombstone is written, nor once the removal arrived.
+#[tokio::test]
+async fn a_listing_after_the_dispose_answer_omits_the_session() {
+    let uri = "ahp-session:/gone-l";
+    let (t, mut alice) = relay_with_session(uri).await;
+    let listed = |r: &Value| -> Vec<String> {
+        r["result"]["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["resource"].as_str().map(str::to_string))
+            .filter(|u| u.contains("gone-l"))
+            .collect()
+    };
+    let list = json!({"channel": ROOT});
+    let r = alice
+        .call("listSessions", list.clone())
+        .await
+        .expect("list");
+    assert_eq!(listed(&r), vec![uri.to_string()], "{r}");
+    dispose_held(&t, &mut alice, uri).await;
+    let mut bob = Cl::open(&t, "bob", "b", vec![]).await.expect("bob");
+    for c in [&mut alice, &mut bob] {
+        let r = c.call("listSessions", list.clone()).await.expect("list");
+        assert_eq!(listed(&r), Vec::<String>::new(), "{}: {r}", c.sub);
+    }
+    tombstoned(&t, uri).await;
+    let r = bob.call("listSessions", list.clone()).await.expect("list");
+    assert_eq!(listed(&r), Vec::<String>::new(), "after the tombstone: {r}");
+    t.hosts[0].hold_catalog_events(false);
+    let removed = |v: &Value| notification_of(v, "root/sessionRemoved", uri);
+    bob.wait_for("sessionRemoved", removed)
+        .await
+        .expect("removed");
+    let r = bob.call("listSessions", list).await.expect("list");
+    assert_eq!(listed(&r), Vec::<String>::new(), "after the removal: {r}");
 }
 
 /// The same for an envelope (§4.2): a subscriber of alice's session whose
@@ -1347,15 +1402,7 @@ async fn a_chat_removal_after_the_dispose_answer_keeps_the_client_name() {
         .await
         .expect("dispose answered");
     assert_eq!(r["result"], Value::Null, "{r}");
-    let store = t.relay.relay.store.clone();
-    wait_until("the dispose tombstoned the chat", || {
-        store
-            .lookup(chat)
-            .ok()
-            .flatten()
-            .is_some_and(|e| matches!(e.state, ahp_relay::names::store::UriState::Tombstone { .. }))
-    })
-    .await;
+    tombstoned(&t, chat).await;
     t.hosts[0].stall_client(&t.upstream_id("bob", "b"), false);
     let removed = |v: &Value| v["params"]["action"]["type"] == "session/chatRemoved";
     let got = bob.wait_for("chatRemoved", removed).await.expect("removed");

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::{Noting, ToClient};
+use crate::names::qualify::{ChannelKind, channel_kind};
 use crate::names::seen::ShownIn;
 use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
@@ -385,9 +386,10 @@ impl ClientSession {
                 store_key,
                 await_catalog,
             } => self.answer_create(core, answer, &store_key, await_catalog),
-            PendingKind::Dispose { store_key } => {
-                self.answer_dispose(&mut core, answer, store_key.as_deref())
-            }
+            PendingKind::Dispose {
+                store_key,
+                host_uri,
+            } => self.answer_dispose(&mut core, answer, store_key.as_deref(), &host_uri),
             PendingKind::Authenticate { group } => {
                 self.answer_authenticate(&mut core, group, answer.failure)
             }
@@ -497,8 +499,19 @@ impl ClientSession {
         }
     }
 
-    /// A dispose of a client-chosen URI leaves a tombstone (§4.2).
-    fn answer_dispose(&self, core: &mut SessionCore, a: Answer<'_>, store_key: Option<&str>) {
+    /// A dispose of a client-chosen URI leaves a tombstone (§4.2); a
+    /// disposed session is no longer listed (§6.3), though the host's
+    /// removal may still be on its way to the watch link.
+    fn answer_dispose(
+        &self,
+        core: &mut SessionCore,
+        a: Answer<'_>,
+        store_key: Option<&str>,
+        host_uri: &str,
+    ) {
+        if a.failure.is_none() && channel_kind(host_uri) == ChannelKind::Session {
+            a.host.update(|v| v.mark_disposed(host_uri));
+        }
         if a.failure.is_none()
             && let Some(key) = store_key
         {

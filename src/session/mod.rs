@@ -108,10 +108,13 @@ pub enum PendingKind {
         /// The waiting client request, if any.
         group: Option<u64>,
     },
-    /// A dispose: tombstone the store entry if the URI was client-chosen.
+    /// A dispose: tombstone the store entry if the URI was client-chosen,
+    /// and stop listing a disposed session (§6.3).
     Dispose {
         /// The store key, if the URI is a store entry.
         store_key: Option<String>,
+        /// The disposed object's host URI.
+        host_uri: String,
     },
     /// The relay's own request on the client's link (a `resourceResolve`
     /// confirming a scoped path, `route::files`): the host's raw result, or

@@ -133,6 +133,10 @@ pub struct WatchView {
     /// Sessions the catalog keeps ([`HubLimits::max_sessions`]); a session
     /// beyond it is dropped by [`WatchView::insert_session`].
     pub max_sessions: usize,
+    /// Listed sessions whose dispose the host answered through the relay,
+    /// awaiting the host's `root/sessionRemoved` (§6.3): `listSessions`
+    /// leaves them out. Always a subset of the catalog's keys.
+    disposed: std::collections::HashSet<String>,
 }
 
 /// A configured host plus its mirrors. Shared by the watch link (writer)
@@ -503,6 +507,7 @@ impl HostHub {
             let entries: Vec<IndexEntry> = v
                 .catalog
                 .iter()
+                .filter(|(uri, _)| !v.disposed.contains(*uri))
                 .map(|(uri, summary)| IndexEntry {
                     at: summary
                         .get("modifiedAt")
@@ -521,7 +526,8 @@ impl HostHub {
         index
     }
 
-    /// Mutates the view (watch link only).
+    /// Mutates the view: the watch link, and a dispose's answer marking its
+    /// session ([`WatchView::mark_disposed`]).
     pub fn update<R>(&self, f: impl FnOnce(&mut WatchView) -> R) -> R {
         let r = f(&mut self.view.write().unwrap_or_else(|e| e.into_inner()));
         self.catalog_changed.notify_waiters();
@@ -541,17 +547,25 @@ impl WatchView {
             trigger_characters: Vec::new(),
             terminal_command_prefix: None,
             max_sessions,
+            disposed: std::collections::HashSet::new(),
         }
     }
 
-    /// Adds or replaces a session's summary; `false` (nothing changed) for
-    /// a new session when the catalog already holds `max_sessions`.
+    /// Adds or replaces a session's summary, as the host announces it; `false`
+    /// (nothing changed) for a new session when the catalog already holds
+    /// `max_sessions`. A session the host announces is listed, even under
+    /// a name disposed before.
     pub fn insert_session(&mut self, uri: String, summary: Value) -> bool {
+        self.disposed.remove(&uri);
+        self.put_session(uri, summary)
+    }
+
+    fn put_session(&mut self, uri: String, summary: Value) -> bool {
         if self.catalog.len() >= self.max_sessions && !self.catalog.contains_key(&uri) {
             return false;
         }
         self.catalog_version += 1;
-        self.remove_session(&uri);
+        self.unlist(&uri);
         for chat in chat_uris(&summary) {
             self.chats.insert(chat, uri.clone());
         }
@@ -559,8 +573,13 @@ impl WatchView {
         true
     }
 
-    /// Removes a session's summary and its chats.
+    /// Removes a session's summary and its chats (the host removed it).
     pub fn remove_session(&mut self, uri: &str) {
+        self.disposed.remove(uri);
+        self.unlist(uri);
+    }
+
+    fn unlist(&mut self, uri: &str) {
         self.catalog_version += 1;
         if let Some(old) = self.catalog.remove(uri) {
             for chat in chat_uris(&old) {
@@ -568,6 +587,17 @@ impl WatchView {
                     self.chats.remove(&chat);
                 }
             }
+        }
+    }
+
+    /// The host answered a dispose of listed session `uri`: it stays in the
+    /// mirror (a watch link that reconnects before the removal arrives
+    /// still finds it gone and tells the followers) but is no longer
+    /// listed, until the host's removal, a new announcement of it or a
+    /// fresh catalog.
+    pub fn mark_disposed(&mut self, uri: &str) {
+        if self.catalog.contains_key(uri) && self.disposed.insert(uri.to_string()) {
+            self.catalog_version += 1;
         }
     }
 
@@ -592,7 +622,7 @@ impl WatchView {
                 summary.insert(k, v);
             }
         }
-        self.insert_session(uri.to_string(), Value::Object(summary));
+        self.put_session(uri.to_string(), Value::Object(summary));
     }
 
     /// Replaces the whole catalog (after a watch link (re)connects); keeps
@@ -601,9 +631,10 @@ impl WatchView {
         self.catalog_version += 1;
         self.catalog.clear();
         self.chats.clear();
+        self.disposed.clear();
         let mut dropped = 0;
         for (uri, summary) in catalog {
-            if !self.insert_session(uri, summary) {
+            if !self.put_session(uri, summary) {
                 dropped += 1;
             }
         }
@@ -899,6 +930,46 @@ mod tests {
         hub.update(|v| v.remove_session("a"));
         assert!(hub.update(|v| v.insert_session("d".into(), summary("d"))));
         assert_eq!(hub.update(|v| v.catalog.len()), 2);
+    }
+
+    /// A session whose dispose was answered leaves `listSessions` at once
+    /// and stays in the mirror until the host removes it; a summary change
+    /// still in flight does not list it again, the host announcing it anew
+    /// or a fresh catalog does; only a listed session is marked.
+    #[test]
+    fn a_disposed_session_is_unlisted_until_the_host_speaks() {
+        let Ok(hub) = HostHub::new(plain_host("h")) else {
+            panic!("hub");
+        };
+        let summary = |uri: &str| serde_json::json!({"resource": uri});
+        let listed = |hub: &HostHub| -> Vec<String> {
+            let index = hub.sorted_catalog(str::to_string);
+            index.iter().map(|e| e.host.to_string()).collect()
+        };
+        let both: BTreeMap<String, Value> = ["s:/a", "s:/b"]
+            .iter()
+            .map(|u| (u.to_string(), summary(u)))
+            .collect();
+        hub.update(|v| v.replace_catalog(both.clone()));
+        hub.update(|v| v.mark_disposed("s:/a"));
+        hub.update(|v| v.mark_disposed("s:/never-listed"));
+        assert!(!hub.read(|v| v.disposed.contains("s:/never-listed")));
+        assert_eq!(listed(&hub), vec!["s:/b"]);
+        assert!(hub.has_session("s:/a"), "kept for the watch link's diff");
+        let mut changes = serde_json::Map::new();
+        changes.insert("title".into(), Value::from("late"));
+        hub.update(|v| v.patch_session("s:/a", changes));
+        assert_eq!(listed(&hub), vec!["s:/b"]);
+        hub.update(|v| v.insert_session("s:/a".into(), summary("s:/a")));
+        assert_eq!(listed(&hub).len(), 2, "announced anew: listed");
+        hub.update(|v| v.mark_disposed("s:/a"));
+        hub.update(|v| v.remove_session("s:/a"));
+        hub.update(|v| v.insert_session("s:/a".into(), summary("s:/a")));
+        assert_eq!(listed(&hub).len(), 2, "removed, then created again");
+        hub.update(|v| v.mark_disposed("s:/b"));
+        hub.update(|v| v.replace_catalog(both));
+        assert_eq!(listed(&hub).len(), 2, "a fresh catalog is the host's word");
+        assert!(hub.read(|v| v.disposed.is_empty()));
     }
 
     #[test]

@@ -249,7 +249,10 @@ pub(super) async fn execute(
             forward(session, &link, id, method, params, PendingKind::Plain)
         }
         Effect::Dispose { store_key } => {
-            let kind = PendingKind::Dispose { store_key };
+            let kind = PendingKind::Dispose {
+                store_key,
+                host_uri: host_channel,
+            };
             forward(session, &link, id, method, params, kind)
         }
         Effect::Subscribe { client_channel } => {
