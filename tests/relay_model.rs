@@ -1293,6 +1293,25 @@ async fn dispose_held(t: &TestRelay, c: &mut Cl, uri: &str) {
     assert_eq!(r["result"], Value::Null, "{r}");
 }
 
+/// The sessions and chats `c`'s `listSessions` names that `keep` keeps.
+async fn listed(c: &mut Cl, keep: impl Fn(&str) -> bool) -> Vec<String> {
+    let r = c
+        .call("listSessions", json!({"channel": ROOT}))
+        .await
+        .expect("list");
+    let items = r["result"]["items"].as_array().cloned().unwrap_or_default();
+    let chats = items
+        .iter()
+        .flat_map(|i| i["chats"].as_array().cloned().unwrap_or_default());
+    items
+        .iter()
+        .cloned()
+        .chain(chats)
+        .filter_map(|v| v["resource"].as_str().map(str::to_string))
+        .filter(|u| keep(u))
+        .collect()
+}
+
 /// Waits until the relay's dispose of `uri` has tombstoned its entry.
 async fn tombstoned(t: &TestRelay, uri: &str) {
     let store = t.relay.relay.store.clone();
@@ -1337,37 +1356,75 @@ async fn a_removal_after_the_dispose_answer_keeps_the_client_name() {
 async fn a_listing_after_the_dispose_answer_omits_the_session() {
     let uri = "ahp-session:/gone-l";
     let (t, mut alice) = relay_with_session(uri).await;
-    let listed = |r: &Value| -> Vec<String> {
-        r["result"]["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|i| i["resource"].as_str().map(str::to_string))
-            .filter(|u| u.contains("gone-l"))
-            .collect()
-    };
-    let list = json!({"channel": ROOT});
-    let r = alice
-        .call("listSessions", list.clone())
-        .await
-        .expect("list");
-    assert_eq!(listed(&r), vec![uri.to_string()], "{r}");
+    // The session under any name, not its default chat (`ahp-chat:/h1~gone-l-main`).
+    let part = |u: &str| u.starts_with("ahp-session:") && u.contains("gone-l");
+    assert_eq!(listed(&mut alice, part).await, [uri]);
     dispose_held(&t, &mut alice, uri).await;
     let mut bob = Cl::open(&t, "bob", "b", vec![]).await.expect("bob");
+    let none = Vec::<String>::new();
     for c in [&mut alice, &mut bob] {
-        let r = c.call("listSessions", list.clone()).await.expect("list");
-        assert_eq!(listed(&r), Vec::<String>::new(), "{}: {r}", c.sub);
+        assert_eq!(listed(c, part).await, none, "{}", c.sub);
     }
     tombstoned(&t, uri).await;
-    let r = bob.call("listSessions", list.clone()).await.expect("list");
-    assert_eq!(listed(&r), Vec::<String>::new(), "after the tombstone: {r}");
+    assert_eq!(listed(&mut bob, part).await, none, "after the tombstone");
     t.hosts[0].hold_catalog_events(false);
     let removed = |v: &Value| notification_of(v, "root/sessionRemoved", uri);
     bob.wait_for("sessionRemoved", removed)
         .await
         .expect("removed");
-    let r = bob.call("listSessions", list).await.expect("list");
-    assert_eq!(listed(&r), Vec::<String>::new(), "after the removal: {r}");
+    assert_eq!(listed(&mut bob, part).await, none, "after the removal");
+}
+
+/// The same for a chat (§6.3): after a `disposeChat` was answered, while
+/// the host's summary change has not reached the relay yet, the listing
+/// of its session names neither the chat nor a host-assigned
+/// `ahp-chat:/h1~gone-lc` nobody ever saw.
+#[tokio::test]
+async fn a_listing_after_a_chat_dispose_answer_omits_the_chat() {
+    let session = "ahp-session:/gone-ls";
+    let chat = "ahp-chat:/gone-lc";
+    let (t, mut alice) = relay_with_session(session).await;
+    let lc = |u: &str| u.contains("gone-lc");
+    let params = json!({"channel": session, "chat": chat});
+    let r = alice.call("createChat", params).await.expect("answered");
+    assert_eq!(r["result"], Value::Null, "{r}");
+    // The chats named `*gone-lc*` in a summary change.
+    let changed = |v: &Value| -> Vec<String> {
+        let chats = v["params"]["changes"]["chats"].as_array();
+        chats
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["resource"].as_str().map(str::to_string))
+            .filter(|u| u.contains("gone-lc"))
+            .collect()
+    };
+    let is_change = |v: &Value| v["method"] == "root/sessionSummaryChanged";
+    let added = |v: &Value| is_change(v) && changed(v) == [chat];
+    alice.wait_for("chat listed", added).await.expect("listed");
+    assert_eq!(listed(&mut alice, lc).await, [chat]);
+    t.hosts[0].hold_catalog_events(true);
+    let r = alice
+        .call("disposeChat", json!({"channel": chat}))
+        .await
+        .expect("answered");
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let none = Vec::<String>::new();
+    assert_eq!(listed(&mut alice, lc).await, none, "before the tombstone");
+    tombstoned(&t, chat).await;
+    assert_eq!(listed(&mut alice, lc).await, none, "after the tombstone");
+    t.hosts[0].hold_catalog_events(false);
+    // The host's change unlisting it comes through, and the listing stays so.
+    let unlisted = |v: &Value| is_change(v) && v["params"]["changes"]["chats"].is_array();
+    let got = alice
+        .wait_for("chat unlisted", unlisted)
+        .await
+        .expect("unlisted");
+    assert_eq!(changed(&got), none, "{got}");
+    assert_eq!(
+        listed(&mut alice, lc).await,
+        none,
+        "after the host's change"
+    );
 }
 
 /// The same for an envelope (§4.2): a subscriber of alice's session whose

@@ -129,9 +129,9 @@ fn client_summary(env: &Env, hub: &HostHub, entry: &IndexEntry) -> Option<Value>
         identity: None,
     };
     let (mut s, status) = hub.read(|v| {
-        v.catalog
-            .get(entry.host.as_ref())
-            .map(|s| (s.clone(), v.status))
+        let mut s = v.catalog.get(entry.host.as_ref())?.clone();
+        v.drop_disposed_chats(&mut s);
+        Some((s, v.status))
     })?;
     translate::translate(&mut s, "@SessionSummary", &namer).ok()?;
     if status != HostStatus::Up

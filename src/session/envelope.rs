@@ -500,8 +500,8 @@ impl ClientSession {
     }
 
     /// A dispose of a client-chosen URI leaves a tombstone (§4.2); a
-    /// disposed session is no longer listed (§6.3), though the host's
-    /// removal may still be on its way to the watch link.
+    /// disposed session or chat is no longer listed (§6.3), though the
+    /// host's removal may still be on its way to the watch link.
     fn answer_dispose(
         &self,
         core: &mut SessionCore,
@@ -509,8 +509,12 @@ impl ClientSession {
         store_key: Option<&str>,
         host_uri: &str,
     ) {
-        if a.failure.is_none() && channel_kind(host_uri) == ChannelKind::Session {
-            a.host.update(|v| v.mark_disposed(host_uri));
+        if a.failure.is_none() {
+            match channel_kind(host_uri) {
+                ChannelKind::Session => a.host.update(|v| v.mark_disposed(host_uri)),
+                ChannelKind::Chat => a.host.update(|v| v.mark_chat_disposed(host_uri)),
+                ChannelKind::Terminal | ChannelKind::Other => {}
+            }
         }
         if a.failure.is_none()
             && let Some(key) = store_key

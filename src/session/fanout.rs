@@ -281,6 +281,15 @@ impl Registry {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
+        // A chat whose dispose was answered is not shown again by a summary
+        // still on its way (§6.3).
+        hub.read(|v| {
+            for container in ["changes", "summary"] {
+                if let Some(c) = params.get_mut(container) {
+                    v.drop_disposed_chats(c);
+                }
+            }
+        });
         let to_client = ToClient {
             host: &hub.id,
             store: self.env.store.as_ref(),

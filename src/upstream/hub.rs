@@ -137,6 +137,10 @@ pub struct WatchView {
     /// awaiting the host's `root/sessionRemoved` (§6.3): `listSessions`
     /// leaves them out. Always a subset of the catalog's keys.
     disposed: std::collections::HashSet<String>,
+    /// The same for chats, awaiting the summary change that unlists them:
+    /// left out of listed summaries and catalog notifications. Always a
+    /// subset of [`WatchView::chats`]' keys.
+    disposed_chats: std::collections::HashSet<String>,
 }
 
 /// A configured host plus its mirrors. Shared by the watch link (writer)
@@ -548,6 +552,7 @@ impl WatchView {
             terminal_command_prefix: None,
             max_sessions,
             disposed: std::collections::HashSet::new(),
+            disposed_chats: std::collections::HashSet::new(),
         }
     }
 
@@ -570,15 +575,29 @@ impl WatchView {
             self.chats.insert(chat, uri.clone());
         }
         self.catalog.insert(uri, summary);
+        self.forget_unlisted_chats();
         true
+    }
+
+    /// Drops the dispose marks of chats no summary lists any more: the host
+    /// has unlisted them, so a later listing of one is the host's own.
+    fn forget_unlisted_chats(&mut self) {
+        if !self.disposed_chats.is_empty() {
+            let chats = &self.chats;
+            self.disposed_chats.retain(|c| chats.contains_key(c));
+        }
     }
 
     /// Removes a session's summary and its chats (the host removed it).
     pub fn remove_session(&mut self, uri: &str) {
         self.disposed.remove(uri);
         self.unlist(uri);
+        self.forget_unlisted_chats();
     }
 
+    /// Takes `uri` out of the catalog and its chats out of the index (a
+    /// chat another session lists now stays); the marks of chats no summary
+    /// lists any more are dropped by the caller ([`Self::forget_unlisted_chats`]).
     fn unlist(&mut self, uri: &str) {
         self.catalog_version += 1;
         if let Some(old) = self.catalog.remove(uri) {
@@ -598,6 +617,30 @@ impl WatchView {
     pub fn mark_disposed(&mut self, uri: &str) {
         if self.catalog.contains_key(uri) && self.disposed.insert(uri.to_string()) {
             self.catalog_version += 1;
+        }
+    }
+
+    /// The host answered a dispose of listed chat `uri`: its session's
+    /// summaries leave it out until the host's summary change no longer
+    /// lists it (or a fresh catalog).
+    pub fn mark_chat_disposed(&mut self, uri: &str) {
+        if self.chats.contains_key(uri) {
+            self.disposed_chats.insert(uri.to_string());
+        }
+    }
+
+    /// Removes the chats whose dispose was answered from the `chats` of a
+    /// summary or a summary change (`container`).
+    pub fn drop_disposed_chats(&self, container: &mut Value) {
+        if self.disposed_chats.is_empty() {
+            return;
+        }
+        if let Some(chats) = container.get_mut("chats").and_then(Value::as_array_mut) {
+            chats.retain(|c| {
+                c.get("resource")
+                    .and_then(Value::as_str)
+                    .is_none_or(|u| !self.disposed_chats.contains(u))
+            });
         }
     }
 
@@ -632,6 +675,7 @@ impl WatchView {
         self.catalog.clear();
         self.chats.clear();
         self.disposed.clear();
+        self.disposed_chats.clear();
         let mut dropped = 0;
         for (uri, summary) in catalog {
             if !self.put_session(uri, summary) {
@@ -970,6 +1014,49 @@ mod tests {
         hub.update(|v| v.replace_catalog(both));
         assert_eq!(listed(&hub).len(), 2, "a fresh catalog is the host's word");
         assert!(hub.read(|v| v.disposed.is_empty()));
+    }
+
+    /// A chat whose dispose was answered leaves its session's summaries
+    /// (listings and catalog notifications) while a change still in flight
+    /// lists it; the host's change unlisting it, the session's removal or a
+    /// fresh catalog forget the mark; only a listed chat is marked.
+    #[test]
+    fn a_disposed_chat_is_left_out_until_the_host_unlists_it() {
+        let mut v = empty_view();
+        let s = |chats: &[&str]| {
+            serde_json::json!({"resource": "s:/s",
+                "chats": chats.iter().map(|c| serde_json::json!({"resource": c})).collect::<Vec<_>>()})
+        };
+        let shown = |v: &WatchView, chats: &[&str]| -> usize {
+            let mut summary = s(chats);
+            v.drop_disposed_chats(&mut summary);
+            summary["chats"].as_array().map_or(0, Vec::len)
+        };
+        v.insert_session("s:/s".into(), s(&["c:/a", "c:/b"]));
+        v.mark_chat_disposed("c:/a");
+        v.mark_chat_disposed("c:/never-listed");
+        assert_eq!(v.disposed_chats.len(), 1);
+        assert_eq!(shown(&v, &["c:/a", "c:/b"]), 1);
+        let mut changes = serde_json::Map::new();
+        changes.insert("chats".into(), s(&["c:/a", "c:/b"])["chats"].clone());
+        v.patch_session("s:/s", changes.clone());
+        assert_eq!(
+            shown(&v, &["c:/a", "c:/b"]),
+            1,
+            "a late change keeps the mark"
+        );
+        changes.insert("chats".into(), s(&["c:/b"])["chats"].clone());
+        v.patch_session("s:/s", changes);
+        assert!(v.disposed_chats.is_empty(), "unlisted by the host");
+        v.insert_session("s:/s".into(), s(&["c:/a", "c:/b"]));
+        assert_eq!(shown(&v, &["c:/a", "c:/b"]), 2, "listed anew: the host's");
+        v.mark_chat_disposed("c:/b");
+        v.remove_session("s:/s");
+        assert!(v.disposed_chats.is_empty(), "its session removed");
+        v.insert_session("s:/s".into(), s(&["c:/a"]));
+        v.mark_chat_disposed("c:/a");
+        v.replace_catalog(BTreeMap::from([("s:/s".to_string(), s(&["c:/a"]))]));
+        assert!(v.disposed_chats.is_empty(), "a fresh catalog");
     }
 
     #[test]
