@@ -1360,6 +1360,12 @@ async fn a_listing_after_the_dispose_answer_omits_the_session() {
     let part = |u: &str| u.starts_with("ahp-session:") && u.contains("gone-l");
     assert_eq!(listed(&mut alice, part).await, [uri]);
     dispose_held(&t, &mut alice, uri).await;
+    // Root's count follows the listing, the removal still held.
+    let zero = |v: &Value| v["params"]["action"]["activeSessions"] == 0;
+    alice
+        .wait_for("activeSessions 0", zero)
+        .await
+        .expect("recounted");
     let mut bob = Cl::open(&t, "bob", "b", vec![]).await.expect("bob");
     let none = Vec::<String>::new();
     for c in [&mut alice, &mut bob] {

@@ -21,8 +21,7 @@ pub fn root_field(env: &Env, field: RootField, caller: Caller<'_>) -> Value {
         };
         if field == RootField::ActiveSessions {
             let visible = hub.read(|v| {
-                v.catalog
-                    .keys()
+                v.listed_sessions()
                     .filter(|uri| env.access.sees_session(who, &grant, hub, uri))
                     .count()
             });

@@ -20,6 +20,7 @@ use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
+use crate::upstream::watch::RootField;
 use crate::wire::{self, Edit, EditValue, Frame, FrameKind, Text};
 use bytes::BytesMut;
 
@@ -500,8 +501,7 @@ impl ClientSession {
     }
 
     /// A dispose of a client-chosen URI leaves a tombstone (§4.2); a
-    /// disposed session or chat is no longer listed (§6.3), though the
-    /// host's removal may still be on its way to the watch link.
+    /// disposed session or chat is no longer listed (§6.3).
     fn answer_dispose(
         &self,
         core: &mut SessionCore,
@@ -510,11 +510,7 @@ impl ClientSession {
         host_uri: &str,
     ) {
         if a.failure.is_none() {
-            match channel_kind(host_uri) {
-                ChannelKind::Session => a.host.update(|v| v.mark_disposed(host_uri)),
-                ChannelKind::Chat => a.host.update(|v| v.mark_chat_disposed(host_uri)),
-                ChannelKind::Terminal | ChannelKind::Other => {}
-            }
+            self.unlist_disposed(a.host, host_uri);
         }
         if a.failure.is_none()
             && let Some(key) = store_key
@@ -535,6 +531,25 @@ impl ClientSession {
             });
         }
         self.answer_plain(core, a);
+    }
+
+    /// The host disposed `host_uri`: a session leaves `listSessions` and
+    /// root's count, a chat its session's summaries, before the answer
+    /// reaches the client (§6.3), though the host's removal or summary
+    /// change may still be on its way to the watch link.
+    fn unlist_disposed(&self, host: &HostHub, host_uri: &str) {
+        match channel_kind(host_uri) {
+            ChannelKind::Session => {
+                host.update(|v| v.mark_disposed(host_uri));
+                // Off this session's lock, which a root follower's recount
+                // (this client's own among them) takes.
+                if let Some(r) = self.registry() {
+                    tokio::spawn(async move { r.fan_root(&[RootField::ActiveSessions]) });
+                }
+            }
+            ChannelKind::Chat => host.update(|v| v.mark_chat_disposed(host_uri)),
+            ChannelKind::Terminal | ChannelKind::Other => {}
+        }
     }
 
     /// Answers a `createSession` once the watch catalog lists the session,

@@ -620,6 +620,12 @@ impl WatchView {
         }
     }
 
+    /// The sessions `listSessions` shows: the catalog without those whose
+    /// dispose was answered.
+    pub fn listed_sessions(&self) -> impl Iterator<Item = &String> {
+        self.catalog.keys().filter(|u| !self.disposed.contains(*u))
+    }
+
     /// The host answered a dispose of listed chat `uri`: its session's
     /// summaries leave it out until the host's summary change no longer
     /// lists it (or a fresh catalog).
