@@ -72,6 +72,16 @@ async fn closed_4000(ws: &mut RawWs, who: &str) {
     }
 }
 
+/// alice moves a-1's chat into her own session (answered).
+async fn alice_moves_the_seeded_chat(t: &TestRelay) {
+    let mut alice = t.raw("alice").await;
+    alice.initialize("al2").await;
+    let to = json!({"kind": "session", "session": ALICE_SESSION});
+    let params = json!({"channel": SEEDED_CHAT, "destination": to});
+    let moved = alice.request(1, "moveChat", params).await;
+    assert_eq!(moved["result"]["session"], ALICE_SESSION, "{moved}");
+}
+
 /// `sub`'s `reconnect` of `client_id` asking for `channel`: the answer
 /// leaves it out, and subscribing it anew answers as nonexistent.
 async fn reconnect_without(t: &TestRelay, sub: &str, client_id: &str, channel: &str) {
@@ -118,23 +128,39 @@ async fn a_chat_moved_to_an_invisible_session_closes_its_subscription() {
     let t = world().await;
     let mut bob = subscriber(&t, "bob", "b1", SEEDED_CHAT).await;
     let mut carol = subscriber(&t, "carol", "c1", SEEDED_CHAT).await;
-    let mut alice = t.raw("alice").await;
-    alice.initialize("al2").await;
-    let moved = alice
-        .request(
-            1,
-            "moveChat",
-            json!({"channel": SEEDED_CHAT,
-                "destination": {"kind": "session", "session": ALICE_SESSION}}),
-        )
-        .await;
-    assert_eq!(moved["result"]["session"], ALICE_SESSION, "{moved}");
+    alice_moves_the_seeded_chat(&t).await;
     closed_4000(&mut bob, "bob").await;
     reconnect_without(&t, "bob", "b1", SEEDED_CHAT).await;
     let pong = carol
         .request(9, "fetchTurns", json!({"channel": SEEDED_CHAT}))
         .await;
     assert!(pong.get("result").is_some(), "carol keeps the chat: {pong}");
+}
+
+/// §7.6 across the change: once alice's `moveChat` is answered, the chat
+/// is decided by its new session at once, though the host's summary
+/// changes (which list it there) are still on their way to the watch
+/// link: bob's live subscription is closed with 4000 and a new `subscribe`
+/// of his answers as nonexistent, instead of a snapshot of a chat now in a
+/// session he cannot see.
+#[tokio::test]
+async fn a_moved_chat_is_decided_by_its_new_session_before_the_host_lists_it() {
+    let t = world().await;
+    let mut bob = subscriber(&t, "bob", "b1", SEEDED_CHAT).await;
+    t.hosts[0].hold_catalog_events(true);
+    alice_moves_the_seeded_chat(&t).await;
+    closed_4000(&mut bob, "bob").await;
+    let mut again = t.raw("bob").await;
+    again.initialize("b2").await;
+    let r = again
+        .request(1, "subscribe", json!({"channel": SEEDED_CHAT}))
+        .await;
+    assert!(
+        r.get("error").is_some(),
+        "bob subscribes the moved chat: {r}"
+    );
+    t.hosts[0].hold_catalog_events(false);
+    reconnect_without(&t, "bob", "b1", SEEDED_CHAT).await;
 }
 
 /// §6.1, §7.6 (found by `tests/relay_model.rs`): a terminal claimed by a

@@ -30,10 +30,10 @@ pub enum Handling {
     Authenticate,
     /// A create of a client-chosen URI, reserved in the store first.
     Create(Created),
-    /// Routed by `params.channel`; `dispose` tombstones a client-chosen URI.
+    /// Routed by `params.channel`; what a success changes besides.
     Routed {
-        /// Whether a success disposes the channel.
-        dispose: bool,
+        /// What the relay does when the host answers with success.
+        then: Then,
     },
     /// Routed by `params.provider` (or to the only visible agent).
     ByProvider,
@@ -62,6 +62,19 @@ impl Handling {
                 | Self::ByUri
         )
     }
+}
+
+/// What a routed request's success changes in the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Nothing.
+    Plain,
+    /// The channel is disposed: a client-chosen URI is tombstoned, and the
+    /// object leaves listings at once.
+    Dispose,
+    /// The chat moved to the session the answer names: it is decided by
+    /// that session at once (§7.6).
+    Move,
 }
 
 /// What a create makes.
@@ -104,7 +117,12 @@ impl Method {
     /// Whether a success disposes the request's channel: such a method
     /// also obeys the dispose rule (contract §7.1, `Access::may_dispose`).
     pub fn disposes(&self) -> bool {
-        matches!(self.handling, Handling::Routed { dispose: true })
+        matches!(
+            self.handling,
+            Handling::Routed {
+                then: Then::Dispose
+            }
+        )
     }
 }
 
@@ -127,8 +145,11 @@ use Need::{Aggregated, Own};
 const fn p(perm: Permission) -> Need {
     Need::Permission(perm)
 }
-const ROUTED: Handling = H::Routed { dispose: false };
-const DISPOSE: Handling = H::Routed { dispose: true };
+const ROUTED: Handling = H::Routed { then: Then::Plain };
+const DISPOSE: Handling = H::Routed {
+    then: Then::Dispose,
+};
+const MOVE: Handling = H::Routed { then: Then::Move };
 
 /// Every client method the relay knows.
 pub const METHODS: &[Method] = &[
@@ -197,7 +218,7 @@ pub const METHODS: &[Method] = &[
     ),
     row(
         "moveChat",
-        ROUTED,
+        MOVE,
         p(SessionsOperate),
         typed_value::<cmd::MoveChatParams>,
     ),
@@ -357,7 +378,9 @@ mod tests {
         assert_eq!(need("listSessions"), Some(Need::Aggregated));
         assert_eq!(
             method("disposeChat").map(|m| m.handling),
-            Some(Handling::Routed { dispose: true })
+            Some(Handling::Routed {
+                then: Then::Dispose
+            })
         );
     }
 

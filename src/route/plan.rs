@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::files::Inside;
-use super::methods::{Created, Handling, Method};
+use super::methods::{Created, Handling, Method, Then};
 use super::router::{self, Denied};
 use super::{Caller, Env};
 use crate::names::qualify::{self as names, ChannelKind, ClientName, channel_kind};
@@ -68,6 +68,9 @@ pub enum Effect {
         /// The store key of a verbatim client-chosen URI.
         store_key: Option<String>,
     },
+    /// A chat move: on success the chat is decided by the session the
+    /// answer names at once (§7.6), before the host's summaries say so.
+    Move,
     /// A file command the grant allows only inside sessions' working
     /// directories (§7.1, `route::files`): each of `paths` is resolved on
     /// the host (`resourceResolve`, symlinks followed) and forwarded only
@@ -331,16 +334,20 @@ fn routed(env: &Env, caller: Caller<'_>, row: &Method, params: Value) -> Result<
     })?;
     let shape = format!("params:{method}");
     let params = router::to_host(env, caller, &hub, &grant, params, &shape, &host_channel)?;
-    let effect = if row.disposes() {
-        let verbatim = matches!(
-            names::read_client_uri(&channel),
-            Ok(ClientName::Verbatim { .. })
-        );
-        Effect::Dispose {
-            store_key: verbatim.then_some(channel),
+    let effect = match row.handling {
+        Handling::Routed {
+            then: Then::Dispose,
+        } => {
+            let verbatim = matches!(
+                names::read_client_uri(&channel),
+                Ok(ClientName::Verbatim { .. })
+            );
+            Effect::Dispose {
+                store_key: verbatim.then_some(channel),
+            }
         }
-    } else {
-        Effect::Plain
+        Handling::Routed { then: Then::Move } => Effect::Move,
+        _ => Effect::Plain,
     };
     Ok(Plan {
         hub,

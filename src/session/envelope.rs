@@ -391,6 +391,7 @@ impl ClientSession {
                 store_key,
                 host_uri,
             } => self.answer_dispose(&mut core, answer, store_key.as_deref(), &host_uri),
+            PendingKind::Move { host_chat } => self.answer_move(&mut core, answer, &host_chat),
             PendingKind::Authenticate { group } => {
                 self.answer_authenticate(&mut core, group, answer.failure)
             }
@@ -550,6 +551,24 @@ impl ClientSession {
             ChannelKind::Chat => host.update(|v| v.mark_chat_disposed(host_uri)),
             ChannelKind::Terminal | ChannelKind::Other => {}
         }
+    }
+
+    /// A chat moved (§7.6): the host's answer names its session, so the
+    /// relay's index puts it there and its subscribers are re-evaluated
+    /// now, before the answer reaches the client — not when the host's
+    /// summary changes, which may still be on their way, list it there.
+    fn answer_move(&self, core: &mut SessionCore, a: Answer<'_>, host_chat: &str) {
+        let session = a.body.pointer("/result/session").and_then(Value::as_str);
+        if a.failure.is_none()
+            && let Some(session) = session
+            && a.host.update(|v| v.move_chat(host_chat, session))
+            && let Some(r) = self.registry()
+        {
+            // Off this session's lock, which the re-evaluation takes.
+            let (host, chat) = (a.host.id.clone(), host_chat.to_string());
+            tokio::spawn(async move { r.chat_moved(&host, &chat) });
+        }
+        self.answer_plain(core, a);
     }
 
     /// Answers a `createSession` once the watch catalog lists the session,

@@ -152,6 +152,12 @@ impl Registry {
         self.reevaluate_subscribers(host, "terminal_claim", listed);
     }
 
+    /// Chat `chat` (host form) of `host` moved to another session through
+    /// the relay: its subscribers are re-evaluated (§7.6).
+    pub fn chat_moved(&self, host: &str, chat: &str) {
+        self.reevaluate_subscribers(host, "chat_moved", |uri| uri == chat);
+    }
+
     /// Re-evaluates the sessions subscribed on `host` to a channel `which`
     /// selects (host form; one that still exists) after it may have changed
     /// hands — a terminal claimed anew, a chat moved to another session

@@ -116,6 +116,12 @@ pub enum PendingKind {
         /// The disposed object's host URI.
         host_uri: String,
     },
+    /// A chat move (§7.6): on success the chat is decided by the session
+    /// the answer names.
+    Move {
+        /// The chat's host URI.
+        host_chat: String,
+    },
     /// The relay's own request on the client's link (a `resourceResolve`
     /// confirming a scoped path, `route::files`): the host's raw result, or
     /// its error, goes to the waiting request; nothing reaches the client.

@@ -626,6 +626,23 @@ impl WatchView {
         self.catalog.keys().filter(|u| !self.disposed.contains(*u))
     }
 
+    /// The host answered a move of listed chat `chat` into listed session
+    /// `session`: the index puts it there now (visibility follows it, §7.6);
+    /// `true` if it was under another session. The summaries follow when
+    /// the host's changes arrive (one of the source sent before the move
+    /// puts it back until the destination's arrives).
+    pub fn move_chat(&mut self, chat: &str, session: &str) -> bool {
+        let listed = self.catalog.contains_key(session);
+        match self.chats.get_mut(chat) {
+            Some(owner) if listed && owner != session => {
+                *owner = session.to_string();
+                self.catalog_version += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The host answered a dispose of listed chat `uri`: its session's
     /// summaries leave it out until the host's summary change no longer
     /// lists it (or a fresh catalog).
@@ -1063,6 +1080,36 @@ mod tests {
         v.mark_chat_disposed("c:/a");
         v.replace_catalog(BTreeMap::from([("s:/s".to_string(), s(&["c:/a"]))]));
         assert!(v.disposed_chats.is_empty(), "a fresh catalog");
+    }
+
+    /// A move answered through the relay puts the chat under its new
+    /// session at once; the host's later summaries (the source without it,
+    /// the destination with it) keep it there and report no second move.
+    #[test]
+    fn a_move_answered_puts_the_chat_under_its_new_session() {
+        let mut v = empty_view();
+        let s = |uri: &str, chats: &[&str]| {
+            serde_json::json!({"resource": uri,
+                "chats": chats.iter().map(|c| serde_json::json!({"resource": c})).collect::<Vec<_>>()})
+        };
+        v.insert_session("s:/a".into(), s("s:/a", &["c:/x"]));
+        v.insert_session("s:/b".into(), s("s:/b", &[]));
+        assert!(!v.move_chat("c:/x", "s:/none"), "an unlisted destination");
+        assert!(!v.move_chat("c:/none", "s:/b"), "an unlisted chat");
+        assert!(v.move_chat("c:/x", "s:/b"));
+        assert!(!v.move_chat("c:/x", "s:/b"), "already there");
+        assert_eq!(v.chats.get("c:/x").map(String::as_str), Some("s:/b"));
+        let chats = |uri, list: &[&str]| {
+            let mut m = serde_json::Map::new();
+            m.insert("chats".into(), s(uri, list)["chats"].clone());
+            m
+        };
+        v.patch_session("s:/a", chats("s:/a", &[]));
+        assert_eq!(v.chats.get("c:/x").map(String::as_str), Some("s:/b"));
+        let to_b = Value::Object(chats("s:/b", &["c:/x"]));
+        assert!(v.chats_changing_hands("s:/b", &to_b).is_empty());
+        v.patch_session("s:/b", chats("s:/b", &["c:/x"]));
+        assert_eq!(v.chats.get("c:/x").map(String::as_str), Some("s:/b"));
     }
 
     #[test]

@@ -248,6 +248,12 @@ pub(super) async fn execute(
             }
             forward(session, &link, id, method, params, PendingKind::Plain)
         }
+        Effect::Move => {
+            let kind = PendingKind::Move {
+                host_chat: host_channel,
+            };
+            forward(session, &link, id, method, params, kind)
+        }
         Effect::Dispose { store_key } => {
             let kind = PendingKind::Dispose {
                 store_key,
