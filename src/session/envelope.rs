@@ -553,10 +553,12 @@ impl ClientSession {
         }
     }
 
-    /// A chat moved (§7.6): the host's answer names its session, so the
-    /// relay's index puts it there and its subscribers are re-evaluated
-    /// now, before the answer reaches the client — not when the host's
-    /// summary changes, which may still be on their way, list it there.
+    /// A chat moved (§7.6): the host's answer names its session. The
+    /// relay's index puts the chat there before the answer reaches the
+    /// client, so every later decision (a `subscribe`, a `reconnect`) is the
+    /// new session's; its live subscribers are re-evaluated right after, on
+    /// another task. Neither waits for the host's summary changes, which
+    /// may still be on their way to the watch link.
     fn answer_move(&self, core: &mut SessionCore, a: Answer<'_>, host_chat: &str) {
         let session = a.body.pointer("/result/session").and_then(Value::as_str);
         if a.failure.is_none()
