@@ -724,7 +724,9 @@ impl Run<'_> {
         if allowed {
             self.model.sessions.remove(&uri);
             // Listings right after the answer, the host's removal perhaps
-            // still on its way, no longer hold it (§6.3).
+            // still on its way, no longer hold it (§6.3) — once the clients
+            // the dispose closes (a terminal it claimed, §7.6) are back.
+            self.expect_closes().await?;
             self.check_lists().await?;
             self.removed(&uri).await?;
         }
