@@ -3,13 +3,15 @@
 //! Reading stays with tungstenite (masking, fragments, control frames, UTF-8
 //! and size limits, close codes for bad input). Writing is this module's: the
 //! frames a session queued are framed here — a server's frames are unmasked,
-//! so a text frame is a 2–10 byte header before the payload. A batch is
-//! handed to the stream as slices (each frame's header, then its bytes where
-//! they lie) in one vectored write and one flush: TLS copies each slice once
-//! into its records (of at most 16 KiB, written with one `writev`), so a
-//! frame is never copied through a WebSocket write buffer, and a batch costs
-//! one TLS write. Only what the stream does not take at once is copied into
-//! the writer's buffer, to be written by the writer task.
+//! so a text frame is a 2–10 byte header before the payload. A batch larger
+//! than the writer's kept buffer (4 KiB) is handed to the stream as slices
+//! (each frame's header, then its bytes where they lie) in one vectored
+//! write and one flush: TLS copies each slice once into its records (of at
+//! most 16 KiB, written with one `writev`), so a large batch is never copied
+//! through a WebSocket write buffer, and a batch costs one TLS write. A
+//! smaller one is framed into the kept buffer and written from it in one
+//! piece. Only what the stream does not take at once is kept in the
+//! writer's buffer, to be written by the writer task.
 //!
 //! Control frames that tungstenite's reader must send (a pong, the reply to a
 //! client's close) are written by the reader into [`ReadSide`]'s write side,
@@ -260,13 +262,21 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     }
 
     /// Writes the reader's control bytes, then `frames` (emptying a queue;
-    /// none after the close frame), then flushes. With nothing pending and a
-    /// stream that takes slices, the frames go out from where they lie (one
-    /// vectored write); the part the stream does not take now is copied to
-    /// `buf` for [`FrameWriter::poll_drain`]. Otherwise they are encoded
-    /// into `buf` behind what is pending.
+    /// none after the close frame), then flushes. With nothing pending, a
+    /// stream that takes slices and a batch larger than the kept buffer, the
+    /// frames go out from where they lie (one vectored write); the part the
+    /// stream does not take now is copied to `buf` for
+    /// [`FrameWriter::poll_drain`]. Otherwise they are encoded into `buf`
+    /// (behind what is pending) and written from there: for a small batch,
+    /// the paced load's one or two frames, one copy into the kept buffer
+    /// costs less than the slice list and rustls's own list of them
+    /// (BENCHMARKS.md, fourteenth round).
     fn send(&mut self, cx: &mut Context<'_>, frames: Frames<'_>) -> Poll<io::Result<()>> {
-        if self.closed || self.sent < self.buf.len() || !self.io.is_write_vectored() {
+        if self.closed
+            || self.sent < self.buf.len()
+            || !self.io.is_write_vectored()
+            || framed_len(&frames) <= KEEP_BUFFER_BYTES
+        {
             self.encode(frames);
             return self.poll_drain(cx);
         }
@@ -375,6 +385,15 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             self.buf = Vec::new();
         }
         Pin::new(&mut self.io).poll_flush(cx)
+    }
+}
+
+/// The bytes `frames` take framed, the control bytes aside.
+fn framed_len(frames: &Frames<'_>) -> usize {
+    let framed = |len: usize| header_len(len) + len;
+    match frames {
+        Frames::Queued(queue) => queue.iter().map(|f| framed(f.len())).sum(),
+        Frames::Kept(kept) => kept.clone().map(|(_, f)| framed(f.len())).sum(),
     }
 }
 
@@ -524,6 +543,81 @@ mod tests {
         fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             Pin::new(&mut self.0).poll_shutdown(cx)
         }
+    }
+
+    /// A stream that takes everything and records each write: its bytes,
+    /// and whether it came as slices.
+    #[derive(Default)]
+    struct Recorder(Vec<(bool, Vec<u8>)>);
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.0.push((false, buf.to_vec()));
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let joined: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            let n = joined.len();
+            self.0.push((true, joined));
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A batch that framed fits the kept buffer goes out as one contiguous
+    /// write (one TLS record without a slice list); a larger one as slices
+    /// from where its frames lie. Both read back as the frames sent.
+    #[test]
+    fn small_batches_are_written_whole_and_large_ones_as_slices() {
+        let writer = SharedWriter {
+            inner: Arc::new(Mutex::new(FrameWriter {
+                io: Recorder::default(),
+                buf: Vec::new(),
+                sent: 0,
+                heads: Vec::new(),
+                control: Arc::new(Control::default()),
+                closed: false,
+                task: None,
+            })),
+        };
+        let small: Vec<String> = (0..3).map(|i| format!("{i:>300}")).collect();
+        let large: Vec<String> = (0..20).map(|i| format!("{i:>300}")).collect();
+        for texts in [&small, &large] {
+            let mut queue: VecDeque<Text> = texts.iter().map(|t| Text::from(t.as_str())).collect();
+            assert_eq!(writer.write_now(Frames::Queued(&mut queue)), Some(true));
+        }
+        let writes = std::mem::take(&mut writer.lock().io.0);
+        let kinds: Vec<bool> = writes.iter().map(|(vectored, _)| *vectored).collect();
+        assert_eq!(
+            kinds,
+            [false, true],
+            "the small batch whole, the large as slices"
+        );
+        let want: Vec<Message> = small
+            .iter()
+            .chain(&large)
+            .map(|t| Message::Text(t.as_str().into()))
+            .collect();
+        assert_eq!(
+            read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
+            want
+        );
     }
 
     #[tokio::test]
