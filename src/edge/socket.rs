@@ -3,14 +3,14 @@
 //! Reading stays with tungstenite (masking, fragments, control frames, UTF-8
 //! and size limits, close codes for bad input). Writing is this module's: the
 //! frames a session queued are framed here — a server's frames are unmasked,
-//! so a text frame is a 2–10 byte header before the payload. A batch larger
-//! than the writer's kept buffer (4 KiB) is handed to the stream as slices
-//! (each frame's header, then its bytes where they lie) in one vectored
-//! write and one flush: TLS copies each slice once into its records (of at
-//! most 16 KiB, written with one `writev`), so a large batch is never copied
-//! through a WebSocket write buffer, and a batch costs one TLS write. A
-//! smaller one is framed into the kept buffer and written from it in one
-//! piece. Only what the stream does not take at once is kept in the
+//! so a text frame is a 2–10 byte header before the payload. A batch of more
+//! than 4 KiB framed is handed to the stream as slices (each frame's header,
+//! then its bytes where they lie) in one vectored write and one flush: TLS
+//! copies each slice once into its records (of at most 16 KiB, written with
+//! one `writev`), so a large batch is never copied through a WebSocket write
+//! buffer, and a batch costs one TLS write. A smaller one is framed into a
+//! scratch buffer of the thread's (none per connection) and written from it
+//! in one piece. Only what the stream does not take at once is kept in the
 //! writer's buffer, to be written by the writer task.
 //!
 //! Control frames that tungstenite's reader must send (a pong, the reply to a
@@ -33,6 +33,19 @@ use tokio::sync::Notify;
 /// Capacity the writer's buffer keeps between batches; a larger one is
 /// freed, so an idle client holds no batch-sized buffer.
 const KEEP_BUFFER_BYTES: usize = 4 * 1024;
+/// Largest batch (framed) written from the thread's scratch buffer in one
+/// piece rather than as slices: a paced batch is one or two ~330-byte
+/// frames, for which copying them costs less than a slice list and rustls's
+/// own list of the slices (BENCHMARKS.md, fourteenth round).
+const SMALL_BATCH_BYTES: usize = 4 * 1024;
+
+thread_local! {
+    /// Where a small batch is framed for its one write: one buffer per
+    /// thread (at most about [`SMALL_BATCH_BYTES`]), none per connection, so
+    /// an idle client keeps no batch buffer.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Longest header of an unmasked frame.
 const MAX_HEADER: usize = 10;
 /// Most bytes handed to the stream in one slice. rustls copies each slice
@@ -262,23 +275,20 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     }
 
     /// Writes the reader's control bytes, then `frames` (emptying a queue;
-    /// none after the close frame), then flushes. With nothing pending, a
-    /// stream that takes slices and a batch larger than the kept buffer, the
-    /// frames go out from where they lie (one vectored write); the part the
-    /// stream does not take now is copied to `buf` for
-    /// [`FrameWriter::poll_drain`]. Otherwise they are encoded into `buf`
-    /// (behind what is pending) and written from there: for a small batch,
-    /// the paced load's one or two frames, one copy into the kept buffer
-    /// costs less than the slice list and rustls's own list of them
-    /// (BENCHMARKS.md, fourteenth round).
+    /// none after the close frame), then flushes. With nothing pending and a
+    /// stream that takes slices, a batch of more than [`SMALL_BATCH_BYTES`]
+    /// goes out from where it lies (one vectored write; the part the stream
+    /// does not take now is copied to `buf` for [`FrameWriter::poll_drain`])
+    /// and a smaller one in one piece from the thread's scratch buffer
+    /// ([`FrameWriter::send_small`]). Otherwise the frames are encoded into
+    /// `buf`, behind what is pending.
     fn send(&mut self, cx: &mut Context<'_>, frames: Frames<'_>) -> Poll<io::Result<()>> {
-        if self.closed
-            || self.sent < self.buf.len()
-            || !self.io.is_write_vectored()
-            || framed_len(&frames) <= KEEP_BUFFER_BYTES
-        {
+        if self.closed || self.sent < self.buf.len() || !self.io.is_write_vectored() {
             self.encode(frames);
             return self.poll_drain(cx);
+        }
+        if framed_len(&frames) <= SMALL_BATCH_BYTES {
+            return self.send_small(cx, frames);
         }
         let control = self.control.take();
         let sent = match frames {
@@ -292,6 +302,49 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         match sent {
             Poll::Ready(Ok(())) => self.poll_drain(cx),
             other => other,
+        }
+    }
+
+    /// Frames the control bytes and `frames` (emptying a queue) into this
+    /// thread's scratch buffer and writes them from it in one piece (the
+    /// stream's single-slice path), then flushes; what the stream does not
+    /// take now is copied to the empty `buf` for [`FrameWriter::poll_drain`].
+    fn send_small(&mut self, cx: &mut Context<'_>, frames: Frames<'_>) -> Poll<io::Result<()>> {
+        let control = self.control.take();
+        let mut frames = Some(frames);
+        let written = SCRATCH.with(|scratch| {
+            let mut bytes = scratch.try_borrow_mut().ok()?;
+            bytes.clear();
+            bytes.extend_from_slice(&control);
+            encode_frames(&mut bytes, frames.take()?);
+            let mut rest = bytes.as_slice();
+            while !rest.is_empty() {
+                match Pin::new(&mut self.io).poll_write(cx, rest) {
+                    Poll::Ready(Ok(0)) => return Some(Err(io::ErrorKind::WriteZero.into())),
+                    Poll::Ready(Ok(n)) => rest = rest.get(n..).unwrap_or_default(),
+                    Poll::Ready(Err(e)) => return Some(Err(e)),
+                    Poll::Pending => break,
+                }
+            }
+            self.buf.extend_from_slice(rest);
+            if bytes.capacity() > 2 * SMALL_BATCH_BYTES {
+                // Many control bytes came with this batch: no thread keeps more.
+                *bytes = Vec::new();
+            }
+            Some(Ok(()))
+        });
+        match written {
+            Some(Ok(())) => self.poll_drain(cx),
+            Some(Err(e)) => Poll::Ready(Err(e)),
+            // The scratch buffer is in use further up this thread's stack
+            // (never by this module's own calls): encode into `buf` instead.
+            None => {
+                self.buf.extend_from_slice(&control);
+                if let Some(frames) = frames {
+                    encode_frames(&mut self.buf, frames);
+                }
+                self.poll_drain(cx)
+            }
         }
     }
 
@@ -346,24 +399,9 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         let control = self.control.take();
         self.buf.extend_from_slice(&control);
         match frames {
-            Frames::Queued(queue) => {
-                if !self.closed {
-                    self.encode_texts(queue.iter());
-                }
-                queue.clear();
-            }
-            Frames::Kept(kept) if !self.closed => self.encode_texts(kept.map(|(_, f)| f)),
-            Frames::Kept(_) => {}
-        }
-    }
-
-    /// Appends `frames` as text frames.
-    fn encode_texts<'a>(&mut self, frames: impl Iterator<Item = &'a Text> + Clone) {
-        // One allocation for the batch, not one per doubling.
-        let framed: usize = frames.clone().map(|f| f.len() + MAX_HEADER).sum();
-        self.buf.reserve(framed);
-        for frame in frames {
-            text_frame_into(&mut self.buf, frame.as_bytes());
+            Frames::Queued(queue) if self.closed => queue.clear(),
+            Frames::Kept(_) if self.closed => {}
+            frames => encode_frames(&mut self.buf, frames),
         }
     }
 
@@ -385,6 +423,27 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             self.buf = Vec::new();
         }
         Pin::new(&mut self.io).poll_flush(cx)
+    }
+}
+
+/// Appends `frames` to `out` as text frames (emptying a queue).
+fn encode_frames(out: &mut Vec<u8>, frames: Frames<'_>) {
+    match frames {
+        Frames::Queued(queue) => {
+            encode_texts(out, queue.iter());
+            queue.clear();
+        }
+        Frames::Kept(kept) => encode_texts(out, kept.map(|(_, f)| f)),
+    }
+}
+
+/// Appends `frames` to `out` as text frames.
+fn encode_texts<'a>(out: &mut Vec<u8>, frames: impl Iterator<Item = &'a Text> + Clone) {
+    // One allocation for the batch, not one per doubling.
+    let framed: usize = frames.clone().map(|f| f.len() + MAX_HEADER).sum();
+    out.reserve(framed);
+    for frame in frames {
+        text_frame_into(out, frame.as_bytes());
     }
 }
 
@@ -580,9 +639,10 @@ mod tests {
         }
     }
 
-    /// A batch that framed fits the kept buffer goes out as one contiguous
-    /// write (one TLS record without a slice list); a larger one as slices
-    /// from where its frames lie. Both read back as the frames sent.
+    /// A batch of at most 4 KiB framed goes out as one contiguous write (one
+    /// TLS record without a slice list) and leaves the connection no buffer;
+    /// a larger one as slices from where its frames lie. Both read back as
+    /// the frames sent.
     #[test]
     fn small_batches_are_written_whole_and_large_ones_as_slices() {
         let writer = SharedWriter {
@@ -601,6 +661,11 @@ mod tests {
         for texts in [&small, &large] {
             let mut queue: VecDeque<Text> = texts.iter().map(|t| Text::from(t.as_str())).collect();
             assert_eq!(writer.write_now(Frames::Queued(&mut queue)), Some(true));
+            assert_eq!(
+                writer.lock().buf.capacity(),
+                0,
+                "no buffer kept per connection"
+            );
         }
         let writes = std::mem::take(&mut writer.lock().io.0);
         let kinds: Vec<bool> = writes.iter().map(|(vectored, _)| *vectored).collect();
