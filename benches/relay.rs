@@ -21,12 +21,15 @@
 //!
 //! `cargo bench --bench relay` (about 2 minutes); `AHP_BENCH_QUICK=1` for a
 //! ~30 s version with fewer runs and clients; `AHP_BENCH_ONLY=1,4` runs some
-//! sections only (1 includes 2); `AHP_BENCH_IDLE_CLIENTS=N` overrides the
+//! sections only (1 includes 2; 0, only when named, is the contract's
+//! per-frame work alone, in memory: no process, no socket, the figure to
+//! run under callgrind); `AHP_BENCH_IDLE_CLIENTS=N` overrides the
 //! idle-client count (e.g. 10000); `AHP_BENCH_LAT_DUMP=<dir>` writes each
 //! paced delta's send stamp and latency to a file per run;
 //! `AHP_BENCH_ALT_BIN=<path to another ahp-relay build>` adds it to section 3
-//! as "relay (alt)", configured as "relay", and prints alt − relay per round
-//! (an A/B of two builds in the same rounds); `AHP_BENCH_PACED_RATE=<n>`
+//! as "relay (alt)", configured as "relay", run next to it and taking turns
+//! going first, and prints alt − relay per round and per order (an A/B of
+//! two builds in the same rounds); `AHP_BENCH_PACED_RATE=<n>`
 //! paces section 3's streams at n deltas/s instead of 1000 (e.g. for an alt
 //! binary that is a wrapper running the relay under callgrind). Linux only
 //! (`/proc`).
@@ -2048,8 +2051,7 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
         errors: Vec::new(),
     };
     for round in 0..s.latency_runs {
-        for k in 0..eps.len() {
-            let p = (k + round) % eps.len();
+        for p in round_order(eps.len(), round, alt.is_some()) {
             let (ep, m) = &eps[p];
             let tag = format!("lat{round}-{}", ep.label);
             let host = hosts[p].config().name.clone();
@@ -2065,6 +2067,22 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
         stop_host(h).await;
     }
     Ok(out)
+}
+
+/// The order of section 3's paths in `round`: rotated by the round, so no
+/// path always runs right after the same one. The A/B build (last of `len`
+/// when `alt`) runs next to the relay (index 1), after it in even rounds and
+/// before it in odd ones: the two builds always share a neighbourhood and
+/// take turns going first (a fixed slot won most rounds whichever build ran
+/// in it).
+fn round_order(len: usize, round: usize, alt: bool) -> Vec<usize> {
+    let rotated = if alt { len.saturating_sub(1) } else { len };
+    let mut order: Vec<usize> = (0..rotated).map(|k| (k + round) % rotated).collect();
+    if alt {
+        let relay = order.iter().position(|&p| p == 1).unwrap_or(0);
+        order.insert(relay + usize::from(round.is_multiple_of(2)), rotated);
+    }
+    order
 }
 
 // ─── 4: memory per idle TLS client ──────────────────────────────────────────
@@ -2683,7 +2701,7 @@ fn report_throughput_intro(t: &Throughput) {
             "   Load source, direct, one stream: {d:.0} actions/s (§10: ≥ 1M/s so the host is not the limit)."
         );
     }
-    print_in_memory();
+    print_in_memory(2_000);
     let missing: Vec<&str> = PEERS.into_iter().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
         println!(
@@ -2925,9 +2943,9 @@ fn alt_against_relay(l: &Latency) {
             .filter_map(|(r, run)| Some((*r, run.relay_cpu_ns? as f64 / run.actions as f64)))
             .collect()
     };
-    let paired = |a: Vec<(usize, f64)>, b: Vec<(usize, f64)>| -> Vec<f64> {
+    let paired = |a: Vec<(usize, f64)>, b: Vec<(usize, f64)>| -> Vec<(usize, f64)> {
         a.iter()
-            .filter_map(|(r, v)| Some(v - b.iter().find(|(q, _)| q == r)?.1))
+            .filter_map(|(r, v)| Some((*r, v - b.iter().find(|(q, _)| q == r)?.1)))
             .collect()
     };
     let p99 = |p: usize| l.added_by_round(p, |x| x.p99);
@@ -2935,12 +2953,20 @@ fn alt_against_relay(l: &Latency) {
         ("CPU per 1M", paired(cpu(alt), cpu(relay)), "ms"),
         ("added p99", paired(p99(alt), p99(relay)), "µs"),
     ] {
-        let mean = d.iter().sum::<f64>() / d.len().max(1) as f64;
-        let each: Vec<String> = d.iter().map(|v| format!("{v:+.0}")).collect();
+        let mean =
+            |d: &[&(usize, f64)]| d.iter().map(|(_, v)| v).sum::<f64>() / d.len().max(1) as f64;
+        let all: Vec<_> = d.iter().collect();
+        // `round_order`: the alt runs second in even rounds, first in odd ones.
+        let (second, first): (Vec<_>, Vec<_>) = d.iter().partition(|(r, _)| r.is_multiple_of(2));
+        let each: Vec<String> = d.iter().map(|(_, v)| format!("{v:+.0}")).collect();
         println!(
-            "   relay (alt) − relay, {what}, per round: {} {unit} (mean {mean:+.0}, alt lower in {} of {})",
+            "   relay (alt) − relay, {what}, per round: {} {unit} (mean {:+.0}; alt second {:+.0}, alt first {:+.0}, their mean {:+.0}; alt lower in {} of {})",
             each.join(", "),
-            d.iter().filter(|v| **v < 0.0).count(),
+            mean(&all),
+            mean(&second),
+            mean(&first),
+            (mean(&second) + mean(&first)) / 2.0,
+            d.iter().filter(|(_, v)| *v < 0.0).count(),
             d.len()
         );
     }
@@ -3306,6 +3332,10 @@ async fn run(s: Settings) {
     let begin = Instant::now();
     let busy_before = busy_ticks();
     let mut rows = Vec::new();
+    if s.only.contains(&0) {
+        // Asked for by name only: the deterministic figure to profile.
+        print_in_memory(if s.quick { 200 } else { 2_000 });
+    }
     if s.runs(1) {
         match throughput(&s, ticks).await {
             Ok(t) => report_throughput(&t, &mut rows),
@@ -3375,7 +3405,7 @@ fn main() -> Result<()> {
 /// Prints the work floor's per-frame work measured alone, in memory, on the
 /// load source's own frames: added to the floor's CPU it is the least any
 /// relay design on this stack can spend per action.
-fn print_in_memory() {
+fn print_in_memory(rounds: usize) {
     let tpl = ahp_relay::simhost::stream::Template::new(
         "ahp-chat:/s-1-main",
         "turn-1",
@@ -3384,7 +3414,7 @@ fn print_in_memory() {
     );
     let frames = tpl.render_batch(1, 200, || 1_764_000_000_000_000);
     let texts: Vec<&str> = frames.iter().map(|f| f.as_str()).collect();
-    match work_floor::in_memory(&texts, 2_000) {
+    match work_floor::in_memory(&texts, rounds) {
         Ok(m) => println!(
             "   Contract work alone, in memory (the work floor's per-frame work, no I/O): {:.0} ns per action,\n   of which the validating walk {:.0} ns; floor + this = the least a relay on this stack can spend.",
             m.work_ns, m.walk_ns

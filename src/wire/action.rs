@@ -10,13 +10,15 @@
 //! about 10,000 instructions for a ~320-byte `chat/delta` (`valgrind --tool=callgrind`
 //! on `benches/wire.rs`). serde_json's bare validation alone is half of that, so
 //! validating with it and then walking would gain nothing; this walk does both in one
-//! pass, in about 1,700 instructions on that frame (`--toggle-collect='*classify_notification*'`
-//! with `AHP_WIRE_SCALE=0.01`; ~1,800 when its members come in another order). What
+//! pass, in about 1,150 instructions on the ~320-byte streamed `chat/delta` of
+//! `benches/relay.rs` (callgrind on its section 0, `AHP_BENCH_ONLY=0`). What
 //! keeps it there:
 //! - The levels it reads (top, `params`, `params.action`, `params.origin`) are one loop
 //!   each, inlined into one function that keeps the position in a register; only
 //!   objects, arrays and literals it skips go through a (recursive) call.
-//! - Strings are scanned eight bytes at a time on `u64` words ([`stops`]), escapes out of
+//! - A string's first eight bytes are tested inline as one `u64` word ([`stops`]): keys
+//!   and most values end there. A longer string is scanned sixteen bytes at a time in
+//!   SSE2 ([`stops16`]; a long `content` costs half the words' time), escapes out of
 //!   line; a key it reads is recognised with its closing quote and colon in one
 //!   comparison (`channel":`), and the head hosts write, `{"jsonrpc":"2.0",
 //!   "method":"action","params":`, in one.
@@ -648,23 +650,92 @@ fn escaped_string_end(bytes: &[u8], mut at: usize) -> Option<(usize, bool)> {
 }
 
 /// The position of the first `"`, `\\` or control character from `at` on (`None` if
-/// there is none), eight bytes at a time ([`stops`]), then a byte at a time for the last
-/// seven bytes of the frame. Words, not `memchr`: setting up a vectorised search costs
-/// more than it saves on strings this short.
+/// there is none). The first eight bytes are one word ([`stops`]), tested inline: keys
+/// and most values end in it. A longer string goes on sixteen bytes at a time
+/// ([`long_string_stop`]), out of line, so each use of the walk's strings inlines one
+/// word's test and not a loop.
 #[inline(always)]
 fn string_stop(bytes: &[u8], at: usize) -> Option<usize> {
-    let mut rest = bytes.get(at..)?;
-    while let Some((word, tail)) = rest.split_first_chunk::<8>() {
+    let Some(word) = bytes.get(at..)?.first_chunk::<8>() else {
+        return byte_stop(bytes, at);
+    };
+    let mask = stops(u64::from_le_bytes(*word));
+    if mask != 0 {
+        return Some(at + mask.trailing_zeros() as usize / 8);
+    }
+    long_string_stop(bytes, at + 8)
+}
+
+/// [`string_stop`] from `at` on, sixteen bytes at a time ([`stops16`]), then a word and
+/// bytes for the frame's last fifteen.
+#[inline(never)]
+fn long_string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
+    while let Some(chunk) = bytes.get(at..)?.first_chunk::<16>() {
+        if let Some(first) = stops16(chunk) {
+            return Some(at + first);
+        }
+        at += 16;
+    }
+    if let Some(word) = bytes.get(at..)?.first_chunk::<8>() {
         let mask = stops(u64::from_le_bytes(*word));
         if mask != 0 {
-            return Some(bytes.len() - rest.len() + mask.trailing_zeros() as usize / 8);
+            return Some(at + mask.trailing_zeros() as usize / 8);
         }
-        rest = tail;
+        at += 8;
     }
-    let len = rest
+    byte_stop(bytes, at)
+}
+
+/// [`string_stop`] a byte at a time (fewer than eight bytes left).
+fn byte_stop(bytes: &[u8], at: usize) -> Option<usize> {
+    let len = bytes
+        .get(at..)?
         .iter()
         .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-    Some(bytes.len() - rest.len() + len)
+    Some(at + len)
+}
+
+/// The index of the first `"`, `\\` or control character of `chunk`, in SSE2 (part of
+/// every x86-64 CPU; safe wrappers from `safe_arch`): `byte ^ 0x02`, compared unsigned,
+/// is at most 0x20 exactly for the control characters and `"` (as in [`stops`]), and a
+/// second compare finds `\\`. Exact for every byte, so the lowest set bit is the stop.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline(always)]
+fn stops16(chunk: &[u8; 16]) -> Option<usize> {
+    use safe_arch::{
+        bitor_m128i, bitxor_m128i, cmp_eq_mask_i8_m128i, load_unaligned_m128i, min_u8_m128i,
+        move_mask_i8_m128i, set_splat_i8_m128i,
+    };
+    let v = load_unaligned_m128i(chunk);
+    let flipped = bitxor_m128i(v, set_splat_i8_m128i(0x02));
+    let quote_or_control =
+        cmp_eq_mask_i8_m128i(min_u8_m128i(flipped, set_splat_i8_m128i(0x20)), flipped);
+    let backslash = cmp_eq_mask_i8_m128i(v, set_splat_i8_m128i(b'\\' as i8));
+    let mask = move_mask_i8_m128i(bitor_m128i(quote_or_control, backslash));
+    (mask != 0).then(|| mask.trailing_zeros() as usize)
+}
+
+/// [`stops16`] elsewhere: two words of [`stops`] (also checked against it in tests).
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+#[inline(always)]
+fn stops16(chunk: &[u8; 16]) -> Option<usize> {
+    stops16_words(chunk)
+}
+
+/// [`stops16`] as two words of [`stops`].
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "sse2", not(test)),
+    allow(dead_code)
+)]
+#[inline(always)]
+fn stops16_words(chunk: &[u8; 16]) -> Option<usize> {
+    let (low, high) = chunk.split_first_chunk::<8>()?;
+    let low = stops(u64::from_le_bytes(*low));
+    if low != 0 {
+        return Some(low.trailing_zeros() as usize / 8);
+    }
+    let high = stops(u64::from_le_bytes(*high.first_chunk::<8>()?));
+    (high != 0).then(|| 8 + high.trailing_zeros() as usize / 8)
 }
 
 /// The high bit of each byte of `word` (little-endian) that may be `"`, `\\` or below
@@ -888,13 +959,46 @@ mod tests {
     }
 
     #[test]
+    fn stops16_finds_the_first_stop_byte_at_each_position_of_a_chunk() {
+        for fill in [b'a', b' ', b'!', b'#', b'~', 0x7f, 0x80, 0xa2, 0xdc, 0xff] {
+            for position in 0..16 {
+                for byte in 0..=255u8 {
+                    let mut chunk = [fill; 16];
+                    chunk[position] = byte;
+                    let expected = chunk.iter().position(|&b| is_stop(b));
+                    assert_eq!(
+                        stops16(&chunk),
+                        expected,
+                        "fill {fill:#x}, {byte:#x} at {position}"
+                    );
+                    assert_eq!(
+                        stops16_words(&chunk),
+                        expected,
+                        "{fill:#x}, {byte:#x} at {position}"
+                    );
+                }
+            }
+        }
+        // Two stops: the lower one is the answer, whichever bytes they are.
+        for (low, high) in [(0usize, 1usize), (7, 8), (8, 15), (3, 12)] {
+            for (a, b) in [(b'"', b'\\'), (0x00, b'"'), (b'\\', 0x1f), (0x1f, 0x00)] {
+                let mut chunk = [b'x'; 16];
+                chunk[low] = a;
+                chunk[high] = b;
+                assert_eq!(stops16(&chunk), Some(low), "{a:#x} {b:#x}");
+                assert_eq!(stops16_words(&chunk), Some(low), "{a:#x} {b:#x}");
+            }
+        }
+    }
+
+    #[test]
     fn string_ends_are_found_at_every_alignment() {
         let fills: [&[u8]; 3] = [b"abcdefgh", "é€😀~\x7f".as_bytes(), b" /:-.~09"];
         for offset in 0..9 {
-            for len in 0..34 {
+            for len in 0..72 {
                 for fill in fills {
                     // `offset` bytes before the opening quote shift the string against
-                    // the eight-byte words; the closing quote is the last byte or not.
+                    // the eight- and sixteen-byte steps; the closing quote is the last byte or not.
                     let mut text = vec![b'['; offset];
                     text.push(b'"');
                     let content: Vec<u8> = fill.iter().copied().cycle().take(len).collect();

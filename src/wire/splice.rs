@@ -140,15 +140,21 @@ pub fn splice_routed_into(
     (seq, n): (Range<usize>, u64),
     arena: &mut BytesMut,
 ) -> Result<Text, SpliceError> {
-    let out_of_bounds = |r: &Range<usize>| SpliceError::OutOfBounds {
-        start: r.start,
-        end: r.end,
-        len: text.len(),
+    // Every cut is checked to be a character boundary within `text` here, so
+    // the pieces between them are copied as bytes and what is written is
+    // still UTF-8 (as `Out` promises): no `str` range check per piece.
+    let in_text = |r: &Range<usize>| {
+        r.start <= r.end && text.is_char_boundary(r.start) && text.is_char_boundary(r.end)
     };
-    let kept = text
-        .get(channel.clone())
-        .ok_or_else(|| out_of_bounds(&channel))?;
-    let number = text.get(seq.clone()).ok_or_else(|| out_of_bounds(&seq))?;
+    for range in [&channel, &seq] {
+        if !in_text(range) {
+            return Err(SpliceError::OutOfBounds {
+                start: range.start,
+                end: range.end,
+                len: text.len(),
+            });
+        }
+    }
     let (first, second) = if channel.start < seq.start {
         (&channel, &seq)
     } else {
@@ -163,19 +169,20 @@ pub fn splice_routed_into(
     let mut digits = itoa::Buffer::new();
     let digits = digits.format(n);
     let capacity =
-        text.len() - kept.len() - number.len() + client_channel.len_hint() + digits.len();
+        text.len() - channel.len() - seq.len() + client_channel.len_hint() + digits.len();
     Out::reserve(arena, capacity);
+    let bytes = text.as_bytes();
     let mut copied = 0;
     for range in [first, second] {
-        Out::push_str(arena, text.get(copied..range.start).unwrap_or_default());
+        arena.extend_from_slice(bytes.get(copied..range.start).unwrap_or_default());
         if range.start == channel.start {
             client_channel.write_into(arena);
         } else {
-            Out::push_str(arena, digits);
+            arena.extend_from_slice(digits.as_bytes());
         }
         copied = range.end;
     }
-    Out::push_str(arena, text.get(copied..).unwrap_or_default());
+    arena.extend_from_slice(bytes.get(copied..).unwrap_or_default());
     Ok(Text::from_spliced(take_written(arena)))
 }
 
