@@ -1515,11 +1515,19 @@ impl Series {
         median(self.runs.iter().map(|r| r.rate).collect())
     }
     /// Relay CPU per million relayed actions, ms (median over runs).
+    /// The proxy's CPU per 1M actions; NaN (not measured, so no target reads
+    /// met) when no run read any: a process that relayed frames with no CPU
+    /// is not the one that did the work (a wrapper, such as a profiler's).
     fn relay_ms_per_m(&self) -> f64 {
         median(
             self.runs
                 .iter()
-                .filter_map(|r| Some(r.relay_cpu_ns? as f64 / 1e6 / r.actions as f64 * 1e6))
+                .filter_map(|r| {
+                    r.relay_cpu_ns
+                        .filter(|&ns| ns > 0)
+                        .map(|ns| (ns, r.actions))
+                })
+                .map(|(ns, actions)| ns as f64 / 1e6 / actions as f64 * 1e6)
                 .collect(),
         )
     }
@@ -3416,8 +3424,12 @@ fn print_in_memory(rounds: usize) {
     let texts: Vec<&str> = frames.iter().map(|f| f.as_str()).collect();
     match work_floor::in_memory(&texts, rounds) {
         Ok(m) => println!(
-            "   Contract work alone, in memory (the work floor's per-frame work, no I/O): {:.0} ns per action,\n   of which the validating walk {:.0} ns; floor + this = the least a relay on this stack can spend.",
-            m.work_ns, m.walk_ns
+            "   Contract work alone, in memory (the work floor's per-frame work, no I/O): {:.0} ns per action,\n   of which the validating walk {:.0} ns, the UTF-8 check {:.0} ns, the splice {:.0} ns, the rest\n   (replay buffer, channel lookup, framing, buffers) {:.0} ns; floor + this = the least a relay on\n   this stack can spend.",
+            m.work_ns,
+            m.walk_ns,
+            m.utf8_ns,
+            m.splice_ns,
+            m.work_ns - m.walk_ns - m.utf8_ns - m.splice_ns
         ),
         Err(e) => println!("   Contract work alone, in memory: not measured ({e})."),
     }

@@ -348,10 +348,16 @@ pub struct InMemory {
     pub work_ns: f64,
     /// Of which the validating walk (`wire::classify_notification`) alone.
     pub walk_ns: f64,
+    /// Of which the UTF-8 check alone.
+    pub utf8_ns: f64,
+    /// Of which the splice of the two routed values alone
+    /// (`wire::splice_routed_into`, each result dropped as it is made).
+    pub splice_ns: f64,
 }
 
 /// Runs `frames` (host text frames), as one host read after another, through
-/// a client's work `rounds` times (see [`InMemory`]).
+/// a client's work `rounds` times (see [`InMemory`]), then the walk, the
+/// UTF-8 check and the splice alone over the same frames.
 pub fn in_memory(frames: &[&str], rounds: usize) -> std::io::Result<InMemory> {
     let mut stream = Vec::new();
     for f in frames {
@@ -382,11 +388,53 @@ pub fn in_memory(frames: &[&str], rounds: usize) -> std::io::Result<InMemory> {
         }
     }
     let walk = walk.elapsed();
+    let utf8 = Instant::now();
+    for _ in 0..rounds {
+        for f in frames {
+            black_box(simdutf8::compat::from_utf8(black_box(f.as_bytes())).is_ok());
+        }
+    }
+    let utf8 = utf8.elapsed();
+    let splice = time_splices(frames, rounds, &limits);
     let per = |d: std::time::Duration| d.as_nanos() as f64 / (rounds as f64 * per_round);
     Ok(InMemory {
         work_ns: per(work),
         walk_ns: per(walk),
+        utf8_ns: per(utf8),
+        splice_ns: per(splice),
     })
+}
+
+/// The time `rounds` splices of each of `frames` take (channel and
+/// `serverSeq` found first, untimed), into one batch arena per round.
+fn time_splices(frames: &[&str], rounds: usize, limits: &WireLimits) -> std::time::Duration {
+    let routed: Vec<_> = frames
+        .iter()
+        .filter_map(|f| {
+            let frame = wire::classify_notification(f, limits)?;
+            let channel = frame.params.channel.as_ref()?;
+            let mut token = String::new();
+            wire::json_escape_into(&mut token, &channel.value);
+            Some((
+                *f,
+                channel.range.clone(),
+                token,
+                frame.params.server_seq?.range,
+            ))
+        })
+        .collect();
+    let bytes: usize = frames.iter().map(|f| f.len() + SLACK).sum();
+    let started = Instant::now();
+    let mut n = 0u64;
+    for _ in 0..rounds {
+        let mut arena = BytesMut::with_capacity(bytes);
+        for (text, channel, token, seq) in &routed {
+            n += 1;
+            let edit = (channel.clone(), wire::EditValue::Raw(token));
+            black_box(wire::splice_routed_into(text, edit, (seq.clone(), n), &mut arena).ok());
+        }
+    }
+    started.elapsed()
 }
 
 /// A server frame's (first byte, header length, payload length), if its
