@@ -339,10 +339,11 @@ pub fn wire_host(data: &[u8]) {
     let mut arena = bytes::BytesMut::with_capacity(16);
     let mut token = String::new();
     wire::json_escape_into(&mut token, CLIENT_CHANNEL);
+    let n = wire::Decimal::of(N);
     let mut rewrite = |token| {
         rewrite_envelope(
             (text, &frame),
-            (CLIENT_CHANNEL, token, N),
+            (CLIENT_CHANNEL, token, &n),
             hub(),
             store(),
             (IDENTITY, seen()),
@@ -352,6 +353,13 @@ pub fn wire_host(data: &[u8]) {
     let first = rewrite(None);
     let out = rewrite(Some(token.as_str()));
     assert_eq!(first, out, "the same envelope spliced twice into one arena");
+    if let Some(framed) = out.as_ref().and_then(wire::Text::framed) {
+        // A header carried in front is the text frame's for the payload.
+        let len = out.as_ref().map_or(0, wire::Text::len);
+        let (header, used) = wire::frame_header(0x1, len);
+        assert_eq!(framed.get(..used), header.get(..used), "frame header");
+        assert_eq!(framed.len(), used + len);
+    }
     let out = out.map(|t| t.to_str().to_string());
     let expected = expected_envelope(&value, CLIENT_CHANNEL, N);
     match (out, expected) {

@@ -212,9 +212,20 @@ where
     }
 }
 
+/// A client's sequence origin as the relay makes it (§5.1): microseconds
+/// since the epoch, so its numbers have the relay's sixteen digits.
+fn s0() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// One client's state: its numbering, its replay buffer and its channels.
 struct Client {
+    /// The last number issued, from a time-based origin as the contract's
+    /// (§5.1: sixteen digits), and its digits.
     seq: u64,
+    decimal: wire::Decimal,
     replay: VecDeque<(u64, Text)>,
     channels: HashMap<String, String, foldhash::fast::RandomState>,
     limits: WireLimits,
@@ -232,8 +243,10 @@ impl Drop for Client {
 
 impl Default for Client {
     fn default() -> Self {
+        let s0 = s0();
         Self {
-            seq: 0,
+            seq: s0,
+            decimal: wire::Decimal::of(s0),
             replay: VecDeque::with_capacity(KEEP),
             channels: HashMap::default(),
             limits: WireLimits {
@@ -264,10 +277,15 @@ impl Client {
                 HostFrame::Pass
             };
             match handled {
-                HostFrame::Envelope(t) => {
-                    frame_header(out, t.len());
-                    out.extend_from_slice(t.as_bytes());
-                }
+                // The splice wrote the frame's header in front (as the
+                // relay's writer takes it, in one piece).
+                HostFrame::Envelope(t) => match t.framed() {
+                    Some(framed) => out.extend_from_slice(framed),
+                    None => {
+                        frame_header(out, t.len());
+                        out.extend_from_slice(t.as_bytes());
+                    }
+                },
                 HostFrame::Drop => {}
                 HostFrame::Pass => out.extend_from_slice(&frame),
             }
@@ -317,7 +335,7 @@ impl Client {
         let text = wire::splice_routed_into(
             text,
             (channel.range.clone(), client_channel),
-            (seq.range.clone(), self.seq),
+            (seq.range.clone(), self.decimal.set(self.seq)),
             arena,
         )
         .ok()?;
@@ -425,13 +443,15 @@ fn time_splices(frames: &[&str], rounds: usize, limits: &WireLimits) -> std::tim
         .collect();
     let bytes: usize = frames.iter().map(|f| f.len() + SLACK).sum();
     let started = Instant::now();
-    let mut n = 0u64;
+    let mut n = s0();
+    let mut decimal = wire::Decimal::of(n);
     for _ in 0..rounds {
         let mut arena = BytesMut::with_capacity(bytes);
         for (text, channel, token, seq) in &routed {
             n += 1;
             let edit = (channel.clone(), wire::EditValue::Raw(token));
-            black_box(wire::splice_routed_into(text, edit, (seq.clone(), n), &mut arena).ok());
+            let n = (seq.clone(), decimal.set(n));
+            black_box(wire::splice_routed_into(text, edit, n, &mut arena).ok());
         }
     }
     started.elapsed()

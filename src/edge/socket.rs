@@ -3,9 +3,12 @@
 //! Reading stays with tungstenite (masking, fragments, control frames, UTF-8
 //! and size limits, close codes for bad input). Writing is this module's: the
 //! frames a session queued are framed here — a server's frames are unmasked,
-//! so a text frame is a 2–10 byte header before the payload. A batch of more
-//! than 4 KiB framed is handed to the stream as slices (each frame's header,
-//! then its bytes where they lie) in one vectored write and one flush: TLS
+//! so a text frame is a 2–10 byte header before the payload, which a spliced
+//! envelope already carries in front of its bytes (`Text::framed`, written
+//! by the splice with [`put_frame_header`], the one place frames are headed).
+//! A batch of more than 4 KiB framed is handed to the stream as slices (each
+//! spliced frame as one, header and bytes where they lie; any other frame as
+//! its header, then its bytes) in one vectored write and one flush: TLS
 //! copies each slice once into its records (of at most 16 KiB, written with
 //! one `writev`), so a large batch is never copied through a WebSocket write
 //! buffer, and a batch costs one TLS write. A smaller one is framed into a
@@ -26,7 +29,7 @@ use std::task::{Context, Poll};
 
 use crate::rpc::Close;
 use crate::session::outbox::{DirectWrite, Frames};
-use crate::wire::Text;
+use crate::wire::{MAX_FRAME_HEADER, Text, frame_header_len, put_frame_header};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
 use tokio::sync::Notify;
 
@@ -46,8 +49,6 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Longest header of an unmasked frame.
-const MAX_HEADER: usize = 10;
 /// Most bytes handed to the stream in one slice. rustls copies each slice
 /// into its record with one `memcpy`; glibc's switches to `rep movsb` at
 /// about 2 KiB, which on AMD EPYC (Zen) ran 7× slower per byte than its
@@ -360,17 +361,28 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         self.heads.clear();
         let mut count = 1;
         for frame in frames.clone() {
-            header_into(&mut self.heads, 0x1, frame.len());
-            count += 1 + frame.len().div_ceil(SLICE_BYTES);
+            // A spliced text carries its header: one slice for both.
+            if frame.framed().is_none() {
+                header_into(&mut self.heads, 0x1, frame.len());
+                count += 1;
+            }
+            count += (frame_header_len(frame.len()) + frame.len()).div_ceil(SLICE_BYTES);
         }
         let mut slices = Vec::with_capacity(count);
         slices.push(io::IoSlice::new(control));
         let mut heads = self.heads.as_slice();
         for frame in frames {
-            let (head, rest) = heads.split_at(header_len(frame.len()).min(heads.len()));
-            heads = rest;
-            slices.push(io::IoSlice::new(head));
-            slices.extend(frame.as_bytes().chunks(SLICE_BYTES).map(io::IoSlice::new));
+            let bytes = match frame.framed() {
+                Some(framed) => framed,
+                None => {
+                    let (head, rest) =
+                        heads.split_at(frame_header_len(frame.len()).min(heads.len()));
+                    heads = rest;
+                    slices.push(io::IoSlice::new(head));
+                    frame.as_bytes()
+                }
+            };
+            slices.extend(bytes.chunks(SLICE_BYTES).map(io::IoSlice::new));
         }
         let mut rest = slices.as_mut_slice();
         io::IoSlice::advance_slices(&mut rest, 0);
@@ -440,43 +452,28 @@ fn encode_frames(out: &mut Vec<u8>, frames: Frames<'_>) {
 /// Appends `frames` to `out` as text frames.
 fn encode_texts<'a>(out: &mut Vec<u8>, frames: impl Iterator<Item = &'a Text> + Clone) {
     // One allocation for the batch, not one per doubling.
-    let framed: usize = frames.clone().map(|f| f.len() + MAX_HEADER).sum();
+    let framed: usize = frames.clone().map(|f| f.len() + MAX_FRAME_HEADER).sum();
     out.reserve(framed);
     for frame in frames {
-        text_frame_into(out, frame.as_bytes());
+        match frame.framed() {
+            Some(framed) => out.extend_from_slice(framed),
+            None => text_frame_into(out, frame.as_bytes()),
+        }
     }
 }
 
 /// The bytes `frames` take framed, the control bytes aside.
 fn framed_len(frames: &Frames<'_>) -> usize {
-    let framed = |len: usize| header_len(len) + len;
+    let framed = |len: usize| frame_header_len(len) + len;
     match frames {
         Frames::Queued(queue) => queue.iter().map(|f| framed(f.len())).sum(),
         Frames::Kept(kept) => kept.clone().map(|(_, f)| framed(f.len())).sum(),
     }
 }
 
-/// The length of an unmasked frame's header for `len` payload bytes.
-fn header_len(len: usize) -> usize {
-    match len {
-        0..126 => 2,
-        126..=0xffff => 4,
-        _ => 10,
-    }
-}
-
 /// Appends a final, unmasked frame header with `opcode` for `len` bytes.
 fn header_into(out: &mut Vec<u8>, opcode: u8, len: usize) {
-    out.push(0x80 | opcode);
-    if len < 126 {
-        out.push(len as u8);
-    } else if let Ok(short) = u16::try_from(len) {
-        out.push(126);
-        out.extend_from_slice(&short.to_be_bytes());
-    } else {
-        out.push(127);
-        out.extend_from_slice(&(len as u64).to_be_bytes());
-    }
+    put_frame_header(out, opcode, len);
 }
 
 /// Appends one text frame carrying `payload` (UTF-8 by the type it came in).
@@ -605,9 +602,10 @@ mod tests {
     }
 
     /// A stream that takes everything and records each write: its bytes,
-    /// and whether it came as slices.
+    /// and whether it came as slices; and how many non-empty slices each
+    /// vectored write had.
     #[derive(Default)]
-    struct Recorder(Vec<(bool, Vec<u8>)>);
+    struct Recorder(Vec<(bool, Vec<u8>)>, Vec<usize>);
 
     impl AsyncWrite for Recorder {
         fn poll_write(
@@ -626,6 +624,8 @@ mod tests {
             let joined: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
             let n = joined.len();
             self.0.push((true, joined));
+            let slices = bufs.iter().filter(|b| !b.is_empty()).count();
+            self.1.push(slices);
             Poll::Ready(Ok(n))
         }
         fn is_write_vectored(&self) -> bool {
@@ -683,6 +683,65 @@ mod tests {
             read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
             want
         );
+    }
+
+    /// A spliced text carries its frame header in front (`Text::framed`):
+    /// a large batch of them goes to the stream as one slice per frame
+    /// (header and payload together), texts without one as two; the bytes
+    /// read back as the frames sent either way.
+    #[test]
+    fn spliced_texts_are_written_as_one_slice_per_frame() {
+        use crate::wire::{Edit, EditValue, splice_into};
+        use bytes::BytesMut;
+        let writer = SharedWriter {
+            inner: Arc::new(Mutex::new(FrameWriter {
+                io: Recorder::default(),
+                buf: Vec::new(),
+                sent: 0,
+                heads: Vec::new(),
+                control: Arc::new(Control::default()),
+                closed: false,
+                task: None,
+            })),
+        };
+        let texts: Vec<String> = (0..20).map(|i| format!("[{i:>300}]")).collect();
+        let mut arena = BytesMut::new();
+        let spliced: VecDeque<Text> = texts
+            .iter()
+            .map(|t| {
+                let mut edits = [Edit {
+                    range: 1..t.len() - 1,
+                    replacement: EditValue::Raw(&t[1..t.len() - 1]),
+                }];
+                splice_into(t, &mut edits, &mut arena).unwrap()
+            })
+            .collect();
+        assert!(spliced.iter().all(|t| t.framed().is_some()));
+        let plain: VecDeque<Text> = texts.iter().map(|t| Text::from(t.as_str())).collect();
+        for mut queue in [spliced, plain] {
+            assert_eq!(writer.write_now(Frames::Queued(&mut queue)), Some(true));
+        }
+        let (writes, slices) = std::mem::take(&mut writer.lock().io).into_parts();
+        assert_eq!(
+            slices,
+            [20, 40],
+            "one slice per spliced frame, two per plain one"
+        );
+        let want: Vec<Message> = texts
+            .iter()
+            .chain(&texts)
+            .map(|t| Message::Text(t.as_str().into()))
+            .collect();
+        assert_eq!(
+            read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
+            want
+        );
+    }
+
+    impl Recorder {
+        fn into_parts(self) -> (Vec<(bool, Vec<u8>)>, Vec<usize>) {
+            (self.0, self.1)
+        }
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::wire::Text;
+use crate::wire::{MAX_FRAME_HEADER, Text};
 use tokio::sync::mpsc;
 
 /// The bytes held by every replay buffer of a relay, against the budget
@@ -122,12 +122,14 @@ impl ReplayMemory {
 /// What one buffered envelope costs in memory, as the buffer's byte bound
 /// and the relay-wide account count it: its bytes, the allocator's rounding
 /// up to a size class (mimalloc's small classes are 1/8 apart on average),
-/// the reference-counted header its body gets once the buffer and the
-/// writer share it, and its slot in the buffer. Counting only the bytes let
-/// the process hold ~1.3× what the budget said (issue 11, BENCHMARKS.md).
+/// the WebSocket frame header a spliced envelope carries in front of its
+/// bytes (`Text::framed`, at most `MAX_FRAME_HEADER`), the reference-counted
+/// header its body gets once the buffer and the writer share it, and its slot
+/// in the buffer. Counting only the bytes let the process hold ~1.3× what
+/// the budget said (issue 11, BENCHMARKS.md).
 pub fn envelope_cost(len: usize) -> usize {
     const SHARED_HEADER: usize = 32;
-    len + len / 8 + SHARED_HEADER + std::mem::size_of::<(u64, Text)>()
+    len + len / 8 + MAX_FRAME_HEADER + SHARED_HEADER + std::mem::size_of::<(u64, Text)>()
 }
 
 /// Numbered client frames kept for `reconnect` replay.

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::wire::Text;
+use crate::wire::{self, Text};
 use serde_json::Value;
 
 use super::authenticate;
@@ -44,6 +44,9 @@ pub(super) struct Numbering {
     pub(super) s0: u64,
     /// The last number issued.
     pub(super) last: u64,
+    /// The number being issued, with its digits for the splice (the last
+    /// one's raised in place: `wire::Decimal`).
+    pub(super) decimal: wire::Decimal,
     /// Numbered frames kept for `reconnect`.
     pub(super) buffer: ReplayBuffer,
     /// A snapshot `reconnect` is preparing its answer: relay-made envelopes
@@ -191,6 +194,7 @@ impl SessionCore {
             seq: Numbering {
                 s0,
                 last: s0,
+                decimal: wire::Decimal::of(s0),
                 buffer: ReplayBuffer::new(
                     limits.replay_buffer_envelopes,
                     limits.replay_buffer_bytes,

@@ -823,7 +823,7 @@ impl ClientSession {
 /// spliced into `arena`, or `None` if a name in it cannot be translated.
 pub fn rewrite_envelope(
     (text, frame): (&str, &Frame<'_>),
-    (client_channel, client_token, n): (&str, Option<&str>, u64),
+    (client_channel, client_token, n): (&str, Option<&str>, &wire::Decimal),
     host: &HostHub,
     store: &dyn crate::names::store::UriStore,
     (identity, seen): ((&str, &str), &crate::names::seen::Seen),
@@ -853,7 +853,7 @@ pub fn rewrite_envelope(
     })?;
     edits.push(Edit {
         range: p.server_seq.as_ref()?.range.clone(),
-        replacement: EditValue::U64(n),
+        replacement: EditValue::U64(n.value()),
     })?;
     if let Some(origin) = own {
         edits.push(Edit {

@@ -255,6 +255,7 @@ impl Registry {
                     }
                 };
                 s.push_envelope(&mut core, |n| {
+                    let n = n.value();
                     Some(
                         json!({"jsonrpc": "2.0", "method": "action", "params": {
                         "channel": ahp_types::ROOT_RESOURCE_URI, "action": action, "serverSeq": n}})

@@ -26,7 +26,7 @@ mod visibility;
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use crate::wire::Text;
+use crate::wire::{self, Text};
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
@@ -352,15 +352,16 @@ impl ClientSession {
         }
     }
 
-    /// Numbers, buffers and delivers one envelope built by `build(n)`.
+    /// Numbers, buffers and delivers one envelope built by `build(n)` (`n`
+    /// also given as its digits, for a splice).
     /// Returns the number used, or `None` if `build` refused.
     pub fn push_envelope(
         &self,
         core: &mut SessionCore,
-        build: impl FnOnce(u64) -> Option<Text>,
+        build: impl FnOnce(&wire::Decimal) -> Option<Text>,
     ) -> Option<u64> {
         let n = core.seq.last + 1;
-        let frame = build(n)?;
+        let frame = build(core.seq.decimal.set(n))?;
         core.seq.last = n;
         let len = frame.len();
         let keep = self.may_keep(core, len);
@@ -532,6 +533,7 @@ impl ClientSession {
         }
         let client = self.key.client_id.clone();
         self.push_envelope(core, |n| {
+            let n = n.value();
             let mut params = json!({"channel": channel, "action": action, "serverSeq": n,
                 "origin": {"clientId": client, "clientSeq": client_seq}});
             if let (Some(r), Some(o)) = (reason, params.as_object_mut()) {

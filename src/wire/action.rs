@@ -116,6 +116,8 @@ pub fn classify_notification<'a>(text: &'a str, limits: &WireLimits) -> Option<F
 /// How hosts begin a catalog notification (`root/sessionAdded`, `root/sessionRemoved`,
 /// `root/sessionSummaryChanged`).
 const CATALOG_HEAD: &[u8] = br#"{"jsonrpc":"2.0","method":"root/session"#;
+/// Where the method's first letter is in [`CATALOG_HEAD`].
+const CATALOG_METHOD_AT: usize = CATALOG_HEAD.len() - b"root/session".len();
 
 /// Whether a per-client link may discard `text` unread as a catalog notification
 /// (contract §6.2: those come from the watch link alone; a per-client link receives one
@@ -134,7 +136,10 @@ pub fn is_catalog_notification(text: &str) -> bool {
     static ID_KEY: LazyLock<memmem::Finder<'static>> =
         LazyLock::new(|| memmem::Finder::new(br#""id""#));
     let bytes = text.as_bytes();
-    bytes.starts_with(CATALOG_HEAD)
+    // The method's first letter first: one byte where an `action` frame
+    // differs, before the head's comparison.
+    bytes.get(CATALOG_METHOD_AT) == Some(&b'r')
+        && bytes.starts_with(CATALOG_HEAD)
         && memchr::memchr(b'\\', bytes).is_none()
         && ID_KEY.find(bytes).is_none()
 }

@@ -89,6 +89,7 @@
 //! as `regression-float-roundtrip`).
 
 mod action;
+mod decimal;
 mod error;
 mod fields;
 mod frame;
@@ -102,6 +103,7 @@ mod splice;
 mod text;
 
 pub use action::{classify_host, classify_notification, is_catalog_notification};
+pub use decimal::Decimal;
 pub use error::{INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, WireError};
 pub use fields::{IdKind, RawId, SeqField, StrField};
 pub use frame::{Frame, FrameKind, classify};
@@ -112,7 +114,7 @@ pub use result::{ResultFields, SnapshotFields};
 pub use splice::{
     Edit, EditValue, Out, SpliceError, json_escape_into, splice, splice_into, splice_routed_into,
 };
-pub use text::Text;
+pub use text::{MAX_FRAME_HEADER, Text, frame_header, frame_header_len, put_frame_header};
 
 #[cfg(test)]
 mod tests;

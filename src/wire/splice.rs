@@ -4,7 +4,8 @@ use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 
-use super::text::Text;
+use super::decimal::Decimal;
+use super::text::{TEXT_OPCODE, Text, frame_header_len, put_frame_header};
 
 /// Where spliced text is written: a `String`, or the shared buffer a batch of
 /// frames is spliced into ([`splice_into`]). Only `str`s are ever appended, so
@@ -123,21 +124,22 @@ pub fn splice_into(
     arena: &mut BytesMut,
 ) -> Result<Text, SpliceError> {
     let capacity = checked_capacity(text, edits)?;
-    Out::reserve(arena, capacity);
+    let framing = begin_framed(arena, capacity);
     write_spliced(text, edits, arena);
-    Ok(Text::from_spliced(take_written(arena)))
+    Ok(end_framed(arena, framing))
 }
 
 /// [`splice_into`] with the two edits of nearly every envelope: the string
 /// token at `channel` replaced by `client_channel` (an
 /// [`EditValue::JsonString`], or the same name already in JSON form as an
-/// [`EditValue::Raw`]) and the number at `seq` by `n` (as
-/// [`EditValue::U64`]). The same result and guarantees, without building,
+/// [`EditValue::Raw`]) and the number at `seq` by `n` (its digits as
+/// [`EditValue::U64`] writes them, kept by the [`Decimal`] instead of
+/// formatted per frame). The same result and guarantees, without building,
 /// sorting and walking a list of edits.
 pub fn splice_routed_into(
     text: &str,
     (channel, client_channel): (Range<usize>, EditValue<'_>),
-    (seq, n): (Range<usize>, u64),
+    (seq, n): (Range<usize>, &Decimal),
     arena: &mut BytesMut,
 ) -> Result<Text, SpliceError> {
     // Every cut is checked to be a character boundary within `text` here, so
@@ -166,11 +168,11 @@ pub fn splice_routed_into(
             second: second.clone(),
         });
     }
-    let mut digits = itoa::Buffer::new();
-    let digits = digits.format(n);
+    // ASCII digits: what is written stays UTF-8.
+    let digits = n.as_bytes();
     let capacity =
         text.len() - channel.len() - seq.len() + client_channel.len_hint() + digits.len();
-    Out::reserve(arena, capacity);
+    let framing = begin_framed(arena, capacity);
     let bytes = text.as_bytes();
     let mut copied = 0;
     for range in [first, second] {
@@ -178,12 +180,51 @@ pub fn splice_routed_into(
         if range.start == channel.start {
             client_channel.write_into(arena);
         } else {
-            arena.extend_from_slice(digits.as_bytes());
+            arena.extend_from_slice(digits);
         }
         copied = range.end;
     }
     arena.extend_from_slice(bytes.get(copied..).unwrap_or_default());
-    Ok(Text::from_spliced(take_written(arena)))
+    Ok(end_framed(arena, framing))
+}
+
+/// A framed text begun in an arena: its header's length and the payload
+/// length the header says.
+struct Framing {
+    head: usize,
+    capacity: usize,
+}
+
+/// Begins a text in `arena` with its frame header in front: room reserved for
+/// the header and `capacity` payload bytes, and the header written for
+/// `capacity` (the payload's exact length unless a string needs escapes).
+/// The text starts the arena: every splice takes what it wrote, so nothing
+/// is left in it, and clearing it makes that a guarantee.
+#[inline(always)]
+fn begin_framed(arena: &mut BytesMut, capacity: usize) -> Framing {
+    arena.clear();
+    Out::reserve(arena, frame_header_len(capacity) + capacity);
+    let head = put_frame_header(arena, TEXT_OPCODE, capacity);
+    Framing { head, capacity }
+}
+
+/// Ends the text [`begin_framed`] began, taking it off `arena`: a payload
+/// longer than foreseen (escapes) gets its header rewritten when the new
+/// length's header is as long, and goes without one otherwise, so a header
+/// is always [`put_frame_header`]'s for the payload's length.
+#[inline(always)]
+fn end_framed(arena: &mut BytesMut, Framing { head, capacity }: Framing) -> Text {
+    let len = arena.len() - head;
+    if len != capacity {
+        if frame_header_len(len) != head {
+            return Text::from_spliced(take_written(arena).slice(head..), 0);
+        }
+        if let Some(mut slot) = arena.get_mut(..head) {
+            // As long as the header written: rewritten in place.
+            put_frame_header(&mut slot, TEXT_OPCODE, len);
+        }
+    }
+    Text::from_spliced(take_written(arena), head)
 }
 
 /// The frame just written to `arena`, as bytes of its own. An arena holding

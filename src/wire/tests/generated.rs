@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::{at, value};
 use crate::wire::{
-    Edit, EditValue, Frame, FrameKind, WireError, WireLimits, classify, classify_notification,
-    is_catalog_notification, json_escape_into, splice, splice_routed_into,
+    Decimal, Edit, EditValue, Frame, FrameKind, WireError, WireLimits, classify,
+    classify_notification, is_catalog_notification, json_escape_into, splice, splice_routed_into,
 };
 
 /// xorshift64*: deterministic, good enough to shuffle test inputs. The flag, when set,
@@ -319,12 +319,12 @@ fn routed_splice_agrees(text: &str, frame: &Frame, channel: &str, n: u64) {
     let general = splice(text, &mut edits).unwrap();
     let mut arena = bytes::BytesMut::with_capacity(7);
     let named = (c.range.clone(), EditValue::JsonString(channel));
-    let routed = splice_routed_into(text, named, (s.range.clone(), n), &mut arena);
+    let routed = splice_routed_into(text, named, (s.range.clone(), &Decimal::of(n)), &mut arena);
     assert_eq!(routed.unwrap().to_str(), general, "{text}");
     let mut token = String::new();
     json_escape_into(&mut token, channel);
     let made = (c.range.clone(), EditValue::Raw(&token));
-    let routed = splice_routed_into(text, made, (s.range.clone(), n), &mut arena);
+    let routed = splice_routed_into(text, made, (s.range.clone(), &Decimal::of(n)), &mut arena);
     assert_eq!(
         routed.unwrap().to_str(),
         general,

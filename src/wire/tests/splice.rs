@@ -3,7 +3,9 @@
 use serde_json::{Value, json};
 
 use super::{ok, value};
-use crate::wire::{Edit, EditValue, SpliceError, json_escape_into, splice, splice_routed_into};
+use crate::wire::{
+    Decimal, Edit, EditValue, SpliceError, json_escape_into, splice, splice_routed_into,
+};
 
 /// `s` as a JSON string token written by [`json_escape_into`].
 fn escaped(s: &str) -> String {
@@ -296,14 +298,14 @@ fn the_routed_splice_refuses_what_splice_refuses_and_writes_nothing() {
     let ok = splice_routed_into(
         text,
         (channel.clone(), EditValue::JsonString("c\"1")),
-        (seq.clone(), 42),
+        (seq.clone(), &Decimal::of(42)),
         &mut arena,
     );
     assert_eq!(ok.unwrap().to_str(), r#"{"channel":"c\"1","serverSeq":42}"#);
     let splits_a_character = splice_routed_into(
         text,
         (13..15, EditValue::JsonString("x")),
-        (seq.clone(), 1),
+        (seq.clone(), &Decimal::of(1)),
         &mut arena,
     );
     assert!(matches!(
@@ -313,21 +315,21 @@ fn the_routed_splice_refuses_what_splice_refuses_and_writes_nothing() {
     let past_the_end = splice_routed_into(
         text,
         (channel.clone(), EditValue::JsonString("x")),
-        (28..99, 1),
+        (28..99, &Decimal::of(1)),
         &mut arena,
     );
     assert!(matches!(past_the_end, Err(SpliceError::OutOfBounds { .. })));
     let overlapping = splice_routed_into(
         text,
         (channel.clone(), EditValue::JsonString("x")),
-        (14..20, 1),
+        (14..20, &Decimal::of(1)),
         &mut arena,
     );
     assert!(matches!(overlapping, Err(SpliceError::Overlap { .. })));
     let same_start = splice_routed_into(
         text,
         (channel.clone(), EditValue::JsonString("x")),
-        (11..11, 1),
+        (11..11, &Decimal::of(1)),
         &mut arena,
     );
     assert!(matches!(same_start, Err(SpliceError::Overlap { .. })));
@@ -345,7 +347,7 @@ fn a_lone_frame_takes_an_exact_arena_and_a_batch_shares_one() {
         splice_routed_into(
             text,
             (11..14, EditValue::JsonString("ahp-chat:/c-1")),
-            (27..28, n),
+            (27..28, &Decimal::of(n)),
             arena,
         )
         .expect("valid edits")
@@ -361,12 +363,74 @@ fn a_lone_frame_takes_an_exact_arena_and_a_batch_shares_one() {
     let mut batch = bytes::BytesMut::with_capacity(4 * text.len());
     let first = routed(&mut batch, 1);
     let second = routed(&mut batch, 2);
-    let after_first = first.as_bytes().as_ptr_range().end;
-    assert_eq!(second.as_bytes().as_ptr(), after_first, "back to back");
+    let framed =
+        |t: &crate::wire::Text| t.framed().expect("spliced with its header").as_ptr_range();
+    assert_eq!(framed(&second).start, framed(&first).end, "back to back");
     assert!(
         batch.capacity() > 0,
         "the batch's room stays for the next frame"
     );
     assert!(!first.owns_its_buffer(), "batch frames share one buffer");
     assert!(second.to_str().contains(r#""serverSeq":2,"#));
+}
+
+/// Every spliced text carries the text-frame header of its payload's exact
+/// length in front (one slice for the socket writer), across the length
+/// classes of RFC 6455 §5.2: a payload that escapes lengthen is given the
+/// header of its real length when that header is as long, and none when
+/// the escapes move it into the next class.
+#[test]
+fn spliced_texts_carry_the_frame_header_of_their_length() {
+    use crate::wire::{frame_header, splice_into};
+    let check = |out: &crate::wire::Text, want: &str| {
+        assert_eq!(out.to_str(), want);
+        let framed = out.framed().expect("spliced with its header");
+        let (header, used) = frame_header(0x1, want.len());
+        assert_eq!(&framed[..used], &header[..used], "len {}", want.len());
+        assert_eq!(&framed[used..], want.as_bytes());
+    };
+    for len in [0usize, 1, 100, 125, 126, 127, 65_535, 65_536, 70_000] {
+        let filler = "x".repeat(len.saturating_sub(13));
+        let text = format!(r#"{{"s":1,"f":"{filler}"}}"#);
+        for n in [7u64, 12_345_678_901] {
+            let mut arena = bytes::BytesMut::new();
+            let mut edits = [Edit {
+                range: 5..6,
+                replacement: EditValue::U64(n),
+            }];
+            let out = splice_into(&text, &mut edits, &mut arena).expect("valid");
+            check(&out, &text.replacen("1", &n.to_string(), 1));
+            let routed = splice_routed_into(
+                &text,
+                (12..12 + filler.len(), EditValue::Raw(&filler)),
+                (5..6, &Decimal::of(n)),
+                &mut arena,
+            )
+            .expect("valid");
+            check(&routed, &text.replacen("1", &n.to_string(), 1));
+        }
+    }
+    // Escapes the capacity did not foresee: `"h"` becomes a 10-byte token
+    // where 6 were counted. A 118-byte text grows to 125 (the two-byte header
+    // still fits: rewritten), a 119-byte one to 126 (it does not: none).
+    for (base, framed) in [(119usize, true), (120, false)] {
+        let text = format!(r#"{{"c":"h","p":"{}"}}"#, "y".repeat(base - 17));
+        let mut arena = bytes::BytesMut::new();
+        let mut edits = [Edit {
+            range: 5..8,
+            replacement: EditValue::JsonString("\"\"\"\""),
+        }];
+        let out = splice_into(&text, &mut edits, &mut arena).expect("valid");
+        let want = text.replacen(r#""h""#, r#""\"\"\"\"""#, 1);
+        assert_eq!(out.to_str(), want);
+        assert_eq!(
+            out.framed().is_some(),
+            framed,
+            "payload {} bytes",
+            want.len()
+        );
+        if framed {
+            check(&out, &want);
+        }
+    }
 }
