@@ -45,8 +45,10 @@ pub(super) struct Numbering {
     /// The last number issued.
     pub(super) last: u64,
     /// The number being issued, with its digits for the splice (the last
-    /// one's raised in place: `wire::Decimal`).
-    pub(super) decimal: wire::Decimal,
+    /// one's raised in place: `wire::Decimal`). Made at the first envelope
+    /// and boxed: an idle session keeps 8 bytes for it, not 32 (which moved
+    /// a session across an allocator size class: +0.3 KiB per idle client).
+    pub(super) decimal: Option<Box<wire::Decimal>>,
     /// Numbered frames kept for `reconnect`.
     pub(super) buffer: ReplayBuffer,
     /// A snapshot `reconnect` is preparing its answer: relay-made envelopes
@@ -194,7 +196,7 @@ impl SessionCore {
             seq: Numbering {
                 s0,
                 last: s0,
-                decimal: wire::Decimal::of(s0),
+                decimal: None,
                 buffer: ReplayBuffer::new(
                     limits.replay_buffer_envelopes,
                     limits.replay_buffer_bytes,

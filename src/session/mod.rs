@@ -361,7 +361,12 @@ impl ClientSession {
         build: impl FnOnce(&wire::Decimal) -> Option<Text>,
     ) -> Option<u64> {
         let n = core.seq.last + 1;
-        let frame = build(core.seq.decimal.set(n))?;
+        let last = core.seq.last;
+        let decimal = core
+            .seq
+            .decimal
+            .get_or_insert_with(|| Box::new(wire::Decimal::of(last)));
+        let frame = build(decimal.set(n))?;
         core.seq.last = n;
         let len = frame.len();
         let keep = self.may_keep(core, len);
