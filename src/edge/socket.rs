@@ -645,17 +645,7 @@ mod tests {
     /// the frames sent.
     #[test]
     fn small_batches_are_written_whole_and_large_ones_as_slices() {
-        let writer = SharedWriter {
-            inner: Arc::new(Mutex::new(FrameWriter {
-                io: Recorder::default(),
-                buf: Vec::new(),
-                sent: 0,
-                heads: Vec::new(),
-                control: Arc::new(Control::default()),
-                closed: false,
-                task: None,
-            })),
-        };
+        let writer = recording_writer();
         let small: Vec<String> = (0..3).map(|i| format!("{i:>300}")).collect();
         let large: Vec<String> = (0..20).map(|i| format!("{i:>300}")).collect();
         for texts in [&small, &large] {
@@ -693,17 +683,7 @@ mod tests {
     fn spliced_texts_are_written_as_one_slice_per_frame() {
         use crate::wire::{Edit, EditValue, splice_into};
         use bytes::BytesMut;
-        let writer = SharedWriter {
-            inner: Arc::new(Mutex::new(FrameWriter {
-                io: Recorder::default(),
-                buf: Vec::new(),
-                sent: 0,
-                heads: Vec::new(),
-                control: Arc::new(Control::default()),
-                closed: false,
-                task: None,
-            })),
-        };
+        let writer = recording_writer();
         let texts: Vec<String> = (0..20).map(|i| format!("[{i:>300}]")).collect();
         let mut arena = BytesMut::new();
         let spliced: VecDeque<Text> = texts
@@ -741,6 +721,21 @@ mod tests {
     impl Recorder {
         fn into_parts(self) -> (Vec<(bool, Vec<u8>)>, Vec<usize>) {
             (self.0, self.1)
+        }
+    }
+
+    /// A writer with nothing pending over a [`Recorder`].
+    fn recording_writer() -> SharedWriter<Recorder> {
+        SharedWriter {
+            inner: Arc::new(Mutex::new(FrameWriter {
+                io: Recorder::default(),
+                buf: Vec::new(),
+                sent: 0,
+                heads: Vec::new(),
+                control: Arc::new(Control::default()),
+                closed: false,
+                task: None,
+            })),
         }
     }
 
