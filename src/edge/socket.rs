@@ -358,17 +358,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         control: &[u8],
         frames: impl Iterator<Item = &'a Text> + Clone,
     ) -> Poll<io::Result<()>> {
+        // Headers for the texts that carry none, made before any slice
+        // borrows them (a spliced text carries its header: one slice for both).
         self.heads.clear();
-        let mut count = 1;
-        for frame in frames.clone() {
-            // A spliced text carries its header: one slice for both.
-            if frame.framed().is_none() {
-                header_into(&mut self.heads, 0x1, frame.len());
-                count += 1;
-            }
-            count += (frame_header_len(frame.len()) + frame.len()).div_ceil(SLICE_BYTES);
+        for frame in frames.clone().filter(|f| f.framed().is_none()) {
+            header_into(&mut self.heads, 0x1, frame.len());
         }
-        let mut slices = Vec::with_capacity(count);
+        // Most frames are one slice each: sized for that, grown for the rest.
+        let mut slices = Vec::with_capacity(1 + frames.size_hint().0);
         slices.push(io::IoSlice::new(control));
         let mut heads = self.heads.as_slice();
         for frame in frames {
@@ -382,7 +379,11 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                     frame.as_bytes()
                 }
             };
-            slices.extend(bytes.chunks(SLICE_BYTES).map(io::IoSlice::new));
+            if bytes.len() <= SLICE_BYTES {
+                slices.push(io::IoSlice::new(bytes));
+            } else {
+                slices.extend(bytes.chunks(SLICE_BYTES).map(io::IoSlice::new));
+            }
         }
         let mut rest = slices.as_mut_slice();
         io::IoSlice::advance_slices(&mut rest, 0);
