@@ -350,9 +350,21 @@ pub fn wire_host(data: &[u8]) {
             &mut arena,
         )
     };
-    let first = rewrite(None);
-    let out = rewrite(Some(token.as_str()));
+    let (first, second) = (rewrite(None), rewrite(Some(token.as_str())));
+    // Both lie in the batch's one buffer, the second right after the first.
+    let whole = arena.split().freeze();
+    let [first, out] = [first, second].map(|p| p.map(|p| wire::Text::in_batch(&whole, p)));
     assert_eq!(first, out, "the same envelope spliced twice into one arena");
+    if let (Some(a), Some(b)) = (&first, &out)
+        && a.framed().is_some()
+        && b.framed().is_some()
+    {
+        assert!(b.follows(a), "the second envelope continues the first");
+        let both = [a.framed(), b.framed()]
+            .map(Option::unwrap_or_default)
+            .concat();
+        assert_eq!(b.framed_from(a), both);
+    }
     if let Some(framed) = out.as_ref().and_then(wire::Text::framed) {
         // A header carried in front is the text frame's for the payload.
         let len = out.as_ref().map_or(0, wire::Text::len);

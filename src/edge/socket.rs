@@ -364,12 +364,27 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         for frame in frames.clone().filter(|f| f.framed().is_none()) {
             header_into(&mut self.heads, 0x1, frame.len());
         }
-        // Most frames are one slice each: sized for that, grown for the rest.
         let mut slices = Vec::with_capacity(1 + frames.size_hint().0);
         slices.push(io::IoSlice::new(control));
         let mut heads = self.heads.as_slice();
+        // Frames whose bytes continue one another in their batch's buffer
+        // go as one slice of up to SLICE_BYTES: `run` is its first and
+        // latest frame.
+        let mut run: Option<(&Text, &Text)> = None;
         for frame in frames {
+            if let Some((first, latest)) = run {
+                if frame.follows(latest) && frame.framed_from(first).len() <= SLICE_BYTES {
+                    run = Some((first, frame));
+                    continue;
+                }
+                slices.push(io::IoSlice::new(latest.framed_from(first)));
+                run = None;
+            }
             let bytes = match frame.framed() {
+                Some(framed) if framed.len() <= SLICE_BYTES => {
+                    run = Some((frame, frame));
+                    continue;
+                }
                 Some(framed) => framed,
                 None => {
                     let (head, rest) =
@@ -379,11 +394,10 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
                     frame.as_bytes()
                 }
             };
-            if bytes.len() <= SLICE_BYTES {
-                slices.push(io::IoSlice::new(bytes));
-            } else {
-                slices.extend(bytes.chunks(SLICE_BYTES).map(io::IoSlice::new));
-            }
+            slices.extend(bytes.chunks(SLICE_BYTES).map(io::IoSlice::new));
+        }
+        if let Some((first, latest)) = run {
+            slices.push(io::IoSlice::new(latest.framed_from(first)));
         }
         let mut rest = slices.as_mut_slice();
         io::IoSlice::advance_slices(&mut rest, 0);
@@ -712,6 +726,51 @@ mod tests {
             .iter()
             .chain(&texts)
             .map(|t| Message::Text(t.as_str().into()))
+            .collect();
+        assert_eq!(
+            read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
+            want
+        );
+    }
+
+    /// The texts of one batch (spliced one after another, `Text::in_batch`)
+    /// go to the stream as slices of up to SLICE_BYTES holding several
+    /// frames each; a text of its own between them starts a new slice; the
+    /// bytes read back as the frames sent, in order.
+    #[test]
+    fn a_batch_s_texts_are_written_as_few_slices() {
+        use crate::wire::{Edit, EditValue, splice_at};
+        use bytes::BytesMut;
+        let writer = recording_writer();
+        let texts: Vec<String> = (0..20).map(|i| format!("[{i:>300}]")).collect();
+        let mut arena = BytesMut::new();
+        let pieces: Vec<_> = texts
+            .iter()
+            .map(|t| {
+                let mut edits = [Edit {
+                    range: 1..t.len() - 1,
+                    replacement: EditValue::Raw(&t[1..t.len() - 1]),
+                }];
+                splice_at(t, &mut edits, &mut arena).unwrap()
+            })
+            .collect();
+        let whole = arena.freeze();
+        let mut queue: VecDeque<Text> = pieces.iter().map(|p| Text::in_batch(&whole, *p)).collect();
+        let framed = queue[0].framed().map_or(0, <[u8]>::len);
+        queue.insert(10, Text::from("between"));
+        assert_eq!(writer.write_now(Frames::Queued(&mut queue)), Some(true));
+        let (writes, slices) = std::mem::take(&mut writer.lock().io).into_parts();
+        // Ten frames on each side, SLICE_BYTES / framed to a slice; the
+        // text between them is a header and a payload.
+        let per_slice = SLICE_BYTES / framed;
+        assert!(per_slice > 1, "{framed}-byte frames");
+        assert_eq!(slices, [2 * 10usize.div_ceil(per_slice) + 2]);
+        let want: Vec<Message> = texts[..10]
+            .iter()
+            .map(String::as_str)
+            .chain(["between"])
+            .chain(texts[10..].iter().map(String::as_str))
+            .map(|t| Message::Text(t.into()))
             .collect();
         assert_eq!(
             read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),

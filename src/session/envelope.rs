@@ -64,7 +64,7 @@ impl ClientSession {
             [_] => 0,
             _ => frames.iter().map(|f| f.len() + ARENA_SLACK).sum(),
         };
-        let mut arena = BytesMut::with_capacity(bytes);
+        let mut run = Run::with_capacity(frames.len(), bytes);
         let limits = &self.env.upstream_limits;
         for &text in frames {
             // Catalog notifications come from the watch link alone (§6.2): this
@@ -98,11 +98,12 @@ impl ClientSession {
                     self.begin_batch(&mut core);
                     core
                 });
-                self.on_envelope(core, (host, link), (text, frame), &mut arena, &mut route);
+                self.on_envelope(core, (host, link), (text, frame), &mut run, &mut route);
                 continue;
             }
             route = None;
             if let Some(mut guard) = core.take() {
+                run.commit(self, &mut guard);
                 self.end_batch(&mut guard);
             }
             if let Some(reply) = self.host_frame(host, link, text, frame) {
@@ -110,6 +111,7 @@ impl ClientSession {
             }
         }
         if let Some(mut guard) = core {
+            run.commit(self, &mut guard);
             self.end_batch(&mut guard);
         }
     }
@@ -222,7 +224,7 @@ impl ClientSession {
         core: &mut SessionCore,
         (host, link): (&Arc<HostHub>, u64),
         (text, frame): (&'f str, &Frame<'f>),
-        arena: &mut BytesMut,
+        run: &mut Run,
         route: &mut Option<Route<'f>>,
     ) {
         let (Some(channel), Some(seq)) = (frame.channel(), frame.params.server_seq.as_ref()) else {
@@ -277,32 +279,35 @@ impl ClientSession {
         }
         if let Some(r) = route {
             let client = (&*r.client, Some(&*r.client_token));
-            self.deliver(core, host, (text, frame), client, arena);
+            self.deliver(core, host, (text, frame), client, run);
         }
     }
 
-    /// Numbers and delivers one host envelope on `client_channel` (whose
-    /// JSON string token is `client_token`, when already made).
+    /// Numbers one host envelope on `client_channel` (whose JSON string
+    /// token is `client_token`, when already made) and splices it into
+    /// `run`, which delivers it when the run is committed.
     fn deliver(
         &self,
         core: &mut SessionCore,
         host: &Arc<HostHub>,
         (text, frame): (&str, &Frame<'_>),
         (client_channel, client_token): (&str, Option<&str>),
-        arena: &mut BytesMut,
+        run: &mut Run,
     ) {
         let relay = &self.env;
-        let rewritten = self.push_envelope(core, |n| {
+        let rewritten = Self::number_envelope(core, |n| {
             rewrite_envelope(
                 (text, frame),
                 (client_channel, client_token, n),
                 host,
                 relay.store.as_ref(),
                 (self.identity(), &self.seen),
-                arena,
+                &mut run.arena,
             )
         });
-        if rewritten.is_none() {
+        if let Some(spliced) = rewritten {
+            run.push(spliced);
+        } else {
             relay.metrics.untranslatable_envelopes.inc();
             tracing::warn!(host = %host.id, "dropped a host envelope that could not be translated");
         }
@@ -345,10 +350,11 @@ impl ClientSession {
         };
         let from = from.unwrap_or(0);
         chans.insert(host_channel.to_string(), Chan::live(client.clone()));
-        let mut arena = BytesMut::new();
         for (_, text) in held.into_iter().filter(|(s, _)| *s > from) {
             if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
-                self.deliver(core, host, (&text, &frame), (&client, None), &mut arena);
+                let mut run = Run::with_capacity(1, 0);
+                self.deliver(core, host, (&text, &frame), (&client, None), &mut run);
+                run.commit(self, core);
             }
         }
     }
@@ -820,7 +826,8 @@ impl ClientSession {
 
 /// The client frame for a host envelope numbered `n` on `client_channel`
 /// (whose JSON string token is `client_token`, when already made),
-/// spliced into `arena`, or `None` if a name in it cannot be translated.
+/// spliced at the end of `arena` (where it lies is returned), or `None`
+/// if a name in it cannot be translated (then nothing is written).
 pub fn rewrite_envelope(
     (text, frame): (&str, &Frame<'_>),
     (client_channel, client_token, n): (&str, Option<&str>, &wire::Decimal),
@@ -828,7 +835,7 @@ pub fn rewrite_envelope(
     store: &dyn crate::names::store::UriStore,
     (identity, seen): ((&str, &str), &crate::names::seen::Seen),
     arena: &mut BytesMut,
-) -> Option<Text> {
+) -> Option<wire::Piece> {
     let p = &frame.params;
     let own = p
         .origin_client_id
@@ -844,7 +851,7 @@ pub fn rewrite_envelope(
         let token = client_token.map_or(EditValue::JsonString(client_channel), EditValue::Raw);
         let channel = (p.channel.as_ref()?.range.clone(), token);
         let seq = (p.server_seq.as_ref()?.range.clone(), n);
-        return wire::splice_routed_into(text, channel, seq, arena).ok();
+        return wire::splice_routed_at(text, channel, seq, arena).ok();
     }
     let mut edits = Edits::default();
     edits.push(Edit {
@@ -879,7 +886,63 @@ pub fn rewrite_envelope(
             replacement: EditValue::Raw(&rewritten_action),
         })?;
     }
-    wire::splice_into(text, edits.as_mut(), arena).ok()
+    wire::splice_at(text, edits.as_mut(), arena).ok()
+}
+
+/// A run of envelopes spliced one after another into one buffer: each is
+/// numbered as it is spliced, and all are committed (buffered, queued)
+/// together when the run ends, before anything else is numbered or written
+/// for the session (the session lock is held from the first splice to the
+/// commit). Their texts then share the run's one frozen buffer, in order,
+/// so the socket writer hands neighbours to TLS as one slice, and each
+/// costs a reference count instead of a split of the arena.
+pub(super) struct Run {
+    arena: BytesMut,
+    /// The latest envelope spliced, and those before it in order: a run of
+    /// one (every paced envelope) allocates nothing but its bytes.
+    latest: Option<(u64, wire::Piece)>,
+    earlier: Vec<(u64, wire::Piece)>,
+}
+
+impl Run {
+    /// A run of up to `envelopes` (more only grow it) whose arena starts
+    /// with `bytes` of room (0: a lone envelope's splice sizes it exactly,
+    /// so its buffer keeps no slack).
+    pub(super) fn with_capacity(envelopes: usize, bytes: usize) -> Self {
+        Self {
+            arena: BytesMut::with_capacity(bytes),
+            latest: None,
+            earlier: Vec::with_capacity(envelopes.saturating_sub(1)),
+        }
+    }
+
+    /// Adds the envelope numbered `n`, spliced into the arena at `piece`.
+    fn push(&mut self, (n, piece): (u64, wire::Piece)) {
+        if let Some(before) = self.latest.replace((n, piece)) {
+            self.earlier.push(before);
+        }
+    }
+
+    /// Buffers and delivers the run's envelopes, in the order they were
+    /// numbered, and empties the run.
+    pub(super) fn commit(&mut self, session: &ClientSession, core: &mut SessionCore) {
+        let Some((last_n, last)) = self.latest.take() else {
+            return;
+        };
+        // An arena holding exactly what was spliced is taken whole: one
+        // allocation of that size, not shared until a second text needs it.
+        let mut whole = if self.arena.len() == self.arena.capacity() {
+            std::mem::take(&mut self.arena).freeze()
+        } else {
+            self.arena.split().freeze()
+        };
+        for (n, piece) in self.earlier.drain(..) {
+            session.commit_envelope(core, n, Text::in_batch(&whole, piece));
+        }
+        // The last text takes the buffer itself: no reference count.
+        whole.truncate(last.end());
+        session.commit_envelope(core, last_n, Text::last_in_batch(whole, last));
+    }
 }
 
 /// The action object `action` (JSON text) of type `ty` with its names in

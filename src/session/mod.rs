@@ -360,14 +360,34 @@ impl ClientSession {
         core: &mut SessionCore,
         build: impl FnOnce(&wire::Decimal) -> Option<Text>,
     ) -> Option<u64> {
+        let (n, frame) = Self::number_envelope(core, build)?;
+        self.commit_envelope(core, n, frame);
+        Some(n)
+    }
+
+    /// Gives the next number to the envelope `build(n)` makes (`n` also as
+    /// its digits, for a splice): the number is used only if `build` makes
+    /// one. The envelope is the caller's to commit, with this number, before
+    /// anything else is numbered or written for this session (under the
+    /// same lock): [`commit_envelope`](Self::commit_envelope).
+    pub(crate) fn number_envelope<T>(
+        core: &mut SessionCore,
+        build: impl FnOnce(&wire::Decimal) -> Option<T>,
+    ) -> Option<(u64, T)> {
         let n = core.seq.last + 1;
         let last = core.seq.last;
         let decimal = core
             .seq
             .decimal
             .get_or_insert_with(|| Box::new(wire::Decimal::of(last)));
-        let frame = build(decimal.set(n))?;
+        let made = build(decimal.set(n))?;
         core.seq.last = n;
+        Some((n, made))
+    }
+
+    /// Buffers and delivers the envelope numbered `n` by
+    /// [`number_envelope`](Self::number_envelope).
+    pub(crate) fn commit_envelope(&self, core: &mut SessionCore, n: u64, frame: Text) {
         let len = frame.len();
         let keep = self.may_keep(core, len);
         let queued = if keep {
@@ -413,7 +433,6 @@ impl ClientSession {
         if let Some(frame) = queued {
             self.push(core, frame);
         }
-        Some(n)
     }
 
     /// Whether an envelope of `len` bytes numbered in the current batch may

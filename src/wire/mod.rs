@@ -112,7 +112,8 @@ pub use params::ParamsFields;
 pub use refusal::{Refusal, refusal};
 pub use result::{ResultFields, SnapshotFields};
 pub use splice::{
-    Edit, EditValue, Out, SpliceError, json_escape_into, splice, splice_into, splice_routed_into,
+    Edit, EditValue, Out, Piece, SpliceError, json_escape_into, splice, splice_at, splice_into,
+    splice_routed_at, splice_routed_into,
 };
 pub use text::{MAX_FRAME_HEADER, Text, frame_header, frame_header_len, put_frame_header};
 

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
 use super::decimal::Decimal;
 use super::text::{TEXT_OPCODE, Text, frame_header_len, put_frame_header};
@@ -123,6 +123,22 @@ pub fn splice_into(
     edits: &mut [Edit<'_>],
     arena: &mut BytesMut,
 ) -> Result<Text, SpliceError> {
+    // The text starts the arena: every splice takes what it wrote, so
+    // nothing is left in it, and clearing it makes that a guarantee.
+    arena.clear();
+    let piece = splice_at(text, edits, arena)?;
+    Ok(take_piece(arena, piece))
+}
+
+/// [`splice_into`] without taking the result: it is appended to `arena`
+/// after what the batch's frames before it left there, and its place is
+/// returned, to become a [`Text`] with [`Text::in_batch`] once the batch's
+/// buffer is frozen. Same guarantees; nothing is written on an error.
+pub fn splice_at(
+    text: &str,
+    edits: &mut [Edit<'_>],
+    arena: &mut BytesMut,
+) -> Result<Piece, SpliceError> {
     let capacity = checked_capacity(text, edits)?;
     let framing = begin_framed(arena, capacity);
     write_spliced(text, edits, arena);
@@ -138,10 +154,23 @@ pub fn splice_into(
 /// sorting and walking a list of edits.
 pub fn splice_routed_into(
     text: &str,
+    channel: (Range<usize>, EditValue<'_>),
+    seq: (Range<usize>, &Decimal),
+    arena: &mut BytesMut,
+) -> Result<Text, SpliceError> {
+    arena.clear();
+    let piece = splice_routed_at(text, channel, seq, arena)?;
+    Ok(take_piece(arena, piece))
+}
+
+/// [`splice_routed_into`] appended to `arena` without taking the result,
+/// as [`splice_at`] is.
+pub fn splice_routed_at(
+    text: &str,
     (channel, client_channel): (Range<usize>, EditValue<'_>),
     (seq, n): (Range<usize>, &Decimal),
     arena: &mut BytesMut,
-) -> Result<Text, SpliceError> {
+) -> Result<Piece, SpliceError> {
     // Every cut is checked to be a character boundary within `text` here, so
     // the pieces between them are copied as bytes and what is written is
     // still UTF-8 (as `Out` promises): no `str` range check per piece.
@@ -188,56 +217,93 @@ pub fn splice_routed_into(
     Ok(end_framed(arena, framing))
 }
 
-/// A framed text begun in an arena: its header's length and the payload
-/// length the header says.
+/// Where a spliced text lies in its batch's buffer: from `start` (its
+/// header's first byte) to `end`, the first `head` bytes its WebSocket
+/// text-frame header (0: none). Made by [`splice_at`] and
+/// [`splice_routed_at`]; becomes a [`Text`] with [`Text::in_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub(super) start: usize,
+    pub(super) end: usize,
+    pub(super) head: u8,
+}
+
+impl Piece {
+    /// Where the text ends in its batch's buffer.
+    pub fn end(&self) -> usize {
+        self.end
+    }
+}
+
+/// A framed text begun in an arena: where it starts, its header's length
+/// and the payload length the header says.
 struct Framing {
+    start: usize,
     head: usize,
     capacity: usize,
 }
 
-/// Begins a text in `arena` with its frame header in front: room reserved for
-/// the header and `capacity` payload bytes, and the header written for
-/// `capacity` (the payload's exact length unless a string needs escapes).
-/// The text starts the arena: every splice takes what it wrote, so nothing
-/// is left in it, and clearing it makes that a guarantee.
+/// Begins a text at the end of `arena` with its frame header in front:
+/// room reserved for the header and `capacity` payload bytes, and the
+/// header written for `capacity` (the payload's exact length unless a
+/// string needs escapes).
 #[inline(always)]
 fn begin_framed(arena: &mut BytesMut, capacity: usize) -> Framing {
-    arena.clear();
+    let start = arena.len();
     Out::reserve(arena, frame_header_len(capacity) + capacity);
     let head = put_frame_header(arena, TEXT_OPCODE, capacity);
-    Framing { head, capacity }
+    Framing {
+        start,
+        head,
+        capacity,
+    }
 }
 
-/// Ends the text [`begin_framed`] began, taking it off `arena`: a payload
-/// longer than foreseen (escapes) gets its header rewritten when the new
-/// length's header is as long, and goes without one otherwise, so a header
-/// is always [`put_frame_header`]'s for the payload's length.
+/// Ends the text [`begin_framed`] began: a payload longer than foreseen
+/// (escapes) gets its header rewritten when the new length's header is as
+/// long, and goes without one otherwise, so a header is always
+/// [`put_frame_header`]'s for the payload's length.
 #[inline(always)]
-fn end_framed(arena: &mut BytesMut, Framing { head, capacity }: Framing) -> Text {
-    let len = arena.len() - head;
+fn end_framed(arena: &mut BytesMut, framing: Framing) -> Piece {
+    let Framing {
+        start,
+        head,
+        capacity,
+    } = framing;
+    let end = arena.len();
+    let len = end - start - head;
     if len != capacity {
         if frame_header_len(len) != head {
-            return Text::from_spliced(take_written(arena).slice(head..), 0);
+            return Piece {
+                start: start + head,
+                end,
+                head: 0,
+            };
         }
-        if let Some(mut slot) = arena.get_mut(..head) {
+        if let Some(mut slot) = arena.get_mut(start..start + head) {
             // As long as the header written: rewritten in place.
             put_frame_header(&mut slot, TEXT_OPCODE, len);
         }
     }
-    Text::from_spliced(take_written(arena), head)
+    Piece {
+        start,
+        end,
+        head: head as u8,
+    }
 }
 
-/// The frame just written to `arena`, as bytes of its own. An arena holding
-/// exactly this frame (a lone frame spliced into an empty arena, sized
-/// exactly by the splice) is taken whole: one allocation of the frame's
-/// size and no shared header, which is what a replay buffer then holds per
-/// envelope. Otherwise the frame is split off the batch's buffer.
-fn take_written(arena: &mut BytesMut) -> Bytes {
-    if arena.len() == arena.capacity() {
+/// The text `piece`, the only one in `arena`, as bytes of its own. An arena
+/// holding exactly this frame (a lone frame spliced into an empty arena,
+/// sized exactly by the splice) is taken whole: one allocation of the
+/// frame's size and no shared header, which is what a replay buffer then
+/// holds per envelope. Otherwise the frame is split off the arena.
+fn take_piece(arena: &mut BytesMut, piece: Piece) -> Text {
+    let whole = if arena.len() == arena.capacity() {
         std::mem::take(arena).freeze()
     } else {
         arena.split().freeze()
-    }
+    };
+    Text::of_prefix(whole, piece)
 }
 
 /// Sorts `edits`, checks them against `text` and returns the spliced length

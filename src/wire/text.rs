@@ -64,36 +64,92 @@ pub(super) const TEXT_OPCODE: u8 = 0x1;
 /// so nothing is validated again on the way to the socket. A header, when
 /// there is one, is exactly [`frame_header`] of a text frame for the payload's
 /// length. Equality and hashing are the payload's.
+///
+/// A text spliced with others of its batch ([`Text::in_batch`]) keeps the
+/// batch's buffer from its start through its own end, and where in it its
+/// header starts: the texts of one batch share one allocation, as their
+/// bytes lie one after another, and [`Text::follows`] tells the socket
+/// writer when a text's bytes continue the previous one's, so it can hand
+/// several frames to TLS as one slice ([`Text::framed_from`]).
 #[derive(Debug, Clone)]
 pub struct Text {
+    /// The text's bytes are `bytes[start..]`; what is before them is the
+    /// rest of its batch (nothing, for a text of its own).
     bytes: Bytes,
+    start: u32,
     /// Header bytes before the payload (0: none).
     head: u8,
 }
 
 impl Text {
-    /// Wraps bytes [`splice_into`](super::splice_into) wrote (from `str`s
-    /// only), the first `head` of them the text frame's header for the rest.
-    pub(super) fn from_spliced(bytes: Bytes, head: usize) -> Self {
-        Self {
-            bytes,
-            head: head as u8,
+    /// The text `piece` of a batch's frozen buffer `whole`, which
+    /// [`splice_at`](super::splice_at) or
+    /// [`splice_routed_at`](super::splice_routed_at) wrote there (from
+    /// `str`s only): it shares `whole`'s allocation.
+    pub fn in_batch(whole: &Bytes, piece: super::Piece) -> Self {
+        Self::of_prefix(whole.slice(..piece.end.min(whole.len())), piece)
+    }
+
+    /// The text `piece` of a batch's frozen buffer `whole`, the batch's last
+    /// (`whole` ends where it does): `whole` itself becomes the text's.
+    pub fn last_in_batch(whole: Bytes, piece: super::Piece) -> Self {
+        Self::of_prefix(whole, piece)
+    }
+
+    /// The text `piece` of `prefix`, which ends where `piece` does.
+    pub(super) fn of_prefix(prefix: Bytes, piece: super::Piece) -> Self {
+        match u32::try_from(piece.start) {
+            Ok(start) => Self {
+                bytes: prefix,
+                start,
+                head: piece.head,
+            },
+            // A batch over 4 GiB (never, with the relay's frame bounds):
+            // the text keeps only its own bytes.
+            Err(_) => Self {
+                bytes: prefix.slice(piece.start.min(prefix.len())..),
+                start: 0,
+                head: piece.head,
+            },
         }
+    }
+
+    /// The header and payload bytes.
+    fn own(&self) -> &[u8] {
+        self.bytes.get(self.start as usize..).unwrap_or_default()
     }
 
     /// The payload bytes (UTF-8).
     pub fn as_bytes(&self) -> &[u8] {
-        self.bytes.get(usize::from(self.head)..).unwrap_or_default()
+        self.own().get(usize::from(self.head)..).unwrap_or_default()
     }
 
     /// The header and the payload, when the text carries its header.
     pub fn framed(&self) -> Option<&[u8]> {
-        (self.head > 0).then_some(&self.bytes[..])
+        (self.head > 0).then(|| self.own())
+    }
+
+    /// Whether this text carries its header and its bytes start where those
+    /// of `previous`, which carries its header too, end, in the same
+    /// batch's buffer: then [`framed_from`](Self::framed_from) gives both
+    /// frames, and any between them, as one slice.
+    pub fn follows(&self, previous: &Text) -> bool {
+        self.head > 0
+            && previous.head > 0
+            && self.start as usize == previous.bytes.len()
+            && self.bytes.as_ptr() == previous.bytes.as_ptr()
+    }
+
+    /// The bytes from `first`'s header through this text's end, when this
+    /// text follows `first` through a chain of [`follows`](Self::follows)
+    /// (the caller's to check): the frames from `first` to this one, whole.
+    pub fn framed_from(&self, first: &Text) -> &[u8] {
+        self.bytes.get(first.start as usize..).unwrap_or_default()
     }
 
     /// Length of the payload in bytes.
     pub fn len(&self) -> usize {
-        self.bytes.len() - usize::from(self.head)
+        self.bytes.len() - self.start as usize - usize::from(self.head)
     }
 
     /// Whether the payload is empty.
@@ -105,7 +161,7 @@ impl Text {
     /// a replay buffer holding it keeps alive).
     #[cfg(test)]
     pub(crate) fn owns_its_buffer(&self) -> bool {
-        self.bytes.is_unique()
+        self.start == 0 && self.bytes.is_unique()
     }
 
     /// The text as `str`, checked (for the few readers off the hot path:
@@ -131,7 +187,11 @@ impl std::hash::Hash for Text {
 
 impl Text {
     fn unframed(bytes: Bytes) -> Self {
-        Self { bytes, head: 0 }
+        Self {
+            bytes,
+            start: 0,
+            head: 0,
+        }
     }
 }
 
@@ -191,6 +251,64 @@ mod tests {
             out[1].to_str(),
             r#"{"channel":"client/\"chan\"","serverSeq":12345678901,"x":"é"}"#
         );
+    }
+
+    /// Texts spliced one after another into a batch's buffer read as their
+    /// own frames, share its allocation, and follow one another exactly
+    /// where their bytes continue: not across a text that lost its header
+    /// to escapes, not across batches, not out of order; `framed_from`
+    /// spans the frames of a chain, headers included.
+    #[test]
+    fn a_batch_s_texts_follow_one_another_where_their_bytes_do() {
+        use super::super::{Decimal, Piece, splice_at, splice_routed_at};
+        use super::Text;
+        let mut arena = BytesMut::new();
+        let text = r#"{"channel":"h","serverSeq":1,"x":"é"}"#;
+        let routed = |arena: &mut BytesMut, channel: &str| -> Piece {
+            let edit = (11..14, EditValue::JsonString(channel));
+            splice_routed_at(text, edit, (27..28, &Decimal::of(7)), arena).unwrap()
+        };
+        let a = routed(&mut arena, "a");
+        let b = routed(&mut arena, "b");
+        // 74 bytes foreseen, 144 written (quotes escaped): the length's
+        // header grows from two bytes to four, so this text has none.
+        let quoted = "\"".repeat(70);
+        let long = format!(r#"[{}]"#, "x".repeat(98));
+        let mut edits = [Edit {
+            range: 1..99,
+            replacement: EditValue::JsonString(&quoted),
+        }];
+        let grown = splice_at(&long, &mut edits, &mut arena).unwrap();
+        let c = routed(&mut arena, "c");
+        let whole = arena.freeze();
+        let [a, b, grown, c] = [a, b, grown, c].map(|p| Text::in_batch(&whole, p));
+        let want = |channel: &str| format!(r#"{{"channel":"{channel}","serverSeq":7,"x":"é"}}"#);
+        assert_eq!(a.to_str(), want("a"));
+        assert_eq!(b.to_str(), want("b"));
+        assert_eq!(c.to_str(), want("c"));
+        assert!(
+            grown.framed().is_none(),
+            "escapes took it out of its header's class"
+        );
+        assert_eq!(grown.len(), 144);
+        let escaped = serde_json::to_string(&quoted).unwrap();
+        assert_eq!(grown.to_str(), format!("[{escaped}]"));
+        assert!(b.follows(&a));
+        assert!(!a.follows(&b), "not out of order");
+        assert!(
+            !grown.follows(&b) && !c.follows(&grown),
+            "not across a text without header"
+        );
+        assert!(!c.follows(&b), "not across a text between them");
+        let framed = |t: &Text| t.framed().unwrap().to_vec();
+        assert_eq!(b.framed_from(&a), [framed(&a), framed(&b)].concat());
+        assert_eq!(a.framed_from(&a), framed(&a));
+        let mut other = BytesMut::new();
+        let d = routed(&mut other, "a");
+        let other = other.freeze();
+        let d = Text::in_batch(&other, d);
+        assert!(!d.follows(&c) && !d.follows(&a), "not across batches");
+        assert_eq!(d, a, "equal payloads are equal texts");
     }
 
     #[test]
