@@ -149,7 +149,7 @@ impl Text {
 
     /// Length of the payload in bytes.
     pub fn len(&self) -> usize {
-        self.bytes.len() - self.start as usize - usize::from(self.head)
+        self.as_bytes().len()
     }
 
     /// Whether the payload is empty.
