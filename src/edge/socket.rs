@@ -532,6 +532,39 @@ mod tests {
         out
     }
 
+    /// Asserts that the bytes of `writes`, read as a client reads them, are
+    /// text frames of `want`, in order.
+    fn assert_reads_back<'a>(
+        writes: Vec<(bool, Vec<u8>)>,
+        want: impl IntoIterator<Item = &'a str>,
+    ) {
+        let want: Vec<Message> = want.into_iter().map(|t| Message::Text(t.into())).collect();
+        assert_eq!(
+            read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
+            want
+        );
+    }
+
+    /// Twenty texts of 302 bytes (frames of 306 with their header), and
+    /// what `splice` makes of each with an edit that writes it unchanged.
+    fn spliced_unchanged<T>(
+        mut splice: impl FnMut(&str, &mut [crate::wire::Edit<'_>]) -> T,
+    ) -> (Vec<String>, Vec<T>) {
+        use crate::wire::{Edit, EditValue};
+        let texts: Vec<String> = (0..20).map(|i| format!("[{i:>300}]")).collect();
+        let spliced = texts
+            .iter()
+            .map(|t| {
+                let mut edits = [Edit {
+                    range: 1..t.len() - 1,
+                    replacement: EditValue::Raw(&t[1..t.len() - 1]),
+                }];
+                splice(t, &mut edits)
+            })
+            .collect();
+        (texts, spliced)
+    }
+
     #[test]
     fn frames_of_every_length_class_read_back_as_sent() {
         let mut out = Vec::new();
@@ -679,15 +712,7 @@ mod tests {
             [false, true],
             "the small batch whole, the large as slices"
         );
-        let want: Vec<Message> = small
-            .iter()
-            .chain(&large)
-            .map(|t| Message::Text(t.as_str().into()))
-            .collect();
-        assert_eq!(
-            read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
-            want
-        );
+        assert_reads_back(writes, small.iter().chain(&large).map(String::as_str));
     }
 
     /// A spliced text carries its frame header in front (`Text::framed`):
@@ -696,21 +721,11 @@ mod tests {
     /// read back as the frames sent either way.
     #[test]
     fn spliced_texts_are_written_as_one_slice_per_frame() {
-        use crate::wire::{Edit, EditValue, splice_into};
-        use bytes::BytesMut;
         let writer = recording_writer();
-        let texts: Vec<String> = (0..20).map(|i| format!("[{i:>300}]")).collect();
-        let mut arena = BytesMut::new();
-        let spliced: VecDeque<Text> = texts
-            .iter()
-            .map(|t| {
-                let mut edits = [Edit {
-                    range: 1..t.len() - 1,
-                    replacement: EditValue::Raw(&t[1..t.len() - 1]),
-                }];
-                splice_into(t, &mut edits, &mut arena).unwrap()
-            })
-            .collect();
+        let mut arena = bytes::BytesMut::new();
+        let (texts, spliced) =
+            spliced_unchanged(|t, edits| crate::wire::splice_into(t, edits, &mut arena).unwrap());
+        let spliced = VecDeque::from(spliced);
         assert!(spliced.iter().all(|t| t.framed().is_some()));
         let plain: VecDeque<Text> = texts.iter().map(|t| Text::from(t.as_str())).collect();
         for mut queue in [spliced, plain] {
@@ -722,15 +737,7 @@ mod tests {
             [20, 40],
             "one slice per spliced frame, two per plain one"
         );
-        let want: Vec<Message> = texts
-            .iter()
-            .chain(&texts)
-            .map(|t| Message::Text(t.as_str().into()))
-            .collect();
-        assert_eq!(
-            read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
-            want
-        );
+        assert_reads_back(writes, texts.iter().chain(&texts).map(String::as_str));
     }
 
     /// The texts of one batch (spliced one after another, `Text::in_batch`)
@@ -739,21 +746,10 @@ mod tests {
     /// bytes read back as the frames sent, in order.
     #[test]
     fn a_batch_s_texts_are_written_as_few_slices() {
-        use crate::wire::{Edit, EditValue, splice_at};
-        use bytes::BytesMut;
         let writer = recording_writer();
-        let texts: Vec<String> = (0..20).map(|i| format!("[{i:>300}]")).collect();
-        let mut arena = BytesMut::new();
-        let pieces: Vec<_> = texts
-            .iter()
-            .map(|t| {
-                let mut edits = [Edit {
-                    range: 1..t.len() - 1,
-                    replacement: EditValue::Raw(&t[1..t.len() - 1]),
-                }];
-                splice_at(t, &mut edits, &mut arena).unwrap()
-            })
-            .collect();
+        let mut arena = bytes::BytesMut::new();
+        let (texts, pieces) =
+            spliced_unchanged(|t, edits| crate::wire::splice_at(t, edits, &mut arena).unwrap());
         let whole = arena.freeze();
         let mut queue: VecDeque<Text> = pieces.iter().map(|p| Text::in_batch(&whole, *p)).collect();
         let framed = queue[0].framed().map_or(0, <[u8]>::len);
@@ -765,17 +761,12 @@ mod tests {
         let per_slice = SLICE_BYTES / framed;
         assert!(per_slice > 1, "{framed}-byte frames");
         assert_eq!(slices, [2 * 10usize.div_ceil(per_slice) + 2]);
-        let want: Vec<Message> = texts[..10]
+        let want = texts[..10]
             .iter()
             .map(String::as_str)
             .chain(["between"])
-            .chain(texts[10..].iter().map(String::as_str))
-            .map(|t| Message::Text(t.into()))
-            .collect();
-        assert_eq!(
-            read_all(writes.into_iter().flat_map(|(_, b)| b).collect()),
-            want
-        );
+            .chain(texts[10..].iter().map(String::as_str));
+        assert_reads_back(writes, want);
     }
 
     impl Recorder {

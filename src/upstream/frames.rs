@@ -1313,6 +1313,21 @@ mod tests {
         (more, taken, refused)
     }
 
+    /// The texts a client socket's `Stream` reads from `chunks` (which
+    /// never takes the short cut), then the error that ended it, if any.
+    async fn read_texts(limits: FrameLimits, chunks: Vec<Vec<u8>>) -> Vec<Result<String, String>> {
+        let (mut ws, _) = socket(Role::Client, limits, chunks);
+        drain(&mut ws)
+            .await
+            .into_iter()
+            .filter_map(|m| match m {
+                Ok(Message::Text(t)) => Some(Ok(t.to_string())),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect()
+    }
+
     /// Everything `take_texts` takes from `chunks` until the stream ends:
     /// the texts, then the error that ended it, if any.
     async fn take_all(limits: FrameLimits, chunks: Vec<Vec<u8>>) -> Vec<Result<String, String>> {
@@ -1373,16 +1388,7 @@ mod tests {
         ] {
             for chunk in [bytes.len(), 7] {
                 let chunks: Vec<Vec<u8>> = bytes.chunks(chunk).map(<[u8]>::to_vec).collect();
-                let (mut ws, _) = socket(Role::Client, limits, chunks.clone());
-                let reference: Vec<Result<String, String>> = drain(&mut ws)
-                    .await
-                    .into_iter()
-                    .filter_map(|m| match m {
-                        Ok(Message::Text(t)) => Some(Ok(t.to_string())),
-                        Ok(_) => None,
-                        Err(e) => Some(Err(e)),
-                    })
-                    .collect();
+                let reference = read_texts(limits, chunks.clone()).await;
                 let taken = take_all(limits, chunks).await;
                 assert_eq!(
                     taken, reference,
@@ -1455,16 +1461,7 @@ mod tests {
                 chunks.push(chunk.to_vec());
                 rest = tail;
             }
-            let (mut ws, _) = socket(Role::Client, limits, chunks.clone());
-            let reference: Vec<Result<String, String>> = drain(&mut ws)
-                .await
-                .into_iter()
-                .filter_map(|m| match m {
-                    Ok(Message::Text(t)) => Some(Ok(t.to_string())),
-                    Ok(_) => None,
-                    Err(e) => Some(Err(e)),
-                })
-                .collect();
+            let reference = read_texts(limits, chunks.clone()).await;
             assert_eq!(take_all(limits, chunks).await, reference, "{bytes:?}");
         }
     }
