@@ -129,6 +129,20 @@ pub struct ListenConfig {
     /// threads instead.
     #[serde(default)]
     pub edge_threads: Option<usize>,
+    /// Time slice, in microseconds, each edge thread asks the kernel for
+    /// (`edge::slice`, Linux 6.12 and later; the kernel clamps it to
+    /// 100–100,000): a short slice lets a woken edge thread run at once
+    /// instead of after the process that woke it. Default 100; 0 keeps the
+    /// kernel's default.
+    #[serde(default = "default_edge_slice_us")]
+    pub edge_slice_us: u64,
+}
+
+impl ListenConfig {
+    /// The slice edge threads ask for, if any (`edge_slice_us`).
+    pub fn edge_slice(&self) -> Option<std::time::Duration> {
+        (self.edge_slice_us > 0).then(|| std::time::Duration::from_micros(self.edge_slice_us))
+    }
 }
 
 /// Relay-owned state.
@@ -230,6 +244,11 @@ pub fn default_auth_failure_limit() -> u32 {
 /// The auth-failure window, in seconds.
 pub fn default_auth_failure_window_secs() -> u64 {
     60
+}
+
+/// The edge threads' time slice, in microseconds: the kernel's least.
+pub fn default_edge_slice_us() -> u64 {
+    100
 }
 
 /// Bounds; every field has a default.

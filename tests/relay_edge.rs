@@ -950,3 +950,63 @@ async fn a_client_close_releases_the_connection_promptly() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+// ─── The edge threads' time slice ───────────────────────────────────────────
+
+/// Whether the running kernel honours a thread's requested slice (6.12 and later).
+fn kernel_honours_slices() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
+}
+
+/// The time slice (ns) of each of this process's `ahp-edge-*` threads, from `/proc`.
+fn edge_thread_slices() -> Vec<u64> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut slices = Vec::new();
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("ahp-edge-") || comm.starts_with("ahp-edge-stop") {
+            continue;
+        }
+        let sched = std::fs::read_to_string(task.path().join("sched")).unwrap_or_default();
+        let slice: Option<u64> = sched
+            .lines()
+            .find(|l| l.starts_with("se.slice"))
+            .and_then(|l| l.rsplit(':').next())
+            .and_then(|v| v.trim().parse().ok());
+        slices.extend(slice);
+    }
+    slices
+}
+
+/// A relay configured with `edge_slice_us` serves clients from edge threads
+/// running with that slice; every other relay's edge threads in this test
+/// process run with the default (100 µs), none with the kernel's.
+#[tokio::test]
+async fn edge_threads_run_with_the_configured_time_slice() {
+    if !kernel_honours_slices() {
+        eprintln!("skipped: this kernel predates custom time slices (Linux 6.12)");
+        return;
+    }
+    let t = TestRelay::start_tweaked(vec![fast_config("sliced", 1)], "", "", |c| {
+        c.listen.edge_slice_us = 400;
+    })
+    .await;
+    t.wait_hosts_up().await;
+    assert_works(&mut t.raw("alice").await, "c-sliced").await;
+    let slices = edge_thread_slices();
+    assert!(
+        slices.contains(&400_000),
+        "the configured relay's edge threads run with 400 µs: {slices:?}"
+    );
+    assert!(
+        slices.iter().all(|s| *s == 400_000 || *s == 100_000),
+        "every edge thread runs with the configured or the default slice: {slices:?}"
+    );
+}

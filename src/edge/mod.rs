@@ -15,6 +15,7 @@ pub mod pool;
 pub mod port;
 pub mod proxy;
 pub mod server;
+pub mod slice;
 pub mod socket;
 pub mod standing;
 pub mod status;

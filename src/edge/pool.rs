@@ -39,15 +39,18 @@ impl EdgePool {
     /// How long the relay's pool lets connections finish once dropped.
     pub const LINGER: Duration = Duration::from_secs(10);
 
-    /// `threads` runtimes of one worker each, named `ahp-edge-<n>`; once
-    /// dropped, their tasks have `linger` to end before they are dropped.
-    pub fn new(threads: usize, linger: Duration) -> std::io::Result<Self> {
+    /// `threads` runtimes of one worker each, named `ahp-edge-<n>`, each
+    /// thread asking the kernel for `slice` as its time slice when given
+    /// (`edge::slice`); once dropped, their tasks have `linger` to end
+    /// before they are dropped.
+    pub fn new(threads: usize, linger: Duration, slice: Option<Duration>) -> std::io::Result<Self> {
         let mut runtimes = Vec::with_capacity(threads);
         for n in 0..threads {
             runtimes.push(
                 Builder::new_multi_thread()
                     .worker_threads(1)
                     .thread_name(format!("ahp-edge-{n}"))
+                    .on_thread_start(move || ask_for_slice(slice))
                     .enable_all()
                     .build()?,
             );
@@ -88,6 +91,17 @@ impl EdgePool {
             Some(h) => drop(h.spawn(task)),
             None => drop(tokio::spawn(task)),
         }
+    }
+}
+
+/// Runs on each of the pool's threads as it starts (workers and the
+/// threads `block_in_place` adds alike). A refused request leaves the
+/// kernel's default slice: slower wake-ups, never a failure.
+fn ask_for_slice(slice: Option<Duration>) {
+    if let Some(slice) = slice
+        && let Err(e) = super::slice::request(slice)
+    {
+        tracing::warn!(error = %e, "an edge thread keeps the kernel's default time slice");
     }
 }
 
@@ -145,7 +159,7 @@ mod tests {
 
     #[tokio::test]
     async fn tasks_go_to_each_runtime_in_turn_and_their_children_stay_there() {
-        let pool = EdgePool::new(2, Duration::ZERO).expect("runtimes");
+        let pool = EdgePool::new(2, Duration::ZERO, None).expect("runtimes");
         let mut seen = Vec::new();
         for _ in 0..4 {
             let (me, child) = threads_of_one_task(&pool).await;
@@ -193,7 +207,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_pool_drops_what_is_left_after_its_linger() {
-        let pool = EdgePool::new(1, Duration::from_millis(300)).expect("runtimes");
+        let pool = EdgePool::new(1, Duration::from_millis(300), None).expect("runtimes");
         let dropped = endless_task(&pool).await;
         let at = std::time::Instant::now();
         drop(pool);
@@ -210,7 +224,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_pool_lets_its_tasks_finish() {
-        let pool = EdgePool::new(1, Duration::from_secs(5)).expect("runtimes");
+        let pool = EdgePool::new(1, Duration::from_secs(5), None).expect("runtimes");
         let (finish, finished) = tokio::sync::oneshot::channel::<()>();
         let (done_tx, done) = tokio::sync::oneshot::channel();
         pool.spawn(async move {
@@ -226,13 +240,46 @@ mod tests {
 
     #[test]
     fn block_in_place_works_on_an_edge_runtime() {
-        let pool = EdgePool::new(1, Duration::ZERO).expect("runtimes");
+        let pool = EdgePool::new(1, Duration::ZERO, None).expect("runtimes");
         let (tx, rx) = std::sync::mpsc::channel();
         pool.spawn(async move {
             let v = tokio::task::block_in_place(|| 7);
             let _ = tx.send(v);
         });
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(7));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_pools_threads_ask_for_their_slice_and_others_do_not() {
+        let pool =
+            EdgePool::new(1, Duration::ZERO, Some(Duration::from_micros(300))).expect("runtimes");
+        let plain = EdgePool::new(1, Duration::ZERO, None).expect("runtimes");
+        let slice_on = |pool: &EdgePool| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            pool.spawn(async move {
+                let _ = tx.send(crate::edge::slice::current_slice_ns());
+            });
+            rx
+        };
+        let (sliced, default) = (
+            slice_on(&pool).await.expect("ran"),
+            slice_on(&plain).await.expect("ran"),
+        );
+        if !crate::edge::slice::kernel_honours_slices() {
+            eprintln!("skipped: this kernel predates custom slices");
+            return;
+        }
+        assert_ne!(
+            default,
+            Some(300_000),
+            "a pool without a slice keeps the kernel's"
+        );
+        assert_eq!(
+            sliced,
+            Some(300_000),
+            "an edge thread runs with the slice it asked for"
+        );
     }
 
     #[test]

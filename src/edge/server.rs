@@ -74,7 +74,11 @@ impl Edge {
         let listen = port.listen();
         let pool = match EdgePool::threads_for(listen.edge_threads) {
             0 => None,
-            n => Some(Arc::new(EdgePool::new(n, EdgePool::LINGER)?)),
+            n => Some(Arc::new(EdgePool::new(
+                n,
+                EdgePool::LINGER,
+                listen.edge_slice(),
+            )?)),
         };
         let limiter = FailureLimiter::new(
             listen.auth_failure_limit,
