@@ -773,7 +773,8 @@ impl Floor {
     /// As [`Floor::start`], on two single-threaded runtimes (one thread
     /// each, as nginx's two workers each own their connections): the
     /// listener hands clients to them in turn, and a client's tasks stay on
-    /// its runtime.
+    /// its runtime. Each thread asks for the relay's default time slice, as
+    /// the relay's edge threads do (`edge::slice`).
     fn start_per_core(
         hosts: &[String],
         cert: &std::path::Path,
@@ -798,6 +799,8 @@ impl Floor {
                     if let Some(tid) = this_tid() {
                         seen.lock().unwrap_or_else(|e| e.into_inner()).push(tid);
                     }
+                    let slice = Duration::from_micros(ahp_relay::config::default_edge_slice_us());
+                    let _ = ahp_relay::edge::slice::request(slice);
                     let _ = rt.block_on(stopped);
                 })?;
         }
@@ -2894,14 +2897,15 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
         "   its own host and fresh chats); added = path − direct in the same round. Medians over rounds, min–max."
     );
     println!(
-        "   {FLOOR_CORE} and {WORK_FLOOR_CORE}: the floors of section 1 on one single-threaded runtime per core"
+        "   {FLOOR_CORE} and {WORK_FLOOR_CORE}: the floors of section 1 on one single-threaded runtime per core,"
     );
     println!(
-        "   (the least tokio + rustls, and the contract's per-frame work on it, cost at this load); {RELAY_SHARED}:"
+        "   with the edge threads' time slice (the least tokio + rustls, and the contract's per-frame work on it,"
     );
     println!(
-        "   the relay with its connections on the shared runtime (edge_threads = 0) instead of its edge threads."
+        "   cost at this load); {RELAY_SHARED}: the relay with its connections on the shared runtime"
     );
+    println!("   (edge_threads = 0, the kernel's default slice) instead of its edge threads.");
     println!(
         "   {:>23} {:>7} {:>11} {:>7} {:>13} {:>8} {:>15} {:>17}",
         "path", "p50 µs", "runs", "p99 µs", "runs", "max µs", "added p50 µs", "added p99 µs"
