@@ -133,7 +133,8 @@ pub struct ListenConfig {
     /// (`edge::slice`, Linux 6.12 and later; the kernel clamps it to
     /// 100–100,000): a short slice lets a woken edge thread run at once
     /// instead of after the process that woke it. Default 100; 0 keeps the
-    /// kernel's default.
+    /// kernel's default, as do the main runtime's threads (`edge_threads =
+    /// 0`). A kernel before 6.12 ignores it (logged at start).
     #[serde(default = "default_edge_slice_us")]
     pub edge_slice_us: u64,
 }

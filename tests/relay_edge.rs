@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ahp_relay::devkit::{DEV_AUDIENCE, DEV_ISSUER};
+use ahp_relay::edge::slice::{kernel_honours_slices, reported_slice};
 use ahp_relay::identity::unix_now;
 use ahp_relay::upstream::dial::{DialError, DialOptions, dial_stream};
 use base64::Engine as _;
@@ -953,16 +954,6 @@ async fn a_client_close_releases_the_connection_promptly() {
 
 // ─── The edge threads' time slice ───────────────────────────────────────────
 
-/// Whether the running kernel honours a thread's requested slice (6.12 and later).
-fn kernel_honours_slices() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 12)
-}
-
 /// The time slice (ns) of each of this process's `ahp-edge-*` threads, from `/proc`.
 fn edge_thread_slices() -> Vec<u64> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -974,12 +965,8 @@ fn edge_thread_slices() -> Vec<u64> {
         if !comm.starts_with("ahp-edge-") || comm.starts_with("ahp-edge-stop") {
             continue;
         }
-        let sched = std::fs::read_to_string(task.path().join("sched")).unwrap_or_default();
-        let slice: Option<u64> = sched
-            .lines()
-            .find(|l| l.starts_with("se.slice"))
-            .and_then(|l| l.rsplit(':').next())
-            .and_then(|v| v.trim().parse().ok());
+        let slice = reported_slice(&task.path().join("sched"))
+            .and_then(|d| u64::try_from(d.as_nanos()).ok());
         slices.extend(slice);
     }
     slices

@@ -80,6 +80,12 @@ impl Edge {
                 listen.edge_slice(),
             )?)),
         };
+        if pool.is_some() && listen.edge_slice().is_some() && !super::slice::kernel_honours_slices()
+        {
+            tracing::info!(
+                "edge_slice_us has no effect on this kernel (custom time slices need Linux 6.12)"
+            );
+        }
         let limiter = FailureLimiter::new(
             listen.auth_failure_limit,
             Duration::from_secs(listen.auth_failure_window_secs),

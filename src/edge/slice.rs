@@ -63,28 +63,40 @@ pub fn request(_slice: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
-/// What the calling thread's slice is, as `/proc` reports it (tests; `None`
-/// on kernels without EEVDF's `se.slice`).
-#[cfg(all(test, target_os = "linux"))]
-pub(crate) fn current_slice_ns() -> Option<u64> {
-    // SAFETY: `gettid` takes no arguments and cannot fail.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    let sched = std::fs::read_to_string(format!("/proc/self/task/{tid}/sched")).ok()?;
+/// The time slice the kernel reports in a thread's `sched` file
+/// (`/proc/thread-self/sched`, `/proc/<pid>/task/<tid>/sched`): its
+/// `se.slice` line, which EEVDF kernels (6.6 and later) print; `None` where
+/// there is none.
+pub fn reported_slice(sched_file: &std::path::Path) -> Option<Duration> {
+    let sched = std::fs::read_to_string(sched_file).ok()?;
     let line = sched.lines().find(|l| l.starts_with("se.slice"))?;
-    line.rsplit(':').next()?.trim().parse().ok()
+    let ns = line.rsplit(':').next()?.trim().parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
-/// Whether the running kernel honours custom slices (6.12 and later), from
-/// its release string, independently of [`request`] (tests).
-#[cfg(all(test, target_os = "linux"))]
-pub(crate) fn kernel_honours_slices() -> bool {
+/// Whether the running kernel honours a requested slice: Linux 6.12 and
+/// later, read from its release (`/proc/sys/kernel/osrelease`); older ones
+/// accept [`request`] and ignore the value.
+pub fn kernel_honours_slices() -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    cfg!(target_os = "linux") && release_honours_slices(&release)
+}
+
+/// Whether a Linux release string (`6.12.0-1-amd64`) is 6.12 or later.
+fn release_honours_slices(release: &str) -> bool {
     let mut parts = release
         .trim()
         .split(['.', '-'])
         .map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) >= (6, 12)
+}
+
+/// The calling thread's reported slice (tests).
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn current_slice_ns() -> Option<u64> {
+    let slice = reported_slice(std::path::Path::new("/proc/thread-self/sched"))?;
+    u64::try_from(slice.as_nanos()).ok()
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -125,6 +137,22 @@ mod tests {
             Some(250_000),
             "the thread runs with the slice it asked for"
         );
+    }
+
+    #[test]
+    fn custom_slices_are_honoured_from_linux_6_12() {
+        for (release, honoured) in [
+            ("6.12.0", true),
+            ("6.18.44", true),
+            ("6.12.9-1-amd64\n", true),
+            ("7.0.1", true),
+            ("6.11.11", false),
+            ("6.6.0-rt", false),
+            ("5.15.0-105-generic", false),
+            ("", false),
+        ] {
+            assert_eq!(release_honours_slices(release), honoured, "{release:?}");
+        }
     }
 
     #[test]
