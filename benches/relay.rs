@@ -29,7 +29,10 @@
 //! `AHP_BENCH_ALT_BIN=<path to another ahp-relay build>` adds it to section 3
 //! as "relay (alt)", configured as "relay", run next to it and taking turns
 //! going first, and prints alt − relay per round and per order (an A/B of
-//! two builds in the same rounds); `AHP_BENCH_PACED_RATE=<n>`
+//! two builds in the same rounds); `AHP_BENCH_RELAY_BIN=<path>` measures
+//! that build as "relay" instead of this package's (how
+//! `scripts/pgo-profile.sh` trains the profile-guided build);
+//! `AHP_BENCH_PACED_RATE=<n>`
 //! paces section 3's streams at n deltas/s instead of 1000 (e.g. for an alt
 //! binary that is a wrapper running the relay under callgrind). Linux only
 //! (`/proc`).
@@ -396,7 +399,7 @@ impl RelayProc {
         // configured the same way, measured in the same rounds.
         let bin = match tag.ends_with("-alt") {
             true => std::env::var("AHP_BENCH_ALT_BIN")?,
-            false => env!("CARGO_BIN_EXE_ahp-relay").to_string(),
+            false => relay_bin(),
         };
         let mut child = Command::new(bin)
             .arg("serve")
@@ -509,6 +512,14 @@ impl RelayProc {
             qualify: true,
         }
     }
+}
+
+/// The relay build measured as "relay": this package's, or the one
+/// `AHP_BENCH_RELAY_BIN` names (e.g. the instrumented build that
+/// `scripts/pgo-profile.sh` trains).
+fn relay_bin() -> String {
+    std::env::var("AHP_BENCH_RELAY_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ahp-relay").to_string())
 }
 
 impl Drop for RelayProc {
@@ -3338,7 +3349,7 @@ async fn run(s: Settings) {
     );
     println!(
         "({} serve). Delta text {} bytes. The machine is shared: figures vary between runs.\n",
-        env!("CARGO_BIN_EXE_ahp-relay"),
+        relay_bin(),
         DELTA_BYTES
     );
     let begin = Instant::now();
