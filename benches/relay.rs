@@ -31,7 +31,7 @@
 //! going first, and prints alt − relay per round and per order (an A/B of
 //! two builds in the same rounds); `AHP_BENCH_RELAY_BIN=<path>` measures
 //! that build as "relay" instead of this package's (how
-//! `scripts/pgo-profile.sh` trains the profile-guided build);
+//! `pgo/train.sh` trains the profile-guided build);
 //! `AHP_BENCH_PACED_RATE=<n>`
 //! paces section 3's streams at n deltas/s instead of 1000 (e.g. for an alt
 //! binary that is a wrapper running the relay under callgrind). Linux only
@@ -516,7 +516,7 @@ impl RelayProc {
 
 /// The relay build measured as "relay": this package's, or the one
 /// `AHP_BENCH_RELAY_BIN` names (e.g. the instrumented build that
-/// `scripts/pgo-profile.sh` trains).
+/// `pgo/train.sh` trains).
 fn relay_bin() -> String {
     std::env::var("AHP_BENCH_RELAY_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ahp-relay").to_string())
