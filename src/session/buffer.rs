@@ -184,23 +184,37 @@ impl ReplayBuffer {
     /// atomic operation on the account, not one each.
     pub fn push_unsettled(&mut self, seq: u64, frame: Text) -> (usize, usize) {
         let added = envelope_cost(frame.len());
+        let (mut frames, mut bytes) = (0, 0);
+        // A full buffer makes room before the push, not after: it never
+        // holds more than `max_frames`, so its slots stay at what that many
+        // need (one push past a full ring doubled them, half never counted).
+        while self.frames.len() >= self.max_frames.max(1) {
+            let Some(cost) = self.evict_oldest() else {
+                break;
+            };
+            frames += 1;
+            bytes += cost;
+        }
         self.bytes += added;
         self.frames.push_back((seq, frame));
-        let (mut frames, mut bytes) = (0, 0);
         while self.frames.len() > self.max_frames || self.bytes > self.max_bytes {
-            match self.frames.pop_front() {
-                Some((s, f)) => {
-                    let cost = envelope_cost(f.len());
-                    self.bytes -= cost;
-                    self.evicted_through = s;
-                    frames += 1;
-                    bytes += cost;
-                }
-                None => break,
-            }
+            let Some(cost) = self.evict_oldest() else {
+                break;
+            };
+            frames += 1;
+            bytes += cost;
         }
         self.unsettled += added as isize - bytes as isize;
         (frames, bytes)
+    }
+
+    /// Evicts the oldest frame; its cost, or `None` if there is none.
+    fn evict_oldest(&mut self) -> Option<usize> {
+        let (seq, frame) = self.frames.pop_front()?;
+        let cost = envelope_cost(frame.len());
+        self.bytes -= cost;
+        self.evicted_through = seq;
+        Some(cost)
     }
 
     /// Adds what was pushed since the last settlement to the relay-wide
@@ -313,6 +327,30 @@ mod tests {
         b.push(1, Text::from("123456".to_string()));
         b.push(2, Text::from("123456".to_string()));
         assert_eq!(b.usage(), (1, six), "two frames cost more than the bound");
+    }
+
+    #[test]
+    fn a_full_buffer_keeps_the_slots_its_bound_needs() {
+        // The cost model counts one slot per frame held: a ring that grew
+        // past its bound would hold memory nothing accounts for.
+        let mut b = ReplayBuffer::new(4096, usize::MAX);
+        for i in 1..=10_000 {
+            b.push(i, Text::from("f".to_string()));
+        }
+        assert_eq!(b.usage().0, 4096);
+        assert_eq!(b.evicted_through(), 10_000 - 4096);
+        assert!(
+            b.frames.capacity() <= 4096,
+            "slots {} for a bound of 4096",
+            b.frames.capacity()
+        );
+        let mut one = ReplayBuffer::new(0, usize::MAX);
+        assert_eq!(
+            one.push(1, Text::from("f".to_string())).0,
+            1,
+            "a zero bound keeps nothing"
+        );
+        assert_eq!(one.usage(), (0, 0));
     }
 
     #[test]
