@@ -868,6 +868,113 @@ impl Floor {
     }
 }
 
+/// The environment variable that makes this binary a floor process
+/// ([`floor_child`]): `work` or `plain`, then the certificate, key and host
+/// URL, separated by newlines.
+const FLOOR_CHILD_ENV: &str = "AHP_BENCH_FLOOR_CHILD";
+
+/// A per-core floor ([`Floor::start_per_core`]) in a process of its own,
+/// this binary run again: a proxy process beside the load's host and
+/// clients, as the relay, nginx and HAProxy are, so its context switches
+/// to and from them cross address spaces as theirs do (the in-process
+/// floors share the load's).
+struct FloorProc {
+    child: Child,
+    pid: String,
+    port: u16,
+    label: &'static str,
+}
+
+impl FloorProc {
+    fn start(
+        host: &str,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        work: bool,
+    ) -> Result<Self> {
+        let spec = format!(
+            "{}\n{}\n{}\n{host}",
+            if work { "work" } else { "plain" },
+            cert.display(),
+            key.display()
+        );
+        let mut child = Command::new(std::env::current_exe()?)
+            .env(FLOOR_CHILD_ENV, spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let pid = child.id().to_string();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+        let port = line
+            .trim()
+            .strip_prefix("port ")
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("floor process: {line:?}"))?;
+        let label = if work {
+            "work-floor-proc"
+        } else {
+            "floor-proc"
+        };
+        Ok(Self {
+            child,
+            pid,
+            port,
+            label,
+        })
+    }
+
+    fn endpoint(&self, ca: &std::path::Path) -> Endpoint {
+        Endpoint {
+            label: self.label,
+            url: format!("wss://127.0.0.1:{}/", self.port),
+            ca: Some(ca.to_path_buf()),
+            kit: None,
+            qualify: false,
+        }
+    }
+}
+
+impl Measured for FloorProc {
+    fn cpu(&self) -> Cpu {
+        Cpu::read(&self.pid)
+    }
+    fn thread_ns(&self) -> Vec<(u64, u64)> {
+        thread_ns_of(&self.pid)
+    }
+    fn last_log(&self) -> String {
+        String::new()
+    }
+}
+
+impl Drop for FloorProc {
+    fn drop(&mut self) {
+        // Its stdin closing ends it.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The floor process's body ([`FLOOR_CHILD_ENV`]): a per-core floor in
+/// front of one host, its port printed as `port <n>`, until stdin closes.
+fn floor_child(spec: &str) -> Result<()> {
+    let mut parts = spec.split('\n');
+    let mut next = || parts.next().ok_or("floor spec: too short");
+    let work = next()? == "work";
+    let (cert, key) = (PathBuf::from(next()?), PathBuf::from(next()?));
+    let host = next()?.to_string();
+    let floor = Floor::start_per_core(&[host], &cert, &key, work)?;
+    println!("port {}", floor.ports.first().copied().unwrap_or(0));
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let mut sink = String::new();
+    while std::io::stdin().read_line(&mut sink)? > 0 {
+        sink.clear();
+    }
+    drop(floor);
+    Ok(())
+}
+
 /// A listener for the floor in front of `host` (a `ws://` URL), its port
 /// added to `ports`; and the upstream's `host:port`.
 fn floor_listener(host: &str, ports: &mut Vec<u16>) -> Result<(std::net::TcpListener, String)> {
@@ -2008,6 +2115,9 @@ fn min_max(v: &[f64]) -> String {
 /// connections on the shared runtime (`[listen] edge_threads = 0`).
 const FLOOR_CORE: &str = "floor/core wss://";
 const WORK_FLOOR_CORE: &str = "work floor/core wss://";
+/// The same floors, each in a process of its own ([`FloorProc`]).
+const FLOOR_PROC: &str = "floor/proc wss://";
+const WORK_FLOOR_PROC: &str = "work floor/proc wss://";
 const RELAY_SHARED: &str = "relay, shared rt wss://";
 /// Section 3's A/B path: the binary `AHP_BENCH_ALT_BIN` names, as "relay".
 const RELAY_ALT: &str = "relay (alt) wss://";
@@ -2022,7 +2132,7 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
     let sessions = s.latency_runs * PACED_STREAMS;
     let mut hosts = Vec::new();
     let tags = ["d", "t", "p", "n", "h"].into_iter().take(3 + peers.len());
-    for tag in tags.chain(["f", "w", "s"]) {
+    for tag in tags.chain(["f", "w", "s", "fp", "wp"]) {
         hosts.push(paced_host(&format!("lat-{tag}"), sessions).await?);
     }
     let tls = RelayProc::start("lat-tls", &[pair(&hosts[1])], true, "").await?;
@@ -2036,10 +2146,12 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
     let floor = Floor::start_per_core(&[hosts[n].url()], &cert, &key, false)?;
     let work = Floor::start_per_core(&[hosts[n + 1].url()], &cert, &key, true)?;
     let shared = RelayProc::start("lat-tls-shared", &[pair(&hosts[n + 2])], true, "").await?;
+    let floor_proc = FloorProc::start(&hosts[n + 3].url(), &cert, &key, false)?;
+    let work_proc = FloorProc::start(&hosts[n + 4].url(), &cert, &key, true)?;
     let alt = match std::env::var_os("AHP_BENCH_ALT_BIN") {
         Some(_) => {
             hosts.push(paced_host("lat-a", sessions).await?);
-            let h = pair(&hosts[n + 3]);
+            let h = pair(&hosts[n + 5]);
             Some(RelayProc::start("lat-tls-alt", &[h], true, "").await?)
         }
         None => None,
@@ -2060,6 +2172,10 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
     }
     eps.push((shared.endpoint("relay-shared"), Some(&shared)));
     paths.push(RELAY_SHARED.into());
+    for (f, path) in [(&floor_proc, FLOOR_PROC), (&work_proc, WORK_FLOOR_PROC)] {
+        eps.push((f.endpoint(&cert), Some(f as &dyn Measured)));
+        paths.push(path.into());
+    }
     if let Some(alt) = &alt {
         eps.push((alt.endpoint("relay-alt"), Some(alt)));
         paths.push(RELAY_ALT.into());
@@ -2085,6 +2201,7 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
         }
     }
     drop((tls, plain, proxies, floor, work, shared, alt));
+    drop((floor_proc, work_proc));
     for h in hosts {
         stop_host(h).await;
     }
@@ -2916,7 +3033,12 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
     println!(
         "   cost at this load); {RELAY_SHARED}: the relay with its connections on the shared runtime"
     );
-    println!("   (edge_threads = 0, the kernel's default slice) instead of its edge threads.");
+    println!(
+        "   (edge_threads = 0, the kernel's default slice) instead of its edge threads. {FLOOR_PROC} and"
+    );
+    println!(
+        "   {WORK_FLOOR_PROC}: the same floors each in a process of its own (this binary run again), as a proxy is."
+    );
     println!(
         "   {:>23} {:>7} {:>11} {:>7} {:>13} {:>8} {:>15} {:>17}",
         "path", "p50 µs", "runs", "p99 µs", "runs", "max µs", "added p50 µs", "added p99 µs"
@@ -3003,7 +3125,7 @@ fn p99_against_nginx(l: &Latency) {
         return;
     };
     let base = l.added_by_round(nginx, |x| x.p99);
-    for name in ["relay wss://", WORK_FLOOR_CORE] {
+    for name in ["relay wss://", WORK_FLOOR_CORE, WORK_FLOOR_PROC] {
         let Some(p) = l.path(name) else { continue };
         let ratios: Vec<String> = l
             .added_by_round(p, |x| x.p99)
@@ -3027,7 +3149,7 @@ fn p99_against_nginx(l: &Latency) {
             ratios.len()
         );
     }
-    for name in ["nginx", "relay wss://", WORK_FLOOR_CORE] {
+    for name in ["nginx", "relay wss://", WORK_FLOOR_CORE, WORK_FLOOR_PROC] {
         let Some(p) = l.path(name) else { continue };
         let s = &l.series[p];
         let each: Vec<String> = s
@@ -3404,6 +3526,9 @@ async fn run(s: Settings) {
 }
 
 fn main() -> Result<()> {
+    if let Ok(spec) = std::env::var(FLOOR_CHILD_ENV) {
+        return floor_child(&spec);
+    }
     let settings = Settings::from_env();
     let hosts = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
