@@ -663,13 +663,7 @@ impl Peer {
     }
 
     fn endpoint(&self, label: &'static str, ca: &std::path::Path) -> Endpoint {
-        Endpoint {
-            label,
-            url: format!("wss://127.0.0.1:{}/", self.port),
-            ca: Some(ca.to_path_buf()),
-            kit: None,
-            qualify: false,
-        }
+        Endpoint::proxy(label, self.port, ca)
     }
 }
 
@@ -851,16 +845,7 @@ impl Floor {
     }
 
     fn endpoint(&self, i: usize, ca: &std::path::Path) -> Endpoint {
-        Endpoint {
-            label: self.label,
-            url: format!(
-                "wss://127.0.0.1:{}/",
-                self.ports.get(i).copied().unwrap_or(0)
-            ),
-            ca: Some(ca.to_path_buf()),
-            kit: None,
-            qualify: false,
-        }
+        Endpoint::proxy(self.label, self.ports.get(i).copied().unwrap_or(0), ca)
     }
 
     fn tids(&self) -> Vec<u64> {
@@ -926,13 +911,7 @@ impl FloorProc {
     }
 
     fn endpoint(&self, ca: &std::path::Path) -> Endpoint {
-        Endpoint {
-            label: self.label,
-            url: format!("wss://127.0.0.1:{}/", self.port),
-            ca: Some(ca.to_path_buf()),
-            kit: None,
-            qualify: false,
-        }
+        Endpoint::proxy(self.label, self.port, ca)
     }
 }
 
@@ -1084,6 +1063,17 @@ struct Endpoint {
 }
 
 impl Endpoint {
+    /// A TLS-terminating proxy or floor at `port` on loopback, trusting `ca`.
+    fn proxy(label: &'static str, port: u16, ca: &std::path::Path) -> Self {
+        Endpoint {
+            label,
+            url: format!("wss://127.0.0.1:{port}/"),
+            ca: Some(ca.to_path_buf()),
+            kit: None,
+            qualify: false,
+        }
+    }
+
     fn direct(label: &'static str, host: &SimHost) -> Self {
         Endpoint {
             label,
