@@ -34,7 +34,9 @@
 //! `pgo/train.sh` trains the profile-guided build);
 //! `AHP_BENCH_PACED_RATE=<n>`
 //! paces section 3's streams at n deltas/s instead of 1000 (e.g. for an alt
-//! binary that is a wrapper running the relay under callgrind). Linux only
+//! binary that is a wrapper running the relay under callgrind);
+//! `AHP_BENCH_PACED_FRAME_BYTES=<n>` makes section 3's host frames n bytes
+//! instead of the simhost's 320 (every path's frames change alike). Linux only
 //! (`/proc`).
 
 use std::collections::VecDeque;
@@ -2028,15 +2030,27 @@ impl Lat {
 /// may wait to be written, so a slow path delays frames after their stamp
 /// (latency) and never holds the stamp back (which would hide it).
 async fn paced_host(name: &str, sessions: usize) -> Result<SimHost> {
-    start_configured(SimHostConfig {
+    let mut config = SimHostConfig {
         sessions,
         stream_rate: paced_rate(),
         stream_in_flight: 4 * paced_rate() as usize,
         replay_log: 20_000,
         record_limit: 16,
         ..SimHostConfig::named(name)
-    })
-    .await
+    };
+    if let Some(bytes) = paced_frame_bytes() {
+        config.stream_frame_bytes = bytes;
+    }
+    start_configured(config).await
+}
+
+/// `AHP_BENCH_PACED_FRAME_BYTES`: the size of section 3's host frames, if
+/// set (the simhost's default otherwise).
+fn paced_frame_bytes() -> Option<usize> {
+    std::env::var("AHP_BENCH_PACED_FRAME_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&b| b > 0)
 }
 
 struct Latency {
