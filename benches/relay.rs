@@ -1409,6 +1409,10 @@ struct StreamRun {
     host_cpu_ns: u64,
     client_cpu_ns: u64,
     tls: Option<String>,
+    /// Section 3: p50 and p99 of how long the host's batches waited from
+    /// their stamp to their write (µs), the part of a path's latency spent
+    /// before the path's socket.
+    host_wait: Option<(f64, f64)>,
 }
 
 /// CPU readings taken at the start and at the end of a run.
@@ -1528,6 +1532,7 @@ impl Totals {
             host_cpu_ns: a.host.ns_since(&b.host),
             client_cpu_ns: a.client.ns_since(&b.client),
             tls: None,
+            host_wait: None,
         })
     }
 }
@@ -2036,6 +2041,7 @@ async fn paced_host(name: &str, sessions: usize) -> Result<SimHost> {
         stream_in_flight: 4 * paced_rate() as usize,
         replay_log: 20_000,
         record_limit: 16,
+        record_write_waits: true,
         ..SimHostConfig::named(name)
     };
     if let Some(bytes) = paced_frame_bytes() {
@@ -2198,8 +2204,12 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
             let tag = format!("lat{round}-{}", ep.label);
             let host = hosts[p].config().name.clone();
             let load = (&*host, round * PACED_STREAMS + 1, PACED_STREAMS, per_stream);
+            hosts[p].take_write_waits();
             match stream_run(ep, *m, load, &tag, ticks, true).await {
-                Ok(r) => out.series[p].push(round, r),
+                Ok(mut r) => {
+                    r.host_wait = wait_quantiles(hosts[p].take_write_waits());
+                    out.series[p].push(round, r);
+                }
                 Err(e) => out.errors.push(failure(&tag, &e, *m)),
             }
         }
@@ -2210,6 +2220,16 @@ async fn latency(s: &Settings, ticks: u64) -> Result<Latency> {
         stop_host(h).await;
     }
     Ok(out)
+}
+
+/// p50 and p99 of a run's host write waits (µs), if any were noted.
+fn wait_quantiles(mut waits: Vec<u32>) -> Option<(f64, f64)> {
+    waits.sort_unstable();
+    let at = |q: f64| {
+        let i = ((waits.len() as f64 * q) as usize).min(waits.len().checked_sub(1)?);
+        waits.get(i).map(|w| f64::from(*w))
+    };
+    Some((at(0.5)?, at(0.99)?))
 }
 
 /// The order of section 3's paths in `round`: rotated by the round, so no
@@ -3068,6 +3088,7 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
         );
     }
     report_paced_load(l);
+    report_host_waits(l);
     for e in &l.errors {
         println!("   run failed: {e}");
     }
@@ -3208,6 +3229,28 @@ fn report_paced_load(l: &Latency) {
         .filter_map(|r| Some(r.latency?.samples))
         .sum();
     println!("   {samples} latency samples in all.");
+}
+
+/// Per path, how long the host's frames waited from their stamp to their
+/// write (medians over rounds): what of a path's latency is spent before
+/// its socket, where the path acts only through the machine's scheduling.
+fn report_host_waits(l: &Latency) {
+    let each: Vec<String> = l
+        .paths
+        .iter()
+        .zip(&l.series)
+        .filter_map(|(path, s)| {
+            let (p50, p99): (Vec<f64>, Vec<f64>) =
+                s.runs.iter().filter_map(|r| r.host_wait).unzip();
+            (!p50.is_empty()).then(|| format!("{path} {:.0} / {:.0}", median(p50), median(p99)))
+        })
+        .collect();
+    if !each.is_empty() {
+        println!(
+            "   the host's wait from a frame's stamp to its socket write, p50 / p99 µs: {}",
+            each.join(", ")
+        );
+    }
 }
 
 /// The §10 latency rows: added p50 and p99 of relay wss:// with the peers'

@@ -133,6 +133,44 @@ async fn paced_stream_never_runs_ahead_of_its_rate() {
     );
 }
 
+/// With `record_write_waits` the host notes, per streamed batch, how long it
+/// waited from its stamp to its write: one note per batch (at most one per
+/// delta), none longer than the whole turn took, taken once; a host
+/// without the switch notes none.
+#[tokio::test]
+async fn write_waits_are_noted_per_batch_only_when_asked() {
+    let mut cfg = load_config(2000);
+    cfg.record_write_waits = true;
+    let host = start_host(cfg).await;
+    let plain = start_host(load_config(2000)).await;
+    for (h, id) in [(&host, "waits-client"), (&plain, "plain-client")] {
+        let mut ws = RawWs::connect(&h.url()).await;
+        ws.initialize(id).await;
+        ws.request(1, "subscribe", json!({"channel": CHAT})).await;
+        let before = now_micros();
+        ws.send_json(&stream_turn("w1", 400)).await;
+        let seen = read_stream(&mut ws, "w1").await;
+        assert_eq!(seen.seqs.len(), 400);
+        let took = now_micros() - before;
+        let waits = h.take_write_waits();
+        match h.config().record_write_waits {
+            true => {
+                assert!(
+                    !waits.is_empty() && waits.len() <= 400,
+                    "{} notes",
+                    waits.len()
+                );
+                assert!(
+                    waits.iter().all(|w| u64::from(*w) <= took),
+                    "a wait longer than the turn ({took} µs): {waits:?}"
+                );
+                assert!(h.take_write_waits().is_empty(), "taken twice");
+            }
+            false => assert!(waits.is_empty(), "noted without the switch"),
+        }
+    }
+}
+
 /// Direct rate of the streaming load mode to one client, counted by a
 /// raw tokio-tungstenite reader that parses only the stamp; prints
 /// actions/s and the latency percentiles. Run in release mode.

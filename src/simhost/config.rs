@@ -40,6 +40,10 @@ impl AgentScript {
     }
 }
 
+/// Most write waits a host keeps until they are taken
+/// ([`SimHostConfig::record_write_waits`]).
+pub const MAX_WRITE_WAITS: usize = 1 << 20;
+
 /// Everything a simulated host is started with.
 #[derive(Debug, Clone)]
 pub struct SimHostConfig {
@@ -111,6 +115,12 @@ pub struct SimHostConfig {
     pub stream_in_flight: usize,
     /// Streaming load mode: approximate size of each `chat/delta` frame in bytes.
     pub stream_frame_bytes: usize,
+    /// Streaming load mode: note, for each batch written, how long it waited
+    /// between being stamped and its write to the socket completing
+    /// ([`crate::simhost::SimHost::take_write_waits`]; the bench's split of a
+    /// path's latency at the host's socket). At most [`MAX_WRITE_WAITS`] are
+    /// kept until taken.
+    pub record_write_waits: bool,
     /// Inbound frames kept in the record that tests query (oldest dropped).
     pub record_limit: usize,
     /// Largest WebSocket message accepted, in bytes.
@@ -150,6 +160,7 @@ impl Default for SimHostConfig {
             stream_batch: 256,
             stream_in_flight: 8,
             stream_frame_bytes: 320,
+            record_write_waits: false,
             record_limit: 100_000,
             max_frame_bytes: 4 * 1024 * 1024,
             protocol: HostProtocol::V1,

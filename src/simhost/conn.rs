@@ -49,7 +49,7 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, id: ConnId) {
                 }
             }
             outbound = rx.recv() => {
-                if !write_outbound(&mut sink, &mut rx, outbound).await {
+                if !write_outbound(&shared, &mut sink, &mut rx, outbound).await {
                     break;
                 }
             },
@@ -156,8 +156,10 @@ async fn on_inbound(
 
 /// Writes `first` and everything else already queued, then flushes once:
 /// a burst of envelopes leaves in as few socket writes as the write buffer
-/// allows. False when the connection is over.
+/// allows; with `record_write_waits`, each streamed batch's wait from its
+/// stamp to the flush is noted. False when the connection is over.
 async fn write_outbound(
+    shared: &Shared,
     sink: &mut Sink,
     rx: &mut mpsc::UnboundedReceiver<Outbound>,
     first: Option<Outbound>,
@@ -166,6 +168,7 @@ async fn write_outbound(
     if next.is_none() {
         return false;
     }
+    let mut stamps = Vec::new();
     while let Some(out) = next.take() {
         match out {
             Outbound::Frame(f) => {
@@ -174,6 +177,9 @@ async fn write_outbound(
                 }
             }
             Outbound::Batch(batch) => {
+                if shared.cfg.record_write_waits {
+                    stamps.push(batch.stamped);
+                }
                 for f in batch.frames.iter() {
                     if sink.feed(Message::Text(f.clone())).await.is_err() {
                         return false;
@@ -188,7 +194,11 @@ async fn write_outbound(
         }
         next = rx.try_recv().ok();
     }
-    sink.flush().await.is_ok()
+    let flushed = sink.flush().await.is_ok();
+    if !stamps.is_empty() {
+        shared.note_write_waits(super::stream::now_micros(), &stamps);
+    }
+    flushed
 }
 
 fn close_msg(code: u16, reason: &str) -> Message {

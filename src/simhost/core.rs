@@ -45,6 +45,8 @@ pub enum Outbound {
 pub struct FrameBatch {
     /// The frames, in `serverSeq` order.
     pub frames: Vec<Utf8Bytes>,
+    /// µs since the UNIX epoch just before the frames were stamped.
+    pub stamped: u64,
     /// Released when every connection has written the batch.
     pub permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -381,11 +383,13 @@ impl HostCore {
         n: u64,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
+        let stamped = super::stream::now_micros();
         let frames = render(self.seq + 1);
         self.seq += n;
         self.evicted_up_to = self.seq;
         let batch = Arc::new(FrameBatch {
             frames,
+            stamped,
             permit: Some(permit),
         });
         for c in self.conns.values() {

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::config::SimHostConfig;
+use super::config::{MAX_WRITE_WAITS, SimHostConfig};
 use super::conn;
 use super::core::HostCore;
 use super::record::{FrameRecord, Recorder};
@@ -30,6 +30,9 @@ pub struct Shared {
     pub held: watch::Sender<std::collections::HashSet<String>>,
     next_conn: AtomicU64,
     handshakes: Mutex<Vec<Handshake>>,
+    /// µs each streamed batch waited from its stamp to its write
+    /// (`record_write_waits`), until taken.
+    write_waits: Mutex<Vec<u32>>,
 }
 
 /// What a connection's WebSocket handshake carried that a host may audit:
@@ -72,6 +75,19 @@ impl Shared {
         all.push(h);
     }
 
+    /// Notes the batches stamped `stamps` as written at `now` (µs since the
+    /// epoch), keeping at most [`MAX_WRITE_WAITS`] until taken.
+    pub fn note_write_waits(&self, now: u64, stamps: &[u64]) {
+        let mut waits = self.write_waits.lock().unwrap_or_else(|e| e.into_inner());
+        let room = MAX_WRITE_WAITS.saturating_sub(waits.len());
+        waits.extend(
+            stamps
+                .iter()
+                .take(room)
+                .map(|s| u32::try_from(now.saturating_sub(*s)).unwrap_or(u32::MAX)),
+        );
+    }
+
     fn recorder(&self) -> MutexGuard<'_, Recorder> {
         self.recorder.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -100,6 +116,7 @@ impl SimHost {
             held: watch::channel(std::collections::HashSet::new()).0,
             next_conn: AtomicU64::new(1),
             handshakes: Mutex::new(Vec::new()),
+            write_waits: Mutex::new(Vec::new()),
             cfg,
         });
         let accept_shared = shared.clone();
@@ -144,6 +161,18 @@ impl SimHost {
     /// The configuration the host runs with.
     pub fn config(&self) -> &SimHostConfig {
         &self.shared.cfg
+    }
+
+    /// The write waits noted since the last call, µs each, in the order
+    /// written (empty unless `record_write_waits`).
+    pub fn take_write_waits(&self) -> Vec<u32> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .write_waits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// Simulates a process restart on the same address: every connection is
