@@ -36,8 +36,9 @@
 //! paces section 3's streams at n deltas/s instead of 1000 (e.g. for an alt
 //! binary that is a wrapper running the relay under callgrind);
 //! `AHP_BENCH_PACED_FRAME_BYTES=<n>` makes section 3's host frames n bytes
-//! instead of the simhost's 320 (every path's frames change alike). Linux only
-//! (`/proc`).
+//! instead of the simhost's 320 (every path's frames change alike);
+//! `AHP_BENCH_PACED_FRAME_JITTER=<n>` spreads their sizes over ± n/2 bytes
+//! instead of ± 32 (0: one size). Linux only (`/proc`).
 
 use std::collections::VecDeque;
 use std::error::Error;
@@ -2047,7 +2048,24 @@ async fn paced_host(name: &str, sessions: usize) -> Result<SimHost> {
     if let Some(bytes) = paced_frame_bytes() {
         config.stream_frame_bytes = bytes;
     }
+    config.stream_frame_jitter = paced_frame_jitter();
     start_configured(config).await
+}
+
+/// Section 3's host frames spread over the frame size ± half this many
+/// bytes by default, as real deltas vary: at one fixed size a receiver's
+/// window rounding decides which path's clients acknowledge segments on
+/// arrival and which from their reads (BENCHMARKS.md, twenty-third and
+/// twenty-fourth rounds), a lottery six bytes turn around.
+const PACED_FRAME_JITTER: usize = 64;
+
+/// `AHP_BENCH_PACED_FRAME_JITTER`: the spread of section 3's host frame
+/// sizes in bytes (0: every frame one size); [`PACED_FRAME_JITTER`] if unset.
+fn paced_frame_jitter() -> usize {
+    std::env::var("AHP_BENCH_PACED_FRAME_JITTER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(PACED_FRAME_JITTER)
 }
 
 /// `AHP_BENCH_PACED_FRAME_BYTES`: the size of section 3's host frames, if
@@ -3037,6 +3055,11 @@ fn report_latency(l: &Latency, rows: &mut Vec<Row>) {
         paced_rate()
     );
     println!(
+        "   host frames {} bytes ± {} (each frame's size fixed by its serverSeq: the same spread on every path);",
+        paced_frame_bytes().unwrap_or(SimHostConfig::default().stream_frame_bytes),
+        paced_frame_jitter() / 2
+    );
+    println!(
         "   each delta's text starts with its send time (µs since the epoch, stamped as the host renders it,"
     );
     println!(
@@ -3229,6 +3252,35 @@ fn report_paced_load(l: &Latency) {
         .filter_map(|r| Some(r.latency?.samples))
         .sum();
     println!("   {samples} latency samples in all.");
+    report_machine_cpu(l);
+}
+
+/// Per proxied path, the CPU the whole machine spends per delivered delta
+/// (host + clients + proxy, medians over rounds), against nginx's: the two
+/// cores drain each millisecond's burst of frames through all three, so a
+/// path's paced tail follows this total as much as the proxy's own share
+/// (BENCHMARKS.md, twenty-fourth round).
+fn report_machine_cpu(l: &Latency) {
+    let total = |s: &Series| {
+        let (h, c) = s.host_client_ms_per_m();
+        (h + c + s.relay_ms_per_m()) / 1e3
+    };
+    let Some(nginx) = l.path("nginx").map(|p| total(&l.series[p])) else {
+        return;
+    };
+    let each: Vec<String> = l
+        .paths
+        .iter()
+        .zip(&l.series)
+        .skip(1)
+        .map(|(path, s)| (path, total(s)))
+        .filter(|(_, t)| t.is_finite())
+        .map(|(path, t)| format!("{path} {t:.1} ({:.2}x)", t / nginx))
+        .collect();
+    println!(
+        "   host + clients + proxy CPU per delivered delta, µs (÷ nginx's): {}",
+        each.join(", ")
+    );
 }
 
 /// Per path, how long the host's frames waited from their stamp to their

@@ -286,7 +286,8 @@ impl TurnCtx {
     /// The streaming load mode ([`stream`]); false if the turn ended.
     async fn load_stream(&self, part_id: &str, total: u64) -> bool {
         let cfg = &self.shared.cfg;
-        let tpl = stream::Template::new(&self.chat, &self.turn_id, part_id, cfg.stream_frame_bytes);
+        let tpl = stream::Template::new(&self.chat, &self.turn_id, part_id, cfg.stream_frame_bytes)
+            .with_jitter(cfg.stream_frame_jitter);
         let pace = stream::Pace {
             total,
             rate: cfg.stream_rate,

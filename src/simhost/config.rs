@@ -115,6 +115,10 @@ pub struct SimHostConfig {
     pub stream_in_flight: usize,
     /// Streaming load mode: approximate size of each `chat/delta` frame in bytes.
     pub stream_frame_bytes: usize,
+    /// Streaming load mode: frame lengths spread evenly over
+    /// `stream_frame_bytes ± stream_frame_jitter / 2`, by a fixed hash of each
+    /// frame's `serverSeq` (0: every frame the same length).
+    pub stream_frame_jitter: usize,
     /// Streaming load mode: note, for each batch written, how long it waited
     /// between being stamped and its write to the socket completing
     /// ([`crate::simhost::SimHost::take_write_waits`]; the bench's split of a
@@ -160,6 +164,7 @@ impl Default for SimHostConfig {
             stream_batch: 256,
             stream_in_flight: 8,
             stream_frame_bytes: 320,
+            stream_frame_jitter: 0,
             record_write_waits: false,
             record_limit: 100_000,
             max_frame_bytes: 4 * 1024 * 1024,

@@ -44,8 +44,16 @@ pub fn requested(text: &str) -> Option<u64> {
 #[derive(Debug, Clone)]
 pub struct Template {
     head: String,
-    tail: String,
+    /// Filler the content ends with: its first `pad_for(seq)` bytes (ASCII).
+    pad: String,
+    /// Filler bytes of a frame without jitter.
+    base_pad: usize,
+    /// Frames' filler lengths spread over `base_pad ± jitter / 2`.
+    jitter: usize,
 }
+
+/// What follows the filler and precedes the `serverSeq` digits.
+const TAIL: &str = r#""},"serverSeq":"#;
 
 const STAMP_DIGITS: usize = 16;
 const FILLER: &str = "streamed-load-";
@@ -61,16 +69,38 @@ impl Template {
             q(turn_id),
             q(part_id)
         );
-        let fixed = head.len() + STAMP_DIGITS + r#";"},"serverSeq":"#.len() + 8 + 2;
-        let pad: String = FILLER
-            .chars()
-            .cycle()
-            .take(frame_bytes.saturating_sub(fixed))
-            .collect();
+        let fixed = head.len() + STAMP_DIGITS + 1 + TAIL.len() + 8 + 2;
+        let base_pad = frame_bytes.saturating_sub(fixed);
         Self {
             head,
-            tail: format!(r#";{pad}"}},"serverSeq":"#),
+            pad: FILLER.chars().cycle().take(base_pad).collect(),
+            base_pad,
+            jitter: 0,
         }
+    }
+
+    /// The same template with frame lengths spread evenly over `jitter + 1`
+    /// values around the asked size (`frame_bytes ± jitter / 2`), chosen per
+    /// `serverSeq` by a fixed hash: every path of a benchmark gets the same
+    /// lengths, and no single length's arithmetic (a receiver's window
+    /// rounding) decides a comparison.
+    pub fn with_jitter(mut self, jitter: usize) -> Self {
+        self.jitter = jitter.min(self.base_pad * 2);
+        self.pad = FILLER
+            .chars()
+            .cycle()
+            .take(self.base_pad + self.jitter / 2)
+            .collect();
+        self
+    }
+
+    /// The filler length of frame `seq`.
+    fn pad_for(&self, seq: u64) -> usize {
+        if self.jitter == 0 {
+            return self.base_pad;
+        }
+        let spread = (seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % (self.jitter as u64 + 1);
+        self.base_pad - self.jitter / 2 + spread as usize
     }
 
     /// The frame numbered `seq`, stamped `micros` (µs since the UNIX epoch).
@@ -90,14 +120,17 @@ impl Template {
         n: u64,
         mut stamp: impl FnMut() -> u64,
     ) -> Vec<Utf8Bytes> {
-        let per = self.head.len() + self.tail.len() + STAMP_DIGITS + 22;
+        let per = self.head.len() + 1 + self.pad.len() + TAIL.len() + STAMP_DIGITS + 22;
         let count = usize::try_from(n).unwrap_or(0);
         let mut buf = Vec::with_capacity(per * count);
         let mut ends = Vec::with_capacity(count);
         for seq in (0..n).map(|i| first_seq + i) {
             buf.extend_from_slice(self.head.as_bytes());
             push_padded(&mut buf, stamp(), STAMP_DIGITS);
-            buf.extend_from_slice(self.tail.as_bytes());
+            buf.push(b';');
+            let pad = self.pad.as_bytes();
+            buf.extend_from_slice(&pad[..self.pad_for(seq).min(pad.len())]);
+            buf.extend_from_slice(TAIL.as_bytes());
             push_u64(&mut buf, seq);
             buf.extend_from_slice(b"}}");
             ends.push(buf.len());
@@ -244,6 +277,52 @@ mod tests {
         push_u64(&mut b, 0);
         push_padded(&mut b, 123, 5);
         assert_eq!(b, b"000123");
+    }
+
+    #[test]
+    fn jittered_frames_spread_evenly_around_the_asked_size_and_stay_envelopes() {
+        let plain = Template::new("ahp-chat:/s-1-main", "turn-1", "turn-1-text", 320);
+        let tpl = plain.clone().with_jitter(64);
+        // Same digits in every frame, so lengths differ by filler alone.
+        let seqs = 1_000_000..1_004_000u64;
+        let base = plain.render(seqs.start, 1).len() as i64;
+        let lens: Vec<i64> = seqs
+            .clone()
+            .map(|q| tpl.render(q, 1).len() as i64 - base)
+            .collect();
+        let (lo, hi) = (
+            *lens.iter().min().expect("some"),
+            *lens.iter().max().expect("some"),
+        );
+        assert_eq!((lo, hi), (-32, 32), "the spread is the asked size ± 32");
+        let distinct: std::collections::HashSet<_> = lens.iter().collect();
+        assert_eq!(distinct.len(), 65, "every length in the spread occurs");
+        let mean = lens.iter().sum::<i64>() as f64 / lens.len() as f64;
+        assert!(mean.abs() < 2.0, "centred on the asked size: {mean}");
+        assert_eq!(
+            tpl.render(seqs.start + 7, 5),
+            tpl.render(seqs.start + 7, 5),
+            "a frame's length follows from its serverSeq alone"
+        );
+        for (i, f) in tpl
+            .render_batch(seqs.start, 50, || 1_733_000_000_000_000)
+            .iter()
+            .enumerate()
+        {
+            let v: serde_json::Value = serde_json::from_str(f.as_str()).expect("json");
+            assert_eq!(v["params"]["serverSeq"], seqs.start + i as u64);
+            let env: ahp_types::actions::ActionEnvelope =
+                serde_json::from_value(v["params"].clone()).expect("envelope");
+            let ahp_types::actions::StateAction::ChatDelta(d) = env.action else {
+                panic!("not a delta");
+            };
+            assert_eq!(stamp_of(&d.content), Some(1_733_000_000_000_000));
+        }
+        assert_eq!(
+            plain.with_jitter(0).render(seqs.start + 9, 1).len() as i64,
+            base,
+            "no jitter, one size"
+        );
     }
 
     #[test]
