@@ -309,6 +309,9 @@ struct Cl {
     closed: Option<u16>,
     /// The root state as this client has it (snapshot plus root actions).
     root: Value,
+    /// The `fromSeq` of the root snapshot `root` started from: every root
+    /// action after it must be numbered above it.
+    root_from: u64,
     /// Seeded sessions subscribed (client names).
     subs: BTreeSet<String>,
 }
@@ -337,12 +340,16 @@ impl Cl {
             next_id: 1,
             closed: None,
             root: Value::Null,
+            root_from: 0,
             subs: BTreeSet::new(),
         };
         let r = c
             .call("initialize", initialize_subscribing(cid, &[ROOT]))
             .await?;
         c.root = snapshot_of(&r["result"], ROOT)["state"].clone();
+        c.root_from = snapshot_of(&r["result"], ROOT)["fromSeq"]
+            .as_u64()
+            .unwrap_or(0);
         Ok(c)
     }
 
@@ -552,6 +559,11 @@ impl Run<'_> {
             self.clients[i].groups.clone()
         };
         self.drain(i).await?;
+        // What the old socket delivered is checked under the old groups and
+        // applied to the old root now: the snapshot below replaces that root,
+        // and an action the relay wrote before the cut must not be applied
+        // on top of it (its number is at most the snapshot's `fromSeq`).
+        self.check_frames(i)?;
         let c = &mut self.clients[i];
         self.trace
             .push(format!("{} reconnects with groups {groups:?}", c.sub));
@@ -589,6 +601,9 @@ impl Run<'_> {
                     ));
                 }
                 c.root = snapshot_of(&r["result"], ROOT)["state"].clone();
+                c.root_from = snapshot_of(&r["result"], ROOT)["fromSeq"]
+                    .as_u64()
+                    .unwrap_or(0);
             }
             Some("replay") => {
                 for a in r["result"]["actions"].as_array().into_iter().flatten() {
@@ -603,6 +618,8 @@ impl Run<'_> {
 
     async fn reinitialize(&mut self, i: usize) -> Result<(), String> {
         let groups = self.rng.groups();
+        // The old socket's frames are checked before its client is replaced.
+        self.check_frames(i)?;
         let (sub, cid) = (self.clients[i].sub.clone(), self.clients[i].cid.clone());
         self.trace
             .push(format!("{sub} initializes afresh with groups {groups:?}"));
@@ -973,6 +990,13 @@ impl Run<'_> {
             let method = v["method"].as_str().unwrap_or_default();
             match method {
                 "action" if v["params"]["channel"] == ROOT => {
+                    let seq = v["params"]["serverSeq"].as_u64().unwrap_or(0);
+                    if seq <= c.root_from {
+                        return Err(format!(
+                            "{}: root action #{seq} at or below its snapshot's fromSeq {}",
+                            c.sub, c.root_from
+                        ));
+                    }
                     let env = envelopes(&json!([v["params"]]));
                     c.root = reduce_root(&c.root, &env);
                     self.trace.push(format!(
