@@ -244,5 +244,5 @@ async fn the_readme_newcomer_path_runs_as_written() {
             assert_eq!(http_status(url.trim()).await, 200, "{url} serves the page");
         }
     }
-    let _ = demo.start_kill();
+    common::relay::stop_demo(&mut demo, std::path::Path::new(&env_file)).await;
 }

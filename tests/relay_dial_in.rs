@@ -950,8 +950,7 @@ async fn the_demo_runs_its_laptop_behind_a_connector() {
         assert!(id < 200, "laptop's sessions never listed: {uris:?}");
         let _ = ws.next_within(Duration::from_millis(50)).await;
     }
-    let _ = demo.start_kill();
-    let _ = demo.wait().await;
+    common::relay::stop_demo(&mut demo, &env).await;
 }
 
 /// CPU seconds process `pid` has used (user + system), from `/proc`.

@@ -39,14 +39,38 @@ pub struct TestRelay {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// A fresh scratch directory under the system temp dir.
+/// A fresh scratch directory (not created) under this test process's
+/// scratch root, `<temp>/ahp-relay-tests/<pid>` (created).
 pub fn scratch_dir(tag: &str) -> PathBuf {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!(
-        "ahp-relay-test-{tag}-{}-{n}-{}",
-        std::process::id(),
-        ahp_relay::identity::unix_now()
-    ))
+    scratch_root().join(format!("{tag}-{n}"))
+}
+
+/// This process's scratch root. Test processes end without dropping what
+/// their tests built, so on first use the roots of test processes that are
+/// gone (no `/proc/<pid>`) are removed: repeated `cargo test` runs leave at
+/// most the last run's scratch behind, not one folder per test per run.
+fn scratch_root() -> &'static Path {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let base = std::env::temp_dir().join("ahp-relay-tests");
+        // Without /proc no process can be told gone: nothing is swept.
+        if Path::new("/proc/self").exists() {
+            for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                let gone = name
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+                if gone {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let root = base.join(std::process::id().to_string());
+        let _ = std::fs::create_dir_all(&root);
+        root
+    })
 }
 
 impl TestRelay {
@@ -661,4 +685,40 @@ pub fn serve_binary_with_env(kit: &DevKit, rust_log: &str, env: &[(&str, &str)])
             return served;
         }
     }
+}
+
+/// Stops a running `ahp-relay demo` as Ctrl-C does and checks that it
+/// leaves nothing behind: it exits with success and removes its key folder
+/// (the folder of `AHP_RELAY_CA` in `env_file`) and `env_file`.
+pub async fn stop_demo(demo: &mut tokio::process::Child, env_file: &Path) {
+    let vars = std::fs::read_to_string(env_file).expect("the demo's env file");
+    let ca = vars
+        .lines()
+        .find_map(|l| l.strip_prefix("export AHP_RELAY_CA="))
+        .expect("AHP_RELAY_CA in the env file");
+    let dir = Path::new(ca.trim_matches(['\'', '"']))
+        .parent()
+        .expect("the demo's key folder")
+        .to_path_buf();
+    assert!(dir.is_dir(), "{} exists while the demo runs", dir.display());
+    let pid = demo.id().expect("the demo still runs");
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success(), "SIGINT sent to the demo");
+    let status = tokio::time::timeout(WAIT, demo.wait())
+        .await
+        .expect("the demo stops on Ctrl-C")
+        .expect("the demo's exit status");
+    assert!(
+        status.success(),
+        "the demo exits cleanly on Ctrl-C: {status}"
+    );
+    assert!(!dir.exists(), "the demo removed {}", dir.display());
+    assert!(
+        !env_file.exists(),
+        "the demo removed {}",
+        env_file.display()
+    );
 }
