@@ -291,41 +291,49 @@ async fn pump(
                 Room::Wait(wait) => paused = Some(Paused::new(wait, ends.spec.stall_after)),
             }
         }
-        tokio::select! {
-            cmd = rx.recv() => {
-                let Some(cmd) = cmd else {
-                    let _ = ws.close(None).await;
-                    return false;
-                };
-                if !write_queued(ws, cmd, rx).await { return true; }
+        let wake = std::future::poll_fn(|cx| poll_wake(cx, rx, &mut paused, ping.as_mut(), ws));
+        match wake.await {
+            Wake::Command(None) => {
+                let _ = ws.close(None).await;
+                return false;
             }
-            resumed = std::future::poll_fn(|cx| Paused::poll(&mut paused, cx)), if paused.is_some() => {
+            Wake::Command(Some(cmd)) => {
+                if !write_queued(ws, cmd, rx).await {
+                    return true;
+                }
+            }
+            Wake::Resumed(resumed) => {
                 paused = None;
                 heard.now();
                 if let Resumed::Stalled = resumed {
-                    let Some(owner) = ends.owner() else { return false };
+                    let Some(owner) = ends.owner() else {
+                        return false;
+                    };
                     owner.on_stalled(&ends.host);
                 }
             }
-            () = &mut ping, if paused.is_none() => {
-                match heard.due() {
-                    Due::Later(at) => ping.as_mut().reset(at),
-                    Due::Dead => {
-                        tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
+            Wake::Ping => match heard.due() {
+                Due::Later(at) => ping.as_mut().reset(at),
+                Due::Dead => {
+                    tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
+                    return true;
+                }
+                Due::Ping => {
+                    // An id from the link's own counter: no pending request
+                    // has it, so the answer is ignored.
+                    let ping_id = ids.fetch_add(1, Ordering::Relaxed);
+                    let frame = crate::rpc::request_frame(
+                        ping_id,
+                        "ping",
+                        &json!({"channel": ahp_types::ROOT_RESOURCE_URI}),
+                    );
+                    if ws.send(Message::text(frame)).await.is_err() {
                         return true;
                     }
-                    Due::Ping => {
-                        // An id from the link's own counter: no pending request
-                        // has it, so the answer is ignored.
-                        let ping_id = ids.fetch_add(1, Ordering::Relaxed);
-                        let frame = crate::rpc::request_frame(ping_id, "ping",
-                            &json!({"channel": ahp_types::ROOT_RESOURCE_URI}));
-                        if ws.send(Message::text(frame)).await.is_err() { return true; }
-                        ping.as_mut().reset(heard.pinged());
-                    }
+                    ping.as_mut().reset(heard.pinged());
                 }
-            }
-            ready = std::future::poll_fn(|cx| ws.poll_frame(cx)), if paused.is_none() => {
+            },
+            Wake::Frames(ready) => {
                 heard.now();
                 let end = match ready {
                     Ok(true) => host_messages(ends, ws, allowance, &mut batch).await,
@@ -338,6 +346,51 @@ async fn pump(
             }
         }
     }
+}
+
+/// What woke [`pump`].
+enum Wake {
+    /// A command from the owner (`None`: the owner closed the link).
+    Command(Option<LinkCmd>),
+    /// A pause ended.
+    Resumed(Resumed),
+    /// The ping timer fired.
+    Ping,
+    /// The host's socket has a frame (`Ok(true)`), ended (`Ok(false)`) or
+    /// failed.
+    Frames(Result<bool, tokio_tungstenite::tungstenite::Error>),
+}
+
+/// Polls what [`pump`] waits for in a fixed order. Queued commands (or a
+/// closed command channel) come first, found by a look at the channel that
+/// registers nothing, so a host that always has data cannot delay the
+/// client's requests; then, unless paused, the host's frames; the command
+/// channel and the timer are polled (and their wakers registered) only
+/// when no frame is ready. A wake-up for host frames — one per streamed
+/// frame at a paced load — so polls neither the channel nor the timer,
+/// whose wakers stay registered from the last time the link waited.
+fn poll_wake(
+    cx: &mut Context<'_>,
+    rx: &mut mpsc::Receiver<LinkCmd>,
+    paused: &mut Option<Paused>,
+    ping: Pin<&mut tokio::time::Sleep>,
+    ws: &mut HostSocket,
+) -> Poll<Wake> {
+    if (!rx.is_empty() || rx.is_closed() || paused.is_some())
+        && let Poll::Ready(cmd) = rx.poll_recv(cx)
+    {
+        return Poll::Ready(Wake::Command(cmd));
+    }
+    if paused.is_some() {
+        return Paused::poll(paused, cx).map(Wake::Resumed);
+    }
+    if let Poll::Ready(ready) = ws.poll_frame(cx) {
+        return Poll::Ready(Wake::Frames(ready));
+    }
+    if let Poll::Ready(cmd) = rx.poll_recv(cx) {
+        return Poll::Ready(Wake::Command(cmd));
+    }
+    ping.poll(cx).map(|()| Wake::Ping)
 }
 
 /// When the host was last heard from, and whether it was pinged since.
