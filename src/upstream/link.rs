@@ -312,27 +312,11 @@ async fn pump(
                     owner.on_stalled(&ends.host);
                 }
             }
-            Wake::Ping => match heard.due() {
-                Due::Later(at) => ping.as_mut().reset(at),
-                Due::Dead => {
-                    tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
+            Wake::Ping => {
+                if !on_ping_timer(ends, ids, ws, &mut heard, ping.as_mut()).await {
                     return true;
                 }
-                Due::Ping => {
-                    // An id from the link's own counter: no pending request
-                    // has it, so the answer is ignored.
-                    let ping_id = ids.fetch_add(1, Ordering::Relaxed);
-                    let frame = crate::rpc::request_frame(
-                        ping_id,
-                        "ping",
-                        &json!({"channel": ahp_types::ROOT_RESOURCE_URI}),
-                    );
-                    if ws.send(Message::text(frame)).await.is_err() {
-                        return true;
-                    }
-                    ping.as_mut().reset(heard.pinged());
-                }
-            },
+            }
             Wake::Frames(ready) => {
                 heard.now();
                 let end = match ready {
@@ -346,6 +330,40 @@ async fn pump(
             }
         }
     }
+}
+
+/// The ping timer fired: moves it to when the host is next due, or pings
+/// the host; `false` when the link is dead (silent after a ping, or the
+/// ping could not be written).
+async fn on_ping_timer(
+    ends: &Ends,
+    ids: &AtomicU64,
+    ws: &mut HostSocket,
+    heard: &mut Heard,
+    mut ping: Pin<&mut tokio::time::Sleep>,
+) -> bool {
+    match heard.due() {
+        Due::Later(at) => ping.as_mut().reset(at),
+        Due::Dead => {
+            tracing::info!(host = %ends.host.id, "link silent after a ping: declared dead");
+            return false;
+        }
+        Due::Ping => {
+            // An id from the link's own counter: no pending request has it,
+            // so the answer is ignored.
+            let ping_id = ids.fetch_add(1, Ordering::Relaxed);
+            let frame = crate::rpc::request_frame(
+                ping_id,
+                "ping",
+                &json!({"channel": ahp_types::ROOT_RESOURCE_URI}),
+            );
+            if ws.send(Message::text(frame)).await.is_err() {
+                return false;
+            }
+            ping.as_mut().reset(heard.pinged());
+        }
+    }
+    true
 }
 
 /// What woke [`pump`].
