@@ -245,3 +245,52 @@ fn host_with(name: &str, sessions: usize) -> ahp_relay::simhost::SimHostConfig {
 fn short(v: &Value) -> String {
     v.to_string().chars().take(400).collect()
 }
+
+/// A link streaming flat out still carries its client's requests: while a
+/// host streams a turn as fast as it can to a client that reads as fast as
+/// it can, the client subscribes to another chat of the same host (a request
+/// that link carries) and is answered while the turn still streams — deltas
+/// arrive after the answer — and every delta arrives, in order. (That a
+/// queued command comes before host frames already read is proved without
+/// sockets' timing: `upstream::link::tests`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_carried_while_its_link_streams_flat_out() {
+    const N: u64 = 100_000;
+    let t = TestRelay::start(vec![host_with("a", 2)], "").await;
+    let (chat, _) = seeded_chat("a", 1);
+    let (other_chat, _) = seeded_chat("a", 2);
+    let (mut ws, from) = subscribed(&t, "fred", "streamer", &chat).await;
+    ws.send_json(&stream_turn(&chat, "long-turn", N)).await;
+    let mut seen = Seen {
+        last: from,
+        ..Seen::default()
+    };
+    while seen.deltas == 0 {
+        assert!(seen.read(&mut ws, "long-turn", 1).await, "the turn streams");
+    }
+    ws.send_json(&json!({"jsonrpc": "2.0", "id": 7, "method": "subscribe",
+        "params": {"channel": other_chat}}))
+        .await;
+    let mut deltas_at_answer = None;
+    while !seen.complete {
+        match ws.next_within(WAIT).await {
+            Some(Next::Frame(f)) if f["id"] == 7 => {
+                assert!(
+                    f["result"]["snapshot"].is_object(),
+                    "subscribed: {}",
+                    short(&f)
+                );
+                deltas_at_answer = Some(seen.deltas);
+            }
+            Some(Next::Frame(f)) => seen.take(&f, "long-turn"),
+            Some(Next::Closed(c)) => panic!("closed {c:?} after {} deltas", seen.deltas),
+            None => panic!("no frame within {WAIT:?} ({} deltas so far)", seen.deltas),
+        }
+    }
+    assert_eq!(seen.deltas, N, "every delta arrives");
+    let at = deltas_at_answer.expect("the subscribe was answered before the turn completed");
+    assert!(
+        at < N,
+        "deltas arrived after the answer ({at} of {N} before it)"
+    );
+}

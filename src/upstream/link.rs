@@ -716,3 +716,59 @@ fn fail(ends: &Ends, rx: &mut mpsc::Receiver<LinkCmd>, was_up: bool) {
         owner.on_link_down(&ends.host, ends.link_id, was_up, unsent);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    /// What one poll of [`poll_wake`] gives, with the host's frames ready.
+    async fn wake_once(
+        rx: &mut mpsc::Receiver<LinkCmd>,
+        ws: &mut HostSocket,
+        ping: Pin<&mut tokio::time::Sleep>,
+    ) -> &'static str {
+        let mut ping = ping;
+        let mut paused = None;
+        let wake = std::future::poll_fn(|cx| poll_wake(cx, rx, &mut paused, ping.as_mut(), ws));
+        match wake.await {
+            Wake::Command(Some(_)) => "command",
+            Wake::Command(None) => "closed",
+            Wake::Frames(Ok(true)) => "frames",
+            Wake::Frames(_) => "host ended",
+            Wake::Resumed(_) => "resumed",
+            Wake::Ping => "ping",
+        }
+    }
+
+    /// A host that always has data does not hold back the owner's commands:
+    /// with host frames ready, a queued command wakes the link first, then
+    /// the frames do, and a closed command channel is seen before them too
+    /// (a link whose owner is gone stops reading its host).
+    #[tokio::test]
+    async fn a_queued_command_comes_before_ready_host_frames() {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let mut host = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+        let limits = crate::upstream::frames::FrameLimits {
+            max_message_bytes: 1 << 20,
+            read_buffer_bytes: 4096,
+        };
+        let mut ws = HostSocket::new(Box::new(ours), Role::Client, limits);
+        for n in 0..3 {
+            host.send(Message::text(format!("frame {n}")))
+                .await
+                .unwrap();
+        }
+        let (tx, mut rx) = mpsc::channel(4);
+        let ping = tokio::time::sleep(Duration::from_secs(3600));
+        tokio::pin!(ping);
+        // The frames are read and waiting before the command is queued.
+        assert_eq!(wake_once(&mut rx, &mut ws, ping.as_mut()).await, "frames");
+        tx.send(LinkCmd::Frame("request".into())).await.unwrap();
+        assert_eq!(wake_once(&mut rx, &mut ws, ping.as_mut()).await, "command");
+        assert_eq!(wake_once(&mut rx, &mut ws, ping.as_mut()).await, "frames");
+        drop(tx);
+        assert_eq!(wake_once(&mut rx, &mut ws, ping.as_mut()).await, "closed");
+    }
+}
