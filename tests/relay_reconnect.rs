@@ -499,6 +499,57 @@ async fn replay_buffer_exactly_full_replays_and_one_more_gives_snapshot() {
     assert_eq!(s["state"], host_state(&t.hosts[0], &host_chat, &[]));
 }
 
+/// §5.4: a paced turn's envelopes (one per host read, each spliced after the
+/// previous one into the session's shared chunks, across many chunks) replay
+/// exactly as they were sent live: every envelope of a `replay` from the
+/// subscription's watermark equals the live frame's params, in order.
+#[tokio::test]
+async fn a_paced_turn_replays_exactly_what_was_sent_live() {
+    // 300 deltas at 3,000 a second: the host writes them one at a time.
+    let t = TestRelay::start(vec![host("a", 1, script(300, 180, 3000))], "").await;
+    let (chat, _) = seeded_chat("a", 1);
+    let mut a = t.raw("alice").await;
+    a.initialize("s-chunks").await;
+    let sub = a.request(1, "subscribe", json!({"channel": chat})).await;
+    let from = snapshot_from_seq(&sub["result"]["snapshot"]);
+    a.dispatch(&chat, 1, turn_started("t-chunks", "go")).await;
+    let mut live = Vec::new();
+    loop {
+        let frame = a.recv_json().await.expect("the turn's envelopes");
+        if frame["method"] != "action" {
+            continue;
+        }
+        let done = frame["params"]["action"]["type"] == "chat/turnComplete";
+        live.push(frame["params"].clone());
+        if done {
+            break;
+        }
+    }
+    let deltas = live
+        .iter()
+        .filter(|p| p["action"]["type"] == "chat/delta")
+        .count();
+    assert_eq!(deltas, 300, "the whole turn live");
+    drop(a);
+    let mut a = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut a,
+        1,
+        reconnect_params("s-chunks", json!(from), &[chat.as_str()]),
+    )
+    .await;
+    assert_eq!(r["result"]["type"], "replay", "{r}");
+    let replayed = r["result"]["actions"].as_array().expect("actions");
+    assert_eq!(
+        replayed.len(),
+        live.len(),
+        "every envelope since the watermark"
+    );
+    for (n, (again, sent)) in replayed.iter().zip(&live).enumerate() {
+        assert_eq!(again, sent, "envelope {n} replayed as sent");
+    }
+}
+
 // ─── supersede and identity ─────────────────────────────────────────────────
 
 /// §5.6: socket B's `reconnect` as the same (principal, clientId) while A is attached gets its answer and the live stream, and A's next frame is its 4009 close; the same clientId under another principal names another session (§3.3): bob's `reconnect` adopts one of his own (§12.2, his own upstream id, numbered above the watermark he sent) — or gets -32008 when it names nothing he may see — and B is untouched.

@@ -125,7 +125,9 @@ impl ReplayMemory {
 /// the WebSocket frame header a spliced envelope carries in front of its
 /// bytes (`Text::framed`, at most `MAX_FRAME_HEADER`), the reference-counted
 /// header its body gets once the buffer and the writer share it, and its slot
-/// in the buffer. Counting only the bytes let the process hold ~1.3× what
+/// in the buffer. An envelope spliced into its session's chunk
+/// (`session::chunk`) has no rounding or header of its own; the same
+/// allowance then covers its share of the chunk's unused rest. Counting only the bytes let the process hold ~1.3× what
 /// the budget said (issue 11, BENCHMARKS.md).
 pub fn envelope_cost(len: usize) -> usize {
     const SHARED_HEADER: usize = 32;
@@ -146,6 +148,11 @@ pub struct ReplayBuffer {
 }
 
 impl ReplayBuffer {
+    /// The bound on the bytes held ([`envelope_cost`] summed).
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// An empty buffer with the given bounds.
     pub fn new(max_frames: usize, max_bytes: usize) -> Self {
         Self {
@@ -303,6 +310,11 @@ impl super::SessionCore {
     /// buffer. Returns how many frames and bytes were freed.
     pub(crate) fn drop_replay_buffer(&mut self) -> (usize, usize) {
         let freed = self.seq.buffer.drop_all(self.seq.last);
+        // The rest of the session's splice chunk goes too: envelopes come
+        // again only after a new attach, into a new chunk.
+        if let Some(issuing) = self.seq.issuing.as_mut() {
+            issuing.chunk = super::chunk::Chunk::new();
+        }
         self.lose_links();
         self.channels.baselined.clear();
         freed

@@ -12,6 +12,7 @@ use std::sync::{Arc, MutexGuard};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use super::chunk::Chunk;
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::{Noting, ToClient};
 use crate::names::qualify::{ChannelKind, channel_kind};
@@ -55,16 +56,12 @@ impl ClientSession {
     ) {
         let mut core: Option<MutexGuard<'_, SessionCore>> = None;
         let mut route = None;
-        // The batch's client frames are spliced into one buffer (one
-        // allocation for the batch, not one or two per frame); a rewritten
-        // channel name or number may be longer than the host's. A lone
-        // frame gets an allocation of exactly its spliced size instead (the
-        // splice sizes an empty arena): no slack kept in its replay buffer.
-        let bytes: usize = match frames {
-            [_] => 0,
-            _ => frames.iter().map(|f| f.len() + ARENA_SLACK).sum(),
-        };
-        let mut run = Run::with_capacity(frames.len(), bytes);
+        // The batch's client frames are spliced one after another into the
+        // session's chunk, or a long batch into one allocation of its own
+        // (`Run`); a rewritten channel name or number may be longer than
+        // the host's.
+        let bytes: usize = frames.iter().map(|f| f.len() + ARENA_SLACK).sum();
+        let mut run = Run::new(frames.len(), bytes);
         let limits = &self.env.upstream_limits;
         for &text in frames {
             // Catalog notifications come from the watch link alone (§6.2): this
@@ -295,6 +292,7 @@ impl ClientSession {
         run: &mut Run,
     ) {
         let relay = &self.env;
+        let arena = run.arena(core);
         let rewritten = Self::number_envelope(core, |n| {
             rewrite_envelope(
                 (text, frame),
@@ -302,7 +300,7 @@ impl ClientSession {
                 host,
                 relay.store.as_ref(),
                 (self.identity(), &self.seen),
-                &mut run.arena,
+                arena,
             )
         });
         if let Some(spliced) = rewritten {
@@ -352,7 +350,7 @@ impl ClientSession {
         chans.insert(host_channel.to_string(), Chan::live(client.clone()));
         for (_, text) in held.into_iter().filter(|(s, _)| *s > from) {
             if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
-                let mut run = Run::with_capacity(1, 0);
+                let mut run = Run::new(1, text.len() + ARENA_SLACK);
                 self.deliver(core, host, (&text, &frame), (&client, None), &mut run);
                 run.commit(self, core);
             }
@@ -893,27 +891,68 @@ pub fn rewrite_envelope(
 /// numbered as it is spliced, and all are committed (buffered, queued)
 /// together when the run ends, before anything else is numbered or written
 /// for the session (the session lock is held from the first splice to the
-/// commit). Their texts then share the run's one frozen buffer, in order,
-/// so the socket writer hands neighbours to TLS as one slice, and each
-/// costs a reference count instead of a split of the arena.
+/// commit). Their texts then share the buffer, in order, so the socket
+/// writer hands neighbours to TLS as one slice, and each costs a reference
+/// count instead of an allocation.
+///
+/// The buffer is the session's chunk (`session::chunk`): runs follow one
+/// another in it, so a paced stream's envelopes (a run of one each) take
+/// their bytes from a few shared allocations, not one each. A run expecting
+/// more than half a chunk is spliced into an allocation of its own, sized
+/// for it (exactly, for a lone envelope), as nothing follows it there.
 pub(super) struct Run {
     arena: BytesMut,
+    /// Bytes the run's envelopes are expected to take.
+    expected: usize,
+    envelopes: usize,
+    source: Source,
     /// The latest envelope spliced, and those before it in order: a run of
-    /// one (every paced envelope) allocates nothing but its bytes.
+    /// one (every paced envelope) allocates nothing.
     latest: Option<(u64, wire::Piece)>,
     earlier: Vec<(u64, wire::Piece)>,
 }
 
+/// Where a run's buffer comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Not taken yet: taken at the first splice, under the session lock.
+    None,
+    /// The session's chunk, given back at each commit.
+    Chunk,
+    /// An allocation of the run's own.
+    Own,
+}
+
 impl Run {
-    /// A run of up to `envelopes` (more only grow it) whose arena starts
-    /// with `bytes` of room (0: a lone envelope's splice sizes it exactly,
-    /// so its buffer keeps no slack).
-    pub(super) fn with_capacity(envelopes: usize, bytes: usize) -> Self {
+    /// A run of up to `envelopes` (more only grow it) expected to take
+    /// `bytes` once spliced.
+    pub(super) fn new(envelopes: usize, bytes: usize) -> Self {
         Self {
-            arena: BytesMut::with_capacity(bytes),
+            arena: BytesMut::new(),
+            expected: bytes,
+            envelopes,
+            source: Source::None,
             latest: None,
             earlier: Vec::with_capacity(envelopes.saturating_sub(1)),
         }
+    }
+
+    /// The buffer to splice into: the session's chunk, or the run's own.
+    fn arena(&mut self, core: &mut SessionCore) -> &mut BytesMut {
+        if self.source == Source::None {
+            let limit = Chunk::limit(core.seq.buffer.max_bytes());
+            if Chunk::suits(self.expected, limit) {
+                self.arena = core.seq.issuing().chunk.take(self.expected, limit);
+                self.source = Source::Chunk;
+            } else {
+                // A lone envelope's splice sizes an empty buffer exactly:
+                // no slack kept in its replay buffer.
+                let room = if self.envelopes > 1 { self.expected } else { 0 };
+                self.arena = BytesMut::with_capacity(room);
+                self.source = Source::Own;
+            }
+        }
+        &mut self.arena
     }
 
     /// Adds the envelope numbered `n`, spliced into the arena at `piece`.
@@ -924,17 +963,24 @@ impl Run {
     }
 
     /// Buffers and delivers the run's envelopes, in the order they were
-    /// numbered, and empties the run.
+    /// numbered, and empties the run (the session's chunk given back).
     pub(super) fn commit(&mut self, session: &ClientSession, core: &mut SessionCore) {
-        let Some((last_n, last)) = self.latest.take() else {
-            return;
-        };
-        // An arena holding exactly what was spliced is taken whole: one
-        // allocation of that size, not shared until a second text needs it.
-        let mut whole = if self.arena.len() == self.arena.capacity() {
+        let latest = self.latest.take();
+        // An own buffer holding exactly what was spliced is taken whole:
+        // one allocation of that size, not shared until a second text
+        // needs it.
+        let mut whole = if self.source == Source::Own && self.arena.len() == self.arena.capacity() {
             std::mem::take(&mut self.arena).freeze()
         } else {
             self.arena.split().freeze()
+        };
+        if self.source == Source::Chunk {
+            let rest = std::mem::take(&mut self.arena);
+            core.seq.issuing().chunk.give_back(rest);
+            self.source = Source::None;
+        }
+        let Some((last_n, last)) = latest else {
+            return;
         };
         for (n, piece) in self.earlier.drain(..) {
             session.commit_envelope(core, n, Text::in_batch(&whole, piece));

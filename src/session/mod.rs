@@ -9,6 +9,7 @@
 
 mod authenticate;
 pub mod buffer;
+mod chunk;
 mod core;
 pub mod envelope;
 mod fanout;
@@ -375,12 +376,7 @@ impl ClientSession {
         build: impl FnOnce(&wire::Decimal) -> Option<T>,
     ) -> Option<(u64, T)> {
         let n = core.seq.last + 1;
-        let last = core.seq.last;
-        let decimal = core
-            .seq
-            .decimal
-            .get_or_insert_with(|| Box::new(wire::Decimal::of(last)));
-        let made = build(decimal.set(n))?;
+        let made = build(core.seq.issuing().decimal.set(n))?;
         core.seq.last = n;
         Some((n, made))
     }
