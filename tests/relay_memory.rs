@@ -227,6 +227,9 @@ async fn pressure_drops_the_least_recently_attached_detached_buffer_first() {
         0,
         "A, detached first, lost its buffer"
     );
+    let spare = |id: &str| t.session("alice", id).lock().spare_chunk_bytes();
+    assert_eq!(spare("mem-a"), 0, "and the rest of its splice chunk");
+    assert!(spare("mem-b") > 0, "B keeps the rest of its chunk");
     assert_eq!(
         buffered(&t, "alice", "mem-b"),
         b_bytes,

@@ -71,9 +71,8 @@ impl Chunk {
         self.spare = rest;
     }
 
-    /// Unused bytes of the current chunk (tests).
-    #[cfg(test)]
-    pub(super) fn unused(&self) -> usize {
+    /// Unused bytes of the current chunk.
+    pub(super) fn spare(&self) -> usize {
         self.spare.capacity() - self.spare.len()
     }
 }
@@ -87,11 +86,11 @@ mod tests {
         let limit = Chunk::limit(4 * 1024 * 1024);
         assert_eq!(limit, LARGEST);
         let mut chunk = Chunk::new();
-        assert_eq!(chunk.unused(), 0, "no chunk before the first envelope");
+        assert_eq!(chunk.spare(), 0, "no chunk before the first envelope");
         let mut sizes = Vec::new();
         let mut kept: Vec<bytes::Bytes> = Vec::new();
         for i in 0..200u8 {
-            let fresh = chunk.unused() < 400;
+            let fresh = chunk.spare() < 400;
             let mut arena = chunk.take(400, limit);
             if fresh {
                 sizes.push(arena.capacity());

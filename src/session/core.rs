@@ -340,6 +340,11 @@ impl SessionCore {
     pub fn buffer_usage(&self) -> (usize, usize) {
         self.seq.buffer.usage()
     }
+
+    /// Bytes of the session's splice chunk not yet used (0: no chunk).
+    pub fn spare_chunk_bytes(&self) -> usize {
+        self.seq.issuing.as_ref().map_or(0, |i| i.chunk.spare())
+    }
 }
 
 #[cfg(test)]
