@@ -21,7 +21,7 @@ use ahp_relay::simhost::SimHost;
 use ahp_relay::upstream::dial::{DialOptions, dial_stream};
 use bytes::Bytes;
 use common::relay::{ServedRelay, scratch_dir, serve_binary_with_env};
-use common::{RawWs, WAIT, fast_config, start_host};
+use common::{RawWs, WAIT, fast_config, reserved_port, start_host};
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -304,10 +304,8 @@ async fn a_disabled_sdk_sends_nothing_even_at_shutdown() {
 
 #[tokio::test]
 async fn a_collector_that_does_not_answer_is_logged() {
-    // A port nothing listens on: bound, then closed.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let endpoint = format!("http://{}", closed.local_addr().expect("addr"));
-    drop(closed);
+    // A port nothing listens on, and none of the relay's own sockets can take.
+    let endpoint = format!("http://127.0.0.1:{}", reserved_port());
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),

@@ -146,11 +146,9 @@ async fn sigterm_drains_with_1012_spread_over_the_window() {
 }
 
 /// Points the config's admin listener at a free loopback port (found by
-/// binding port 0 and releasing it), so the test can reach `/readyz`.
+/// [`reserved_port`]), so the test can reach `/readyz`.
 fn pin_admin_port(kit: &DevKit) -> std::net::SocketAddr {
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
+    let free = std::net::SocketAddr::from(([127, 0, 0, 1], reserved_port()));
     let path = kit.dir.join("relay.toml");
     let text = std::fs::read_to_string(&path).expect("config").replace(
         "admin_addr = \"127.0.0.1:0\"",

@@ -82,13 +82,6 @@ struct Stats {
     not_found: u32,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// Two replicas on one database of `pg` behind HAProxy, or `None` when a
 /// part is missing (the harnesses print why).
 async fn world(pg: Postgres, db: &str) -> Option<World> {
@@ -100,7 +93,7 @@ async fn world(pg: Postgres, db: &str) -> Option<World> {
     );
     let hosts = vec![fast_config("h1", 2), fast_config("h2", 2)];
     let t = TestRelay::start(hosts, "").await;
-    let ports = [free_port(), free_port()];
+    let ports = [reserved_port(), reserved_port()];
     let replicas = ports.map(|p| Some(replica(&t, p, &store_lines)));
     let backends = ports.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)));
     let lb = HaProxy::start(&backends)?;
@@ -482,4 +475,28 @@ async fn adoption_time_for_400_clients() {
         pct(0.5),
         pct(0.99)
     );
+}
+
+/// Ports a test names ahead of time are never ones the kernel could hand
+/// to a `bind(…:0)` or an outgoing connection meanwhile, and never twice.
+#[test]
+fn reserved_ports_are_distinct_and_outside_the_ephemeral_range() {
+    let low_high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range");
+    let ephemeral_low: u32 = low_high
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let ports: Vec<u16> = (0..50).map(|_| reserved_port()).collect();
+    let mut unique = ports.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ports.len(), "{ports:?}");
+    if ephemeral_low > 2048 {
+        for p in &ports {
+            assert!(
+                u32::from(*p) < ephemeral_low,
+                "{p} is in the ephemeral range"
+            );
+        }
+    }
 }

@@ -138,13 +138,6 @@ struct RelayChild {
     kit: DevKit,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 impl RelayChild {
     /// Starts the relay in front of `hosts` (`(id, ws url)`) and waits until
     /// it listens and every watch link is up.
@@ -155,7 +148,7 @@ impl RelayChild {
             .expect("config validates");
         let config = kit.dir.join("relay.toml");
         // A known admin port: `serve` does not print the admin address.
-        let admin_port = free_port();
+        let admin_port = common::reserved_port();
         let text = std::fs::read_to_string(&config).expect("config").replace(
             "admin_addr = \"127.0.0.1:0\"",
             &format!("admin_addr = \"127.0.0.1:{admin_port}\""),

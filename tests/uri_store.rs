@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ahp_relay::names::pg::{PgOptions, PgStore};
 use ahp_relay::names::store::{Owner, Quota, RedbStore, StoreError, UriEntry, UriState, UriStore};
 use common::postgres::Postgres;
+use common::reserved_port;
 
 const DAY: u64 = 24 * 60 * 60;
 const TTL: u64 = 30 * DAY;
@@ -763,11 +764,7 @@ fn postgres_that_stops_answering_fails_writes_in_bounded_time() {
 /// Needs no PostgreSQL.
 #[tokio::test]
 async fn postgres_unreachable_at_open_fails_cleanly() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = reserved_port();
     let options = PgOptions {
         url: format!("postgres://relay:url-password@127.0.0.1:{port}/ahp"),
         password: None,

@@ -26,10 +26,7 @@ impl HaProxy {
         if !super::external("haproxy") {
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = super::reserved_port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let dir = super::relay::scratch_dir("haproxy");
         std::fs::create_dir_all(&dir).expect("haproxy dir");

@@ -19,11 +19,13 @@ use tokio_tungstenite::tungstenite::Message;
 pub mod frames;
 pub mod haproxy;
 pub mod names;
+pub mod ports;
 pub mod postgres;
 pub mod relay;
 
 pub use frames::*;
 pub use names::*;
+pub use ports::reserved_port;
 
 /// Generous bound for anything a test waits for on loopback.
 pub const WAIT: Duration = Duration::from_secs(10);

@@ -5,7 +5,6 @@
 //! directly; anyone else skips. Connections over TCP need the password
 //! [`Postgres::password_file`] holds (scram-sha-256), as a deployment's do.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,11 +67,6 @@ fn skip<T>(why: &str) -> Option<T> {
     None
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr").port()
-}
-
 impl Postgres {
     /// Starts a cluster, or prints `SKIPPED: …` and returns `None` where
     /// PostgreSQL is missing or cannot run as `postgres` (failing instead
@@ -112,7 +106,7 @@ impl Postgres {
         let pg = Postgres {
             bin,
             root,
-            port: free_port(),
+            port: super::reserved_port(),
             as_root: me == 0,
         };
         std::fs::write(pg.password_file(), format!("{PASSWORD}\n")).expect("password file");
