@@ -297,7 +297,10 @@ fn host_name(h: usize) -> String {
 
 impl Slot {
     async fn start(cfg: SimHostConfig) -> Self {
-        let host = SimHost::start_local(cfg.clone()).await.expect("simhost");
+        // A reserved port: the host is restarted on it while the relay's
+        // own sockets come and go.
+        let addr = SocketAddr::from(([127, 0, 0, 1], common::reserved_port()));
+        let host = SimHost::start(cfg.clone(), addr).await.expect("simhost");
         Self {
             cfg,
             addr: host.addr(),

@@ -102,9 +102,12 @@ impl TestRelay {
         extra: &str,
         tweak: impl FnOnce(&mut RelayConfig),
     ) -> Self {
+        // On reserved ports: a test may stop a host and start it again on
+        // its address, which no `bind(…:0)` of a parallel test may take.
         let mut started = Vec::new();
         for cfg in hosts {
-            started.push(SimHost::start_local(cfg).await.expect("simhost starts"));
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], super::reserved_port()));
+            started.push(SimHost::start(cfg, addr).await.expect("simhost starts"));
         }
         let kit = DevKit::create(&scratch_dir("relay")).expect("dev kit");
         let pairs: Vec<(String, String)> = started
