@@ -22,7 +22,7 @@ pub fn reserved_port() -> u16 {
     let span = high - low;
     let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
     // Parallel test processes start at different offsets.
-    let cursor = next.get_or_insert_with(|| std::process::id() * 7919 % span.max(1));
+    let cursor = next.get_or_insert_with(|| std::process::id().wrapping_mul(7919) % span.max(1));
     for _ in 0..span {
         let port = low + *cursor % span;
         *cursor += 1;
