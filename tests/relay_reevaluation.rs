@@ -250,3 +250,71 @@ async fn a_disposed_terminal_closes_nobody() {
         frames_before_ping(&mut carol, 1000 + n).await;
     }
 }
+
+/// §7.6, the dispose's two paths interleaved the other way: the host's
+/// root action that drops the terminal is held on the watch link while the
+/// dispose's answer writes the tombstone, so the relay re-evaluates the
+/// terminal's subscribers while its mirror still lists the terminal. Gone
+/// is not moved: carol stays connected then, and once the watch link
+/// delivers the removal. (Without the distinction the relay closed her
+/// with 4000 whenever the answer won the race.)
+#[tokio::test]
+async fn a_terminal_disposed_before_the_host_root_says_so_closes_nobody() {
+    let t = world().await;
+    let term = "ahp-terminal:/alice-t2";
+    let mut alice = t.raw("alice").await;
+    alice.initialize("al3").await;
+    let claim = json!({"kind": "session", "session": ALICE_SESSION, "chat": ALICE_CHAT});
+    let r = alice
+        .request(
+            1,
+            "createTerminal",
+            json!({"channel": term, "claim": claim}),
+        )
+        .await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let mut carol = t.raw("carol").await;
+    carol.initialize("c3").await;
+    let mut id = 1;
+    while carol
+        .request(id, "subscribe", json!({"channel": term}))
+        .await
+        .get("result")
+        .is_none()
+    {
+        id += 1;
+        assert!(id < 500, "the terminal never became visible to carol");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let watch = ahp_relay::upstream::watch::watch_client_id();
+    let hub = t.relay.relay.hub("a").expect("hub");
+    t.hosts[0].stall_client(watch, true);
+    let r = alice
+        .request(2, "disposeTerminal", json!({"channel": term}))
+        .await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let store = t.relay.relay.store.clone();
+    wait_until("the dispose tombstoned the terminal", || {
+        store
+            .lookup(term)
+            .ok()
+            .flatten()
+            .is_some_and(|e| matches!(e.state, ahp_relay::names::store::UriState::Tombstone { .. }))
+    })
+    .await;
+    assert!(
+        hub.terminal_claim(term).is_some(),
+        "the held watch link still lists the terminal"
+    );
+    for n in 0..3 {
+        frames_before_ping(&mut carol, 1000 + n).await;
+    }
+    t.hosts[0].stall_client(watch, false);
+    wait_until("the watch link delivered the removal", || {
+        hub.terminal_claim(term).is_none()
+    })
+    .await;
+    for n in 3..6 {
+        frames_before_ping(&mut carol, 1000 + n).await;
+    }
+}

@@ -212,48 +212,92 @@ pub fn route(store: &dyn UriStore, uri: &str) -> Option<(String, String)> {
     }
 }
 
+/// Whether the store says a client channel URI is gone: a name the relay
+/// issued whose entry is tombstoned (disposed) or purged. Only the store's
+/// answer counts: a name it cannot read now (store unavailable) is not
+/// gone, and a host-named channel is never gone by the store's word.
+pub fn is_gone(store: &dyn UriStore, uri: &str) -> bool {
+    match names::read_client_uri(uri) {
+        Ok(ClientName::Verbatim { key }) => match store.lookup(&key) {
+            Ok(Some(e)) => matches!(e.state, UriState::Tombstone { .. }),
+            Ok(None) => true,
+            Err(_) => false,
+        },
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::names::store::{Owner, Quota, RedbStore, StoreError, UriEntry};
 
+    type Res<T> = Result<T, StoreError>;
+
+    /// An in-memory store whose `lookup` is scripted: see [`tombstoned_after_read`]
+    /// and [`unreadable`].
+    struct Scripted {
+        inner: RedbStore,
+        lookup: fn(&RedbStore, &str) -> Res<Option<UriEntry>>,
+    }
+
     /// A store whose dispose lands right after every read: each `lookup`
     /// answers what the store held, then tombstones that entry — the
     /// interleaving of a removal's fan-out with the dispose answer's
     /// tombstone write.
-    struct TombstonedAfterRead(RedbStore);
+    fn tombstoned_after_read() -> Scripted {
+        Scripted {
+            inner: in_memory(),
+            lookup: |inner, uri| {
+                let seen = inner.lookup(uri);
+                let _ = inner.tombstone(uri, 2, 60);
+                seen
+            },
+        }
+    }
 
-    type Res<T> = Result<T, StoreError>;
+    /// A store that cannot answer a lookup (unavailable).
+    fn unreadable() -> Scripted {
+        Scripted {
+            inner: in_memory(),
+            lookup: |_, _| Err(StoreError::Unavailable("down".into())),
+        }
+    }
 
-    impl UriStore for TombstonedAfterRead {
+    fn in_memory() -> RedbStore {
+        let Ok(inner) = RedbStore::open_in_memory() else {
+            panic!("in-memory store");
+        };
+        inner
+    }
+
+    impl UriStore for Scripted {
         fn reserve(&self, u: &str, h: &str, o: &Owner, t: u64) -> Res<()> {
-            self.0.reserve(u, h, o, t)
+            self.inner.reserve(u, h, o, t)
         }
         fn reserve_within(&self, u: &str, h: &str, o: &Owner, t: u64, q: Quota) -> Res<()> {
-            self.0.reserve_within(u, h, o, t, q)
+            self.inner.reserve_within(u, h, o, t, q)
         }
         fn confirm(&self, uri: &str) -> Res<()> {
-            self.0.confirm(uri)
+            self.inner.confirm(uri)
         }
         fn release(&self, uri: &str) -> Res<()> {
-            self.0.release(uri)
+            self.inner.release(uri)
         }
         fn tombstone(&self, uri: &str, now: u64, ttl_secs: u64) -> Res<()> {
-            self.0.tombstone(uri, now, ttl_secs)
+            self.inner.tombstone(uri, now, ttl_secs)
         }
         fn lookup(&self, uri: &str) -> Res<Option<UriEntry>> {
-            let seen = self.0.lookup(uri);
-            let _ = self.0.tombstone(uri, 2, 60);
-            seen
+            (self.lookup)(&self.inner, uri)
         }
         fn entries_for_host(&self, host: &str) -> Res<Vec<UriEntry>> {
-            self.0.entries_for_host(host)
+            self.inner.entries_for_host(host)
         }
         fn purge_expired(&self, now: u64) -> Res<usize> {
-            self.0.purge_expired(now)
+            self.inner.purge_expired(now)
         }
         fn health(&self) -> Res<()> {
-            self.0.health()
+            self.inner.health()
         }
     }
 
@@ -270,10 +314,7 @@ mod tests {
     /// the store holds for another host, or not at all, is host-assigned.
     #[test]
     fn a_removal_keeps_the_client_name_while_the_dispose_lands() {
-        let Ok(inner) = RedbStore::open_in_memory() else {
-            panic!("in-memory store");
-        };
-        let store = TombstonedAfterRead(inner);
+        let store = tombstoned_after_read();
         for uri in ["ahp-session:/s1", "ahp-chat:/c1"] {
             assert!(store.reserve(uri, "h1", &owner(), 1).is_ok());
             assert!(store.confirm(uri).is_ok());
@@ -306,5 +347,27 @@ mod tests {
                 .as_deref(),
             Some("sim.h1")
         );
+    }
+
+    /// Only the store's word makes a name gone: a tombstoned or purged
+    /// relay-issued name is; a live one, a host-named channel and a name
+    /// the store cannot read now are not (a re-evaluation then closes).
+    #[test]
+    fn a_name_is_gone_only_when_the_store_says_so() {
+        let store = Scripted {
+            inner: in_memory(),
+            lookup: |inner, uri| inner.lookup(uri),
+        };
+        for uri in ["ahp-terminal:/t1", "ahp-terminal:/t2"] {
+            assert!(store.reserve(uri, "h1", &owner(), 1).is_ok());
+            assert!(store.confirm(uri).is_ok());
+        }
+        assert!(store.tombstone("ahp-terminal:/t2", 2, 60).is_ok());
+        assert!(!is_gone(&store, "ahp-terminal:/t1"));
+        assert!(is_gone(&store, "ahp-terminal:/t2"));
+        assert!(is_gone(&store, "ahp-terminal:/never-issued"));
+        assert!(!is_gone(&store, "ahp-terminal:/h1~1"));
+        let down = unreadable();
+        assert!(!is_gone(&down, "ahp-terminal:/t1"));
     }
 }

@@ -57,6 +57,16 @@ pub fn host_for(
     Ok((hub, host_uri))
 }
 
+/// Whether `caller` lost `uri` (contract §7.6: a subscribed channel that
+/// changed hands): it still names a channel, and [`host_for`] no longer
+/// lets `caller` reach it. A channel the store says is gone (disposed) is
+/// not lost to anyone — its subscribers hear of it from the host — however
+/// the host's listing and the dispose's tombstone interleave; a name the
+/// store cannot read now counts as lost (closing is the safe side).
+pub fn lost_to(env: &Env, caller: Caller<'_>, uri: &str) -> bool {
+    !namer::is_gone(env.store.as_ref(), uri) && host_for(env, caller, uri).is_err()
+}
+
 /// [`host_for`] for an operation `op` (a method or an action type): a
 /// refusal of anything beyond reading is audited (§7.5, decisions on writes).
 pub fn target_of(

@@ -188,7 +188,7 @@ impl Registry {
             let now = s.who();
             let lost = picked
                 .iter()
-                .any(|c| crate::route::router::host_for(&self.env, now.caller(), c).is_err());
+                .any(|c| crate::route::router::lost_to(&self.env, now.caller(), c));
             if lost && s.forget_invisible() {
                 let m = &self.env.metrics;
                 m.resyncs.with_label_values(&[cause]).inc();
