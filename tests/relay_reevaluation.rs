@@ -200,16 +200,17 @@ async fn a_terminal_whose_claiming_session_is_disposed_leaves_its_followers() {
     reconnect_without(&t, "carol", "c1", TERMINAL).await;
 }
 
-/// §7.6: only a channel that changed hands closes its subscribers — a
-/// terminal that is merely disposed does not: carol, subscribed to
-/// alice's terminal, stays connected once the relay has re-evaluated the
-/// host's terminal subscribers after the dispose (its tombstone written).
-#[tokio::test]
-async fn a_disposed_terminal_closes_nobody() {
-    let t = world().await;
-    let term = "ahp-terminal:/alice-t";
+/// alice (client `alice_id`) creates terminal `term` claimed by her chat;
+/// carol (client `carol_id`) subscribes to it once the watch link mirrors
+/// the host's root. Returns both sockets.
+async fn carol_follows_alices_terminal(
+    t: &TestRelay,
+    term: &str,
+    alice_id: &str,
+    carol_id: &str,
+) -> (RawWs, RawWs) {
     let mut alice = t.raw("alice").await;
-    alice.initialize("al2").await;
+    alice.initialize(alice_id).await;
     let claim = json!({"kind": "session", "session": ALICE_SESSION, "chat": ALICE_CHAT});
     let r = alice
         .request(
@@ -220,9 +221,8 @@ async fn a_disposed_terminal_closes_nobody() {
         .await;
     assert_eq!(r["result"], Value::Null, "{r}");
     let mut carol = t.raw("carol").await;
-    carol.initialize("c1").await;
+    carol.initialize(carol_id).await;
     let mut id = 1;
-    // Visible to carol once the watch link mirrors the host's root.
     while carol
         .request(id, "subscribe", json!({"channel": term}))
         .await
@@ -233,6 +233,11 @@ async fn a_disposed_terminal_closes_nobody() {
         assert!(id < 500, "the terminal never became visible to carol");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    (alice, carol)
+}
+
+/// alice disposes `term` (request 2) and the relay writes its tombstone.
+async fn dispose_and_tombstone(t: &TestRelay, alice: &mut RawWs, term: &str) {
     let r = alice
         .request(2, "disposeTerminal", json!({"channel": term}))
         .await;
@@ -246,6 +251,18 @@ async fn a_disposed_terminal_closes_nobody() {
             .is_some_and(|e| matches!(e.state, ahp_relay::names::store::UriState::Tombstone { .. }))
     })
     .await;
+}
+
+/// §7.6: only a channel that changed hands closes its subscribers — a
+/// terminal that is merely disposed does not: carol, subscribed to
+/// alice's terminal, stays connected once the relay has re-evaluated the
+/// host's terminal subscribers after the dispose (its tombstone written).
+#[tokio::test]
+async fn a_disposed_terminal_closes_nobody() {
+    let t = world().await;
+    let term = "ahp-terminal:/alice-t";
+    let (mut alice, mut carol) = carol_follows_alices_terminal(&t, term, "al2", "c1").await;
+    dispose_and_tombstone(&t, &mut alice, term).await;
     for n in 0..5 {
         frames_before_ping(&mut carol, 1000 + n).await;
     }
@@ -262,46 +279,11 @@ async fn a_disposed_terminal_closes_nobody() {
 async fn a_terminal_disposed_before_the_host_root_says_so_closes_nobody() {
     let t = world().await;
     let term = "ahp-terminal:/alice-t2";
-    let mut alice = t.raw("alice").await;
-    alice.initialize("al3").await;
-    let claim = json!({"kind": "session", "session": ALICE_SESSION, "chat": ALICE_CHAT});
-    let r = alice
-        .request(
-            1,
-            "createTerminal",
-            json!({"channel": term, "claim": claim}),
-        )
-        .await;
-    assert_eq!(r["result"], Value::Null, "{r}");
-    let mut carol = t.raw("carol").await;
-    carol.initialize("c3").await;
-    let mut id = 1;
-    while carol
-        .request(id, "subscribe", json!({"channel": term}))
-        .await
-        .get("result")
-        .is_none()
-    {
-        id += 1;
-        assert!(id < 500, "the terminal never became visible to carol");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let (mut alice, mut carol) = carol_follows_alices_terminal(&t, term, "al3", "c3").await;
     let watch = ahp_relay::upstream::watch::watch_client_id();
     let hub = t.relay.relay.hub("a").expect("hub");
     t.hosts[0].stall_client(watch, true);
-    let r = alice
-        .request(2, "disposeTerminal", json!({"channel": term}))
-        .await;
-    assert_eq!(r["result"], Value::Null, "{r}");
-    let store = t.relay.relay.store.clone();
-    wait_until("the dispose tombstoned the terminal", || {
-        store
-            .lookup(term)
-            .ok()
-            .flatten()
-            .is_some_and(|e| matches!(e.state, ahp_relay::names::store::UriState::Tombstone { .. }))
-    })
-    .await;
+    dispose_and_tombstone(&t, &mut alice, term).await;
     assert!(
         hub.terminal_claim(term).is_some(),
         "the held watch link still lists the terminal"
