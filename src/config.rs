@@ -336,6 +336,11 @@ pub struct Limits {
     pub replay_memory_resume_percent: u8,
     /// `Retry-After` seconds of a 503 refused for replay memory.
     pub replay_memory_retry_after_secs: u64,
+    /// Replay-buffer chunks (16 KiB each) a background thread of idle
+    /// priority keeps allocated and touched, so sessions growing their
+    /// buffers take no page fault on an edge thread; 0 = none (one process
+    /// setting, read at start).
+    pub prefault_chunks: usize,
     /// Channels one client session may follow (`subscribe`,
     /// `initialSubscriptions`, `reconnect.subscriptions`, de-duplicated);
     /// beyond it a `subscribe` gets -32603 `reason = "subscriptionLimit"`
@@ -439,6 +444,7 @@ impl Default for Limits {
             replay_memory_bytes: 256 * 1024 * 1024,
             replay_memory_resume_percent: 75,
             replay_memory_retry_after_secs: 10,
+            prefault_chunks: 32,
             subscriptions_per_session: 512,
             pending_requests_per_connection: 256,
             requests_per_second: 100,

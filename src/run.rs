@@ -397,6 +397,8 @@ pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
     let (listener, addr) = bind(cfg.listen.addr).await?;
     let (admin, admin_addr) = bind(cfg.listen.admin_addr).await?;
     let purge_every = Duration::from_secs(cfg.limits.store_purge_secs.max(1));
+    crate::session::prefault(cfg.limits.prefault_chunks)
+        .map_err(|e| StartError::Load(format!("cannot start the prefault thread: {e}")))?;
     let (relay, events) = Relay::new(cfg, secret, store.clone(), auth).map_err(StartError::Load)?;
     let edge = Edge::new(relay.clone(), tls)
         .map_err(|e| StartError::Load(format!("cannot start the edge threads: {e}")))?;

@@ -11,6 +11,9 @@
 //! so a session that receives a few envelopes keeps a small chunk and an
 //! idle one (no envelope yet) keeps none.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
 use bytes::BytesMut;
 
 /// The first chunk's size.
@@ -60,7 +63,7 @@ impl Chunk {
         if self.spare.capacity() - self.spare.len() < bytes {
             let size = self.next.min(limit).max(bytes);
             self.next = self.next.saturating_mul(2).min(limit);
-            self.spare = BytesMut::with_capacity(size);
+            self.spare = Spares::take(size).unwrap_or_else(|| BytesMut::with_capacity(size));
         }
         std::mem::take(&mut self.spare)
     }
@@ -74,6 +77,145 @@ impl Chunk {
     /// Unused bytes of the current chunk.
     pub(super) fn spare(&self) -> usize {
         self.spare.capacity() - self.spare.len()
+    }
+}
+
+/// Chunks of [`LARGEST`] bytes whose pages were touched ahead of use by a
+/// thread of their own ([`prefault`]), so a session moving to a new chunk
+/// on an edge thread takes no page fault there. A streamed session moves
+/// every ~40 envelopes; on fresh memory (a replay buffer still growing)
+/// each move costs four first-touch faults, which delay the envelope being
+/// spliced and every frame behind it on that thread. The thread runs under
+/// `SCHED_IDLE`: it fills the pool only when a core has nothing else to
+/// run, so it never takes a core from an edge thread, a host or a client.
+/// When the pool is empty a chunk is allocated where it is needed, as
+/// without the pool.
+struct Spares {
+    ready: Mutex<Vec<BytesMut>>,
+    /// How many the thread keeps ready; it is woken at half.
+    keep: usize,
+    /// Whether the thread was asked to refill since it last finished.
+    asked: AtomicBool,
+    thread: std::thread::Thread,
+}
+
+static SPARES: OnceLock<Spares> = OnceLock::new();
+
+/// How long the pool's thread waits unasked before it tidies.
+const TIDY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the pool's thread runs once it has been idle ([`on_tidy`]).
+static TIDY: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what the pool's thread runs after [`TIDY_AFTER`] without a request
+/// (once per idle spell, and only if it allocated since the last): the
+/// binary passes its allocator's collection of frees made on other threads
+/// to blocks this thread allocated, so an idle relay returns dropped
+/// buffers' memory. The first hook set stays.
+pub fn on_tidy(hook: fn()) {
+    let _ = TIDY.set(hook);
+}
+
+impl Spares {
+    /// A touched chunk of `size` bytes from the process's pool, if it runs
+    /// and `size` is its chunks' size ([`LARGEST`]).
+    fn take(size: usize) -> Option<BytesMut> {
+        SPARES.get().filter(|_| size == LARGEST)?.pop()
+    }
+
+    /// A ready chunk, if any; asks the thread for a refill at half.
+    fn pop(&self) -> Option<BytesMut> {
+        let (chunk, left) = {
+            let mut ready = self.ready.lock().ok()?;
+            (ready.pop(), ready.len())
+        };
+        if left <= self.keep / 2 && !self.asked.swap(true, Ordering::AcqRel) {
+            self.thread.unpark();
+        }
+        chunk
+    }
+
+    /// The thread's loop: fill to `keep`, sleep until asked. While nobody
+    /// asks for [`TIDY_AFTER`], it runs the tidy hook ([`on_tidy`]) once:
+    /// chunks are allocated here and freed on other threads, and an
+    /// allocator may keep such frees pending until this thread allocates
+    /// again, which an idle relay never asks it to.
+    fn fill(&self) {
+        let mut tidy = false;
+        loop {
+            self.asked.store(false, Ordering::Release);
+            while self.ready.lock().is_ok_and(|r| r.len() < self.keep) {
+                tidy = true;
+                let chunk = touched(LARGEST);
+                match self.ready.lock() {
+                    Ok(mut ready) => ready.push(chunk),
+                    Err(_) => return,
+                }
+            }
+            let since = std::time::Instant::now();
+            std::thread::park_timeout(TIDY_AFTER);
+            if tidy && since.elapsed() >= TIDY_AFTER {
+                if let Some(hook) = TIDY.get() {
+                    hook();
+                }
+                tidy = false;
+            }
+        }
+    }
+}
+
+/// A chunk of `size` bytes with every page written once.
+fn touched(size: usize) -> BytesMut {
+    let mut chunk = BytesMut::with_capacity(size);
+    for byte in chunk.spare_capacity_mut().iter_mut().step_by(4096) {
+        byte.write(0);
+    }
+    std::hint::black_box(chunk.spare_capacity_mut().as_ptr());
+    chunk
+}
+
+/// Starts the thread that keeps `keep` touched chunks ready (at most once
+/// per process; 0 keeps none and starts nothing). Returns whether it runs.
+pub fn prefault(keep: usize) -> std::io::Result<bool> {
+    start(&SPARES, keep)
+}
+
+/// Starts a pool in `place` (once) with its thread.
+fn start(place: &'static OnceLock<Spares>, keep: usize) -> std::io::Result<bool> {
+    if keep == 0 || place.get().is_some() {
+        return Ok(place.get().is_some());
+    }
+    let handle = std::thread::Builder::new()
+        .name("prefault".into())
+        .spawn(move || {
+            idle_priority();
+            // The pool is in `place` before the unpark below.
+            std::thread::park();
+            if let Some(spares) = place.get() {
+                spares.fill();
+            }
+        })?;
+    let thread = handle.thread().clone();
+    let spares = Spares {
+        ready: Mutex::new(Vec::with_capacity(keep)),
+        keep,
+        asked: AtomicBool::new(true),
+        thread: thread.clone(),
+    };
+    let started = place.set(spares).is_ok();
+    thread.unpark();
+    Ok(started)
+}
+
+/// Moves the calling thread to `SCHED_IDLE` (no privilege needed to lower
+/// a thread's policy); elsewhere, or if refused, it stays as it is.
+fn idle_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 is the calling thread; `param` is a valid
+        // `sched_param` the kernel only reads.
+        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
     }
 }
 
@@ -128,5 +270,72 @@ mod tests {
         // A run larger than a chunk still gets the room it needs.
         let arena = chunk.take(10_000, 4096);
         assert!(arena.capacity() >= 10_000);
+    }
+
+    /// Minor page faults taken by the calling thread so far.
+    fn faults_here() -> i64 {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: `usage` is a writable `rusage`; RUSAGE_THREAD is the caller.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        // SAFETY: getrusage succeeded and filled it.
+        unsafe { usage.assume_init() }.ru_minflt
+    }
+
+    #[test]
+    fn pooled_chunks_are_touched_off_the_taking_thread_and_refilled() {
+        static POOL: OnceLock<Spares> = OnceLock::new();
+        assert!(start(&POOL, 8).expect("start the prefault thread"));
+        let pool = POOL.get().expect("started");
+        let wait_full = || {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let ready = pool.ready.lock().map_or(0, |r| r.len());
+                if ready >= 8 {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < until,
+                    "pool never filled: {ready}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        wait_full();
+        let mut taken = Vec::new();
+        for _ in 0..6 {
+            let mut chunk = pool.pop().expect("a ready chunk");
+            assert!(chunk.capacity() >= LARGEST);
+            let before = faults_here();
+            chunk.extend_from_slice(&[7u8; LARGEST]);
+            assert_eq!(
+                faults_here() - before,
+                0,
+                "a pooled chunk faulted when written"
+            );
+            taken.push(chunk);
+        }
+        // Taking past half woke the thread, which filled the pool again.
+        wait_full();
+        assert!(taken.iter().all(|c| c.iter().all(|&b| b == 7)));
+        // Left alone, the thread tidies once (it allocated since it last did).
+        static TIDIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        on_tidy(|| {
+            TIDIED.fetch_add(1, Ordering::SeqCst);
+        });
+        let until = std::time::Instant::now() + 4 * TIDY_AFTER;
+        while TIDIED.load(Ordering::SeqCst) == 0 {
+            assert!(
+                std::time::Instant::now() < until,
+                "the idle pool never tidied"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(2 * TIDY_AFTER);
+        assert_eq!(
+            TIDIED.load(Ordering::SeqCst),
+            1,
+            "tidied again without allocating"
+        );
     }
 }

@@ -35,6 +35,7 @@ pub use self::core::SessionCore;
 pub use crate::identity::PrincipalKey;
 use crate::route::{Caller, Env};
 use crate::rpc::{Close, RpcError};
+pub use chunk::{on_tidy, prefault};
 pub use registry::Registry;
 
 /// A session's identity: principal plus the client's own `clientId`.
