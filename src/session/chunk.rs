@@ -152,9 +152,13 @@ impl Spares {
                     Err(_) => return,
                 }
             }
+            if !tidy {
+                std::thread::park();
+                continue;
+            }
             let since = std::time::Instant::now();
             std::thread::park_timeout(TIDY_AFTER);
-            if tidy && since.elapsed() >= TIDY_AFTER {
+            if since.elapsed() >= TIDY_AFTER {
                 if let Some(hook) = TIDY.get() {
                     hook();
                 }
