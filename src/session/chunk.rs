@@ -110,8 +110,9 @@ static TIDY: OnceLock<fn()> = OnceLock::new();
 /// Sets what the pool's thread runs after [`TIDY_AFTER`] without a request
 /// (once per idle spell, and only if it allocated since the last): the
 /// binary passes its allocator's collection of frees made on other threads
-/// to blocks this thread allocated, so an idle relay returns dropped
-/// buffers' memory. The first hook set stays.
+/// to blocks this thread allocated, which it would otherwise collect only
+/// when it allocates again (mimalloc may then return pages left empty).
+/// The first hook set stays.
 pub fn on_tidy(hook: fn()) {
     let _ = TIDY.set(hook);
 }
