@@ -1342,3 +1342,41 @@ async fn a_reconnect_closed_before_its_answer_baselines_nothing() {
         "snapshots the client never received must not count as its baseline: {answer}"
     );
 }
+
+/// The relay counts what it relays exactly: once a client has every
+/// envelope of a paced turn (each delta its own batch), the relay's
+/// `envelopes_relayed_total` equals what the client received — no batch
+/// left uncounted, none counted twice — and the host-frame latency
+/// histogram has an observation for each of the turn's host frames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_frame_metrics_are_exact_once_the_relay_is_idle() {
+    let t = TestRelay::start(vec![host("a", 1, script(20, 40, 200))], "").await;
+    let (chat, _) = seeded_chat("a", 1);
+    let (mut ws, init) = init_raw(&t, "metered", "metered", &[chat.as_str()]).await;
+    assert!(init["result"]["serverSeq"].is_u64(), "initialize: {init}");
+    let turn = dispatch_frame(&chat, 1, turn_started("metered-turn", "go"));
+    assert!(ws.try_send_json(&turn).await);
+    let mut actions = 0u64;
+    let mut deltas = 0u64;
+    // Quiet for a second after the turn's deltas: everything has arrived.
+    while let Some(next) = ws.next_within(Duration::from_secs(1)).await {
+        let Next::Frame(v) = next else {
+            panic!("the socket closed");
+        };
+        if v["method"] == "action" {
+            actions += 1;
+            let ty = v["params"]["action"]["type"].as_str().unwrap_or("");
+            deltas += u64::from(ty.contains("delta"));
+        }
+    }
+    assert!(deltas >= 20, "{deltas} deltas of 20 ({actions} envelopes)");
+    let relayed = &t.relay.relay.metrics.envelopes_relayed;
+    let exact = || relayed.get() == actions;
+    wait_until("envelopes_relayed_total to equal what was received", exact).await;
+    let latency = t.relay.relay.metrics.host_latency.with_label_values(&["a"]);
+    assert!(
+        latency.get_sample_count() >= 20,
+        "{}",
+        latency.get_sample_count()
+    );
+}
