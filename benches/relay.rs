@@ -23,7 +23,8 @@
 //! ~30 s version with fewer runs and clients; `AHP_BENCH_ONLY=1,4` runs some
 //! sections only (1 includes 2; 0, only when named, is the contract's
 //! per-frame work alone, in memory: no process, no socket, the figure to
-//! run under callgrind); `AHP_BENCH_IDLE_CLIENTS=N` overrides the
+//! run under callgrind; then with cold caches, `AHP_BENCH_COLD_ROUNDS=<n>`
+//! rounds of it, fewer under valgrind); `AHP_BENCH_IDLE_CLIENTS=N` overrides the
 //! idle-client count (e.g. 10000); `AHP_BENCH_LAT_DUMP=<dir>` writes each
 //! paced delta's send stamp and latency to a file per run;
 //! `AHP_BENCH_ALT_BIN=<path to another ahp-relay build>` adds it to section 3
@@ -3671,5 +3672,17 @@ fn print_in_memory(rounds: usize) {
             m.work_ns - m.walk_ns - m.utf8_ns - m.splice_ns
         ),
         Err(e) => println!("   Contract work alone, in memory: not measured ({e})."),
+    }
+    // Fewer rounds for a run under valgrind (`AHP_BENCH_COLD_ROUNDS=2`).
+    let cold_rounds = std::env::var("AHP_BENCH_COLD_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(rounds.min(200));
+    match work_floor::cold(&texts, 50, cold_rounds) {
+        Ok(c) => println!(
+            "   The same work with cold caches (4 MiB written before each frame, 50 connections in turn, medians\n   per frame, as at the paced load): {:.0} ns per action; {:.0} ns with another connection's frame\n   worked first (code warm, this connection's data cold); alone, cold: the walk {:.0} ns, the splice\n   {:.0} ns, UTF-8 {:.0} ns.",
+            c.work_ns, c.warm_code_ns, c.walk_ns, c.splice_ns, c.utf8_ns
+        ),
+        Err(e) => println!("   Contract work with cold caches: not measured ({e})."),
     }
 }

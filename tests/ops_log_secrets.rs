@@ -3,7 +3,8 @@
 //! and a `tkn` query token file, serves a client whose token comes in the
 //! `Authorization` header and another's in `?tkn=`, and forwards an
 //! `authenticate` token to the host; none of these strings appears anywhere
-//! in its whole output, while its trace output is really on.
+//! in its whole output, while its trace output is really on. The other
+//! tests here check what the default level's lines say.
 
 mod common;
 
@@ -147,4 +148,96 @@ async fn refused_upgrades_are_logged_with_their_reason_not_their_token() {
     assert!(line.contains("127.0.0.1"), "{line}");
     let signature = forged.rsplit('.').next().unwrap_or_default();
     assert!(lines.iter().all(|l| !l.contains(signature)), "{lines:#?}");
+}
+
+/// A link's lifecycle lines carry its span (host, link and upstream
+/// pseudonym) at the default level, while its frame path runs outside the
+/// span (entering it on every wake-up cost the subscriber's bookkeeping per
+/// relayed frame): a line from the frame path names its host and link
+/// itself. Here a host sends garbage on a client's link (a frame-path line),
+/// then drops that link's connection, which the link resumes (a lifecycle
+/// line).
+#[tokio::test]
+async fn link_lines_name_their_link_on_and_off_the_frame_path() {
+    let host = start_host(fast_config("a", 3)).await;
+    let kit = DevKit::create(&scratch_dir("log-links")).expect("kit");
+    kit.config("127.0.0.1:0", &[("a".to_string(), host.url())], "", "")
+        .expect("config");
+    let relay = serve_binary(&kit, "info");
+    let token = kit
+        .token("alice", &[], Duration::from_secs(600), Some("log-jti-4"))
+        .expect("token");
+    let opts = options(&kit, relay.url.clone(), Some(token));
+    let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("dial"));
+    ws.initialize("links-1").await;
+    let deadline = std::time::Instant::now() + common::WAIT;
+    let mut id = 100;
+    while !common::listed_uris(&mut ws, id)
+        .await
+        .iter()
+        .any(|u| u == "ahp-session:/a~a-1")
+    {
+        assert!(std::time::Instant::now() < deadline, "host a never listed");
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = ws
+        .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    // The client's link is the connection that subscribed the session.
+    let link_client = host
+        .received()
+        .into_iter()
+        .find(|f| f.method.as_deref() == Some("subscribe") && f.text.contains("a-1"))
+        .and_then(|f| f.client_id)
+        .expect("the link subscribed the session");
+    assert_eq!(host.send_raw(&link_client, "not json"), 1);
+    // Answered after the garbage on the same link: the garbage was read.
+    let r = ws
+        .request(2, "subscribe", json!({"channel": "ahp-session:/a~a-2"}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    assert_eq!(host.drop_client(&link_client), 1);
+    // The link dials again and asks the host to `reconnect` it.
+    let deadline = std::time::Instant::now() + common::WAIT;
+    // (Recorded before the connection has a client id: found by its text.)
+    while !host
+        .received()
+        .iter()
+        .any(|f| f.method.as_deref() == Some("reconnect") && f.text.contains(&link_client))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the link never resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = ws
+        .request(3, "subscribe", json!({"channel": "ahp-session:/a~a-3"}))
+        .await;
+    assert!(r.get("result").is_some(), "the resumed link answers: {r}");
+
+    let lines = relay.output();
+    let garbage = lines
+        .iter()
+        .find(|l| l.contains("host sent an unreadable frame"))
+        .unwrap_or_else(|| panic!("no frame-path line: {lines:#?}"));
+    assert!(
+        garbage.contains("unreadable frame host=a link="),
+        "{garbage}"
+    );
+    assert!(
+        !garbage.contains("link{"),
+        "the frame path runs outside the span: {garbage}"
+    );
+    let lifecycle = lines
+        .iter()
+        .find(|l| l.contains("link resumed") || l.contains("lost continuity"))
+        .unwrap_or_else(|| panic!("no lifecycle line: {lines:#?}"));
+    assert!(lifecycle.contains("link{host=a link="), "{lifecycle}");
+    assert!(
+        lifecycle.contains(&format!("upstream={link_client}")),
+        "{lifecycle}"
+    );
 }

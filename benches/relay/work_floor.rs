@@ -505,3 +505,128 @@ fn frame_header(out: &mut Vec<u8>, len: usize) {
         out.extend_from_slice(&(len as u64).to_be_bytes());
     }
 }
+
+/// The work floor's per-frame work with the caches cold, as at the paced
+/// load, where a frame's work runs after other processes (host, clients,
+/// the kernel) have had the core: nanoseconds per frame, medians over the
+/// frames, each figure timed on its own.
+pub struct Cold {
+    /// Everything [`pump`] does to one frame (`Client::frames`), code and
+    /// data cold.
+    pub work_ns: f64,
+    /// The same with another connection's frame worked just before: the
+    /// code, the stack and the allocator's state warm, this connection's
+    /// own data (numbering, channel map, replay buffer, output) still cold.
+    pub warm_code_ns: f64,
+    /// The validating walk (`wire::classify_host`) alone.
+    pub walk_ns: f64,
+    /// The splice of the two routed values alone.
+    pub splice_ns: f64,
+    /// The UTF-8 check alone.
+    pub utf8_ns: f64,
+}
+
+/// Bytes written between two frames to push the relay's code and data out
+/// of the core's caches (Zen 3's L2 is 512 KiB and holds L1's lines). With
+/// 1 MiB the excess over the warm figure was about half as large, with a
+/// buffer on 2 MiB pages (so the TLB stays warm) the same: it is cache
+/// misses, not TLB misses (BENCHMARKS.md, thirty-first round).
+const EVICT: usize = 4 << 20;
+
+/// Runs each of `frames` once per round through one of `clients`
+/// connections' work (round-robin, as the paced load's streams take turns),
+/// with [`EVICT`] bytes written before each frame and the frame's own bytes
+/// read back (they have just been copied from the socket when a relay
+/// walks them); then again with another connection's frame worked first;
+/// then the walk, the splice and the UTF-8 check alone the same way. See
+/// [`Cold`].
+pub fn cold(frames: &[&str], clients: usize, rounds: usize) -> std::io::Result<Cold> {
+    let mut evict = vec![0u8; EVICT];
+    let mut stream: Vec<Vec<u8>> = Vec::new();
+    for f in frames {
+        let mut s = Vec::new();
+        frame_header(&mut s, f.len());
+        s.extend_from_slice(f.as_bytes());
+        stream.push(s);
+    }
+    let mut conns: Vec<Client> = (0..clients.max(1)).map(|_| Client::default()).collect();
+    let mut outs: Vec<Vec<u8>> = (0..conns.len()).map(|_| Vec::with_capacity(4096)).collect();
+    let mut times = [
+        Vec::with_capacity(rounds * frames.len()),
+        Vec::with_capacity(rounds * frames.len()),
+    ];
+    let mut k = 0;
+    for warm_first in [false, true] {
+        for _ in 0..rounds {
+            for s in &stream {
+                let c = k % conns.len();
+                evict_caches(&mut evict, s, k);
+                if warm_first {
+                    let o = (c + 1) % conns.len();
+                    conns[o].frames(&mut BytesMut::from(&s[..]), &mut outs[o])?;
+                    outs[o].clear();
+                }
+                let mut input = BytesMut::from(&s[..]);
+                let t = Instant::now();
+                conns[c].frames(&mut input, &mut outs[c])?;
+                times[usize::from(warm_first)].push(t.elapsed().as_nanos() as f64);
+                black_box(&outs[c]);
+                outs[c].clear();
+                k += 1;
+            }
+        }
+    }
+    let [mut cold, mut warm_code] = times;
+    let limits = conns[0].limits;
+    let mut part = |f: &dyn Fn(&str) -> bool| {
+        let mut times = Vec::with_capacity(rounds * frames.len());
+        for _ in 0..rounds {
+            for (i, t) in frames.iter().enumerate() {
+                evict_caches(&mut evict, t.as_bytes(), i);
+                let s = Instant::now();
+                black_box(f(black_box(t)));
+                times.push(s.elapsed().as_nanos() as f64);
+            }
+        }
+        median(&mut times)
+    };
+    let walk_ns = part(&|t| wire::classify_host(t, &limits).is_ok());
+    let utf8_ns = part(&|t| simdutf8::compat::from_utf8(t.as_bytes()).is_ok());
+    let routed = std::cell::RefCell::new((s0(), wire::Decimal::of(s0())));
+    let walk_and_splice_ns = part(&|t| {
+        let Ok(frame) = wire::classify_host(t, &limits) else {
+            return false;
+        };
+        let (Some(ch), Some(seq)) = (frame.params.channel, frame.params.server_seq) else {
+            return false;
+        };
+        let mut arena = BytesMut::with_capacity(t.len() + SLACK);
+        let (n, decimal) = &mut *routed.borrow_mut();
+        *n += 1;
+        let edit = (ch.range.clone(), wire::EditValue::Raw("\"x\""));
+        wire::splice_routed_into(t, edit, (seq.range.clone(), decimal.set(*n)), &mut arena).is_ok()
+    });
+    Ok(Cold {
+        work_ns: median(&mut cold),
+        warm_code_ns: median(&mut warm_code),
+        walk_ns,
+        // Timed with a walk in front (it finds what it splices).
+        splice_ns: (walk_and_splice_ns - walk_ns).max(0.0),
+        utf8_ns,
+    })
+}
+
+/// Writes a byte of every line of `evict` (each pass a new value, so no
+/// line stays clean), then reads `frame` back into the cache.
+fn evict_caches(evict: &mut [u8], frame: &[u8], pass: usize) {
+    for line in evict.chunks_mut(64) {
+        line[0] = line[0].wrapping_add(pass as u8);
+    }
+    black_box(frame.iter().fold(0u8, |a, b| a ^ b));
+}
+
+/// The middle value of `v` (sorted in place); 0 when empty.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}

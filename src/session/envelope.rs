@@ -82,7 +82,7 @@ impl ClientSession {
                     }
                     Err(e) => {
                         self.env.metrics.upstream_bad_frames.inc();
-                        tracing::warn!(host = %host.id, error = %e, "host sent an unreadable frame");
+                        tracing::warn!(host = %host.id, link, error = %e, "host sent an unreadable frame");
                         continue;
                     }
                 },

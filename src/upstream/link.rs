@@ -22,6 +22,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
+use tracing::Instrument as _;
 
 use super::dial_in::HostSocket;
 use super::frames::Texts;
@@ -173,10 +174,12 @@ impl Link {
             next_id: next_id.clone(),
         });
         host.links.fetch_add(1, Ordering::Relaxed);
-        // Every log line of the link names its host, link and upstream id
-        // (a pseudonym: never the client's own id or the user's token). A
-        // root span: it outlives the client request that opened the link,
-        // whose exported span (`crate::otel`) must end with its answer.
+        // The link's lifecycle (dial, initialize, resume, ping, failure,
+        // close) runs in this span, so its log lines name the host, link and
+        // upstream id (a pseudonym: never the client's own id or the user's
+        // token). A root span: it outlives the client request that opened
+        // the link, whose exported span (`crate::otel`) must end with its
+        // answer. The frame path runs outside it (see [`Ends::span`]).
         let span = tracing::info_span!(parent: None, "link", host = %host.id, link = link.id,
             upstream = %spec.upstream_id);
         let ends = Ends {
@@ -184,11 +187,9 @@ impl Link {
             spec,
             host,
             link_id: link.id,
-        };
-        tokio::spawn(tracing::Instrument::instrument(
-            run(ends, rx, next_id, baseline),
             span,
-        ));
+        };
+        tokio::spawn(run(ends, rx, next_id, baseline));
         link
     }
 
@@ -217,6 +218,13 @@ struct Ends {
     spec: LinkSpec,
     host: Arc<HostHub>,
     link_id: u64,
+    /// The link's span, entered around its lifecycle work and its rare
+    /// events, not around the frame path: a span entered on every wake-up
+    /// of the task costs the subscriber's bookkeeping per relayed frame
+    /// (~0.4–0.7 µs per paced delta on cold caches, BENCHMARKS.md
+    /// thirty-first round). Events on the frame path name their host (and
+    /// link, where the code has it) themselves.
+    span: tracing::Span,
 }
 
 impl Ends {
@@ -231,13 +239,17 @@ impl Ends {
 }
 
 async fn run(ends: Ends, mut rx: mpsc::Receiver<LinkCmd>, ids: Arc<AtomicU64>, baseline: Baseline) {
-    let Some((mut ws, early, server_seq)) = open(&ends, baseline).await else {
-        fail(&ends, &mut rx, false);
+    let span = ends.span.clone();
+    let Some((mut ws, early, server_seq)) = open(&ends, baseline).instrument(span.clone()).await
+    else {
+        span.in_scope(|| fail(&ends, &mut rx, false));
         return;
     };
     let Some(owner) = ends.owner() else { return };
-    owner.on_link_up(&ends.host, ends.link_id, server_seq);
-    hand_over(&*owner, &ends, early);
+    span.in_scope(|| {
+        owner.on_link_up(&ends.host, ends.link_id, server_seq);
+        hand_over(&*owner, &ends, early);
+    });
     drop(owner);
     loop {
         if !pump(&ends, &mut rx, &ids, &mut ws).await {
@@ -245,12 +257,12 @@ async fn run(ends: Ends, mut rx: mpsc::Receiver<LinkCmd>, ids: Arc<AtomicU64>, b
         }
         // The connection dropped: try to continue it (§5.8).
         if let Some(owner) = ends.owner() {
-            owner.on_connection_lost(&ends.host, ends.link_id);
+            span.in_scope(|| owner.on_connection_lost(&ends.host, ends.link_id));
         }
-        match resume(&ends).await {
+        match resume(&ends).instrument(span.clone()).await {
             Some(resumed) => ws = resumed,
             None => {
-                fail(&ends, &mut rx, true);
+                span.in_scope(|| fail(&ends, &mut rx, true));
                 return;
             }
         }
@@ -309,11 +321,12 @@ async fn pump(
                     let Some(owner) = ends.owner() else {
                         return false;
                     };
-                    owner.on_stalled(&ends.host);
+                    ends.span.in_scope(|| owner.on_stalled(&ends.host));
                 }
             }
             Wake::Ping => {
-                if !on_ping_timer(ends, ids, ws, &mut heard, ping.as_mut()).await {
+                let timer = on_ping_timer(ends, ids, ws, &mut heard, ping.as_mut());
+                if !timer.instrument(ends.span.clone()).await {
                     return true;
                 }
             }
@@ -524,7 +537,9 @@ async fn host_messages(
 /// `upstream_max_frame_bytes`): it is unusable and the link resumes on a
 /// new one. Always `true` (the pump ends with a dropped connection).
 fn link_failed(ends: &Ends, e: &tokio_tungstenite::tungstenite::Error) -> bool {
-    tracing::warn!(host = %ends.host.id, error = %e, "link connection failed");
+    ends.span.in_scope(|| {
+        tracing::warn!(host = %ends.host.id, error = %e, "link connection failed");
+    });
     true
 }
 
