@@ -58,19 +58,8 @@ async fn trace_logs_hold_no_credential() {
     let opts = options(&kit, relay.url.clone(), Some(header_token.clone()));
     let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("header token"));
     ws.initialize("logs-1").await;
-    // The relay process dials its host on its own schedule: wait until the
-    // host's catalog is in (an observable event, not a sleep).
-    let deadline = std::time::Instant::now() + common::WAIT;
-    let mut id = 100;
-    while !common::listed_uris(&mut ws, id)
-        .await
-        .iter()
-        .any(|u| u == "ahp-session:/a~a-1")
-    {
-        assert!(std::time::Instant::now() < deadline, "host a never listed");
-        id += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The relay dials its host on its own schedule.
+    common::wait_until_listed(&mut ws, "ahp-session:/a~a-1", 100).await;
     let r = ws
         .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
         .await;
@@ -170,17 +159,8 @@ async fn link_lines_name_their_link_on_and_off_the_frame_path() {
     let opts = options(&kit, relay.url.clone(), Some(token));
     let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("dial"));
     ws.initialize("links-1").await;
-    let deadline = std::time::Instant::now() + common::WAIT;
-    let mut id = 100;
-    while !common::listed_uris(&mut ws, id)
-        .await
-        .iter()
-        .any(|u| u == "ahp-session:/a~a-1")
-    {
-        assert!(std::time::Instant::now() < deadline, "host a never listed");
-        id += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The relay dials its host on its own schedule.
+    common::wait_until_listed(&mut ws, "ahp-session:/a~a-1", 100).await;
     let r = ws
         .request(1, "subscribe", json!({"channel": "ahp-session:/a~a-1"}))
         .await;

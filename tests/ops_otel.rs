@@ -165,17 +165,8 @@ async fn relay_with_client(
     };
     let mut ws = RawWs::from_stream(dial_stream(&opts).await.expect("dial"));
     ws.initialize("otel-1").await;
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut id = 100;
-    while !common::listed_uris(&mut ws, id)
-        .await
-        .iter()
-        .any(|u| u == "ahp-session:/a~a-1")
-    {
-        assert!(std::time::Instant::now() < deadline, "host a never listed");
-        id += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The relay dials its host on its own schedule.
+    common::wait_until_listed(&mut ws, "ahp-session:/a~a-1", 100).await;
     (relay, ws, kit, host)
 }
 

@@ -751,6 +751,19 @@ pub async fn listed_uris(ws: &mut RawWs, id: u64) -> Vec<String> {
         .collect()
 }
 
+/// Waits until `listSessions` on `ws` lists `uri` (a relay dials its hosts
+/// on its own schedule: an observable event, not a sleep), asking with ids
+/// from `first_id` on; panics after [`WAIT`].
+pub async fn wait_until_listed(ws: &mut RawWs, uri: &str, first_id: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut id = first_id;
+    while !listed_uris(ws, id).await.iter().any(|u| u == uri) {
+        assert!(std::time::Instant::now() < deadline, "{uri} never listed");
+        id += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether `program` — a part outside the Rust toolchain (chromium,
 /// PostgreSQL, HAProxy, nginx) — can be run. Without it a test skips with a
 /// printed notice, so the README's `cargo test` passes on a machine with only
