@@ -198,6 +198,35 @@ pub(super) struct Links {
     pub(super) tokens: authenticate::Tokens,
     /// Since when each link has been idle (§5.7 `link_idle`).
     pub(super) idle_since: HashMap<Arc<str>, std::time::Instant>,
+    /// The host-latency histogram's series of each host this session has
+    /// read from, found by label once per host rather than once per batch.
+    latency: Vec<(Arc<str>, prometheus::Histogram)>,
+}
+
+impl Links {
+    /// `host`'s series of `histogram` (by its one `host` label), looked up
+    /// by label the first time only. Bounded by the configured hosts.
+    pub(super) fn latency_of(
+        &mut self,
+        host: &Arc<str>,
+        histogram: &prometheus::HistogramVec,
+    ) -> &prometheus::Histogram {
+        match self.latency.iter().position(|(h, _)| h == host) {
+            Some(at) => &self.latency[at].1,
+            None => self.add_latency(host, histogram),
+        }
+    }
+
+    /// [`Self::latency_of`] for a host read from the first time.
+    #[cold]
+    fn add_latency(
+        &mut self,
+        host: &Arc<str>,
+        histogram: &prometheus::HistogramVec,
+    ) -> &prometheus::Histogram {
+        let series = histogram.with_label_values(&[&**host]);
+        &self.latency.push_mut((host.clone(), series)).1
+    }
 }
 
 /// The socket the session writes to, if any.
@@ -240,6 +269,7 @@ impl SessionCore {
                 registered: HashSet::new(),
                 tokens: authenticate::Tokens::default(),
                 idle_since: HashMap::new(),
+                latency: Vec::new(),
             },
             attachment: Attachment {
                 last_socket: socket.id,

@@ -21,6 +21,7 @@ use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
+use crate::upstream::link::Room;
 use crate::upstream::watch::RootField;
 use crate::wire::{self, Edit, EditValue, Frame, FrameKind, Text};
 use bytes::BytesMut;
@@ -46,14 +47,15 @@ impl ClientSession {
     /// Handles frames read together from `host`'s link, in order. Runs of
     /// action envelopes (nearly all the traffic) are handled under one
     /// session lock; other frames take it themselves. Answers to write back
-    /// to the host are pushed to `replies`.
+    /// to the host are pushed to `replies`. The batch's time from `read_at`
+    /// to its last frame queued goes to the host-latency histogram; returns
+    /// the room left after it (§5.9).
     pub(super) fn host_frames(
         &self,
-        host: &Arc<HostHub>,
-        link: u64,
+        (host, link, read_at): (&Arc<HostHub>, u64, std::time::Instant),
         frames: &[&str],
         replies: &mut Vec<String>,
-    ) {
+    ) -> Room {
         let mut core: Option<MutexGuard<'_, SessionCore>> = None;
         let mut route = None;
         // The batch's client frames are spliced one after another into the
@@ -107,10 +109,19 @@ impl ClientSession {
                 replies.push(reply);
             }
         }
-        if let Some(mut guard) = core {
-            run.commit(self, &mut guard);
-            self.end_batch(&mut guard);
-        }
+        let mut core = match core {
+            Some(mut guard) => {
+                run.commit(self, &mut guard);
+                self.end_batch(&mut guard);
+                guard
+            }
+            None => self.lock(),
+        };
+        let latency = core
+            .links
+            .latency_of(&host.id, &self.env.metrics.host_latency);
+        latency.observe(read_at.elapsed().as_secs_f64());
+        self.room_locked(&core)
     }
 
     /// Handles one frame from `host`'s link other than an action envelope;

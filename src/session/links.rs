@@ -43,6 +43,25 @@ impl ClientSession {
         self.replay_tokens(core, hub, &link);
         link
     }
+    /// How much a link may read now (§5.9), under the session lock.
+    pub(super) fn room_locked(&self, core: &super::SessionCore) -> Room {
+        let Some(socket) = &core.attachment.socket else {
+            // Detached: frames go to the replay buffer, bounded on its own.
+            // A batch is still no larger than an empty client queue takes:
+            // a `reconnect` may attach a socket while the batch is read, and
+            // its frames then go to that socket's queue, behind the answer
+            // (a larger batch overflowed a small queue at once: 4008).
+            let limits = &self.env.cfg.limits;
+            return Room::Take {
+                frames: limits.client_queue_frames,
+                bytes: limits.client_queue_bytes,
+            };
+        };
+        match socket.out.allowance() {
+            Some((frames, bytes)) => Room::Take { frames, bytes },
+            None => Room::Wait(socket.out.room()),
+        }
+    }
 }
 
 impl LinkOwner for ClientSession {
@@ -54,15 +73,11 @@ impl LinkOwner for ClientSession {
         &self,
         host: &Arc<HostHub>,
         link: u64,
+        read_at: std::time::Instant,
         frames: &[&str],
         replies: &mut Vec<String>,
-    ) {
-        let started = std::time::Instant::now();
-        self.host_frames(host, link, frames, replies);
-        let latency = &self.env.metrics.host_latency;
-        latency
-            .with_label_values(&[&*host.id])
-            .observe(started.elapsed().as_secs_f64());
+    ) -> Room {
+        self.host_frames((host, link, read_at), frames, replies)
     }
 
     fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64) {
@@ -107,23 +122,7 @@ impl LinkOwner for ClientSession {
     }
 
     fn room(&self) -> Room {
-        let core = self.lock();
-        let Some(socket) = &core.attachment.socket else {
-            // Detached: frames go to the replay buffer, bounded on its own.
-            // A batch is still no larger than an empty client queue takes:
-            // a `reconnect` may attach a socket while the batch is read, and
-            // its frames then go to that socket's queue, behind the answer
-            // (a larger batch overflowed a small queue at once: 4008).
-            let limits = &self.env.cfg.limits;
-            return Room::Take {
-                frames: limits.client_queue_frames,
-                bytes: limits.client_queue_bytes,
-            };
-        };
-        match socket.out.allowance() {
-            Some((frames, bytes)) => Room::Take { frames, bytes },
-            None => Room::Wait(socket.out.room()),
-        }
+        self.room_locked(&self.lock())
     }
 
     fn on_stalled(&self, host: &Arc<HostHub>) {

@@ -79,15 +79,19 @@ pub trait LinkOwner: Send + Sync + 'static {
     /// Link `link` to `host` initialized; `server_seq` is the host's
     /// `InitializeResult.serverSeq` (the link's first watermark, §5.8).
     fn on_link_up(&self, host: &Arc<HostHub>, link: u64, server_seq: u64);
-    /// Text frames from the host, in the order read; frames to write back
-    /// to the host (answers to its requests) are pushed to `replies`.
+    /// Text frames from the host, in the order read (`read_at`: when the
+    /// link was woken to read them); frames to write back to the host
+    /// (answers to its requests) are pushed to `replies`. Returns the room
+    /// left after them, as [`Self::room`] would (the link's next read is
+    /// sized by it without asking again).
     fn on_host_frames(
         &self,
         host: &Arc<HostHub>,
         link: u64,
+        read_at: std::time::Instant,
         frames: &[&str],
         replies: &mut Vec<String>,
-    );
+    ) -> Room;
     /// The connection dropped; a resume will be tried. Requests in flight on
     /// it can no longer be answered.
     fn on_connection_lost(&self, host: &Arc<HostHub>, link: u64);
@@ -291,19 +295,24 @@ async fn pump(
     // note when they were heard, so reading costs no timer per frame.
     let ping = tokio::time::sleep(ends.spec.ping_after);
     tokio::pin!(ping);
+    let mut armed = Armed::default();
     loop {
         if paused.is_none() {
-            let Some(owner) = ends.owner() else {
+            let Some(room) = batch.next_room(ends) else {
                 return false;
             };
-            match owner.room() {
+            match room {
                 Room::Take { frames, bytes } => {
                     allowance = (frames.clamp(1, BATCH_FRAMES), bytes.clamp(1, BATCH_BYTES));
                 }
                 Room::Wait(wait) => paused = Some(Paused::new(wait, ends.spec.stall_after)),
             }
         }
-        let wake = std::future::poll_fn(|cx| poll_wake(cx, rx, &mut paused, ping.as_mut(), ws));
+        let waits = |cx: &mut Context<'_>| {
+            let timer = (ping.as_mut(), &mut armed);
+            poll_wake(cx, rx, &mut paused, timer, ws)
+        };
+        let wake = std::future::poll_fn(waits);
         match wake.await {
             Wake::Command(None) => {
                 let _ = ws.close(None).await;
@@ -325,6 +334,7 @@ async fn pump(
                 }
             }
             Wake::Ping => {
+                armed.ping = false;
                 let timer = on_ping_timer(ends, ids, ws, &mut heard, ping.as_mut());
                 if !timer.instrument(ends.span.clone()).await {
                     return true;
@@ -333,7 +343,10 @@ async fn pump(
             Wake::Frames(ready) => {
                 heard.now();
                 let end = match ready {
-                    Ok(true) => host_messages(ends, ws, allowance, &mut batch).await,
+                    Ok(true) => {
+                        let read = (heard.at(), allowance);
+                        host_messages(ends, ws, read, &mut batch).await
+                    }
                     Ok(false) => Some(true),
                     Err(e) => Some(link_failed(ends, &e)),
                 };
@@ -396,20 +409,22 @@ enum Wake {
 /// closed command channel) come first, found by a look at the channel that
 /// registers nothing, so a host that always has data cannot delay the
 /// client's requests; then, unless paused, the host's frames; the command
-/// channel and the timer are polled (and their wakers registered) only
-/// when no frame is ready. A wake-up for host frames — one per streamed
-/// frame at a paced load — so polls neither the channel nor the timer,
-/// whose wakers stay registered from the last time the link waited.
+/// channel and the timer are polled only when no frame is ready, and only
+/// if the task's waker is not already registered with them ([`Armed`]). A
+/// wake-up for host frames — one per streamed frame at a paced load — so
+/// polls neither the channel nor the timer, and the wait after it polls
+/// only the socket.
 fn poll_wake(
     cx: &mut Context<'_>,
     rx: &mut mpsc::Receiver<LinkCmd>,
     paused: &mut Option<Paused>,
-    ping: Pin<&mut tokio::time::Sleep>,
+    (ping, armed): (Pin<&mut tokio::time::Sleep>, &mut Armed),
     ws: &mut HostSocket,
 ) -> Poll<Wake> {
     if (!rx.is_empty() || rx.is_closed() || paused.is_some())
         && let Poll::Ready(cmd) = rx.poll_recv(cx)
     {
+        armed.rx = false;
         return Poll::Ready(Wake::Command(cmd));
     }
     if paused.is_some() {
@@ -418,10 +433,54 @@ fn poll_wake(
     if let Poll::Ready(ready) = ws.poll_frame(cx) {
         return Poll::Ready(Wake::Frames(ready));
     }
-    if let Poll::Ready(cmd) = rx.poll_recv(cx) {
-        return Poll::Ready(Wake::Command(cmd));
+    armed.check(cx);
+    if !armed.rx {
+        let registers = tokio::task::coop::has_budget_remaining();
+        if let Poll::Ready(cmd) = rx.poll_recv(cx) {
+            return Poll::Ready(Wake::Command(cmd));
+        }
+        armed.rx = registers;
     }
-    ping.poll(cx).map(|()| Wake::Ping)
+    if armed.ping && !ping.is_elapsed() {
+        return Poll::Pending;
+    }
+    let registers = tokio::task::coop::has_budget_remaining();
+    let fired = ping.poll(cx).map(|()| Wake::Ping);
+    armed.ping = fired.is_pending() && registers;
+    fired
+}
+
+/// Which of the link's waits already hold its task's waker, so a wait
+/// after a frame need not poll them again (each poll costs a budget check
+/// and a waker registration). A registration is known to hold when a poll
+/// returned `Pending` with the task's budget left (with none left, tokio
+/// returns `Pending` without registering). It ends when the wait is woken:
+/// the channel's with a command (seen by the look in [`poll_wake`], which
+/// then receives it), the timer's when it fires ([`Sleep::is_elapsed`]) or
+/// is reset ([`Armed::ping`] cleared by [`pump`]).
+///
+/// [`Sleep::is_elapsed`]: tokio::time::Sleep::is_elapsed
+#[derive(Default)]
+struct Armed {
+    /// The waker registered (a different one re-arms everything).
+    waker: Option<std::task::Waker>,
+    /// The command channel holds `waker` and nothing was sent since.
+    rx: bool,
+    /// The ping timer holds `waker` and was not reset since.
+    ping: bool,
+}
+
+impl Armed {
+    /// Forgets every registration if the task's waker changed.
+    fn check(&mut self, cx: &Context<'_>) {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *self = Self {
+                waker: Some(cx.waker().clone()),
+                rx: false,
+                ping: false,
+            };
+        }
+    }
 }
 
 /// When the host was last heard from, and whether it was pinged since.
@@ -458,6 +517,13 @@ impl Heard {
         self.pinged = false;
     }
 
+    /// When the host was last heard from: for frames just read, when the
+    /// link woke to read them (one clock read per wake-up serves both the
+    /// ping timer and the owner's latency figure).
+    fn at(&self) -> std::time::Instant {
+        self.at.into_std()
+    }
+
     fn due(&self) -> Due {
         let wait = self.ping_after
             + if self.pinged {
@@ -482,11 +548,24 @@ impl Heard {
     }
 }
 
-/// Host frames read together, and the answers the owner wants written back.
+/// Host frames read together, the answers the owner wants written back,
+/// and the room the owner reported after them (taken by the next wait).
 #[derive(Default)]
 struct Batch {
     texts: Texts,
     replies: Vec<String>,
+    room: Option<Room>,
+}
+
+impl Batch {
+    /// The room for the next read: what the owner reported after the last
+    /// batch, else its answer now; `None` when the owner is gone.
+    fn next_room(&mut self, ends: &Ends) -> Option<Room> {
+        match self.room.take() {
+            Some(room) => Some(room),
+            None => Some(ends.owner()?.room()),
+        }
+    }
 }
 
 /// Hands every text frame already in the socket's read buffer (up to
@@ -496,7 +575,7 @@ struct Batch {
 async fn host_messages(
     ends: &Ends,
     ws: &mut HostSocket,
-    allowance: (usize, usize),
+    (read_at, allowance): (std::time::Instant, (usize, usize)),
     batch: &mut Batch,
 ) -> Option<bool> {
     let mut end = match ws.take_texts(&mut batch.texts, allowance) {
@@ -517,7 +596,9 @@ async fn host_messages(
         if let Err(e) = ws.texts(&batch.texts, &mut frames) {
             end = Some(link_failed(ends, &e));
         }
-        owner.on_host_frames(&ends.host, ends.link_id, &frames, &mut batch.replies);
+        let replies = &mut batch.replies;
+        let room = owner.on_host_frames(&ends.host, ends.link_id, read_at, &frames, replies);
+        batch.room = Some(room);
     }
     ws.release(&mut batch.texts);
     if !batch.replies.is_empty() {
@@ -551,7 +632,8 @@ fn hand_over(owner: &dyn LinkOwner, ends: &Ends, frames: Vec<String>) {
         return;
     }
     let frames: Vec<&str> = frames.iter().map(String::as_str).collect();
-    owner.on_host_frames(&ends.host, ends.link_id, &frames, &mut Vec::new());
+    let read_at = std::time::Instant::now();
+    let _room = owner.on_host_frames(&ends.host, ends.link_id, read_at, &frames, &mut Vec::new());
 }
 
 /// A link without room: the owner's room future, and the stall timer
@@ -746,7 +828,12 @@ mod tests {
     ) -> &'static str {
         let mut ping = ping;
         let mut paused = None;
-        let wake = std::future::poll_fn(|cx| poll_wake(cx, rx, &mut paused, ping.as_mut(), ws));
+        let mut armed = Armed::default();
+        let waits = |cx: &mut Context<'_>| {
+            let timer = (ping.as_mut(), &mut armed);
+            poll_wake(cx, rx, &mut paused, timer, ws)
+        };
+        let wake = std::future::poll_fn(waits);
         match wake.await {
             Wake::Command(Some(_)) => "command",
             Wake::Command(None) => "closed",
@@ -785,5 +872,92 @@ mod tests {
         assert_eq!(wake_once(&mut rx, &mut ws, ping.as_mut()).await, "frames");
         drop(tx);
         assert_eq!(wake_once(&mut rx, &mut ws, ping.as_mut()).await, "closed");
+    }
+
+    /// What one wait of [`pump`] gives, its registrations kept in `armed`
+    /// from one wait to the next as the pump keeps them.
+    async fn wait(
+        rx: &mut mpsc::Receiver<LinkCmd>,
+        ws: &mut HostSocket,
+        mut ping: Pin<&mut tokio::time::Sleep>,
+        armed: &mut Armed,
+    ) -> &'static str {
+        let mut paused = None;
+        let waits =
+            |cx: &mut Context<'_>| poll_wake(cx, rx, &mut paused, (ping.as_mut(), armed), ws);
+        let wake = tokio::time::timeout(Duration::from_secs(10), std::future::poll_fn(waits));
+        match wake.await {
+            Err(_) => "nothing for 10 s",
+            Ok(Wake::Command(_)) => "command",
+            Ok(Wake::Frames(Ok(true))) => "frames",
+            Ok(Wake::Frames(_)) => "host ended",
+            Ok(Wake::Resumed(_)) => "resumed",
+            Ok(Wake::Ping) => "ping",
+        }
+    }
+
+    /// The waits after a frame skip polling the command channel and the
+    /// ping timer, whose wakers a wait before it registered; neither wake-up
+    /// is lost for it: a command queued after a frame was read still wakes
+    /// the link, and so does the ping timer when it fires.
+    #[tokio::test]
+    async fn waits_registered_once_still_wake_the_link() {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let mut host = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+        let limits = crate::upstream::frames::FrameLimits {
+            max_message_bytes: 1 << 20,
+            read_buffer_bytes: 4096,
+        };
+        let mut ws = HostSocket::new(Box::new(ours), Role::Client, limits);
+        let (tx, mut rx) = mpsc::channel(4);
+        let ping = tokio::time::sleep(Duration::from_millis(600));
+        tokio::pin!(ping);
+        let mut armed = Armed::default();
+        // Nothing is ready: the first wait registers the channel and the
+        // timer, then a frame from the host ends it.
+        let frame = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            host.send(Message::text("frame")).await.unwrap();
+            host
+        });
+        assert_eq!(
+            wait(&mut rx, &mut ws, ping.as_mut(), &mut armed).await,
+            "frames"
+        );
+        assert!(armed.rx && armed.ping, "the first wait registered both");
+        let _host = frame.await.unwrap();
+        let mut texts = Texts::default();
+        assert!(ws.take_texts(&mut texts, (16, 1 << 16)).unwrap());
+        ws.release(&mut texts);
+        // A command sent while the next wait skips the channel wakes it.
+        let sender = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            sender.send(LinkCmd::Frame("request".into())).await.unwrap();
+        });
+        assert_eq!(
+            wait(&mut rx, &mut ws, ping.as_mut(), &mut armed).await,
+            "command"
+        );
+        assert!(
+            !armed.rx,
+            "a received command ends the channel's registration"
+        );
+        // The timer, registered by the first wait only, fires into a wait
+        // that skipped it.
+        assert!(armed.ping && !ping.is_elapsed());
+        assert_eq!(
+            wait(&mut rx, &mut ws, ping.as_mut(), &mut armed).await,
+            "ping"
+        );
+        // And the channel, registered again by that wait, still wakes one.
+        armed.ping = false;
+        ping.as_mut()
+            .reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+        tx.send(LinkCmd::Frame("another".into())).await.unwrap();
+        assert_eq!(
+            wait(&mut rx, &mut ws, ping.as_mut(), &mut armed).await,
+            "command"
+        );
     }
 }
