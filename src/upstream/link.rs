@@ -857,19 +857,25 @@ mod tests {
         }
     }
 
+    /// A host's end of an in-memory connection, and the link's socket on
+    /// the other end.
+    async fn host_and_link_socket() -> (WebSocketStream<tokio::io::DuplexStream>, HostSocket) {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let host = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+        let limits = crate::upstream::frames::FrameLimits {
+            max_message_bytes: 1 << 20,
+            read_buffer_bytes: 4096,
+        };
+        (host, HostSocket::new(Box::new(ours), Role::Client, limits))
+    }
+
     /// A host that always has data does not hold back the owner's commands:
     /// with host frames ready, a queued command wakes the link first, then
     /// the frames do, and a closed command channel is seen before them too
     /// (a link whose owner is gone stops reading its host).
     #[tokio::test]
     async fn a_queued_command_comes_before_ready_host_frames() {
-        let (ours, theirs) = tokio::io::duplex(1 << 20);
-        let mut host = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
-        let limits = crate::upstream::frames::FrameLimits {
-            max_message_bytes: 1 << 20,
-            read_buffer_bytes: 4096,
-        };
-        let mut ws = HostSocket::new(Box::new(ours), Role::Client, limits);
+        let (mut host, mut ws) = host_and_link_socket().await;
         for n in 0..3 {
             host.send(Message::text(format!("frame {n}")))
                 .await
@@ -915,13 +921,7 @@ mod tests {
     /// the link, and so does the ping timer when it fires.
     #[tokio::test]
     async fn waits_registered_once_still_wake_the_link() {
-        let (ours, theirs) = tokio::io::duplex(1 << 20);
-        let mut host = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
-        let limits = crate::upstream::frames::FrameLimits {
-            max_message_bytes: 1 << 20,
-            read_buffer_bytes: 4096,
-        };
-        let mut ws = HostSocket::new(Box::new(ours), Role::Client, limits);
+        let (mut host, mut ws) = host_and_link_socket().await;
         let (tx, mut rx) = mpsc::channel(4);
         let ping = tokio::time::sleep(Duration::from_millis(600));
         tokio::pin!(ping);
