@@ -116,6 +116,10 @@ fn optimised_compilations_get_the_profile_and_others_do_not() {
         "release build without the profile: {release:?}"
     );
     assert!(release.contains(&"-Cllvm-args=-no-pgo-warn-mismatch".to_string()));
+    assert!(
+        release.contains(&"-Cllvm-args=-enable-split-machine-functions".to_string()),
+        "release build without the function splitter: {release:?}"
+    );
     assert_eq!(
         &release[..4],
         &["--crate-name", "x", "-C", "opt-level=3"],
