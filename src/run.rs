@@ -377,12 +377,31 @@ pub fn preflight(cfg: &RelayConfig) -> Result<Preflight, StartError> {
 /// Starts a relay: everything is loaded and the listener bound before this
 /// returns, so a returned relay accepts connections.
 pub async fn start(cfg: RelayConfig) -> Result<RunningRelay, StartError> {
-    let Preflight { secret, auth, tls } = preflight(&cfg)?;
+    let checked = preflight(&cfg)?;
+    let store = open_store(&cfg).await?;
+    launch(cfg, checked, store).await
+}
+
+/// [`start`] with a URI store opened by the caller instead of the one
+/// `[relay] store` names (an embedding's own backend, a test's store).
+pub async fn start_with_store(
+    cfg: RelayConfig,
+    store: Arc<dyn crate::names::store::UriStore>,
+) -> Result<RunningRelay, StartError> {
+    let checked = preflight(&cfg)?;
+    launch(cfg, checked, store).await
+}
+
+/// Binds the listeners and starts everything on a checked configuration.
+async fn launch(
+    cfg: RelayConfig,
+    Preflight { secret, auth, tls }: Preflight,
+    store: Arc<dyn crate::names::store::UriStore>,
+) -> Result<RunningRelay, StartError> {
     let secret = match secret {
         Some(s) => s,
         None => create_secret(&cfg.relay.secret_file)?,
     };
-    let store = open_store(&cfg).await?;
     tracing::info!(issuers = cfg.auth.issuers.len(), "auth keys loaded");
     let tls = match tls {
         Some(reloading) => {

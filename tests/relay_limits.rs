@@ -423,8 +423,8 @@ async fn a_huge_reconnect_is_answered_while_others_ping() {
 
 /// The store refuses a principal's reservation beyond its quota (the relay
 /// answers -32603 `quota`) and its purge timer removes expired tombstones.
-/// On a multi-threaded runtime, as the relay runs: the creates' confirm
-/// writes go through `block_in_place` there.
+/// On a multi-threaded runtime, as the relay's main runtime is: the creates'
+/// confirm writes run on its blocking pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_quota_and_tombstone_purge() {
     let t = start("reservations_per_principal = 1").await;

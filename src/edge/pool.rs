@@ -1,4 +1,4 @@
-//! The edge's threads: client connections run on a few single-worker
+//! The edge's threads: client connections run on a few single-threaded
 //! runtimes, one per core by default (`[listen] edge_threads`), handed out
 //! in turn at accept, the way each of nginx's workers owns its
 //! connections. Everything a connection spawns — its WebSocket reader and
@@ -7,29 +7,33 @@
 //! read from a host is written to the client without a hand-over to
 //! another thread (BENCHMARKS.md, "Sixth round": the paced load's latency).
 //!
-//! Each runtime is a multi-thread runtime with one worker, not a
-//! current-thread one, so `block_in_place` (a URI-store commit a link must
-//! wait for, `names::store::write_in_place`) hands the runtime's other
-//! connections to another thread instead of stalling them.
+//! Each runtime is a current-thread runtime driven by a thread of its own:
+//! its park and wake-up paths are the shortest tokio has (no work-stealing
+//! bookkeeping, no hand-off of the I/O driver), which is what a paced load
+//! pays once per frame (BENCHMARKS.md, "Thirty-fourth round"). Nothing on an
+//! edge thread blocks it: a URI-store commit a link must wait for (the
+//! answer to a create, §4.5) runs on the blocking pool while the session
+//! holds the link's later frames (`session::envelope`, `Hold`).
 //!
-//! Dropping the pool does not wait: a thread of its own gives the
-//! connections up to the pool's `linger` to finish (a stopped relay's
-//! sessions write their close frames), then shuts the runtimes down and
-//! drops what is left, so a dropped relay leaves no connection behind.
+//! Dropping the pool does not wait: each thread gives its connections up to
+//! the pool's `linger` to finish (a stopped relay's sessions write their
+//! close frames), then shuts its runtime down and drops what is left, so a
+//! dropped relay leaves no connection behind.
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::sync::watch;
 
-/// Single-worker runtimes that client connections are spread over.
+/// Single-threaded runtimes that client connections are spread over.
 #[derive(Debug)]
 pub struct EdgePool {
     handles: Vec<Handle>,
-    /// Owned here so that dropping the pool ends them (`Drop`).
-    runtimes: Mutex<Vec<Runtime>>,
+    /// Tells the runtimes' threads when to stop: `Some(deadline)` once the
+    /// pool is dropped (a dropped sender means at once).
+    stop: watch::Sender<Option<Instant>>,
     next: AtomicUsize,
     /// How long a dropped pool's tasks may run on before they are dropped.
     linger: Duration,
@@ -39,25 +43,24 @@ impl EdgePool {
     /// How long the relay's pool lets connections finish once dropped.
     pub const LINGER: Duration = Duration::from_secs(10);
 
-    /// `threads` runtimes of one worker each, named `ahp-edge-<n>`, each
-    /// thread asking the kernel for `slice` as its time slice when given
-    /// (`edge::slice`); once dropped, their tasks have `linger` to end
-    /// before they are dropped.
+    /// `threads` current-thread runtimes, each on a thread named
+    /// `ahp-edge-<n>` that asks the kernel for `slice` as its time slice
+    /// when given (`edge::slice`); once dropped, their tasks have `linger`
+    /// to end before they are dropped.
     pub fn new(threads: usize, linger: Duration, slice: Option<Duration>) -> std::io::Result<Self> {
-        let mut runtimes = Vec::with_capacity(threads);
+        let (stop, told) = watch::channel(None);
+        let mut handles = Vec::with_capacity(threads);
         for n in 0..threads {
-            runtimes.push(
-                Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name(format!("ahp-edge-{n}"))
-                    .on_thread_start(move || ask_for_slice(slice))
-                    .enable_all()
-                    .build()?,
-            );
+            let runtime = Builder::new_current_thread().enable_all().build()?;
+            handles.push(runtime.handle().clone());
+            let told = told.clone();
+            std::thread::Builder::new()
+                .name(format!("ahp-edge-{n}"))
+                .spawn(move || drive(runtime, slice, told))?;
         }
         Ok(Self {
-            handles: runtimes.iter().map(|r| r.handle().clone()).collect(),
-            runtimes: Mutex::new(runtimes),
+            handles,
+            stop,
             next: AtomicUsize::new(0),
             linger,
         })
@@ -94,45 +97,32 @@ impl EdgePool {
     }
 }
 
-/// Runs on each of the pool's threads as it starts (workers and the
-/// threads `block_in_place` adds alike). A refused request leaves the
-/// kernel's default slice: slower wake-ups, never a failure.
-fn ask_for_slice(slice: Option<Duration>) {
+/// An edge thread: asks for its slice (a refusal leaves the kernel's
+/// default: slower wake-ups, never a failure), runs `runtime`'s tasks until
+/// the pool is dropped, then until they have all ended or the deadline the
+/// pool gave has passed, and drops what is left.
+fn drive(runtime: Runtime, slice: Option<Duration>, mut stop: watch::Receiver<Option<Instant>>) {
     if let Some(slice) = slice
         && let Err(e) = super::slice::request(slice)
     {
         tracing::warn!(error = %e, "an edge thread keeps the kernel's default time slice");
     }
+    let handle = runtime.handle().clone();
+    runtime.block_on(async move {
+        let until = match stop.wait_for(Option::is_some).await {
+            Ok(until) => until.unwrap_or_else(Instant::now),
+            Err(_) => Instant::now(),
+        };
+        while handle.metrics().num_alive_tasks() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    runtime.shutdown_background();
 }
 
 impl Drop for EdgePool {
     fn drop(&mut self) {
-        let runtimes = match self.runtimes.get_mut() {
-            Ok(r) => std::mem::take(r),
-            Err(poisoned) => std::mem::take(poisoned.into_inner()),
-        };
-        let until = Instant::now() + self.linger;
-        let stop = std::thread::Builder::new()
-            .name("ahp-edge-stop".into())
-            .spawn(move || stop_when_idle(runtimes, until));
-        if let Err(e) = stop {
-            tracing::warn!(error = %e, "edge threads stopped at once: no thread to wait on them");
-        }
-    }
-}
-
-/// Waits until no runtime of `runtimes` has a task left, or `until`, then
-/// shuts them all down (whatever is left is dropped).
-fn stop_when_idle(runtimes: Vec<Runtime>, until: Instant) {
-    while Instant::now() < until
-        && runtimes
-            .iter()
-            .any(|rt| rt.handle().metrics().num_alive_tasks() > 0)
-    {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for rt in runtimes {
-        rt.shutdown_background();
+        self.stop.send_replace(Some(Instant::now() + self.linger));
     }
 }
 
@@ -239,14 +229,17 @@ mod tests {
     }
 
     #[test]
-    fn block_in_place_works_on_an_edge_runtime() {
+    fn an_edge_runtime_runs_its_tasks_on_its_one_thread() {
         let pool = EdgePool::new(1, Duration::ZERO, None).expect("runtimes");
         let (tx, rx) = std::sync::mpsc::channel();
         pool.spawn(async move {
-            let v = tokio::task::block_in_place(|| 7);
-            let _ = tx.send(v);
+            let flavor = Handle::current().runtime_flavor();
+            let thread = std::thread::current().name().map(str::to_string);
+            let _ = tx.send((flavor, thread));
         });
-        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(7));
+        let (flavor, thread) = rx.recv_timeout(Duration::from_secs(5)).expect("ran");
+        assert_eq!(flavor, tokio::runtime::RuntimeFlavor::CurrentThread);
+        assert_eq!(thread.as_deref(), Some("ahp-edge-0"));
     }
 
     #[cfg(target_os = "linux")]

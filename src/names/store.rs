@@ -479,21 +479,6 @@ impl UriStore for RedbStore {
     }
 }
 
-/// Runs a store write (a commit fsyncs) from synchronous code on a runtime
-/// worker without stalling the runtime: on a multi-threaded runtime the
-/// worker first hands its other tasks to another thread
-/// (`block_in_place`), so only the caller waits — a link answering a
-/// create, which must not deliver its next frame before the answer (§4.5).
-/// On a current-thread runtime (some tests) or outside one it runs inline.
-/// Async callers that need not keep such an order use `spawn_blocking`
-/// (reserve, tombstone, purge).
-pub fn write_in_place<T>(write: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
-        _ => write(),
-    }
-}
-
 /// Purges expired tombstones every `every` (contract §7.4: a disposed name is free again after
 /// `tombstone_ttl`), each purge on a blocking thread; runs until its task is dropped.
 pub async fn purge_expired_every(store: std::sync::Arc<dyn UriStore>, every: std::time::Duration) {
@@ -588,44 +573,6 @@ mod tests {
             subject: "alice".into(),
             groups: vec!["team-a".into(), "x\nops".into()],
         }
-    }
-
-    /// A write in place leaves the runtime free: with one worker, a task
-    /// spawned before the write runs while the write waits for it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn writes_in_place_leave_the_runtime_free() {
-        // On the worker (the test body itself runs beside the runtime).
-        let on_worker = tokio::spawn(async {
-            let ran = std::sync::Arc::new(AtomicBool::new(false));
-            let flag = ran.clone();
-            let task = tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
-            let seen = write_in_place(|| {
-                let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
-                while !ran.load(Ordering::SeqCst) && std::time::Instant::now() < end {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                ran.load(Ordering::SeqCst)
-            });
-            seen && task.await.is_ok()
-        });
-        assert!(
-            on_worker.await.is_ok_and(|seen| seen),
-            "the other task ran during the write"
-        );
-    }
-
-    /// On a current-thread runtime the write runs inline and its result
-    /// is returned.
-    #[tokio::test(flavor = "current_thread")]
-    async fn writes_in_place_run_inline_on_one_thread() {
-        let Ok(store) = RedbStore::open_in_memory() else {
-            panic!("in-memory store");
-        };
-        let done = write_in_place(|| store.reserve("ahp-session:/x", "h", &owner(), 1));
-        assert!(done.is_ok());
-        assert!(write_in_place(|| store.confirm("ahp-session:/x")).is_ok());
-        let entry = store.lookup("ahp-session:/x").ok().flatten();
-        assert_eq!(entry.map(|e| e.state), Some(UriState::Confirmed));
     }
 
     #[test]

@@ -201,6 +201,9 @@ pub(super) struct Links {
     /// The host-latency histogram's series of each host this session has
     /// read from, found by label once per host rather than once per batch.
     latency: Vec<(Arc<str>, prometheus::Histogram)>,
+    /// A create's store write in flight and the frames read meanwhile
+    /// (`session::hold`).
+    pub(super) hold: super::hold::Hold,
 }
 
 impl Links {
@@ -270,6 +273,7 @@ impl SessionCore {
                 tokens: authenticate::Tokens::default(),
                 idle_since: HashMap::new(),
                 latency: Vec::new(),
+                hold: super::hold::Hold::default(),
             },
             attachment: Attachment {
                 last_socket: socket.id,

@@ -13,11 +13,11 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::chunk::Chunk;
+use super::hold::CreateAnswer;
 use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
 use crate::names::namer::{Noting, ToClient};
 use crate::names::qualify::{ChannelKind, channel_kind};
 use crate::names::seen::ShownIn;
-use crate::names::store::write_in_place;
 use crate::names::translate::{self, state_shape};
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
@@ -65,7 +65,19 @@ impl ClientSession {
         let bytes: usize = frames.iter().map(|f| f.len() + ARENA_SLACK).sum();
         let mut run = Run::new(frames.len(), bytes);
         let limits = &self.env.upstream_limits;
-        for &text in frames {
+        for (at, &text) in frames.iter().enumerate() {
+            // While a create's store write is in flight, the rest of the
+            // batch waits for its answer (`hold`), behind what was handled.
+            if self.holding.load(std::sync::atomic::Ordering::Acquire) {
+                route = None;
+                if let Some(mut guard) = core.take() {
+                    run.commit(self, &mut guard);
+                    self.end_batch(&mut guard);
+                }
+                if self.keep_if_holding(host, link, &frames[at..]) {
+                    break;
+                }
+            }
             // Catalog notifications come from the watch link alone (§6.2): this
             // link's copy is discarded unread, without ending a run of envelopes.
             if wire::is_catalog_notification(text) {
@@ -489,9 +501,9 @@ impl ClientSession {
     }
 
     /// A create confirms its store entry (or releases it on failure) before
-    /// it is answered, the link waiting (§4.5 order) while the runtime does
-    /// not (`write_in_place`); a session create is answered once the
-    /// catalog lists it (§6.3).
+    /// it is answered, off the edge thread, the session holding its links'
+    /// later frames until then (§4.5 order, `hold`); a session create is
+    /// answered once the catalog lists it (§6.3).
     fn answer_create(
         &self,
         mut core: MutexGuard<'_, SessionCore>,
@@ -499,21 +511,13 @@ impl ClientSession {
         store_key: &str,
         await_catalog: Option<String>,
     ) {
-        let store = &self.env.store;
-        if let Some(err) = a.failure {
-            let _ = write_in_place(|| store.release(store_key));
-            return self.respond_error(&mut core, &a.id, &err);
-        }
-        if let Err(e) = write_in_place(|| store.confirm(store_key)) {
-            tracing::error!(error = %e, uri = %store_key, "cannot confirm a created URI");
-        }
-        match await_catalog {
-            None => self.respond(&mut core, &a.id, "null"),
-            Some(host_uri) => {
-                drop(core);
-                self.respond_after_catalog(a.host.clone(), host_uri, a.id);
-            }
-        }
+        let answer = CreateAnswer {
+            host: a.host.clone(),
+            id: a.id,
+            failure: a.failure,
+            await_catalog,
+        };
+        self.commit_create(&mut core, store_key, answer);
     }
 
     /// A dispose of a client-chosen URI leaves a tombstone (§4.2); a
@@ -591,7 +595,12 @@ impl ClientSession {
     /// Answers a `createSession` once the watch catalog lists the session,
     /// so a `listSessions` right after includes it (contract §6.3); gives up
     /// waiting after a bound and answers anyway.
-    fn respond_after_catalog(&self, host: Arc<HostHub>, host_uri: String, client_id: String) {
+    pub(super) fn respond_after_catalog(
+        &self,
+        host: Arc<HostHub>,
+        host_uri: String,
+        client_id: String,
+    ) {
         let Some(me) = self.registry().and_then(|r| r.session_of(&self.key)) else {
             return;
         };

@@ -45,6 +45,9 @@ impl ClientSession {
     }
     /// How much a link may read now (§5.9), under the session lock.
     pub(super) fn room_locked(&self, core: &super::SessionCore) -> Room {
+        if let Some(wait) = core.links.hold.room() {
+            return wait;
+        }
         let Some(socket) = &core.attachment.socket else {
             // Detached: frames go to the replay buffer, bounded on its own.
             // A batch is still no larger than an empty client queue takes:

@@ -13,6 +13,7 @@ mod chunk;
 mod core;
 pub mod envelope;
 mod fanout;
+mod hold;
 mod limits;
 mod links;
 pub mod outbox;
@@ -240,6 +241,13 @@ pub struct ClientSession {
     /// Host objects shown to this client, so it may name them (§7.1).
     pub seen: crate::names::seen::Seen,
     core: Mutex<SessionCore>,
+    /// Whether a create's store write is in flight, so frames read now are
+    /// kept for later (`hold`); read per frame without the lock, changed
+    /// under it.
+    holding: std::sync::atomic::AtomicBool,
+    /// Taken while a hold's kept frames are handled, so holds end one after
+    /// another (`hold`).
+    draining: Mutex<()>,
     /// The root flag of `core.channels.subs` (`Subs::root_flag`, `core.rs`).
     root_follower: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -274,6 +282,8 @@ impl ClientSession {
             tool_calls: tool_calls::OwnedToolCalls::default(),
             seen,
             core: Mutex::new(core),
+            holding: std::sync::atomic::AtomicBool::new(false),
+            draining: Mutex::new(()),
             root_follower,
         }
     }

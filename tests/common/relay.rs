@@ -102,6 +102,18 @@ impl TestRelay {
         extra: &str,
         tweak: impl FnOnce(&mut RelayConfig),
     ) -> Self {
+        Self::start_on_store(hosts, auth_extra, extra, tweak, None).await
+    }
+
+    /// Like [`TestRelay::start_tweaked`], on `store` (when given) instead
+    /// of the dev kit's store file.
+    pub async fn start_on_store(
+        hosts: Vec<SimHostConfig>,
+        auth_extra: &str,
+        extra: &str,
+        tweak: impl FnOnce(&mut RelayConfig),
+        store: Option<Arc<dyn ahp_relay::names::store::UriStore>>,
+    ) -> Self {
         // On reserved ports: a test may stop a host and start it again on
         // its address, which no `bind(…:0)` of a parallel test may take.
         let mut started = Vec::new();
@@ -118,9 +130,12 @@ impl TestRelay {
             .config("127.0.0.1:0", &pairs, auth_extra, extra)
             .expect("config validates");
         tweak(&mut cfg);
-        let relay = ahp_relay::run::start(cfg).await.expect("relay starts");
+        let relay = match store {
+            Some(store) => ahp_relay::run::start_with_store(cfg, store).await,
+            None => ahp_relay::run::start(cfg).await,
+        };
         Self {
-            relay,
+            relay: relay.expect("relay starts"),
             hosts: started,
             kit,
         }
