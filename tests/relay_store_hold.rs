@@ -60,26 +60,35 @@ impl UriStore for SlowConfirm {
     }
 }
 
+/// A relay in front of `host` on a fresh [`SlowConfirm`] store (with
+/// `edge_threads` when given), its watch link up.
+async fn on_slow_store(
+    host: ahp_relay::simhost::SimHostConfig,
+    edge_threads: Option<usize>,
+) -> (TestRelay, Arc<SlowConfirm>) {
+    let store = Arc::new(SlowConfirm {
+        inner: RedbStore::open_in_memory().expect("in-memory store"),
+        started: AtomicBool::new(false),
+        ended: AtomicBool::new(false),
+    });
+    let shared = store.clone() as Arc<dyn UriStore>;
+    let tweak = |cfg: &mut ahp_relay::config::RelayConfig| {
+        if edge_threads.is_some() {
+            cfg.listen.edge_threads = edge_threads;
+        }
+    };
+    let t = TestRelay::start_on_store(vec![host], "", "", tweak, Some(shared)).await;
+    t.wait_hosts_up().await;
+    (t, store)
+}
+
 /// Alice's `createSession` waits for its slow confirm and is answered
 /// once the name is confirmed; meanwhile Bob, on the same (only) edge
 /// thread, gets every answer well within the write's time — an edge thread
 /// that waited for the write would have held his answer for all of it.
 #[tokio::test]
 async fn a_slow_create_commit_leaves_the_edge_thread_serving() {
-    let store = Arc::new(SlowConfirm {
-        inner: RedbStore::open_in_memory().expect("in-memory store"),
-        started: AtomicBool::new(false),
-        ended: AtomicBool::new(false),
-    });
-    let t = TestRelay::start_on_store(
-        vec![fast_config("a", 2)],
-        "",
-        "",
-        |cfg| cfg.listen.edge_threads = Some(1),
-        Some(store.clone() as Arc<dyn UriStore>),
-    )
-    .await;
-    t.wait_hosts_up().await;
+    let (t, store) = on_slow_store(fast_config("a", 2), Some(1)).await;
     let mut alice = t.raw("alice").await;
     alice.initialize("c1").await;
     let mut bob = t.raw("bob").await;
@@ -129,22 +138,9 @@ async fn a_slow_create_commit_leaves_the_edge_thread_serving() {
 /// (§4.5, §5.1), the answer once, after the write.
 #[tokio::test]
 async fn a_stream_behind_a_slow_create_arrives_whole_and_in_order() {
-    let store = Arc::new(SlowConfirm {
-        inner: RedbStore::open_in_memory().expect("in-memory store"),
-        started: AtomicBool::new(false),
-        ended: AtomicBool::new(false),
-    });
     let mut host = fast_config("a", 2);
     host.stream_rate = 2_000;
-    let t = TestRelay::start_on_store(
-        vec![host],
-        "",
-        "",
-        |_| {},
-        Some(store.clone() as Arc<dyn UriStore>),
-    )
-    .await;
-    t.wait_hosts_up().await;
+    let (t, store) = on_slow_store(host, None).await;
     let (chat, _) = common::seeded_chat("a", 1);
     let session = "ahp-session:/a~a-1";
     let mut ws = t.raw("alice").await;
