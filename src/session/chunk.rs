@@ -169,49 +169,14 @@ impl Spares {
     }
 }
 
-/// A chunk of `size` bytes whose pages are all present and writable: one
-/// `madvise(MADV_POPULATE_WRITE)` over the pages it spans (Linux 5.14 and
-/// later) faults them in without a trap per page; a write to each page
-/// then makes sure of it (a page the call could not populate, or a kernel
-/// without it, takes its fault here, on this thread, as before).
+/// A chunk of `size` bytes with every page written once.
 fn touched(size: usize) -> BytesMut {
     let mut chunk = BytesMut::with_capacity(size);
-    populate(chunk.spare_capacity_mut());
     for byte in chunk.spare_capacity_mut().iter_mut().step_by(4096) {
         byte.write(0);
     }
     std::hint::black_box(chunk.spare_capacity_mut().as_ptr());
     chunk
-}
-
-/// Populates the pages `bytes` spans as if written (their contents and any
-/// neighbour sharing a page unchanged); `false` where the kernel cannot.
-/// On this VM a populated 16 KiB chunk costs 1.83 µs against 10.3 µs for
-/// four write faults (BENCHMARKS.md, thirty-third and thirty-fourth rounds).
-fn populate(bytes: &mut [std::mem::MaybeUninit<u8>]) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        let start = bytes.as_mut_ptr() as usize;
-        let first = start & !(PAGE - 1);
-        let end = (start + bytes.len()).next_multiple_of(PAGE);
-        // SAFETY: [first, end) covers only pages holding part of `bytes`,
-        // which this process has mapped (its allocator's memory); populating
-        // them faults them in without changing what they hold.
-        let rc = unsafe {
-            libc::madvise(
-                first as *mut libc::c_void,
-                end - first,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        rc == 0
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = bytes;
-        false
-    }
 }
 
 /// Starts the thread that keeps `keep` touched chunks ready (at most once
@@ -320,46 +285,6 @@ mod tests {
         assert_eq!(rc, 0);
         // SAFETY: getrusage succeeded and filled it.
         unsafe { usage.assume_init() }.ru_minflt
-    }
-
-    /// Pages of fresh memory populated ahead take no fault when written,
-    /// and keep what they held.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn populated_pages_take_no_fault_when_written() {
-        const LEN: usize = 64 * 1024;
-        // SAFETY: a private anonymous mapping of LEN bytes, checked below
-        // and unmapped at the end; nothing else refers to it.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        // SAFETY: the mapping is LEN writable bytes owned by this test.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(base.cast::<std::mem::MaybeUninit<u8>>(), LEN)
-        };
-        // From the second byte: the span is widened to whole pages.
-        if !populate(&mut bytes[1..LEN - 1]) {
-            eprintln!("skipped: this kernel cannot populate (Linux 5.14+)");
-        } else {
-            let before = faults_here();
-            for page in bytes.chunks_mut(4096) {
-                page[0].write(1);
-            }
-            assert_eq!(faults_here() - before, 0, "a populated page faulted");
-            // SAFETY: every byte was zeroed by the kernel or written above.
-            let first = unsafe { bytes[1].assume_init() };
-            assert_eq!(first, 0, "populating changed nothing");
-        }
-        // SAFETY: unmapping the mapping made above, no longer used.
-        assert_eq!(unsafe { libc::munmap(base, LEN) }, 0);
     }
 
     #[test]
