@@ -447,3 +447,62 @@ async fn a_silent_link_is_declared_dead_and_redialed() {
     wait_until("the silent link is re-dialed", || dials(&t) >= 2).await;
     t.hosts[0].set_stalled(false);
 }
+
+/// §5.2, §5.8: a channel subscribed on a link after that link's last
+/// envelope has a snapshot numbered above the link's watermark; when the
+/// link resumes by upstream `reconnect` from that watermark, the host's
+/// replay carries the channel's actions the snapshot already contains.
+/// The client must get none of them again: its chat, reduced from the
+/// snapshot and everything after it, ends equal to the host's (S13 seed 80
+/// failed this way: a delta and a tool call applied twice).
+#[tokio::test]
+async fn resumed_link_replays_nothing_a_later_snapshot_contains() {
+    let t = TestRelay::start(vec![fast_config("a", 2)], "").await;
+    let (quiet, busy) = ("ahp-chat:/a~a-1-main", "ahp-chat:/a~a-2-main");
+    let mut ws = t.raw("alice").await;
+    ws.initialize("floor").await;
+    // The link opens on a chat that stays quiet: its watermark stays put.
+    ws.request(1, "subscribe", json!({"channel": quiet})).await;
+    // Another client's turn on the busy chat, which this link does not
+    // follow yet: the host numbers it above the link's watermark.
+    let mut other = t.raw("alice").await;
+    other.initialize("other").await;
+    other
+        .request(1, "subscribe", json!({"channel": busy}))
+        .await;
+    other.send_json(&start_turn_frame(busy, 1, "t-other")).await;
+    raw_actions_until(&mut other, |e| action_type(e) == "chat/turnComplete").await;
+    let s = ws.request(2, "subscribe", json!({"channel": busy})).await;
+    let snapshot = s["result"]["snapshot"].clone();
+    assert!(
+        snapshot["state"]["turns"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["id"] == "t-other")),
+        "the snapshot contains the other client's turn: {s}"
+    );
+    let upstream = t.upstream_id("alice", "floor");
+    assert_eq!(t.hosts[0].drop_client(&upstream), 1, "the link is cut");
+    wait_until("the link resumes by upstream reconnect", || {
+        t.hosts[0]
+            .received()
+            .iter()
+            .any(|f| f.method.as_deref() == Some("reconnect") && f.text.contains(&upstream))
+    })
+    .await;
+    ws.send_json(&start_turn_frame(busy, 3, "t-after")).await;
+    let seen = raw_actions_until(&mut ws, |e| {
+        e.channel == busy && action_type(e) == "chat/turnComplete"
+    })
+    .await;
+    let on_busy: Vec<ActionEnvelope> = seen.into_iter().filter(|e| e.channel == busy).collect();
+    let from = snapshot["fromSeq"].as_u64().expect("fromSeq");
+    assert!(on_busy.iter().all(|e| e.server_seq > from));
+    assert_strictly_increasing(&on_busy);
+    let state = reduce_chat(&snapshot["state"], busy, &on_busy);
+    assert_eq!(
+        state,
+        host_chat(&t, 0, "ahp-chat:/a-2-main", busy),
+        "nothing the snapshot held was applied again: {:?}",
+        on_busy.iter().map(action_type).collect::<Vec<_>>()
+    );
+}

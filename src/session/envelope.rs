@@ -288,16 +288,22 @@ impl ClientSession {
                 Some(Chan::Live {
                     client,
                     token: json,
+                    floor,
                 }) => {
                     *route = token.map(|host_channel| Route {
                         host_channel,
                         client: client.clone(),
                         client_token: json.clone(),
+                        floor: *floor,
                     });
                 }
             }
         }
         if let Some(r) = route {
+            // Already in the client's snapshot of this channel (`Chan::Live`).
+            if seq.value <= r.floor {
+                return;
+            }
             let client = (&*r.client, Some(&*r.client_token));
             self.deliver(core, host, (text, frame), client, run);
         }
@@ -370,7 +376,7 @@ impl ClientSession {
             return;
         };
         let from = from.unwrap_or(0);
-        chans.insert(host_channel.to_string(), Chan::live(client.clone()));
+        chans.insert(host_channel.to_string(), Chan::live(client.clone(), from));
         for (_, text) in held.into_iter().filter(|(s, _)| *s > from) {
             if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
                 let mut run = Run::new(1, text.len() + ARENA_SLACK);
@@ -1042,6 +1048,8 @@ struct Route<'f> {
     /// `client` as a JSON string token (quoted, escaped), made when the
     /// channel went live ([`Chan::live`]).
     client_token: Arc<str>,
+    /// The channel's snapshot floor ([`Chan::Live`]).
+    floor: u64,
 }
 
 /// Bytes a client frame may grow by over its host frame without the batch's

@@ -155,17 +155,26 @@ pub enum Chan {
         /// `client` as a JSON string token (quoted, escaped), made once
         /// when the channel went live rather than per delivered batch.
         token: Arc<str>,
+        /// The host `fromSeq` of the snapshot the client has of this
+        /// channel: an envelope numbered at or below it is already in that
+        /// snapshot and is dropped. The link's watermark does not cover
+        /// this — a channel subscribed after the link's last envelope has a
+        /// snapshot above it, and an upstream replay from the watermark
+        /// repeats the channel's actions up to the snapshot (§5.2, §5.8).
+        floor: u64,
     },
 }
 
 impl Chan {
-    /// A live channel whose client form is `client`.
-    pub fn live(client: Arc<str>) -> Self {
+    /// A live channel whose client form is `client`, whose snapshot was
+    /// taken at host `fromSeq` `floor`.
+    pub fn live(client: Arc<str>, floor: u64) -> Self {
         let mut token = String::with_capacity(client.len() + 2);
         crate::wire::json_escape_into(&mut token, &client);
         Chan::Live {
             client,
             token: token.into(),
+            floor,
         }
     }
 
