@@ -59,6 +59,9 @@ pub struct Metrics {
     pub replayed_envelopes: IntCounter,
     /// Clients closed with 4008 as slow consumers.
     pub slow_consumer_closes: IntCounter,
+    /// Host answers dropped because the socket that asked was replaced or
+    /// closed before they came (`session::ReplyTo`).
+    pub stale_answers: IntCounter,
     /// `reconnect` outcomes (replay / snapshot / not_found).
     pub reconnects: IntCounterVec,
     /// snapshot / (replay + snapshot) over the relay's lifetime, computed
@@ -333,6 +336,7 @@ struct SessionMetrics {
     drain_closes: IntCounter,
     resyncs: IntCounterVec,
     slow_consumer_closes: IntCounter,
+    stale_answers: IntCounter,
 }
 
 impl SessionMetrics {
@@ -361,6 +365,10 @@ impl SessionMetrics {
             resyncs: r.counter_vec("resyncs_total", "clients closed with 4000", "cause")?,
             slow_consumer_closes: r
                 .counter("slow_consumer_closes_total", "clients closed with 4008")?,
+            stale_answers: r.counter(
+                "stale_answers_total",
+                "host answers dropped: the client socket that asked was replaced or closed",
+            )?,
         })
     }
 }
@@ -392,6 +400,7 @@ impl Metrics {
             drain_closes: session.drain_closes,
             resyncs: session.resyncs,
             slow_consumer_closes: session.slow_consumer_closes,
+            stale_answers: session.stale_answers,
             host_up: links.host_up,
             links_opened: links.links_opened,
             links_failed: links.links_failed,

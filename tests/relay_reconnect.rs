@@ -1019,3 +1019,70 @@ fn mirrored_chat(
         .expect("the mirror follows the chat");
     serde_json::to_value(mirrored).expect("state")
 }
+
+/// §5.5, §5.6: an answer goes to the socket that asked. A `subscribe` still
+/// in flight when a `reconnect` on a new socket takes the session over is
+/// answered to no one: the new socket never gets a response to an id it did
+/// not send (the host answers the stale request first, so it would arrive
+/// before the new socket's own answer), and the dropped answer is counted.
+#[tokio::test]
+async fn an_answer_for_a_replaced_socket_reaches_no_other_socket() {
+    let t = TestRelay::start(vec![fast_config("a", 2)], "").await;
+    let (kept, asked) = ("ahp-chat:/a~a-1-main", "ahp-chat:/a~a-2-main");
+    let mut old = t.raw("alice").await;
+    old.initialize("stale").await;
+    let s = old.request(1, "subscribe", json!({"channel": kept})).await;
+    let watermark = s["result"]["snapshot"]["fromSeq"].clone();
+    // The host holds the link's frames: the next subscribe stays unanswered.
+    let upstream = t.upstream_id("alice", "stale");
+    t.hosts[0].stall_client(&upstream, true);
+    old.send_json(&request_frame(7, "subscribe", json!({"channel": asked})))
+        .await;
+    let mut new = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut new,
+        1,
+        json!({"channel": "ahp-root://", "clientId": "stale",
+            "lastSeenServerSeq": watermark, "subscriptions": [kept]}),
+    )
+    .await;
+    assert_eq!(r["result"]["type"], "replay", "{r}");
+    t.hosts[0].stall_client(&upstream, false);
+    let subscribes_of_asked = || {
+        t.hosts[0]
+            .received()
+            .iter()
+            .filter(|f| f.method.as_deref() == Some("subscribe") && f.text.contains("a-2-main"))
+            .count()
+    };
+    wait_until("the host reads the old socket's subscribe", || {
+        subscribes_of_asked() == 1
+    })
+    .await;
+    // The new socket's own subscribe goes on the same link, behind the
+    // host's answer to the old one.
+    new.send_json(&request_frame(9, "subscribe", json!({"channel": asked})))
+        .await;
+    let mut before = Vec::new();
+    let answer = loop {
+        let v = new.recv_json().await.expect("socket open");
+        if v["id"] == 9 && v.get("method").is_none() {
+            break v;
+        }
+        before.push(v);
+    };
+    assert_eq!(subscribes_of_asked(), 2, "both subscribes reached the host");
+    assert!(
+        before.iter().all(|v| v.get("id").is_none()),
+        "no answer to a request this socket did not send: {before:?}"
+    );
+    assert_eq!(
+        answer["result"]["snapshot"]["resource"], asked,
+        "the new socket's own subscribe is answered: {answer}"
+    );
+    let (_, page) = common::relay::admin_get(&t, "/metrics").await;
+    assert_eq!(
+        common::relay::metric(&page, "ahp_relay_stale_answers_total"),
+        Some(1.0)
+    );
+}

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{ClientSession, Pending, PendingKind, SessionCore};
+use super::{ClientSession, Pending, PendingKind, ReplyTo, SessionCore};
 use crate::policy::{Permission, audit};
 use crate::rpc::RpcError;
 use crate::upstream::hub::{AuthenticateScope, HostHub};
@@ -95,7 +95,7 @@ impl Tokens {
 /// One client `authenticate` fanned out to several links.
 #[derive(Debug)]
 struct Wait {
-    client_id: String,
+    to: ReplyTo,
     outstanding: usize,
     accepted: bool,
     first_error: Option<RpcError>,
@@ -136,7 +136,7 @@ fn frame(n: u64, resource: &str, token: &Token, expires_in: Option<u64>) -> Stri
 impl ClientSession {
     /// Handles a client `authenticate` (params already typed); the answer
     /// comes when the hosts have answered.
-    pub(super) fn authenticate(&self, id: &str, params: &Value) -> Result<(), RpcError> {
+    pub(super) fn authenticate(&self, to: &ReplyTo, params: &Value) -> Result<(), RpcError> {
         let resource = params
             .get("resource")
             .and_then(Value::as_str)
@@ -170,7 +170,7 @@ impl ClientSession {
             .filter_map(|h| core.links.open.get(&h.id).cloned())
             .collect();
         if links.is_empty() {
-            self.respond(&mut core, id, "{}");
+            self.respond(&mut core, &to.id, "{}");
             return Ok(());
         }
         let group = core.links.tokens.next_wait;
@@ -180,7 +180,7 @@ impl ClientSession {
             let n = link.next_id();
             let kind = PendingKind::Authenticate { group: Some(group) };
             let pending = Pending {
-                client_id: String::new(),
+                reply: ReplyTo::nobody(),
                 method: "authenticate".into(),
                 span: crate::otel::current_request(),
                 kind,
@@ -200,7 +200,7 @@ impl ClientSession {
             return Err(RpcError::host_unavailable(&hosts[0].id));
         }
         let wait = Wait {
-            client_id: id.to_string(),
+            to: to.clone(),
             outstanding: sent,
             accepted: false,
             first_error: None,
@@ -292,8 +292,8 @@ impl ClientSession {
             return;
         };
         match (wait.accepted, wait.first_error) {
-            (false, Some(err)) => self.respond_error(core, &wait.client_id, &err),
-            _ => self.respond(core, &wait.client_id, "{}"),
+            (false, Some(err)) => self.respond_error_to(core, &wait.to, &err),
+            _ => self.respond_to(core, &wait.to, "{}"),
         }
     }
 
@@ -318,7 +318,7 @@ impl ClientSession {
         for (resource, token) in tokens {
             let n = link.next_id();
             let pending = Pending {
-                client_id: String::new(),
+                reply: ReplyTo::nobody(),
                 method: "authenticate".into(),
                 span: crate::otel::current_request(),
                 kind: PendingKind::Authenticate { group: None },
@@ -367,7 +367,7 @@ impl ClientSession {
             };
             let n = link.next_id();
             let pending = Pending {
-                client_id: String::new(),
+                reply: ReplyTo::nobody(),
                 method: "authenticate".into(),
                 span: crate::otel::current_request(),
                 kind: PendingKind::Authenticate { group: None },

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use super::chunk::Chunk;
 use super::hold::CreateAnswer;
-use super::{Chan, ClientSession, PendingKind, SessionCore, tool_calls};
+use super::{Chan, ClientSession, PendingKind, ReplyTo, SessionCore, tool_calls};
 use crate::names::namer::{Noting, ToClient};
 use crate::names::qualify::{ChannelKind, channel_kind};
 use crate::names::seen::ShownIn;
@@ -401,13 +401,19 @@ impl ClientSession {
         }
         let answer = Answer {
             host,
-            id: pending.client_id,
+            to: pending.reply,
             method: &pending.method,
             failure,
             body: &v,
         };
         match pending.kind {
             PendingKind::Plain => self.answer_plain(&mut core, answer),
+            // A snapshot the asking socket will never get is not adopted:
+            // the channel stays as that socket's replacement left it (held
+            // for its own snapshot, or forgotten), and nothing is baselined.
+            PendingKind::Subscribe { .. } if !answer.to.is_attached(&core) => {
+                self.env.metrics.stale_answers.inc();
+            }
             PendingKind::Subscribe {
                 client_channel,
                 host_channel,
@@ -440,10 +446,10 @@ impl ClientSession {
 
     fn answer_plain(&self, core: &mut SessionCore, a: Answer<'_>) {
         match a.failure {
-            Some(err) => self.respond_error(core, &a.id, &err),
+            Some(err) => self.respond_error_to(core, &a.to, &err),
             None => {
                 let result = self.client_result(a.host, a.method, a.body.get("result"));
-                self.respond(core, &a.id, &result);
+                self.respond_to(core, &a.to, &result);
             }
         }
     }
@@ -461,7 +467,7 @@ impl ClientSession {
             if let Some(m) = core.channels.chans.get_mut(&a.host.id) {
                 m.remove(host_channel);
             }
-            return self.respond_error(core, &a.id, &err);
+            return self.respond_error_to(core, &a.to, &err);
         }
         let snapshot = a.body.pointer("/result/snapshot");
         let (snapshot, from) = self.client_snapshot(a.host, snapshot, &client_channel, core.last());
@@ -470,7 +476,7 @@ impl ClientSession {
             Some(s) => serde_json::json!({ "snapshot": s }).to_string(),
             None => "{}".to_string(),
         };
-        self.respond(core, &a.id, &result);
+        self.respond_to(core, &a.to, &result);
         core.channels.baselined.insert(client_channel.clone());
         core.channels.subs.insert(client_channel);
         self.release(core, a.host, host_channel);
@@ -519,7 +525,7 @@ impl ClientSession {
     ) {
         let answer = CreateAnswer {
             host: a.host.clone(),
-            id: a.id,
+            to: a.to,
             failure: a.failure,
             await_catalog,
         };
@@ -601,12 +607,7 @@ impl ClientSession {
     /// Answers a `createSession` once the watch catalog lists the session,
     /// so a `listSessions` right after includes it (contract §6.3); gives up
     /// waiting after a bound and answers anyway.
-    pub(super) fn respond_after_catalog(
-        &self,
-        host: Arc<HostHub>,
-        host_uri: String,
-        client_id: String,
-    ) {
+    pub(super) fn respond_after_catalog(&self, host: Arc<HostHub>, host_uri: String, to: ReplyTo) {
         let Some(me) = self.registry().and_then(|r| r.session_of(&self.key)) else {
             return;
         };
@@ -620,7 +621,7 @@ impl ClientSession {
                 let _ = tokio::time::timeout_at(deadline, changed).await;
             }
             let mut core = me.lock();
-            me.respond(&mut core, &client_id, "null");
+            me.respond_to(&mut core, &to, "null");
         });
     }
 
@@ -766,7 +767,7 @@ impl ClientSession {
                 PendingKind::Create { .. } => {
                     // Lost with its link, not refused: the entry stays
                     // pending until `settle.rs` reads the host's lists.
-                    self.respond_error(core, &p.client_id, err);
+                    self.respond_error_to(core, &p.reply, err);
                 }
                 PendingKind::Authenticate { group } => {
                     self.answer_authenticate(core, group, Some(err.clone()));
@@ -774,7 +775,7 @@ impl ClientSession {
                 PendingKind::Internal { reply } => {
                     let _ = reply.send(Err(err.clone()));
                 }
-                _ => self.respond_error(core, &p.client_id, err),
+                _ => self.respond_error_to(core, &p.reply, err),
             }
         }
     }
@@ -1129,8 +1130,8 @@ fn host_error(e: &Value) -> RpcError {
 /// A host's answer to a forwarded request, as the session handles it.
 struct Answer<'a> {
     host: &'a Arc<HostHub>,
-    /// The client's request id (exact JSON text).
-    id: String,
+    /// Where the answer goes.
+    to: ReplyTo,
     method: &'a str,
     /// The translated error, if the host failed the request.
     failure: Option<RpcError>,

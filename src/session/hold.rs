@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::watch;
 
-use super::ClientSession;
+use super::{ClientSession, ReplyTo};
 use crate::rpc::RpcError;
 use crate::upstream::hub::HostHub;
 use crate::upstream::link::{LinkCmd, Room};
@@ -65,8 +65,8 @@ impl Hold {
 /// What a create's answer will be once its store write has ended.
 pub(super) struct CreateAnswer {
     pub(super) host: Arc<HostHub>,
-    /// The client's request id (exact JSON text).
-    pub(super) id: String,
+    /// Where the answer goes.
+    pub(super) to: ReplyTo,
     pub(super) failure: Option<RpcError>,
     /// A session create is answered once the catalog lists it (§6.3).
     pub(super) await_catalog: Option<String>,
@@ -129,15 +129,15 @@ impl ClientSession {
         let kept = {
             let mut core = self.lock();
             match (&answer.failure, &answer.await_catalog) {
-                (Some(err), _) => self.respond_error(&mut core, &answer.id, err),
-                (None, None) => self.respond(&mut core, &answer.id, "null"),
+                (Some(err), _) => self.respond_error_to(&mut core, &answer.to, err),
+                (None, None) => self.respond_to(&mut core, &answer.to, "null"),
                 (None, Some(_)) => {}
             }
             self.holding.store(false, Ordering::Release);
             std::mem::take(&mut core.links.hold.kept)
         };
         if let (None, Some(uri)) = (answer.failure, answer.await_catalog) {
-            self.respond_after_catalog(answer.host, uri, answer.id);
+            self.respond_after_catalog(answer.host, uri, answer.to);
         }
         self.handle_kept(kept);
         let core = self.lock();

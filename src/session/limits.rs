@@ -139,20 +139,22 @@ impl ClientSession {
             PendingKind::Internal { reply } => {
                 let _ = reply.send(Err(err));
             }
-            PendingKind::Subscribe { host_channel, .. } => {
+            // A socket that replaced the asking one has the channel held
+            // for its own snapshot, or forgotten: left as it is.
+            PendingKind::Subscribe { host_channel, .. } if p.reply.is_attached(&core) => {
                 if let Some(m) = core.channels.chans.get_mut(host)
                     && matches!(m.get(&host_channel), Some(Chan::Holding { .. }))
                 {
                     m.remove(&host_channel);
                 }
-                self.respond_error(&mut core, &p.client_id, &err);
+                self.respond_error_to(&mut core, &p.reply, &err);
             }
             PendingKind::Create { .. } => {
                 // The host may still make it: the entry stays pending (and
                 // names its creator) until `settle.rs` reads the host's lists.
-                self.respond_error(&mut core, &p.client_id, &err);
+                self.respond_error_to(&mut core, &p.reply, &err);
             }
-            _ => self.respond_error(&mut core, &p.client_id, &err),
+            _ => self.respond_error_to(&mut core, &p.reply, &err),
         }
     }
 }

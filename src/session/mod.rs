@@ -48,11 +48,47 @@ pub struct SessionKey {
     pub client_id: String,
 }
 
+/// Where the answer to a client's request goes: its id on the socket that
+/// sent it. An answer is written only while that socket is attached: a
+/// socket attached since never sent the request (its ids are its own, and a
+/// `reconnect`'s answer is the first frame it gets, §5.5). The relay's own
+/// requests are answered to no one ([`ReplyTo::nobody`]).
+#[derive(Debug, Clone)]
+pub struct ReplyTo {
+    /// The request id, exact JSON text (echoed byte for byte).
+    pub id: String,
+    /// The socket that sent the request.
+    pub socket: Option<u64>,
+}
+
+impl ReplyTo {
+    /// Request `id` from socket `socket`.
+    pub fn new(id: &str, socket: u64) -> Self {
+        Self {
+            id: id.to_string(),
+            socket: Some(socket),
+        }
+    }
+
+    /// A request of the relay's own: its answer goes to no client.
+    pub fn nobody() -> Self {
+        Self {
+            id: "null".to_string(),
+            socket: None,
+        }
+    }
+
+    /// Whether the asking socket is the one attached now.
+    pub fn is_attached(&self, core: &SessionCore) -> bool {
+        self.socket.is_some() && core.socket_id() == self.socket
+    }
+}
+
 /// A request forwarded on a link, waiting for the host's answer.
 #[derive(Debug)]
 pub struct Pending {
-    /// The client's request id, exact JSON text (echoed byte for byte).
-    pub client_id: String,
+    /// Where the answer goes.
+    pub reply: ReplyTo,
     /// The method, for result translation and errors.
     pub method: String,
     /// What to do with the answer.
@@ -611,6 +647,39 @@ impl ClientSession {
     /// Answers a client request with an error.
     pub fn respond_error(&self, core: &mut SessionCore, id: &str, err: &crate::rpc::RpcError) {
         self.push(core, err.frame(id));
+    }
+
+    /// Answers a request that waited for a host with `result`, if the
+    /// socket that asked is still the attached one ([`ReplyTo`]).
+    pub fn respond_to(&self, core: &mut SessionCore, to: &ReplyTo, result: &str) {
+        if self.answerable(core, to) {
+            self.respond(core, &to.id, result);
+        }
+    }
+
+    /// [`Self::respond_to`] with an error.
+    pub fn respond_error_to(
+        &self,
+        core: &mut SessionCore,
+        to: &ReplyTo,
+        err: &crate::rpc::RpcError,
+    ) {
+        if self.answerable(core, to) {
+            self.respond_error(core, &to.id, err);
+        }
+    }
+
+    /// Whether `to` may be answered now; an answer for a socket that is
+    /// gone is counted and dropped.
+    fn answerable(&self, core: &SessionCore, to: &ReplyTo) -> bool {
+        if to.is_attached(core) {
+            return true;
+        }
+        if to.socket.is_some() {
+            self.env.metrics.stale_answers.inc();
+            tracing::debug!(id = %to.id, "answer for a socket no longer attached: dropped");
+        }
+        false
     }
 
     /// Closes the client socket with `close`.

@@ -12,7 +12,7 @@ use crate::route::files::{self, Inside};
 use crate::route::plan::{Effect, Plan};
 use crate::rpc::RpcError;
 use crate::session::limits;
-use crate::session::{Chan, ClientSession, Pending, PendingKind};
+use crate::session::{Chan, ClientSession, Pending, PendingKind, ReplyTo};
 use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::link::{Link, LinkCmd};
 
@@ -68,7 +68,7 @@ pub(crate) fn open_link(
 pub(super) fn forward(
     session: &Arc<ClientSession>,
     link: &Link,
-    id: &str,
+    reply: &ReplyTo,
     method: &str,
     mut params: Value,
     kind: PendingKind,
@@ -87,7 +87,7 @@ pub(super) fn forward(
         core.links.pending.insert(
             (link.id, n),
             Pending {
-                client_id: id.to_string(),
+                reply: reply.clone(),
                 method: method.to_string(),
                 kind,
                 span,
@@ -229,7 +229,7 @@ pub(super) fn release_later(session: &ClientSession, uri: &str) {
 /// reserved is undone when the request never reaches the host.
 pub(super) async fn execute(
     session: &Arc<ClientSession>,
-    id: &str,
+    reply: &ReplyTo,
     method: &str,
     plan: Plan,
 ) -> Result<(), RpcError> {
@@ -241,25 +241,25 @@ pub(super) async fn execute(
     } = plan;
     let link = open_link(session, &hub)?;
     match effect {
-        Effect::Plain => forward(session, &link, id, method, params, PendingKind::Plain),
+        Effect::Plain => forward(session, &link, reply, method, params, PendingKind::Plain),
         Effect::ConfirmInside { paths } => {
             for path in &paths {
                 confirm_inside(session, &link, method, path).await?;
             }
-            forward(session, &link, id, method, params, PendingKind::Plain)
+            forward(session, &link, reply, method, params, PendingKind::Plain)
         }
         Effect::Move => {
             let kind = PendingKind::Move {
                 host_chat: host_channel,
             };
-            forward(session, &link, id, method, params, kind)
+            forward(session, &link, reply, method, params, kind)
         }
         Effect::Dispose { store_key } => {
             let kind = PendingKind::Dispose {
                 store_key,
                 host_uri: host_channel,
             };
-            forward(session, &link, id, method, params, kind)
+            forward(session, &link, reply, method, params, kind)
         }
         Effect::Subscribe { client_channel } => {
             session.check_subscription(&client_channel)?;
@@ -268,7 +268,7 @@ pub(super) async fn execute(
                 client_channel,
                 host_channel: host_channel.clone(),
             };
-            forward(session, &link, id, method, params, kind)
+            forward(session, &link, reply, method, params, kind)
                 .inspect_err(|_| unhold(session, &hub.id, &host_channel))
         }
         Effect::Create {
@@ -285,7 +285,7 @@ pub(super) async fn execute(
                 store_key: store_key.clone(),
                 await_catalog: is_session.then(|| store_key.clone()),
             };
-            forward(session, &link, id, method, params, kind)
+            forward(session, &link, reply, method, params, kind)
                 .inspect_err(|_| release_later(session, &store_key))
         }
     }
@@ -386,7 +386,7 @@ async fn ask(
     forward(
         session,
         link,
-        "null",
+        &ReplyTo::nobody(),
         method,
         params,
         PendingKind::Internal { reply },

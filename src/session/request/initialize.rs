@@ -14,7 +14,7 @@ use crate::route::methods::typed;
 use crate::route::{plan, router};
 use crate::rpc::RpcError;
 use crate::session::limits::dedup_capped;
-use crate::session::{ClientSession, PendingKind};
+use crate::session::{ClientSession, PendingKind, ReplyTo};
 use crate::upstream::hub::HostHub;
 
 /// Protocol versions the relay speaks with clients (§4.1): exactly those
@@ -255,7 +255,14 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
         host_channel: host_uri.clone(),
         reply: tx,
     };
-    forward(session, &link, "null", "subscribe", planned.params, kind)
-        .inspect_err(|_| unhold(session, &hub.id, &host_uri))?;
+    forward(
+        session,
+        &link,
+        &ReplyTo::nobody(),
+        "subscribe",
+        planned.params,
+        kind,
+    )
+    .inspect_err(|_| unhold(session, &hub.id, &host_uri))?;
     Ok((hub, host_uri, channel.to_string(), rx))
 }

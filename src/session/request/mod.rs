@@ -23,7 +23,7 @@ use tracing::Instrument as _;
 use crate::route::methods::{self, Handling};
 use crate::route::{catalog, plan};
 use crate::rpc::{Close, RpcError};
-use crate::session::ClientSession;
+use crate::session::{ClientSession, ReplyTo};
 use crate::wire::{self, FrameKind};
 pub use conn::Conn;
 pub use initialize::SUPPORTED_VERSIONS;
@@ -270,13 +270,16 @@ async fn request(
             (Ok(()), "ok")
         }
         // Pushed to the hosts in use; answered when they have answered.
-        Handling::Authenticate => (session.authenticate(id, &params), "forwarded"),
+        Handling::Authenticate => (
+            session.authenticate(&ReplyTo::new(id, conn.socket), &params),
+            "forwarded",
+        ),
         _ => {
             let planned = plan::plan(&session.env, session.who().caller(), row, params);
             let outcome = match planned {
                 Ok(plan) => {
                     span.record("ahp.host", &*plan.hub.id);
-                    execute::execute(&session, id, row.name, plan).await
+                    execute::execute(&session, &ReplyTo::new(id, conn.socket), row.name, plan).await
                 }
                 Err(e) => Err(e),
             };
