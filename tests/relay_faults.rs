@@ -506,3 +506,47 @@ async fn resumed_link_replays_nothing_a_later_snapshot_contains() {
         on_busy.iter().map(action_type).collect::<Vec<_>>()
     );
 }
+
+/// §5.8, §5.9: a `subscribe` whose answer is lost with its link (the host
+/// took the subscription, then the connection dropped) fails with
+/// `upstreamLost` and leaves nothing held: the link resumes by replay
+/// without that channel among its subscriptions, and the session's
+/// subscription slot is free again (a hold left behind kept the channel's
+/// every envelope, unbounded, and counted against the cap).
+#[tokio::test]
+async fn a_subscribe_lost_with_its_link_leaves_nothing_held() {
+    let t = TestRelay::start(
+        vec![fast_config("a", 2)],
+        "\n[limits]\nsubscriptions_per_session = 2\n",
+    )
+    .await;
+    let (quiet, lost) = ("ahp-chat:/a~a-1-main", "ahp-chat:/a~a-2-main");
+    let mut ws = t.raw("alice").await;
+    ws.initialize("lost").await;
+    ws.request(1, "subscribe", json!({"channel": quiet})).await;
+    let upstream = t.upstream_id("alice", "lost");
+    t.hosts[0].drop_instead_of_answering(&upstream, "subscribe");
+    let r = ws.request(2, "subscribe", json!({"channel": lost})).await;
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert_eq!(r["error"]["data"]["reason"], "upstreamLost", "{r}");
+    let resumes = || -> Vec<String> {
+        t.hosts[0]
+            .received()
+            .iter()
+            .filter(|f| f.method.as_deref() == Some("reconnect") && f.text.contains(&upstream))
+            .map(|f| f.text.to_string())
+            .collect()
+    };
+    wait_until("the link resumes", || !resumes().is_empty()).await;
+    let resume = &resumes()[0];
+    assert!(resume.contains("a-1-main"), "{resume}");
+    assert!(
+        !resume.contains("a-2-main"),
+        "the lost subscribe's channel is not resumed: {resume}"
+    );
+    let again = ws.request(3, "subscribe", json!({"channel": lost})).await;
+    assert_eq!(
+        again["result"]["snapshot"]["resource"], lost,
+        "the slot is free and the channel can be subscribed: {again}"
+    );
+}

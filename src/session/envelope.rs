@@ -775,6 +775,10 @@ impl ClientSession {
                 PendingKind::Internal { reply } => {
                     let _ = reply.send(Err(err.clone()));
                 }
+                PendingKind::Subscribe { host_channel, .. } => {
+                    unhold_lost(core, link, &host_channel);
+                    self.respond_error_to(core, &p.reply, err);
+                }
                 _ => self.respond_error_to(core, &p.reply, err),
             }
         }
@@ -1137,6 +1141,28 @@ struct Answer<'a> {
     failure: Option<RpcError>,
     /// The whole answer frame.
     body: &'a Value,
+}
+
+/// Stops holding `host_channel` for a subscribe lost with link `link`, if
+/// that link is still its host's current one (it resumes, §5.8): the snapshot
+/// will never come, and a hold left behind would keep the channel in the
+/// resumed link's subscriptions and every envelope of it held, unbounded.
+/// On a replaced link the hold is the re-baselining's, and stays.
+fn unhold_lost(core: &mut SessionCore, link: u64, host_channel: &str) {
+    let Some(host) = core
+        .links
+        .open
+        .iter()
+        .find(|(_, l)| l.id == link)
+        .map(|(h, _)| h.clone())
+    else {
+        return;
+    };
+    if let Some(m) = core.channels.chans.get_mut(&host)
+        && matches!(m.get(host_channel), Some(Chan::Holding { .. }))
+    {
+        m.remove(host_channel);
+    }
 }
 
 /// Records the snapshot's host `fromSeq` on a held channel (§5.2).

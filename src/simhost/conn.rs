@@ -302,7 +302,11 @@ fn on_request(shared: &Arc<Shared>, conn: ConnId, id: &Value, method: &str, para
         return reply_err(shared, conn, id, &err);
     }
     let mut core = shared.lock();
-    match commands::handle_request(shared, &mut core, conn, method, params) {
+    let outcome = commands::handle_request(shared, &mut core, conn, method, params);
+    if core.take_drop_before_answer(conn, method) {
+        return;
+    }
+    match outcome {
         Ok(result) => core.send(conn, rpc::result_frame(id, &result)),
         Err(err) => {
             core.send(conn, rpc::error_frame(id, &err));

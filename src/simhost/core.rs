@@ -137,6 +137,10 @@ pub struct HostCore {
     /// Fault: `root/session*` notifications held back while `Some` (in
     /// order), sent when released (`SimHost::hold_catalog_events`).
     pub held_root: Option<Vec<(String, Value)>>,
+    /// Fault: the next request of this (`clientId`, method) is carried out
+    /// but its connection drops instead of answering
+    /// (`SimHost::drop_instead_of_answering`).
+    pub drop_before_answer: Option<(String, String)>,
     next_id: u64,
 }
 
@@ -165,6 +169,7 @@ impl HostCore {
             files,
             host_tokens: HashMap::new(),
             held_root: None,
+            drop_before_answer: None,
             next_id: 0,
         }
     }
@@ -240,6 +245,23 @@ impl HostCore {
         for c in self.conns.values() {
             let _ = c.tx.send(Outbound::Drop);
         }
+    }
+
+    /// Whether `conn`'s `method` request is the one armed by
+    /// [`HostCore::drop_before_answer`]: then the fault is used up and the
+    /// connection is dropped (the caller sends no answer).
+    pub fn take_drop_before_answer(&mut self, conn: ConnId, method: &str) -> bool {
+        let armed = self.drop_before_answer.as_ref().is_some_and(|(client, m)| {
+            m == method && self.client_of(conn).as_deref() == Some(client.as_str())
+        });
+        if !armed {
+            return false;
+        }
+        self.drop_before_answer = None;
+        if let Some(c) = self.conns.get(&conn) {
+            let _ = c.tx.send(Outbound::Drop);
+        }
+        true
     }
 
     /// Drops the connections of `client_id` abruptly; returns how many.

@@ -194,6 +194,13 @@ impl SimHost {
         self.shared.lock().drop_client(client_id)
     }
 
+    /// Fault: the next `method` request of `client_id` is carried out (a
+    /// `subscribe` subscribes), then its connection drops instead of
+    /// answering: the answer is lost with the connection.
+    pub fn drop_instead_of_answering(&self, client_id: &str, method: &str) {
+        self.shared.lock().drop_before_answer = Some((client_id.to_string(), method.to_string()));
+    }
+
     /// Fault: while stalled, connections neither read nor write (outbound
     /// frames queue up); un-stalling delivers them in order.
     pub fn set_stalled(&self, stalled: bool) {
