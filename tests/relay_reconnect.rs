@@ -1086,3 +1086,129 @@ async fn an_answer_for_a_replaced_socket_reaches_no_other_socket() {
         Some(1.0)
     );
 }
+
+/// A policy that grants everyone everything and, once armed, holds the
+/// thread of the first grant asked for `bob` on `h2` until released (at
+/// most 10 s): it stops the relay in the middle of computing bob's merged
+/// root, after `h1`'s part was read.
+#[derive(Debug, Default)]
+struct PauseGate {
+    armed: std::sync::atomic::AtomicBool,
+    paused: std::sync::atomic::AtomicBool,
+    release: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug)]
+struct PausingPolicy(Arc<PauseGate>);
+
+impl ahp_relay::policy::Policy for PausingPolicy {
+    fn grant(
+        &self,
+        who: ahp_relay::policy::Subject<'_>,
+        host: ahp_relay::policy::HostRef<'_>,
+    ) -> Option<ahp_relay::policy::Grant> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let gate = &self.0;
+        if who.principal.subject == "bob" && host.id == "h2" && gate.armed.swap(false, SeqCst) {
+            gate.paused.store(true, SeqCst);
+            let until = Instant::now() + Duration::from_secs(10);
+            while !gate.release.load(SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Some(ahp_relay::policy::Grant {
+            permissions: ahp_relay::policy::Role::Operator.permissions(),
+            visibility: ahp_relay::policy::Visibility::All,
+            external: true,
+            dispose_others: false,
+            session_files: false,
+            rule: "pausing".into(),
+        })
+    }
+}
+
+/// §5.5, §6.2: a host whose watch link comes up while a `reconnect`'s
+/// snapshot root is being computed — after that host's part was read, so
+/// the snapshot lacks its agents — reaches the client as a root action
+/// after the answer. The session must already count as a root follower
+/// while its root is computed: before, the fan-out of the host's return
+/// passed it over (not following yet) and the answer left the host out, so
+/// the client kept a root without it for good (S13 seed 208035).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_back_while_a_snapshot_root_is_computed_reaches_the_client() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut t = TestRelay::start(vec![fast_config("h1", 1), fast_config("h2", 1)], "").await;
+    let gate = Arc::new(PauseGate::default());
+    t.relay
+        .relay
+        .set_policy(Arc::new(PausingPolicy(gate.clone())));
+    let has_h1 = |agents: &Value| {
+        agents.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|x| x["provider"].as_str().is_some_and(|p| p.ends_with(".h1")))
+        })
+    };
+    let mut bob = t.raw("bob").await;
+    bob.initialize("late").await;
+    let s = bob.request(1, "subscribe", json!({"channel": ROOT})).await;
+    assert!(has_h1(&s["result"]["snapshot"]["state"]["agents"]), "{s}");
+    drop(bob);
+    // h1 goes away; the relay's root loses its agent.
+    let h1 = t.hosts.remove(0);
+    let addr = h1.addr();
+    h1.shutdown().await;
+    let host_up = || async {
+        let (_, page) = common::relay::admin_get(&t, "/metrics").await;
+        page.lines()
+            .find(|l| l.starts_with("ahp_relay_host_up{") && l.contains("host=\"h1\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host_up().await != Some(0.0) {
+        assert!(Instant::now() < deadline, "h1 never went down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let the fan-out of h1's departure settle before arming the gate.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.armed.store(true, SeqCst);
+    let mut again = t.raw("bob").await;
+    again
+        .send_json(&request_frame(
+            1,
+            "reconnect",
+            json!({"clientId": "late", "lastSeenServerSeq": 0, "subscriptions": [ROOT]}),
+        ))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gate.paused.load(SeqCst) {
+        assert!(Instant::now() < deadline, "bob's root was never computed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // h1 comes back on its address while bob's root is half computed; its
+    // watch link comes up and the fan-out picks its followers.
+    let _h1 = SimHost::start(fast_config("h1", 1), addr)
+        .await
+        .expect("h1 again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while host_up().await != Some(1.0) {
+        assert!(Instant::now() < deadline, "h1 never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.release.store(true, SeqCst);
+    let answer = again.recv_json().await.expect("the reconnect answer");
+    assert_eq!(answer["result"]["type"], "snapshot", "{answer}");
+    let mut root = snapshot_of(&answer["result"], ROOT)["state"].clone();
+    // The host's return, if the snapshot missed it, follows as an action.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !has_h1(&root["agents"]) && Instant::now() < deadline {
+        let envs = raw_drain_actions(&mut again, 2).await;
+        root = reduce_root(&root, &envs);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        has_h1(&root["agents"]),
+        "bob's root lacks h1 after it came back: {root}"
+    );
+}

@@ -107,7 +107,9 @@ pub(super) struct Tally {
 /// lock ([`Subs::root_flag`]): the catalog fan-out picks its followers by it
 /// instead of locking every session, then checks the set under the lock
 /// before it pushes anything (a flag read just before a change is the same
-/// race as a change just after the read).
+/// race as a change just after the read, provided the flag is set before
+/// the root value the change would alter is computed:
+/// `ClientSession::follow_root`).
 #[derive(Debug, Default)]
 pub(super) struct Subs {
     set: HashSet<String>,

@@ -372,9 +372,21 @@ impl ClientSession {
         self.registry.upgrade()
     }
 
-    /// The merged root for this session, remembered as what its client has
-    /// seen (root actions then carry only fields that changed).
-    pub fn root_snapshot(&self, core: &mut SessionCore) -> Value {
+    /// Makes the client a root follower and returns the merged root it gets
+    /// as its snapshot, remembered as what it has seen (root actions then
+    /// carry only fields that changed).
+    ///
+    /// The session follows root *before* the value is computed: the
+    /// fan-out picks root followers by a flag read without this lock, after
+    /// the hub changed, and then waits for the lock. A host change that
+    /// lands while the value is computed is therefore either in the value or
+    /// fanned out to this session afterwards. Computed before the flag was
+    /// set, a change in between reached neither, and the client kept a
+    /// root without that host's agents for good (S13, seed 208035).
+    pub fn follow_root(&self, core: &mut SessionCore) -> Value {
+        let root_uri = ahp_types::ROOT_RESOURCE_URI;
+        core.channels.subs.insert(root_uri.to_string());
+        core.channels.baselined.insert(root_uri.to_string());
         let root = crate::route::root::merged_root(&self.env, self.who().caller());
         if let Value::Object(fields) = &root {
             core.channels.root_seen = fields.clone();

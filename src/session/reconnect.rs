@@ -249,16 +249,10 @@ fn answer_snapshots(
     let mut snapshots = Vec::new();
     core.channels.orphaned.clear();
     if requested.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
-        let root = session.root_snapshot(core);
+        let root = session.follow_root(core);
         snapshots.push(
             json!({"resource": ahp_types::ROOT_RESOURCE_URI, "state": root, "fromSeq": from}),
         );
-        core.channels
-            .subs
-            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
-        core.channels
-            .baselined
-            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
     }
     let release = adopt(session, core, adopted, from, &mut snapshots);
     let result = json!({"type": "snapshot", "snapshots": snapshots});

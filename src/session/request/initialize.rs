@@ -76,14 +76,8 @@ pub(super) async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Resu
     let from = core.last();
     let mut snapshots = Vec::new();
     if wanted.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
-        core.channels
-            .subs
-            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
-        core.channels
-            .baselined
-            .insert(ahp_types::ROOT_RESOURCE_URI.to_string());
         snapshots.push(json!({"resource": ahp_types::ROOT_RESOURCE_URI,
-            "state": session.root_snapshot(&mut core), "fromSeq": from}));
+            "state": session.follow_root(&mut core), "fromSeq": from}));
     }
     for t in &mut taken {
         if let Some(o) = t.snapshot.as_object_mut() {

@@ -315,9 +315,7 @@ fn names_root(params: &Value) -> bool {
 fn subscribe_root(session: &Arc<ClientSession>, id: &str) {
     let root = ahp_types::ROOT_RESOURCE_URI;
     let mut core = session.lock();
-    core.channels.subs.insert(root.to_string());
-    core.channels.baselined.insert(root.to_string());
-    let state = session.root_snapshot(&mut core);
+    let state = session.follow_root(&mut core);
     let snap = json!({"snapshot": {"resource": root, "state": state, "fromSeq": core.last()}});
     session.respond(&mut core, id, &snap.to_string());
 }
