@@ -550,3 +550,101 @@ async fn a_subscribe_lost_with_its_link_leaves_nothing_held() {
         "the slot is free and the channel can be subscribed: {again}"
     );
 }
+
+/// A subscribe that fails ends only its own hold: when a client subscribes
+/// a channel twice before the host answers and the host refuses the first
+/// and answers the second, the channel is followed after the second's
+/// snapshot — its envelopes reach the client. Before, the first's error
+/// removed the hold the second had put in its place, the second's snapshot
+/// found no hold to release, and the channel's envelopes were dropped
+/// while the client believed it subscribed.
+#[tokio::test]
+async fn a_failed_subscribe_leaves_a_later_subscribe_of_its_channel_followed() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut ws = t.raw("alice").await;
+    ws.initialize("twice").await;
+    // Open the link, then hold the host's reading so both subscribes are
+    // on their way before it answers either.
+    let r = ws.request(1, "subscribe", json!({"channel": ROOT})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let upstream = t.upstream_id("alice", "twice");
+    ws.request(2, "fetchTurns", json!({"channel": chat})).await;
+    t.hosts[0].stall_client(&upstream, true);
+    let before = t.requests_handled("subscribe");
+    ws.send_json(&request_frame(3, "subscribe", json!({"channel": chat})))
+        .await;
+    ws.send_json(&request_frame(4, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("both subscribes are forwarded", || {
+        t.requests_handled("subscribe") == before + 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    t.hosts[0].fail_instead_of_answering(&upstream, "subscribe");
+    t.hosts[0].stall_client(&upstream, false);
+    let answers = ws.responses(&[json!(3), json!(4)]).await;
+    assert_eq!(answers[0]["error"]["code"], -32603, "{}", answers[0]);
+    assert_eq!(
+        answers[1]["result"]["snapshot"]["resource"], chat,
+        "{}",
+        answers[1]
+    );
+    ws.dispatch(chat, 1, turn_started("t-twice", "hello")).await;
+    let envs = raw_actions_until(&mut ws, |e| e.channel == chat).await;
+    let echo = envs.last().expect("an envelope of the chat");
+    assert_eq!(
+        echo.origin.as_ref().map(|o| o.client_seq),
+        Some(1),
+        "the client's own dispatch is echoed on the channel: {echo:?}"
+    );
+}
+
+/// A subscribe whose socket closed before the host answered leaves nothing
+/// held while the session waits detached for its client: the snapshot is
+/// dropped (counted as a stale answer), the hold ends, and the host is told
+/// the session does not follow the channel — before, the hold stayed and
+/// kept every envelope of the channel until the client came back or the
+/// session expired. The client's `reconnect` still gets the channel.
+#[tokio::test]
+async fn a_subscribe_answered_after_its_socket_closed_holds_nothing() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut ws = t.raw("alice").await;
+    let init = ws.initialize("left").await;
+    let s0 = init["result"]["serverSeq"].clone();
+    ws.request(1, "fetchTurns", json!({"channel": chat})).await;
+    let upstream = t.upstream_id("alice", "left");
+    t.hosts[0].stall_client(&upstream, true);
+    let before = t.requests_handled("subscribe");
+    ws.send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the subscribe is forwarded", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    ws.close_cleanly().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    t.hosts[0].stall_client(&upstream, false);
+    let unsubscribed = || {
+        t.hosts[0]
+            .received_from(&upstream)
+            .iter()
+            .any(|f| f.method.as_deref() == Some("unsubscribe") && f.text.contains("a-1-main"))
+    };
+    wait_until("the host is told the channel is not followed", unsubscribed).await;
+    let (_, page) = common::relay::admin_get(&t, "/metrics").await;
+    assert_eq!(
+        common::relay::metric(&page, "ahp_relay_stale_answers_total"),
+        Some(1.0)
+    );
+    let mut back = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut back,
+        1,
+        json!({"clientId": "left", "lastSeenServerSeq": s0, "subscriptions": [chat]}),
+    )
+    .await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    assert_eq!(snapshot_resources(&r["result"]), vec![chat.to_string()]);
+}

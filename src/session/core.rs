@@ -173,6 +173,66 @@ pub(super) struct Channels {
     /// Hosts whose channels a `reconnect` had to omit because the host was
     /// unreachable: when such a host is back, the client is resynchronised.
     pub(super) orphaned: HashSet<String>,
+    /// The ticket of the newest hold ([`Channels::hold`]).
+    last_ticket: u64,
+}
+
+impl Channels {
+    /// Holds `host_uri` of `host` (client form `client`) until its snapshot
+    /// is written, replacing whatever state it had; returns the hold's
+    /// ticket, which [`Channels::unhold`] needs.
+    pub(super) fn hold(&mut self, host: &Arc<str>, host_uri: &str, client: Arc<str>) -> u64 {
+        let ticket = self.next_ticket();
+        let held = Chan::Holding {
+            client,
+            held: Vec::new(),
+            from: None,
+            ticket,
+        };
+        self.chans
+            .entry(host.clone())
+            .or_default()
+            .insert(host_uri.to_string(), held);
+        ticket
+    }
+
+    /// Holds every live channel until its fresh snapshot (a `reconnect`'s
+    /// cut), each under a new ticket.
+    pub(super) fn hold_live(&mut self) {
+        let mut last = self.last_ticket;
+        for chan in self.chans.values_mut().flat_map(|m| m.values_mut()) {
+            if let Chan::Live { client, .. } = chan {
+                last += 1;
+                *chan = Chan::Holding {
+                    client: client.clone(),
+                    held: Vec::new(),
+                    from: None,
+                    ticket: last,
+                };
+            }
+        }
+        self.last_ticket = last;
+    }
+
+    /// A fresh hold ticket.
+    fn next_ticket(&mut self) -> u64 {
+        self.last_ticket += 1;
+        self.last_ticket
+    }
+
+    /// Ends hold `ticket` of `host_uri` without a snapshot; a channel that
+    /// is live, or held by another request since, is left as it is.
+    /// Returns whether the hold was removed.
+    pub(super) fn unhold(&mut self, host: &str, host_uri: &str, ticket: u64) -> bool {
+        let Some(m) = self.chans.get_mut(host) else {
+            return false;
+        };
+        let mine = matches!(m.get(host_uri), Some(Chan::Holding { ticket: t, .. }) if *t == ticket);
+        if mine {
+            m.remove(host_uri);
+        }
+        mine
+    }
 }
 
 /// The session's links and everything that lives on them.

@@ -372,7 +372,10 @@ impl ClientSession {
         let Some(chans) = core.channels.chans.get_mut(&host.id) else {
             return;
         };
-        let Some(Chan::Holding { client, held, from }) = chans.remove(host_channel) else {
+        let Some(Chan::Holding {
+            client, held, from, ..
+        }) = chans.remove(host_channel)
+        else {
             return;
         };
         let from = from.unwrap_or(0);
@@ -408,20 +411,26 @@ impl ClientSession {
         };
         match pending.kind {
             PendingKind::Plain => self.answer_plain(&mut core, answer),
-            // A snapshot the asking socket will never get is not adopted:
-            // the channel stays as that socket's replacement left it (held
-            // for its own snapshot, or forgotten), and nothing is baselined.
-            PendingKind::Subscribe { .. } if !answer.to.is_attached(&core) => {
-                self.env.metrics.stale_answers.inc();
+            PendingKind::Subscribe {
+                host_channel,
+                ticket,
+                ..
+            } if !answer.to.is_attached(&core) => {
+                self.drop_stale_subscribe(&mut core, host, &host_channel, ticket);
             }
             PendingKind::Subscribe {
                 client_channel,
                 host_channel,
-            } => self.answer_subscribe(&mut core, answer, client_channel, &host_channel),
+                ticket,
+            } => {
+                let channel = (client_channel, host_channel.as_str(), ticket);
+                self.answer_subscribe(&mut core, answer, channel)
+            }
             PendingKind::Initial {
                 host_channel,
+                ticket,
                 reply,
-            } => self.answer_initial(&mut core, answer, &host_channel, reply),
+            } => self.answer_initial(&mut core, answer, (&host_channel, ticket), reply),
             PendingKind::Create {
                 store_key,
                 await_catalog,
@@ -454,19 +463,42 @@ impl ClientSession {
         }
     }
 
+    /// A subscribe answered after the socket that asked was replaced or
+    /// closed: its snapshot reaches no one and is not adopted (nothing is
+    /// baselined). Its own hold ends — its envelopes would pile up for a
+    /// snapshot never written — and the host is told the session no longer
+    /// follows the channel. A hold another request began since (a later
+    /// subscribe, a `reconnect`'s re-baselining) stays, with the host's
+    /// subscription it needs.
+    fn drop_stale_subscribe(
+        &self,
+        core: &mut SessionCore,
+        host: &HostHub,
+        host_channel: &str,
+        ticket: u64,
+    ) {
+        self.env.metrics.stale_answers.inc();
+        if core.channels.unhold(&host.id, host_channel, ticket)
+            && let Some(link) = core.links.open.get(&host.id)
+        {
+            let params = serde_json::json!({ "channel": host_channel });
+            let frame = crate::rpc::notification_frame("unsubscribe", &params);
+            link.send(crate::upstream::link::LinkCmd::Frame(frame));
+        }
+    }
+
     /// A subscribe's snapshot is written, then the envelopes held since it
     /// was forwarded are released after it (§5.2).
     fn answer_subscribe(
         &self,
         core: &mut SessionCore,
         a: Answer<'_>,
-        client_channel: String,
-        host_channel: &str,
+        (client_channel, host_channel, ticket): (String, &str, u64),
     ) {
         if let Some(err) = a.failure {
-            if let Some(m) = core.channels.chans.get_mut(&a.host.id) {
-                m.remove(host_channel);
-            }
+            // A later subscribe of the channel may hold it for its own
+            // snapshot: only this subscribe's hold ends.
+            core.channels.unhold(&a.host.id, host_channel, ticket);
             return self.respond_error_to(core, &a.to, &err);
         }
         let snapshot = a.body.pointer("/result/snapshot");
@@ -488,7 +520,7 @@ impl ClientSession {
         &self,
         core: &mut SessionCore,
         a: Answer<'_>,
-        host_channel: &str,
+        (host_channel, ticket): (&str, u64),
         reply: oneshot::Sender<Option<Value>>,
     ) {
         let client = core
@@ -499,9 +531,7 @@ impl ClientSession {
             .map(|c| c.client().to_string())
             .unwrap_or_default();
         let snap = if a.failure.is_some() {
-            if let Some(m) = core.channels.chans.get_mut(&a.host.id) {
-                m.remove(host_channel);
-            }
+            core.channels.unhold(&a.host.id, host_channel, ticket);
             None
         } else {
             let snapshot = a.body.pointer("/result/snapshot");
@@ -775,8 +805,12 @@ impl ClientSession {
                 PendingKind::Internal { reply } => {
                     let _ = reply.send(Err(err.clone()));
                 }
-                PendingKind::Subscribe { host_channel, .. } => {
-                    unhold_lost(core, link, &host_channel);
+                PendingKind::Subscribe {
+                    host_channel,
+                    ticket,
+                    ..
+                } => {
+                    unhold_lost(core, link, &host_channel, ticket);
                     self.respond_error_to(core, &p.reply, err);
                 }
                 _ => self.respond_error_to(core, &p.reply, err),
@@ -1147,8 +1181,9 @@ struct Answer<'a> {
 /// that link is still its host's current one (it resumes, §5.8): the snapshot
 /// will never come, and a hold left behind would keep the channel in the
 /// resumed link's subscriptions and every envelope of it held, unbounded.
-/// On a replaced link the hold is the re-baselining's, and stays.
-fn unhold_lost(core: &mut SessionCore, link: u64, host_channel: &str) {
+/// On a replaced link the hold is the re-baselining's, and stays (as does
+/// one a later subscribe began).
+fn unhold_lost(core: &mut SessionCore, link: u64, host_channel: &str, ticket: u64) {
     let Some(host) = core
         .links
         .open
@@ -1158,11 +1193,7 @@ fn unhold_lost(core: &mut SessionCore, link: u64, host_channel: &str) {
     else {
         return;
     };
-    if let Some(m) = core.channels.chans.get_mut(&host)
-        && matches!(m.get(host_channel), Some(Chan::Holding { .. }))
-    {
-        m.remove(host_channel);
-    }
+    core.channels.unhold(&host, host_channel, ticket);
 }
 
 /// Records the snapshot's host `fromSeq` on a held channel (§5.2).

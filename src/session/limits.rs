@@ -139,14 +139,15 @@ impl ClientSession {
             PendingKind::Internal { reply } => {
                 let _ = reply.send(Err(err));
             }
-            // A socket that replaced the asking one has the channel held
-            // for its own snapshot, or forgotten: left as it is.
-            PendingKind::Subscribe { host_channel, .. } if p.reply.is_attached(&core) => {
-                if let Some(m) = core.channels.chans.get_mut(host)
-                    && matches!(m.get(&host_channel), Some(Chan::Holding { .. }))
-                {
-                    m.remove(&host_channel);
-                }
+            // Only this subscribe's own hold ends: a later subscribe of the
+            // channel, or a socket that replaced the asking one, may hold it
+            // for its own snapshot.
+            PendingKind::Subscribe {
+                host_channel,
+                ticket,
+                ..
+            } => {
+                core.channels.unhold(host, &host_channel, ticket);
                 self.respond_error_to(&mut core, &p.reply, &err);
             }
             PendingKind::Create { .. } => {

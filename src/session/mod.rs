@@ -125,12 +125,16 @@ pub enum PendingKind {
         client_channel: String,
         /// Host form of the channel.
         host_channel: String,
+        /// The hold this subscribe began.
+        ticket: u64,
     },
     /// A subscribe issued for `initialize`'s `initialSubscriptions`: the
     /// translated snapshot goes to the initializer, which releases later.
     Initial {
         /// Host form of the channel.
         host_channel: String,
+        /// The hold this subscribe began.
+        ticket: u64,
         /// Receives the snapshot (client form) or nothing on failure.
         reply: oneshot::Sender<Option<Value>>,
     },
@@ -182,6 +186,11 @@ pub enum Chan {
         held: Vec<(u64, String)>,
         /// The snapshot's host `fromSeq`, once the answer arrived.
         from: Option<u64>,
+        /// Which hold this is (`core::Channels::hold`): a request that began a
+        /// hold may end it only while it is still its own — a later
+        /// subscribe of the channel, or a `reconnect`'s re-baselining, may
+        /// have replaced it with a hold of its own.
+        ticket: u64,
     },
     /// Envelopes are numbered and delivered as they arrive.
     Live {

@@ -192,17 +192,7 @@ fn hold_for_cut(core: &mut SessionCore) {
     core.begin_cut();
     core.channels.subs.remove(ahp_types::ROOT_RESOURCE_URI);
     core.channels.baselined.clear();
-    for chans in core.channels.chans.values_mut() {
-        for chan in chans.values_mut() {
-            if let Chan::Live { client, .. } = chan {
-                *chan = Chan::Holding {
-                    client: client.clone(),
-                    held: Vec::new(),
-                    from: None,
-                };
-            }
-        }
-    }
+    core.channels.hold_live();
 }
 
 /// What one host's re-baselining link answered: the hub, its channels
@@ -446,16 +436,9 @@ fn rebaseline(session: &Arc<ClientSession>, requested: &[String]) -> Vec<Wait> {
             reply: Some(tx),
         };
         let mut core = session.lock();
-        let m = core.channels.chans.entry(hub.id.clone()).or_default();
         for (client, host_uri) in &channels {
-            m.insert(
-                host_uri.clone(),
-                Chan::Holding {
-                    client: client.as_str().into(),
-                    held: Vec::new(),
-                    from: None,
-                },
-            );
+            core.channels
+                .hold(&hub.id, host_uri, client.as_str().into());
         }
         let link = session.open_link_locked(&mut core, &hub, baseline);
         if let Some(old) = core.links.open.insert(hub.id.clone(), link) {

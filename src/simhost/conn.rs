@@ -306,6 +306,11 @@ fn on_request(shared: &Arc<Shared>, conn: ConnId, id: &Value, method: &str, para
     if core.take_drop_before_answer(conn, method) {
         return;
     }
+    let outcome = if core.take_fail_before_answer(conn, method) {
+        Err(RpcError::internal("simulated failure", None))
+    } else {
+        outcome
+    };
     match outcome {
         Ok(result) => core.send(conn, rpc::result_frame(id, &result)),
         Err(err) => {

@@ -141,6 +141,9 @@ pub struct HostCore {
     /// but its connection drops instead of answering
     /// (`SimHost::drop_instead_of_answering`).
     pub drop_before_answer: Option<(String, String)>,
+    /// Fault: the next request of this (`clientId`, method) is carried out
+    /// but answered with an error (`SimHost::fail_instead_of_answering`).
+    pub fail_before_answer: Option<(String, String)>,
     next_id: u64,
 }
 
@@ -170,6 +173,7 @@ impl HostCore {
             host_tokens: HashMap::new(),
             held_root: None,
             drop_before_answer: None,
+            fail_before_answer: None,
             next_id: 0,
         }
     }
@@ -251,10 +255,7 @@ impl HostCore {
     /// [`HostCore::drop_before_answer`]: then the fault is used up and the
     /// connection is dropped (the caller sends no answer).
     pub fn take_drop_before_answer(&mut self, conn: ConnId, method: &str) -> bool {
-        let armed = self.drop_before_answer.as_ref().is_some_and(|(client, m)| {
-            m == method && self.client_of(conn).as_deref() == Some(client.as_str())
-        });
-        if !armed {
+        if !self.armed_for(&self.drop_before_answer, conn, method) {
             return false;
         }
         self.drop_before_answer = None;
@@ -262,6 +263,24 @@ impl HostCore {
             let _ = c.tx.send(Outbound::Drop);
         }
         true
+    }
+
+    /// Whether `conn`'s `method` request is the one armed by
+    /// [`HostCore::fail_before_answer`]: then the fault is used up (the
+    /// caller answers with an error).
+    pub fn take_fail_before_answer(&mut self, conn: ConnId, method: &str) -> bool {
+        let armed = self.armed_for(&self.fail_before_answer, conn, method);
+        if armed {
+            self.fail_before_answer = None;
+        }
+        armed
+    }
+
+    /// Whether `fault` names `conn`'s client and `method`.
+    fn armed_for(&self, fault: &Option<(String, String)>, conn: ConnId, method: &str) -> bool {
+        fault.as_ref().is_some_and(|(client, m)| {
+            m == method && self.client_of(conn).as_deref() == Some(client.as_str())
+        })
     }
 
     /// Drops the connections of `client_id` abruptly; returns how many.

@@ -201,6 +201,13 @@ impl SimHost {
         self.shared.lock().drop_before_answer = Some((client_id.to_string(), method.to_string()));
     }
 
+    /// Fault: the next `method` request of `client_id` is carried out (a
+    /// `subscribe` subscribes), then answered with an internal error
+    /// (-32603) instead of its result.
+    pub fn fail_instead_of_answering(&self, client_id: &str, method: &str) {
+        self.shared.lock().fail_before_answer = Some((client_id.to_string(), method.to_string()));
+    }
+
     /// Fault: while stalled, connections neither read nor write (outbound
     /// frames queue up); un-stalling delivers them in order.
     pub fn set_stalled(&self, stalled: bool) {

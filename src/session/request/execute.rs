@@ -12,7 +12,7 @@ use crate::route::files::{self, Inside};
 use crate::route::plan::{Effect, Plan};
 use crate::rpc::RpcError;
 use crate::session::limits;
-use crate::session::{Chan, ClientSession, Pending, PendingKind, ReplyTo};
+use crate::session::{ClientSession, Pending, PendingKind, ReplyTo};
 use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::link::{Link, LinkCmd};
 
@@ -124,24 +124,24 @@ fn with_traceparent(params: &mut Value, parent: String) {
     }
 }
 
-/// Stops holding a host channel whose subscribe never reached the host.
-pub(super) fn unhold(session: &ClientSession, host: &Arc<str>, host_uri: &str) {
-    if let Some(m) = session.lock().channels.chans.get_mut(host) {
-        m.remove(host_uri);
-    }
+/// Stops hold `ticket` of a host channel whose subscribe never reached the
+/// host (or got no snapshot), unless another request holds it since.
+pub(super) fn unhold(session: &ClientSession, host: &Arc<str>, host_uri: &str, ticket: u64) {
+    session.lock().channels.unhold(host, host_uri, ticket);
 }
 
-/// Starts holding a host channel's envelopes until its snapshot is written.
-pub(super) fn hold(session: &ClientSession, host: &Arc<str>, host_uri: &str, client_uri: &str) {
-    let mut core = session.lock();
-    core.channels.chans.entry(host.clone()).or_default().insert(
-        host_uri.to_string(),
-        Chan::Holding {
-            client: client_uri.into(),
-            held: Vec::new(),
-            from: None,
-        },
-    );
+/// Starts holding a host channel's envelopes until its snapshot is written;
+/// returns the hold's ticket.
+pub(super) fn hold(
+    session: &ClientSession,
+    host: &Arc<str>,
+    host_uri: &str,
+    client_uri: &str,
+) -> u64 {
+    session
+        .lock()
+        .channels
+        .hold(host, host_uri, client_uri.into())
 }
 
 /// Reserves a client-chosen URI (its form and the host's catalog were
@@ -263,13 +263,14 @@ pub(super) async fn execute(
         }
         Effect::Subscribe { client_channel } => {
             session.check_subscription(&client_channel)?;
-            hold(session, &hub.id, &host_channel, &client_channel);
+            let ticket = hold(session, &hub.id, &host_channel, &client_channel);
             let kind = PendingKind::Subscribe {
                 client_channel,
                 host_channel: host_channel.clone(),
+                ticket,
             };
             forward(session, &link, reply, method, params, kind)
-                .inspect_err(|_| unhold(session, &hub.id, &host_channel))
+                .inspect_err(|_| unhold(session, &hub.id, &host_channel, ticket))
         }
         Effect::Create {
             store_key,

@@ -121,7 +121,7 @@ async fn initial_snapshots(
     }
     let deadline = tokio::time::Instant::now() + session.env.cfg.limits.upstream_request();
     let mut taken = Vec::new();
-    for (hub, host_uri, client_uri, rx) in waits {
+    for (hub, host_uri, client_uri, ticket, rx) in waits {
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Some(snapshot))) => taken.push(InitialSnapshot {
                 hub,
@@ -129,7 +129,7 @@ async fn initial_snapshots(
                 client_uri,
                 snapshot,
             }),
-            _ => unhold(session, &hub.id, &host_uri),
+            _ => unhold(session, &hub.id, &host_uri, ticket),
         }
     }
     taken
@@ -235,6 +235,7 @@ type InitialWait = (
     Arc<crate::upstream::hub::HostHub>,
     String,
     String,
+    u64,
     oneshot::Receiver<Option<Value>>,
 );
 
@@ -243,10 +244,11 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
     let planned = plan::subscribe(&session.env, session.who().caller(), params)?;
     let link = open_link(session, &planned.hub)?;
     let (hub, host_uri) = (planned.hub, planned.host_channel);
-    hold(session, &hub.id, &host_uri, channel);
+    let ticket = hold(session, &hub.id, &host_uri, channel);
     let (tx, rx) = oneshot::channel();
     let kind = PendingKind::Initial {
         host_channel: host_uri.clone(),
+        ticket,
         reply: tx,
     };
     forward(
@@ -257,6 +259,6 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
         planned.params,
         kind,
     )
-    .inspect_err(|_| unhold(session, &hub.id, &host_uri))?;
-    Ok((hub, host_uri, channel.to_string(), rx))
+    .inspect_err(|_| unhold(session, &hub.id, &host_uri, ticket))?;
+    Ok((hub, host_uri, channel.to_string(), ticket, rx))
 }
