@@ -447,6 +447,34 @@ impl SessionCore {
 mod tests {
     use super::*;
 
+    /// A hold ends without a snapshot only by its own ticket: one that a
+    /// later hold replaced, a live channel, or a cut's fresh hold stays.
+    #[test]
+    fn a_hold_ends_only_by_its_own_ticket() {
+        let mut ch = Channels::default();
+        let host: Arc<str> = "h".into();
+        let is_held = |ch: &Channels| {
+            matches!(
+                ch.chans.get(&host).and_then(|m| m.get("c")),
+                Some(Chan::Holding { .. })
+            )
+        };
+        let first = ch.hold(&host, "c", "ahp-chat:/h~c".into());
+        let second = ch.hold(&host, "c", "ahp-chat:/h~c".into());
+        assert_ne!(first, second);
+        assert!(!ch.unhold(&host, "c", first) && is_held(&ch), "replaced");
+        assert!(ch.unhold(&host, "c", second) && !is_held(&ch), "its own");
+        assert!(!ch.unhold(&host, "c", second), "already gone");
+        let m = ch.chans.entry(host.clone()).or_default();
+        m.insert("c".into(), Chan::live("ahp-chat:/h~c".into(), 7));
+        assert!(!ch.unhold(&host, "c", second), "a live channel stays");
+        ch.hold_live();
+        assert!(is_held(&ch), "the cut holds the live channel");
+        assert!(!ch.unhold(&host, "c", second), "under a fresh ticket");
+        let third = ch.hold(&host, "c", "ahp-chat:/h~c".into());
+        assert!(third > second + 1, "the cut's ticket was new: {third}");
+    }
+
     /// The lock-free root flag the catalog fan-out reads follows every change
     /// of the set: insert, remove, retain.
     #[test]
