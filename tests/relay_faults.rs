@@ -648,3 +648,126 @@ async fn a_subscribe_answered_after_its_socket_closed_holds_nothing() {
     assert_eq!(r["result"]["type"], "snapshot", "{r}");
     assert_eq!(snapshot_resources(&r["result"]), vec![chat.to_string()]);
 }
+
+/// A second subscribe of a channel the client follows that fails gives the
+/// channel back as it was: envelopes that arrived while the second
+/// subscribe was held are delivered after its error, and the channel goes
+/// on live. Before, the error removed the channel's state altogether and
+/// its envelopes were dropped while the client, subscribed by the first
+/// subscribe, believed it followed the channel.
+#[tokio::test]
+async fn a_failed_second_subscribe_leaves_the_channel_followed() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut alice = t.raw("alice").await;
+    alice.initialize("resub").await;
+    let s = alice
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
+    assert_eq!(s["result"]["snapshot"]["resource"], chat, "{s}");
+    let mut bob = t.raw("bob").await;
+    bob.initialize("turns").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    let upstream = t.upstream_id("alice", "resub");
+    t.hosts[0].stall_client(&upstream, true);
+    t.hosts[0].fail_instead_of_answering(&upstream, "subscribe");
+    let before = t.requests_handled("subscribe");
+    alice
+        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the second subscribe is forwarded", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    // A whole turn runs while alice's second subscribe waits at the host.
+    bob.dispatch(chat, 1, turn_started("t-resub", "hello"))
+        .await;
+    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    t.hosts[0].stall_client(&upstream, false);
+    let mut frames = Vec::new();
+    let answer = loop {
+        let v = alice.recv_json().await.expect("socket open");
+        if v["id"] == 2 {
+            break v;
+        }
+        frames.push(v);
+    };
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert!(
+        frames.iter().all(|f| f["method"] != "action"),
+        "the held envelopes follow the answer: {frames:?}"
+    );
+    let envs: Vec<ActionEnvelope> =
+        raw_actions_until(&mut alice, |e| is(e, chat, "chat/turnComplete")).await;
+    assert!(
+        envs.iter().any(|e| is(e, chat, "chat/turnStarted")),
+        "the whole turn reaches alice after the error: {envs:?} (before it: {frames:?})"
+    );
+    assert_strictly_increasing(&envs);
+}
+
+/// A second subscribe of a followed channel answered after its socket
+/// closed gives the channel back as it was: what the host sent meanwhile is
+/// numbered for the detached session, and the client's `replay` carries
+/// it. Before, the channel stayed held for a snapshot nobody would write
+/// while `reconnect` still counted it as continuous: the replay answered
+/// without the turn, and the channel delivered nothing after.
+#[tokio::test]
+async fn a_second_subscribe_answered_after_its_socket_closed_keeps_the_channel_continuous() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut alice = t.raw("alice").await;
+    alice.initialize("gone-resub").await;
+    let s = alice.request(1, "subscribe", json!({"channel": chat})).await;
+    let watermark = s["result"]["snapshot"]["fromSeq"].clone();
+    let mut bob = t.raw("bob").await;
+    bob.initialize("turns-2").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    let upstream = t.upstream_id("alice", "gone-resub");
+    t.hosts[0].stall_client(&upstream, true);
+    let before = t.requests_handled("subscribe");
+    alice
+        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the second subscribe is forwarded", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    alice.close_cleanly().await;
+    bob.dispatch(chat, 1, turn_started("t-gone", "hello")).await;
+    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    t.hosts[0].stall_client(&upstream, false);
+    let answered = || {
+        t.hosts[0]
+            .received_from(&upstream)
+            .iter()
+            .filter(|f| f.method.as_deref() == Some("subscribe"))
+            .count()
+            == 2
+    };
+    wait_until("the host reads the second subscribe", answered).await;
+    let stale = || async {
+        let (_, page) = common::relay::admin_get(&t, "/metrics").await;
+        common::relay::metric(&page, "ahp_relay_stale_answers_total")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while stale().await != Some(1.0) {
+        assert!(std::time::Instant::now() < deadline, "no stale answer");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut back = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut back,
+        1,
+        json!({"clientId": "gone-resub", "lastSeenServerSeq": watermark,
+            "subscriptions": [chat]}),
+    )
+    .await;
+    assert_eq!(r["result"]["type"], "replay", "{r}");
+    let envs = envelopes(&r["result"]["actions"]);
+    assert!(
+        envs.iter().any(|e| is(e, chat, "chat/turnStarted"))
+            && envs.iter().any(|e| is(e, chat, "chat/turnComplete")),
+        "the replay carries the turn run meanwhile: {envs:?}"
+    );
+}

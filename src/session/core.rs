@@ -181,18 +181,26 @@ impl Channels {
     /// Holds `host_uri` of `host` (client form `client`) until its snapshot
     /// is written, replacing whatever state it had; returns the hold's
     /// ticket, which [`Channels::unhold`] needs.
+    /// A hold that replaces a live channel remembers its floor; one that
+    /// replaces another hold keeps what that one held and remembered (a
+    /// snapshot filters them all; without one they are the channel's
+    /// continuation past that floor).
     pub(super) fn hold(&mut self, host: &Arc<str>, host_uri: &str, client: Arc<str>) -> u64 {
         let ticket = self.next_ticket();
-        let held = Chan::Holding {
+        let m = self.chans.entry(host.clone()).or_default();
+        let (held, prior) = match m.remove(host_uri) {
+            Some(Chan::Live { floor, .. }) => (Vec::new(), Some(floor)),
+            Some(Chan::Holding { held, prior, .. }) => (held, prior),
+            None => (Vec::new(), None),
+        };
+        let hold = Chan::Holding {
             client,
-            held: Vec::new(),
+            held,
             from: None,
             ticket,
+            prior,
         };
-        self.chans
-            .entry(host.clone())
-            .or_default()
-            .insert(host_uri.to_string(), held);
+        m.insert(host_uri.to_string(), hold);
         ticket
     }
 
@@ -201,13 +209,14 @@ impl Channels {
     pub(super) fn hold_live(&mut self) {
         let mut last = self.last_ticket;
         for chan in self.chans.values_mut().flat_map(|m| m.values_mut()) {
-            if let Chan::Live { client, .. } = chan {
+            if let Chan::Live { client, floor, .. } = chan {
                 last += 1;
                 *chan = Chan::Holding {
                     client: client.clone(),
                     held: Vec::new(),
                     from: None,
                     ticket: last,
+                    prior: Some(*floor),
                 };
             }
         }
@@ -220,18 +229,17 @@ impl Channels {
         self.last_ticket
     }
 
-    /// Ends hold `ticket` of `host_uri` without a snapshot; a channel that
-    /// is live, or held by another request since, is left as it is.
-    /// Returns whether the hold was removed.
-    pub(super) fn unhold(&mut self, host: &str, host_uri: &str, ticket: u64) -> bool {
-        let Some(m) = self.chans.get_mut(host) else {
-            return false;
-        };
-        let mine = matches!(m.get(host_uri), Some(Chan::Holding { ticket: t, .. }) if *t == ticket);
-        if mine {
-            m.remove(host_uri);
+    /// How hold `ticket` of `host_uri` may end without a snapshot: `None`
+    /// when the channel is live or held by another request since (it is
+    /// left as it is); else the floor of the live channel it replaced, if
+    /// any (`ClientSession::end_channel_hold`).
+    pub(super) fn hold_of(&self, host: &str, host_uri: &str, ticket: u64) -> Option<Option<u64>> {
+        match self.chans.get(host)?.get(host_uri)? {
+            Chan::Holding {
+                ticket: t, prior, ..
+            } if *t == ticket => Some(*prior),
+            _ => None,
         }
-        mine
     }
 }
 
@@ -448,31 +456,36 @@ mod tests {
     use super::*;
 
     /// A hold ends without a snapshot only by its own ticket: one that a
-    /// later hold replaced, a live channel, or a cut's fresh hold stays.
+    /// later hold replaced, a live channel, or a cut's fresh hold is not
+    /// its to end; a hold that replaced a live channel remembers its floor.
     #[test]
     fn a_hold_ends_only_by_its_own_ticket() {
         let mut ch = Channels::default();
         let host: Arc<str> = "h".into();
-        let is_held = |ch: &Channels| {
-            matches!(
-                ch.chans.get(&host).and_then(|m| m.get("c")),
-                Some(Chan::Holding { .. })
-            )
-        };
-        let first = ch.hold(&host, "c", "ahp-chat:/h~c".into());
-        let second = ch.hold(&host, "c", "ahp-chat:/h~c".into());
+        let client = || -> Arc<str> { "ahp-chat:/h~c".into() };
+        let first = ch.hold(&host, "c", client());
+        let second = ch.hold(&host, "c", client());
         assert_ne!(first, second);
-        assert!(!ch.unhold(&host, "c", first) && is_held(&ch), "replaced");
-        assert!(ch.unhold(&host, "c", second) && !is_held(&ch), "its own");
-        assert!(!ch.unhold(&host, "c", second), "already gone");
+        assert_eq!(ch.hold_of(&host, "c", first), None, "replaced");
+        assert_eq!(ch.hold_of(&host, "c", second), Some(None), "its own, new");
         let m = ch.chans.entry(host.clone()).or_default();
-        m.insert("c".into(), Chan::live("ahp-chat:/h~c".into(), 7));
-        assert!(!ch.unhold(&host, "c", second), "a live channel stays");
+        m.insert("c".into(), Chan::live(client(), 7));
+        assert_eq!(ch.hold_of(&host, "c", second), None, "a live channel");
+        let again = ch.hold(&host, "c", client());
+        assert_eq!(ch.hold_of(&host, "c", again), Some(Some(7)), "floor kept");
+        let later = ch.hold(&host, "c", client());
+        assert_eq!(
+            ch.hold_of(&host, "c", later),
+            Some(Some(7)),
+            "a hold replacing a hold keeps the live floor"
+        );
+        let m = ch.chans.entry(host.clone()).or_default();
+        m.insert("c".into(), Chan::live(client(), 9));
         ch.hold_live();
-        assert!(is_held(&ch), "the cut holds the live channel");
-        assert!(!ch.unhold(&host, "c", second), "under a fresh ticket");
-        let third = ch.hold(&host, "c", "ahp-chat:/h~c".into());
-        assert!(third > second + 1, "the cut's ticket was new: {third}");
+        assert_eq!(ch.hold_of(&host, "c", later), None, "the cut's hold is new");
+        let next = ch.hold(&host, "c", client());
+        assert!(next > later + 1, "the cut took a ticket: {next}");
+        assert_eq!(ch.hold_of(&host, "c", next), Some(Some(9)));
     }
 
     /// The lock-free root flag the catalog fan-out reads follows every change

@@ -365,6 +365,36 @@ impl ClientSession {
         }
     }
 
+    /// Ends hold `ticket` of `host_channel` without a snapshot (its subscribe
+    /// failed, timed out, was lost with its link, or answered a socket that
+    /// is gone). A hold that replaced a live channel — a second subscribe of
+    /// a followed channel — gives it back live from its old floor, the
+    /// envelopes held meanwhile delivered now: the client still follows the
+    /// channel, and a later `replay` of it misses nothing. Any other hold
+    /// is forgotten. A hold another request began since is left alone.
+    pub(super) fn end_channel_hold(
+        &self,
+        core: &mut SessionCore,
+        host: &Arc<HostHub>,
+        host_channel: &str,
+        ticket: u64,
+    ) -> HoldEnd {
+        match core.channels.hold_of(&host.id, host_channel, ticket) {
+            None => HoldEnd::NotMine,
+            Some(Some(floor)) => {
+                set_held_from(core, &host.id, host_channel, Some(floor));
+                self.release(core, host, host_channel);
+                HoldEnd::Restored
+            }
+            Some(None) => {
+                if let Some(m) = core.channels.chans.get_mut(&host.id) {
+                    m.remove(host_channel);
+                }
+                HoldEnd::Forgotten
+            }
+        }
+    }
+
     /// Ends the holding of `host_channel`: envelopes the snapshot already
     /// contains (host seq ≤ its `fromSeq`) are dropped, later ones numbered
     /// after the response just written (contract §5.2).
@@ -465,20 +495,21 @@ impl ClientSession {
 
     /// A subscribe answered after the socket that asked was replaced or
     /// closed: its snapshot reaches no one and is not adopted (nothing is
-    /// baselined). Its own hold ends — its envelopes would pile up for a
-    /// snapshot never written — and the host is told the session no longer
-    /// follows the channel. A hold another request began since (a later
-    /// subscribe, a `reconnect`'s re-baselining) stays, with the host's
-    /// subscription it needs.
+    /// baselined). Its own hold ends ([`Self::end_channel_hold`]) — its envelopes
+    /// would pile up for a snapshot never written — and if that leaves the
+    /// channel unfollowed, the host is told so. A hold another request
+    /// began since (a later subscribe, a `reconnect`'s re-baselining)
+    /// stays, with the host's subscription it needs.
     fn drop_stale_subscribe(
         &self,
         core: &mut SessionCore,
-        host: &HostHub,
+        host: &Arc<HostHub>,
         host_channel: &str,
         ticket: u64,
     ) {
         self.env.metrics.stale_answers.inc();
-        if core.channels.unhold(&host.id, host_channel, ticket)
+        let ended = self.end_channel_hold(core, host, host_channel, ticket);
+        if ended == HoldEnd::Forgotten
             && let Some(link) = core.links.open.get(&host.id)
         {
             let params = serde_json::json!({ "channel": host_channel });
@@ -496,10 +527,12 @@ impl ClientSession {
         (client_channel, host_channel, ticket): (String, &str, u64),
     ) {
         if let Some(err) = a.failure {
-            // A later subscribe of the channel may hold it for its own
-            // snapshot: only this subscribe's hold ends.
-            core.channels.unhold(&a.host.id, host_channel, ticket);
-            return self.respond_error_to(core, &a.to, &err);
+            // The answer first, then what the hold gives back (§5.2's
+            // order). A later subscribe of the channel may hold it for its
+            // own snapshot: only this subscribe's hold ends.
+            self.respond_error_to(core, &a.to, &err);
+            self.end_channel_hold(core, a.host, host_channel, ticket);
+            return;
         }
         let snapshot = a.body.pointer("/result/snapshot");
         let (snapshot, from) = self.client_snapshot(a.host, snapshot, &client_channel, core.last());
@@ -531,7 +564,7 @@ impl ClientSession {
             .map(|c| c.client().to_string())
             .unwrap_or_default();
         let snap = if a.failure.is_some() {
-            core.channels.unhold(&a.host.id, host_channel, ticket);
+            self.end_channel_hold(core, a.host, host_channel, ticket);
             None
         } else {
             let snapshot = a.body.pointer("/result/snapshot");
@@ -810,7 +843,7 @@ impl ClientSession {
                     ticket,
                     ..
                 } => {
-                    unhold_lost(core, link, &host_channel, ticket);
+                    unhold_lost(self, core, link, (&host_channel, ticket));
                     self.respond_error_to(core, &p.reply, err);
                 }
                 _ => self.respond_error_to(core, &p.reply, err),
@@ -1177,23 +1210,39 @@ struct Answer<'a> {
     body: &'a Value,
 }
 
+/// How [`ClientSession::end_channel_hold`] ended a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HoldEnd {
+    /// Another request holds the channel since, or it is live: untouched.
+    NotMine,
+    /// The channel is no longer followed.
+    Forgotten,
+    /// The channel is live again from the snapshot the client had.
+    Restored,
+}
+
 /// Stops holding `host_channel` for a subscribe lost with link `link`, if
 /// that link is still its host's current one (it resumes, §5.8): the snapshot
 /// will never come, and a hold left behind would keep the channel in the
 /// resumed link's subscriptions and every envelope of it held, unbounded.
 /// On a replaced link the hold is the re-baselining's, and stays (as does
 /// one a later subscribe began).
-fn unhold_lost(core: &mut SessionCore, link: u64, host_channel: &str, ticket: u64) {
+fn unhold_lost(
+    session: &ClientSession,
+    core: &mut SessionCore,
+    link: u64,
+    (host_channel, ticket): (&str, u64),
+) {
     let Some(host) = core
         .links
         .open
-        .iter()
-        .find(|(_, l)| l.id == link)
-        .map(|(h, _)| h.clone())
+        .values()
+        .find(|l| l.id == link)
+        .map(|l| l.host.clone())
     else {
         return;
     };
-    core.channels.unhold(&host, host_channel, ticket);
+    session.end_channel_hold(core, &host, host_channel, ticket);
 }
 
 /// Records the snapshot's host `fromSeq` on a held channel (§5.2).

@@ -147,8 +147,10 @@ impl ClientSession {
                 ticket,
                 ..
             } => {
-                core.channels.unhold(host, &host_channel, ticket);
                 self.respond_error_to(&mut core, &p.reply, &err);
+                if let Some(hub) = self.env.hosts.get(host) {
+                    self.end_channel_hold(&mut core, &hub, &host_channel, ticket);
+                }
             }
             PendingKind::Create { .. } => {
                 // The host may still make it: the entry stays pending (and

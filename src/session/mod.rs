@@ -191,6 +191,11 @@ pub enum Chan {
         /// subscribe of the channel, or a `reconnect`'s re-baselining, may
         /// have replaced it with a hold of its own.
         ticket: u64,
+        /// The floor of the live channel this hold replaced (a second
+        /// subscribe of a followed channel): a hold that ends without a
+        /// snapshot gives the channel back live from there, its held
+        /// envelopes delivered (`ClientSession::end_channel_hold`).
+        prior: Option<u64>,
     },
     /// Envelopes are numbered and delivered as they arrive.
     Live {

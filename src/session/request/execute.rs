@@ -124,10 +124,11 @@ fn with_traceparent(params: &mut Value, parent: String) {
     }
 }
 
-/// Stops hold `ticket` of a host channel whose subscribe never reached the
-/// host (or got no snapshot), unless another request holds it since.
-pub(super) fn unhold(session: &ClientSession, host: &Arc<str>, host_uri: &str, ticket: u64) {
-    session.lock().channels.unhold(host, host_uri, ticket);
+/// Ends hold `ticket` of a host channel whose subscribe never reached the
+/// host (or got no snapshot), unless another request holds it since
+/// (`ClientSession::end_channel_hold`).
+pub(super) fn unhold(session: &ClientSession, hub: &Arc<HostHub>, host_uri: &str, ticket: u64) {
+    session.end_channel_hold(&mut session.lock(), hub, host_uri, ticket);
 }
 
 /// Starts holding a host channel's envelopes until its snapshot is written;
@@ -270,7 +271,7 @@ pub(super) async fn execute(
                 ticket,
             };
             forward(session, &link, reply, method, params, kind)
-                .inspect_err(|_| unhold(session, &hub.id, &host_channel, ticket))
+                .inspect_err(|_| unhold(session, &hub, &host_channel, ticket))
         }
         Effect::Create {
             store_key,

@@ -129,7 +129,7 @@ async fn initial_snapshots(
                 client_uri,
                 snapshot,
             }),
-            _ => unhold(session, &hub.id, &host_uri, ticket),
+            _ => unhold(session, &hub, &host_uri, ticket),
         }
     }
     taken
@@ -259,6 +259,6 @@ fn subscribe_initial(session: &Arc<ClientSession>, channel: &str) -> Result<Init
         planned.params,
         kind,
     )
-    .inspect_err(|_| unhold(session, &hub.id, &host_uri, ticket))?;
+    .inspect_err(|_| unhold(session, &hub, &host_uri, ticket))?;
     Ok((hub, host_uri, channel.to_string(), ticket, rx))
 }
