@@ -718,7 +718,9 @@ async fn a_second_subscribe_answered_after_its_socket_closed_keeps_the_channel_c
     let chat = "ahp-chat:/a~a-1-main";
     let mut alice = t.raw("alice").await;
     alice.initialize("gone-resub").await;
-    let s = alice.request(1, "subscribe", json!({"channel": chat})).await;
+    let s = alice
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
     let watermark = s["result"]["snapshot"]["fromSeq"].clone();
     let mut bob = t.raw("bob").await;
     bob.initialize("turns-2").await;
