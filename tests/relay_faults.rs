@@ -551,6 +551,28 @@ async fn a_subscribe_lost_with_its_link_leaves_nothing_held() {
     );
 }
 
+/// Stalls the host's reading of `upstream`'s connections, sends a subscribe
+/// of `channel` as each request id of `ids` and waits until the relay has
+/// forwarded them all (each began its hold): the host answers none of them
+/// before `stall_client(upstream, false)`.
+async fn subscribes_waiting_at_host(
+    t: &TestRelay,
+    ws: &mut RawWs,
+    (upstream, channel): (&str, &str),
+    ids: &[u64],
+) {
+    t.hosts[0].stall_client(upstream, true);
+    let before = t.requests_handled("subscribe");
+    for &id in ids {
+        ws.send_json(&request_frame(id, "subscribe", json!({"channel": channel})))
+            .await;
+    }
+    wait_until("the subscribes are forwarded", || {
+        t.requests_handled("subscribe") == before + ids.len() as u64
+    })
+    .await;
+}
+
 /// A subscribe that fails ends only its own hold: when a client subscribes
 /// a channel twice before the host answers and the host refuses the first
 /// and answers the second, the channel is followed after the second's
@@ -570,16 +592,7 @@ async fn a_failed_subscribe_leaves_a_later_subscribe_of_its_channel_followed() {
     assert!(r.get("result").is_some(), "{r}");
     let upstream = t.upstream_id("alice", "twice");
     ws.request(2, "fetchTurns", json!({"channel": chat})).await;
-    t.hosts[0].stall_client(&upstream, true);
-    let before = t.requests_handled("subscribe");
-    ws.send_json(&request_frame(3, "subscribe", json!({"channel": chat})))
-        .await;
-    ws.send_json(&request_frame(4, "subscribe", json!({"channel": chat})))
-        .await;
-    wait_until("both subscribes are forwarded", || {
-        t.requests_handled("subscribe") == before + 2
-    })
-    .await;
+    subscribes_waiting_at_host(&t, &mut ws, (&upstream, chat), &[3, 4]).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     t.hosts[0].fail_instead_of_answering(&upstream, "subscribe");
     t.hosts[0].stall_client(&upstream, false);
@@ -615,14 +628,7 @@ async fn a_subscribe_answered_after_its_socket_closed_holds_nothing() {
     let s0 = init["result"]["serverSeq"].clone();
     ws.request(1, "fetchTurns", json!({"channel": chat})).await;
     let upstream = t.upstream_id("alice", "left");
-    t.hosts[0].stall_client(&upstream, true);
-    let before = t.requests_handled("subscribe");
-    ws.send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
-        .await;
-    wait_until("the subscribe is forwarded", || {
-        t.requests_handled("subscribe") == before + 1
-    })
-    .await;
+    subscribes_waiting_at_host(&t, &mut ws, (&upstream, chat), &[2]).await;
     ws.close_cleanly().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     t.hosts[0].stall_client(&upstream, false);
@@ -669,16 +675,8 @@ async fn a_failed_second_subscribe_leaves_the_channel_followed() {
     bob.initialize("turns").await;
     bob.request(1, "subscribe", json!({"channel": chat})).await;
     let upstream = t.upstream_id("alice", "resub");
-    t.hosts[0].stall_client(&upstream, true);
     t.hosts[0].fail_instead_of_answering(&upstream, "subscribe");
-    let before = t.requests_handled("subscribe");
-    alice
-        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
-        .await;
-    wait_until("the second subscribe is forwarded", || {
-        t.requests_handled("subscribe") == before + 1
-    })
-    .await;
+    subscribes_waiting_at_host(&t, &mut alice, (&upstream, chat), &[2]).await;
     // A whole turn runs while alice's second subscribe waits at the host.
     bob.dispatch(chat, 1, turn_started("t-resub", "hello"))
         .await;
@@ -726,15 +724,7 @@ async fn a_second_subscribe_answered_after_its_socket_closed_keeps_the_channel_c
     bob.initialize("turns-2").await;
     bob.request(1, "subscribe", json!({"channel": chat})).await;
     let upstream = t.upstream_id("alice", "gone-resub");
-    t.hosts[0].stall_client(&upstream, true);
-    let before = t.requests_handled("subscribe");
-    alice
-        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
-        .await;
-    wait_until("the second subscribe is forwarded", || {
-        t.requests_handled("subscribe") == before + 1
-    })
-    .await;
+    subscribes_waiting_at_host(&t, &mut alice, (&upstream, chat), &[2]).await;
     alice.close_cleanly().await;
     bob.dispatch(chat, 1, turn_started("t-gone", "hello")).await;
     raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;

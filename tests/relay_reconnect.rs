@@ -1127,6 +1127,28 @@ impl ahp_relay::policy::Policy for PausingPolicy {
     }
 }
 
+/// Waits (up to 15 s) until the relay's `ahp_relay_host_up` gauge of h1 is
+/// `want`: the fan-out task set it just before reading its followers.
+async fn h1_up_is(t: &TestRelay, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, page) = common::relay::admin_get(t, "/metrics").await;
+        let up = page
+            .lines()
+            .find(|l| l.starts_with("ahp_relay_host_up{") && l.contains("host=\"h1\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok());
+        if up == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "h1's up gauge never became {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// §5.5, §6.2: a host whose watch link comes up while a `reconnect`'s
 /// snapshot root is being computed — after that host's part was read, so
 /// the snapshot lacks its agents — reaches the client as a root action
@@ -1157,18 +1179,7 @@ async fn a_host_back_while_a_snapshot_root_is_computed_reaches_the_client() {
     let h1 = t.hosts.remove(0);
     let addr = h1.addr();
     h1.shutdown().await;
-    let host_up = || async {
-        let (_, page) = common::relay::admin_get(&t, "/metrics").await;
-        page.lines()
-            .find(|l| l.starts_with("ahp_relay_host_up{") && l.contains("host=\"h1\""))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while host_up().await != Some(0.0) {
-        assert!(Instant::now() < deadline, "h1 never went down");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h1_up_is(&t, 0.0).await;
     // Let the fan-out of h1's departure settle before arming the gate.
     tokio::time::sleep(Duration::from_millis(200)).await;
     gate.armed.store(true, SeqCst);
@@ -1190,11 +1201,7 @@ async fn a_host_back_while_a_snapshot_root_is_computed_reaches_the_client() {
     let _h1 = SimHost::start(fast_config("h1", 1), addr)
         .await
         .expect("h1 again");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while host_up().await != Some(1.0) {
-        assert!(Instant::now() < deadline, "h1 never came back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h1_up_is(&t, 1.0).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     gate.release.store(true, SeqCst);
     let answer = again.recv_json().await.expect("the reconnect answer");
