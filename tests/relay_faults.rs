@@ -763,3 +763,82 @@ async fn a_second_subscribe_answered_after_its_socket_closed_keeps_the_channel_c
         "the replay carries the turn run meanwhile: {envs:?}"
     );
 }
+
+/// A subscribe that times out ends only its own hold: a client following a
+/// channel subscribes it twice more while the host reads nothing; the first
+/// of the two times out while the second still waits, and the second's
+/// snapshot then leaves the channel followed — a turn the client starts
+/// after it is echoed to her. Before holds had tickets, the timeout removed
+/// the hold the second subscribe had put in its place, the second's
+/// snapshot found nothing to release, and the channel's envelopes were
+/// dropped while the client believed it subscribed.
+#[tokio::test]
+async fn a_timed_out_subscribe_ends_only_its_own_hold() {
+    let t = TestRelay::start_tweaked(vec![fast_config("a", 1)], "", "", |cfg| {
+        cfg.limits.upstream_request_secs = 2;
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut alice = t.raw("alice").await;
+    alice.initialize("late").await;
+    let s = alice
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
+    assert_eq!(s["result"]["snapshot"]["resource"], chat, "{s}");
+    let mut bob = t.raw("bob").await;
+    bob.initialize("runner").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    let upstream = t.upstream_id("alice", "late");
+    subscribes_waiting_at_host(&t, &mut alice, (&upstream, chat), &[2]).await;
+    // Half the timeout later the third is sent: it still waits, with a
+    // second to go, when the second times out.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = t.requests_handled("subscribe");
+    alice
+        .send_json(&request_frame(3, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the third subscribe is forwarded", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    let second = alice.response(&json!(2)).await;
+    assert_eq!(second["error"]["data"]["reason"], "timeout", "{second}");
+    // A turn runs while the third waits; the host reads it afterwards.
+    bob.dispatch(chat, 1, turn_started("t-held", "hello")).await;
+    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    t.hosts[0].stall_client(&upstream, false);
+    let mut before_answer = Vec::new();
+    let third = loop {
+        let v = alice.recv_json().await.expect("socket open");
+        if v["id"] == 3 {
+            break v;
+        }
+        before_answer.push(v);
+    };
+    assert_eq!(third["result"]["snapshot"]["resource"], chat, "{third}");
+    assert!(
+        before_answer.iter().all(|f| f["method"] != "action"),
+        "the turn run meanwhile is held for the snapshot, not delivered: {before_answer:?}"
+    );
+    assert!(
+        third.to_string().contains("t-held"),
+        "the turn run meanwhile is in the snapshot: {third}"
+    );
+    alice
+        .dispatch(chat, 1, turn_started("t-after", "again"))
+        .await;
+    let envs = raw_actions_until(&mut alice, |e| is(e, chat, "chat/turnComplete")).await;
+    assert!(
+        envs.iter()
+            .any(|e| e.origin.as_ref().map(|o| o.client_seq) == Some(1)),
+        "alice's own dispatch is echoed on the channel: {envs:?}"
+    );
+    assert!(
+        !envs
+            .iter()
+            .any(|e| serde_json::to_string(e).is_ok_and(|s| s.contains("t-held"))),
+        "what the snapshot holds is not delivered again: {envs:?}"
+    );
+    assert_strictly_increasing(&envs);
+}
