@@ -842,3 +842,54 @@ async fn a_timed_out_subscribe_ends_only_its_own_hold() {
     );
     assert_strictly_increasing(&envs);
 }
+
+/// A subscribe answered after the client unsubscribed its channel answers
+/// the request but leaves the channel unfollowed and without a baseline: a
+/// `reconnect` listing it gets a snapshot with what the host ran on it
+/// since. Before, the late answer baselined the channel as if followed and
+/// the `reconnect` got a `replay` without that turn.
+#[tokio::test]
+async fn a_subscribe_answered_after_its_unsubscribe_leaves_no_baseline() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut alice = t.raw("alice").await;
+    let init = alice.initialize("changed-mind").await;
+    let s0 = init["result"]["serverSeq"].clone();
+    alice
+        .request(1, "fetchTurns", json!({"channel": chat}))
+        .await;
+    let upstream = t.upstream_id("alice", "changed-mind");
+    subscribes_waiting_at_host(&t, &mut alice, (&upstream, chat), &[2]).await;
+    let unsubscribe =
+        json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": chat}});
+    alice.send_json(&unsubscribe).await;
+    // The unsubscribe is handled before the request read after it.
+    alice.request(3, "listSessions", json!({})).await;
+    t.hosts[0].stall_client(&upstream, false);
+    let answer = alice.response(&json!(2)).await;
+    assert_eq!(
+        answer["result"]["snapshot"]["resource"], chat,
+        "the request is answered: {answer}"
+    );
+    let mut bob = t.raw("bob").await;
+    bob.initialize("runner-2").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    bob.dispatch(chat, 1, turn_started("t-unfollowed", "hello"))
+        .await;
+    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    alice.close_cleanly().await;
+    let mut back = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut back,
+        1,
+        json!({"clientId": "changed-mind", "lastSeenServerSeq": s0, "subscriptions": [chat]}),
+    )
+    .await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    assert!(
+        snapshot_of(&r["result"], chat)
+            .to_string()
+            .contains("t-unfollowed"),
+        "{r}"
+    );
+}

@@ -334,3 +334,138 @@ async fn writes_are_audited_with_their_decision_and_no_content() {
     assert!(!text.contains(secret), "message text in the audit");
     assert!(!text.contains(&token), "token in the audit");
 }
+
+/// Every permission on every host; sessions created outside the relay (all
+/// the seeded ones) hidden.
+#[derive(Debug)]
+struct HideExternal;
+
+impl Policy for HideExternal {
+    fn grant(&self, _who: Subject<'_>, _host: HostRef<'_>) -> Option<Grant> {
+        Some(Grant {
+            permissions: PermSet::of(&Permission::ALL),
+            visibility: Visibility::All,
+            external: false,
+            dispose_others: false,
+            session_files: false,
+            rule: "test".into(),
+        })
+    }
+}
+
+/// Whether the host was told by `upstream` to stop sending `host_channel`.
+fn unsubscribed(t: &TestRelay, upstream: &str, host_channel: &str) -> bool {
+    t.hosts[0]
+        .received_from(upstream)
+        .iter()
+        .any(|f| f.method.as_deref() == Some("unsubscribe") && f.text.contains(host_channel))
+}
+
+/// §7.6: a subscribe the host answers after a policy swap hid its channel
+/// gets the error a subscribe of a channel never seen gets, not the
+/// snapshot, and the host is told the session does not follow the channel.
+/// Before, the late answer delivered the snapshot and made the channel live:
+/// its envelopes went on reaching a client that could no longer see it.
+#[tokio::test]
+async fn a_subscribe_answered_after_a_policy_swap_hid_its_channel_is_refused() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut ws = t.raw("alice").await;
+    ws.initialize("late").await;
+    ws.request(1, "fetchTurns", json!({"channel": chat})).await;
+    let upstream = t.upstream_id("alice", "late");
+    t.hosts[0].stall_client(&upstream, true);
+    let before = t.requests_handled("subscribe");
+    ws.send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the subscribe is read", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    t.relay.relay.set_policy(Arc::new(HideExternal));
+    t.hosts[0].stall_client(&upstream, false);
+    let late = ws.response(&json!(2)).await;
+    let fresh = ws.request(3, "subscribe", json!({"channel": chat})).await;
+    assert!(
+        late.get("result").is_none(),
+        "no snapshot of a hidden channel: {late}"
+    );
+    assert_eq!(
+        late["error"], fresh["error"],
+        "the error of a channel never seen: {late} / {fresh}"
+    );
+    wait_until("the host is told the channel is not followed", || {
+        unsubscribed(&t, &upstream, "a-1-main")
+    })
+    .await;
+}
+
+/// §7.6: an `initialize` whose initial subscription the host answers after
+/// a policy swap hid the channel leaves the channel out, as one never
+/// visible (no snapshot, no note), and the host is told to unsubscribe it.
+/// Before, the answer carried the hidden channel's snapshot and followed it.
+#[tokio::test]
+async fn an_initial_subscription_hidden_while_awaited_is_left_out() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let upstream = t.upstream_id("alice", "init-late");
+    t.hosts[0].stall_client(&upstream, true);
+    let mut ws = t.raw("alice").await;
+    let params = initialize_subscribing("init-late", &[chat]);
+    ws.send_json(&request_frame(0, "initialize", params)).await;
+    wait_until("the session awaits its snapshots", || {
+        t.has_session("alice", "init-late")
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    t.relay.relay.set_policy(Arc::new(HideExternal));
+    t.hosts[0].stall_client(&upstream, false);
+    let init = ws.response(&json!(0)).await;
+    let shown = init["result"].to_string();
+    assert!(init.get("error").is_none(), "{init}");
+    assert!(
+        !shown.contains("a-1-main"),
+        "nothing of the hidden channel: {init}"
+    );
+    wait_until("the host is told the channel is not followed", || {
+        unsubscribed(&t, &upstream, "a-1-main")
+    })
+    .await;
+}
+
+/// §7.6: a `reconnect` answered with snapshots leaves out a channel that a
+/// policy swap hid while the hosts re-baselined: the answer carries nothing
+/// of it. Before, the snapshot taken for the old policy was written.
+#[tokio::test]
+async fn a_channel_hidden_while_a_reconnect_rebaselines_is_left_out() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut ws = t.raw("alice").await;
+    ws.initialize("rebased").await;
+    ws.request(1, "fetchTurns", json!({"channel": chat})).await;
+    ws.close_cleanly().await;
+    let upstream = t.upstream_id("alice", "rebased");
+    t.hosts[0].stall_client(&upstream, true);
+    let mut back = t.raw("alice").await;
+    let before = t.requests_handled("reconnect");
+    let params = json!({"clientId": "rebased", "lastSeenServerSeq": 0, "subscriptions": [chat]});
+    back.send_json(&request_frame(1, "reconnect", params)).await;
+    wait_until("the reconnect is read", || {
+        t.requests_handled("reconnect") == before + 1
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    t.relay.relay.set_policy(Arc::new(HideExternal));
+    t.hosts[0].stall_client(&upstream, false);
+    let r = back.response(&json!(1)).await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    assert!(
+        !r["result"].to_string().contains("a-1-main"),
+        "nothing of the hidden channel: {r}"
+    );
+    wait_until("the host is told the channel is not followed", || {
+        unsubscribed(&t, &upstream, "a-1-main")
+    })
+    .await;
+}

@@ -1219,3 +1219,53 @@ async fn a_host_back_while_a_snapshot_root_is_computed_reaches_the_client() {
         "bob's root lacks h1 after it came back: {root}"
     );
 }
+
+/// An `unsubscribe` ends the channel's continuity (§5.5): what the host ran
+/// on the channel afterwards was never numbered for the client, so a
+/// `reconnect` listing the channel again gets a snapshot holding that turn.
+/// Before, the channel kept its baseline and the `reconnect` got a `replay`
+/// without the turn.
+#[tokio::test]
+async fn an_unsubscribed_channel_is_not_replayed() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut alice = t.raw("alice").await;
+    let init = alice.initialize("left-chat").await;
+    let s0 = init["result"]["serverSeq"].clone();
+    let s = alice
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
+    assert_eq!(s["result"]["snapshot"]["resource"], chat, "{s}");
+    let upstream = t.upstream_id("alice", "left-chat");
+    alice
+        .send_json(&json!({"jsonrpc": "2.0", "method": "unsubscribe", "params": {"channel": chat}}))
+        .await;
+    wait_until("the host is told", || {
+        t.hosts[0]
+            .received_from(&upstream)
+            .iter()
+            .any(|f| f.method.as_deref() == Some("unsubscribe"))
+    })
+    .await;
+    let mut bob = t.raw("bob").await;
+    bob.initialize("runner").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    bob.dispatch(chat, 1, turn_started("t-missed", "hello"))
+        .await;
+    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    alice.close_cleanly().await;
+    let mut back = t.raw("alice").await;
+    let r = raw_reconnect(
+        &mut back,
+        1,
+        json!({"clientId": "left-chat", "lastSeenServerSeq": s0, "subscriptions": [chat]}),
+    )
+    .await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    assert!(
+        snapshot_of(&r["result"], chat)
+            .to_string()
+            .contains("t-missed"),
+        "the snapshot holds the turn run meanwhile: {r}"
+    );
+}

@@ -19,6 +19,7 @@ use crate::names::namer::{Noting, ToClient};
 use crate::names::qualify::{ChannelKind, channel_kind};
 use crate::names::seen::ShownIn;
 use crate::names::translate::{self, state_shape};
+use crate::route::router;
 use crate::rpc::{Close, RpcError};
 use crate::upstream::hub::HostHub;
 use crate::upstream::link::Room;
@@ -534,6 +535,26 @@ impl ClientSession {
             self.end_channel_hold(core, a.host, host_channel, ticket);
             return;
         }
+        // Decided again as the answer arrives (§7.6): a policy reloaded, a
+        // token renewed or a chat moved while the host answered may have
+        // hidden the channel, and nothing of it may reach the client then —
+        // the same error as a subscribe of a channel it never saw.
+        if let Err(err) = router::host_for(&self.env, self.who().caller(), &client_channel) {
+            self.respond_error_to(core, &a.to, &err);
+            self.unfollow(core, a.host, host_channel);
+            core.channels.subs.remove(&client_channel);
+            core.channels.baselined.remove(&client_channel);
+            return;
+        }
+        // An `unsubscribe` sent while the host answered removed the hold:
+        // the request still gets its snapshot, but the session neither
+        // follows nor baselines the channel — a later `reconnect` listing
+        // it gets a snapshot, not a replay without what it missed.
+        let followed = core
+            .channels
+            .chans
+            .get(&a.host.id)
+            .is_some_and(|m| m.contains_key(host_channel));
         let snapshot = a.body.pointer("/result/snapshot");
         let (snapshot, from) = self.client_snapshot(a.host, snapshot, &client_channel, core.last());
         set_held_from(core, &a.host.id, host_channel, from);
@@ -542,9 +563,24 @@ impl ClientSession {
             None => "{}".to_string(),
         };
         self.respond_to(core, &a.to, &result);
-        core.channels.baselined.insert(client_channel.clone());
-        core.channels.subs.insert(client_channel);
-        self.release(core, a.host, host_channel);
+        if followed {
+            core.channels.baselined.insert(client_channel.clone());
+            core.channels.subs.insert(client_channel);
+            self.release(core, a.host, host_channel);
+        }
+    }
+
+    /// Stops following `host_channel` whatever holds it (a channel the
+    /// principal can no longer see): its state is removed and the host told.
+    pub(super) fn unfollow(&self, core: &mut SessionCore, host: &Arc<HostHub>, host_channel: &str) {
+        if let Some(m) = core.channels.chans.get_mut(&host.id) {
+            m.remove(host_channel);
+        }
+        if let Some(link) = core.links.open.get(&host.id) {
+            let params = serde_json::json!({ "channel": host_channel });
+            let frame = crate::rpc::notification_frame("unsubscribe", &params);
+            link.send(crate::upstream::link::LinkCmd::Frame(frame));
+        }
     }
 
     /// An `initialSubscriptions` snapshot goes to the waiting `initialize`,

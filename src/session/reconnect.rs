@@ -273,6 +273,12 @@ fn adopt(
     let mut release = Vec::new();
     for (hub, channels, init) in adopted {
         for (client, host_uri) in channels {
+            // Decided again now (§7.6): a channel hidden while the links
+            // re-baselined is left out, as one never seen.
+            if host_for(&session.env, session.who().caller(), &client).is_err() {
+                session.unfollow(core, &hub, &host_uri);
+                continue;
+            }
             let snap = init.as_ref().and_then(|r| snapshot_of(r, &host_uri));
             let (client_snap, host_from) = session.client_snapshot(&hub, snap, &client, from);
             let Some(s) = client_snap else {

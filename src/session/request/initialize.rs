@@ -73,6 +73,7 @@ pub(super) async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Resu
         // nothing is baselined on state this one never received.
         return Ok(());
     }
+    let hidden = drop_hidden(&session, &mut core, &mut taken);
     let from = core.last();
     let mut snapshots = Vec::new();
     if wanted.iter().any(|c| c == ahp_types::ROOT_RESOURCE_URI) {
@@ -88,7 +89,7 @@ pub(super) async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Resu
     let dropped = fit_initial(&session, &mut core, &mut result, &mut taken);
     session.respond(&mut core, id, &result.to_string());
     drop(core);
-    for (hub, host_uri) in dropped {
+    for (hub, host_uri) in dropped.into_iter().chain(hidden) {
         unsubscribe_upstream(&session, &hub, &host_uri);
     }
     let mut core = session.lock();
@@ -133,6 +134,29 @@ async fn initial_snapshots(
         }
     }
     taken
+}
+
+/// Leaves out of `taken` the channels the principal can no longer see (a
+/// policy reloaded or a chat moved while their snapshots were awaited,
+/// §7.6): like a channel it never saw, each is skipped without a note, its
+/// hold removed. Returns them, for the hosts to be told to unsubscribe.
+fn drop_hidden(
+    session: &ClientSession,
+    core: &mut crate::session::SessionCore,
+    taken: &mut Vec<InitialSnapshot>,
+) -> Vec<(Arc<HostHub>, String)> {
+    let mut hidden = Vec::new();
+    taken.retain(|t| {
+        let seen = router::host_for(&session.env, session.who().caller(), &t.client_uri).is_ok();
+        if !seen {
+            if let Some(m) = core.channels.chans.get_mut(&t.hub.id) {
+                m.remove(&t.host_uri);
+            }
+            hidden.push((t.hub.clone(), t.host_uri.clone()));
+        }
+        seen
+    });
+    hidden
 }
 
 /// A channel of `initialSubscriptions` whose host answered with a snapshot.

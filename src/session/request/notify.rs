@@ -78,7 +78,13 @@ pub(super) fn unsubscribe(session: &Arc<ClientSession>, params: Value) {
     else {
         return;
     };
-    session.lock().channels.subs.remove(&channel);
+    {
+        // Not followed from here on, so not continuous either: a later
+        // `reconnect` listing the channel gets a snapshot (§5.5).
+        let mut core = session.lock();
+        core.channels.subs.remove(&channel);
+        core.channels.baselined.remove(&channel);
+    }
     if channel == ahp_types::ROOT_RESOURCE_URI {
         return;
     }
