@@ -95,7 +95,7 @@ pub struct Metrics {
     /// Requests, frames and connections stopped by a §3.6 limit or a §4.2
     /// create check, by limit (`subscriptions`, `pending`, `rate`, `idle`,
     /// `request_timeout`, `quota`, `host_object`, `link_queue`,
-    /// `client_frame`).
+    /// `client_frame`, `hold`).
     pub limit_hits: IntCounterVec,
     /// 1, labelled with this replica's name and the store backend
     /// (`ahp_relay_info{replica, store}`; set once by the relay).

@@ -893,3 +893,129 @@ async fn a_subscribe_answered_after_its_unsubscribe_leaves_no_baseline() {
         "{r}"
     );
 }
+
+/// A relay whose replay buffers hold 64 KiB, in front of one host whose
+/// turns stream 200 deltas of 512 bytes (more than a buffer holds).
+async fn small_buffers() -> TestRelay {
+    let t = TestRelay::start_tweaked(vec![host("a", 1, script(200, 512, 0))], "", "", |cfg| {
+        cfg.limits.replay_buffer_bytes = 64 * 1024;
+    })
+    .await;
+    t.wait_hosts_up().await;
+    t
+}
+
+/// A hold is bounded by the replay buffer: when a host streams a followed
+/// channel while it never answers a second subscribe of it, the subscribe
+/// fails with -32603 `holdLimit` once the hold passes the bound, and the
+/// channel goes on live — the whole turn reaches the client in order, the
+/// envelopes held so far first. Before, the hold kept every envelope until
+/// the subscribe timed out, without bound.
+#[tokio::test]
+async fn a_hold_past_the_replay_bound_fails_its_subscribe_and_keeps_the_channel() {
+    let t = small_buffers().await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut alice = t.raw("alice").await;
+    alice.initialize("flooded").await;
+    let s = alice
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
+    assert_eq!(s["result"]["snapshot"]["resource"], chat, "{s}");
+    let upstream = t.upstream_id("alice", "flooded");
+    t.hosts[0].silent_instead_of_answering(&upstream, "subscribe");
+    let before = t.requests_handled("subscribe");
+    alice
+        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the second subscribe is read", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    let mut bob = t.raw("bob").await;
+    bob.initialize("flooder").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    bob.dispatch(chat, 1, turn_started("t-flood", "hello"))
+        .await;
+    let mut frames = Vec::new();
+    let answer = loop {
+        let v = alice.recv_json().await.expect("socket open");
+        if v["id"] == 2 {
+            break v;
+        }
+        frames.push(v);
+    };
+    assert_eq!(answer["error"]["data"]["reason"], "holdLimit", "{answer}");
+    assert!(
+        frames.iter().all(|f| f["method"] != "action"),
+        "the held envelopes follow the answer: {frames:?}"
+    );
+    let envs = raw_actions_until(&mut alice, |e| is(e, chat, "chat/turnComplete")).await;
+    assert!(
+        envs.iter().any(|e| is(e, chat, "chat/turnStarted")),
+        "the whole turn reaches alice: {} envelopes",
+        envs.len()
+    );
+    assert_eq!(
+        envs.iter().filter(|e| is(e, chat, "chat/delta")).count(),
+        200,
+        "every delta of the turn, none twice"
+    );
+    assert_strictly_increasing(&envs);
+    let (_, page) = common::relay::admin_get(&t, "/metrics").await;
+    assert_eq!(
+        common::relay::metric(&page, r#"ahp_relay_limit_hits_total{limit="hold"}"#),
+        Some(1.0),
+        "counted"
+    );
+}
+
+/// A first subscribe whose hold passes the replay bound (the host streams
+/// the channel but never answers) fails with `holdLimit`, nothing of the
+/// channel reaches the client, and the host is told to unsubscribe it.
+#[tokio::test]
+async fn a_first_subscribe_whose_hold_passes_the_bound_leaves_nothing_followed() {
+    let t = small_buffers().await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut alice = t.raw("alice").await;
+    alice.initialize("flooded-first").await;
+    alice
+        .request(1, "fetchTurns", json!({"channel": chat}))
+        .await;
+    let upstream = t.upstream_id("alice", "flooded-first");
+    t.hosts[0].silent_instead_of_answering(&upstream, "subscribe");
+    let before = t.requests_handled("subscribe");
+    alice
+        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the subscribe is read", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    let mut bob = t.raw("bob").await;
+    bob.initialize("flooder-2").await;
+    bob.request(1, "subscribe", json!({"channel": chat})).await;
+    bob.dispatch(chat, 1, turn_started("t-flood-2", "hello"))
+        .await;
+    let mut frames = Vec::new();
+    let answer = loop {
+        let v = alice.recv_json().await.expect("socket open");
+        if v["id"] == 2 {
+            break v;
+        }
+        frames.push(v);
+    };
+    assert_eq!(answer["error"]["data"]["reason"], "holdLimit", "{answer}");
+    wait_until("the host is told the channel is not followed", || {
+        t.hosts[0]
+            .received_from(&upstream)
+            .iter()
+            .any(|f| f.method.as_deref() == Some("unsubscribe") && f.text.contains("a-1-main"))
+    })
+    .await;
+    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    let after = frames_before_ping(&mut alice, 9).await;
+    assert!(
+        frames.iter().chain(&after).all(|f| f["method"] != "action"),
+        "nothing of the channel reaches alice: {frames:?} {after:?}"
+    );
+}

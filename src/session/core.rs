@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::authenticate;
 use super::buffer::ReplayBuffer;
 use super::chunk::Chunk;
-use super::{Chan, Pending, Socket};
+use super::{Chan, Held, Pending, Socket};
 use crate::config::Limits;
 use crate::upstream::link::Link;
 
@@ -189,9 +189,9 @@ impl Channels {
         let ticket = self.next_ticket();
         let m = self.chans.entry(host.clone()).or_default();
         let (held, prior) = match m.remove(host_uri) {
-            Some(Chan::Live { floor, .. }) => (Vec::new(), Some(floor)),
+            Some(Chan::Live { floor, .. }) => (Held::default(), Some(floor)),
             Some(Chan::Holding { held, prior, .. }) => (held, prior),
-            None => (Vec::new(), None),
+            None => (Held::default(), None),
         };
         let hold = Chan::Holding {
             client,
@@ -213,7 +213,7 @@ impl Channels {
                 last += 1;
                 *chan = Chan::Holding {
                     client: client.clone(),
-                    held: Vec::new(),
+                    held: Held::default(),
                     from: None,
                     ticket: last,
                     prior: Some(*floor),

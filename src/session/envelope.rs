@@ -282,8 +282,15 @@ impl ClientSession {
             let chans = core.channels.chans.get_mut(&host.id);
             match chans.and_then(|m| m.get_mut(channel)) {
                 None => return,
-                Some(Chan::Holding { held, .. }) => {
-                    held.push((seq.value, text.to_string()));
+                Some(Chan::Holding { held, ticket, .. }) => {
+                    let ticket = *ticket;
+                    if held.push(seq.value, text) > self.env.cfg.limits.replay_buffer_bytes {
+                        // What was numbered before goes first.
+                        run.commit(self, core);
+                        self.end_batch(core);
+                        self.hold_overflowed(core, host, channel, ticket);
+                        self.begin_batch(core);
+                    }
                     return;
                 }
                 Some(Chan::Live {
@@ -396,6 +403,66 @@ impl ClientSession {
         }
     }
 
+    /// Hold `ticket` of `host_channel` grew past the replay buffer's bound
+    /// before its snapshot came (a host streaming the channel while it does
+    /// not answer): the request that began it fails now — a `subscribe` with
+    /// -32603 `holdLimit` (retryable), an initial subscription is left out of
+    /// `initialize` — and the hold ends as a failed subscribe's does: a
+    /// channel the client followed goes on live with what was held, any other
+    /// is dropped and the host told to unsubscribe. A `reconnect`'s cut holds
+    /// end by its settle deadline instead (`upstream_settle_secs`).
+    fn hold_overflowed(
+        &self,
+        core: &mut SessionCore,
+        host: &Arc<HostHub>,
+        host_channel: &str,
+        ticket: u64,
+    ) {
+        let owner = core
+            .links
+            .pending
+            .iter()
+            .find_map(|(key, p)| match &p.kind {
+                PendingKind::Subscribe { ticket: t, .. }
+                | PendingKind::Initial { ticket: t, .. }
+                    if *t == ticket =>
+                {
+                    Some(*key)
+                }
+                _ => None,
+            });
+        let Some(p) = owner.and_then(|key| core.links.pending.remove(&key)) else {
+            return;
+        };
+        self.limit_hit("hold");
+        p.end("hold", None);
+        let limit = self.env.cfg.limits.replay_buffer_bytes;
+        match p.kind {
+            PendingKind::Subscribe { .. } => {
+                let err = RpcError::limited(
+                    "holdLimit",
+                    format!(
+                        "host {} sent more than {limit} bytes on the channel before its snapshot",
+                        host.id
+                    ),
+                    true,
+                );
+                self.respond_error_to(core, &p.reply, &err);
+            }
+            PendingKind::Initial { reply, .. } => {
+                let _ = reply.send(None);
+            }
+            _ => {}
+        }
+        if self.end_channel_hold(core, host, host_channel, ticket) == HoldEnd::Forgotten
+            && let Some(link) = core.links.open.get(&host.id)
+        {
+            let params = serde_json::json!({ "channel": host_channel });
+            let frame = crate::rpc::notification_frame("unsubscribe", &params);
+            link.send(crate::upstream::link::LinkCmd::Frame(frame));
+        }
+    }
+
     /// Ends the holding of `host_channel`: envelopes the snapshot already
     /// contains (host seq ≤ its `fromSeq`) are dropped, later ones numbered
     /// after the response just written (contract §5.2).
@@ -411,7 +478,7 @@ impl ClientSession {
         };
         let from = from.unwrap_or(0);
         chans.insert(host_channel.to_string(), Chan::live(client.clone(), from));
-        for (_, text) in held.into_iter().filter(|(s, _)| *s > from) {
+        for (_, text) in held.into_frames().into_iter().filter(|(s, _)| *s > from) {
             if let Ok(frame) = wire::classify_host(&text, &self.env.upstream_limits) {
                 let mut run = Run::new(1, text.len() + ARENA_SLACK);
                 self.deliver(core, host, (&text, &frame), (&client, None), &mut run);

@@ -174,6 +174,29 @@ pub enum PendingKind {
     },
 }
 
+/// The host frames a hold keeps until its snapshot (with their host
+/// `serverSeq`), and their bytes: a hold is bounded by the session's replay
+/// buffer (`ClientSession::hold_overflowed`).
+#[derive(Debug, Default)]
+pub struct Held {
+    frames: Vec<(u64, String)>,
+    bytes: usize,
+}
+
+impl Held {
+    /// Keeps `text`, numbered `seq` by its host; returns the bytes now held.
+    pub fn push(&mut self, seq: u64, text: &str) -> usize {
+        self.bytes += text.len();
+        self.frames.push((seq, text.to_string()));
+        self.bytes
+    }
+
+    /// The held frames, in the order they arrived.
+    pub fn into_frames(self) -> Vec<(u64, String)> {
+        self.frames
+    }
+}
+
 /// The state of one host channel the session follows.
 #[derive(Debug)]
 pub enum Chan {
@@ -183,7 +206,7 @@ pub enum Chan {
         /// Client form of the channel.
         client: Arc<str>,
         /// Held host frames.
-        held: Vec<(u64, String)>,
+        held: Held,
         /// The snapshot's host `fromSeq`, once the answer arrived.
         from: Option<u64>,
         /// Which hold this is (`core::Channels::hold`): a request that began a

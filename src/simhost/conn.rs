@@ -303,7 +303,7 @@ fn on_request(shared: &Arc<Shared>, conn: ConnId, id: &Value, method: &str, para
     }
     let mut core = shared.lock();
     let outcome = commands::handle_request(shared, &mut core, conn, method, params);
-    if core.take_drop_before_answer(conn, method) {
+    if core.take_drop_before_answer(conn, method) || core.take_silent_before_answer(conn, method) {
         return;
     }
     let outcome = if core.take_fail_before_answer(conn, method) {

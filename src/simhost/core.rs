@@ -144,6 +144,9 @@ pub struct HostCore {
     /// Fault: the next request of this (`clientId`, method) is carried out
     /// but answered with an error (`SimHost::fail_instead_of_answering`).
     pub fail_before_answer: Option<(String, String)>,
+    /// Fault: the next request of this (`clientId`, method) is carried out
+    /// and never answered (`SimHost::silent_instead_of_answering`).
+    pub silent_before_answer: Option<(String, String)>,
     next_id: u64,
 }
 
@@ -174,6 +177,7 @@ impl HostCore {
             held_root: None,
             drop_before_answer: None,
             fail_before_answer: None,
+            silent_before_answer: None,
             next_id: 0,
         }
     }
@@ -272,6 +276,17 @@ impl HostCore {
         let armed = self.armed_for(&self.fail_before_answer, conn, method);
         if armed {
             self.fail_before_answer = None;
+        }
+        armed
+    }
+
+    /// Whether `conn`'s `method` request is the one armed by
+    /// [`HostCore::silent_before_answer`]: then the fault is used up (the
+    /// caller sends no answer; the connection stays).
+    pub fn take_silent_before_answer(&mut self, conn: ConnId, method: &str) -> bool {
+        let armed = self.armed_for(&self.silent_before_answer, conn, method);
+        if armed {
+            self.silent_before_answer = None;
         }
         armed
     }

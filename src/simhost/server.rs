@@ -208,6 +208,13 @@ impl SimHost {
         self.shared.lock().fail_before_answer = Some((client_id.to_string(), method.to_string()));
     }
 
+    /// Fault: the next `method` request of `client_id` is carried out (a
+    /// `subscribe` subscribes) and never answered; the connection goes on
+    /// (a host that streams a channel but does not answer its subscribe).
+    pub fn silent_instead_of_answering(&self, client_id: &str, method: &str) {
+        self.shared.lock().silent_before_answer = Some((client_id.to_string(), method.to_string()));
+    }
+
     /// Fault: while stalled, connections neither read nor write (outbound
     /// frames queue up); un-stalling delivers them in order.
     pub fn set_stalled(&self, stalled: bool) {
