@@ -871,12 +871,7 @@ async fn a_subscribe_answered_after_its_unsubscribe_leaves_no_baseline() {
         answer["result"]["snapshot"]["resource"], chat,
         "the request is answered: {answer}"
     );
-    let mut bob = t.raw("bob").await;
-    bob.initialize("runner-2").await;
-    bob.request(1, "subscribe", json!({"channel": chat})).await;
-    bob.dispatch(chat, 1, turn_started("t-unfollowed", "hello"))
-        .await;
-    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    t.run_turn(("bob", "runner-2"), chat, "t-unfollowed").await;
     alice.close_cleanly().await;
     let mut back = t.raw("alice").await;
     let r = raw_reconnect(
@@ -905,6 +900,40 @@ async fn small_buffers() -> TestRelay {
     t
 }
 
+/// Alice's frames up to the answer to request `id`, and that answer.
+async fn frames_then_answer(ws: &mut RawWs, id: u64) -> (Vec<Value>, Value) {
+    let mut frames = Vec::new();
+    loop {
+        let v = ws.recv_json().await.expect("socket open");
+        if v["id"] == id {
+            return (frames, v);
+        }
+        frames.push(v);
+    }
+}
+
+/// Sends alice's subscribe 2 of `chat`, which the host carries out and never
+/// answers, while bob runs turn `turn_id` on the channel; returns alice's
+/// frames before the answer to 2, and the answer.
+async fn subscribe_while_flooded(
+    t: &TestRelay,
+    alice: &mut RawWs,
+    (upstream, chat): (&str, &str),
+    (bob, turn_id): (&str, &str),
+) -> (Vec<Value>, Value) {
+    t.hosts[0].silent_instead_of_answering(upstream, "subscribe");
+    let before = t.requests_handled("subscribe");
+    alice
+        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
+        .await;
+    wait_until("the subscribe is read", || {
+        t.requests_handled("subscribe") == before + 1
+    })
+    .await;
+    t.run_turn(("bob", bob), chat, turn_id).await;
+    frames_then_answer(alice, 2).await
+}
+
 /// A hold is bounded by the replay buffer: when a host streams a followed
 /// channel while it never answers a second subscribe of it, the subscribe
 /// fails with -32603 `holdLimit` once the hold passes the bound, and the
@@ -922,28 +951,8 @@ async fn a_hold_past_the_replay_bound_fails_its_subscribe_and_keeps_the_channel(
         .await;
     assert_eq!(s["result"]["snapshot"]["resource"], chat, "{s}");
     let upstream = t.upstream_id("alice", "flooded");
-    t.hosts[0].silent_instead_of_answering(&upstream, "subscribe");
-    let before = t.requests_handled("subscribe");
-    alice
-        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
-        .await;
-    wait_until("the second subscribe is read", || {
-        t.requests_handled("subscribe") == before + 1
-    })
-    .await;
-    let mut bob = t.raw("bob").await;
-    bob.initialize("flooder").await;
-    bob.request(1, "subscribe", json!({"channel": chat})).await;
-    bob.dispatch(chat, 1, turn_started("t-flood", "hello"))
-        .await;
-    let mut frames = Vec::new();
-    let answer = loop {
-        let v = alice.recv_json().await.expect("socket open");
-        if v["id"] == 2 {
-            break v;
-        }
-        frames.push(v);
-    };
+    let (frames, answer) =
+        subscribe_while_flooded(&t, &mut alice, (&upstream, chat), ("flooder", "t-flood")).await;
     assert_eq!(answer["error"]["data"]["reason"], "holdLimit", "{answer}");
     assert!(
         frames.iter().all(|f| f["method"] != "action"),
@@ -982,28 +991,8 @@ async fn a_first_subscribe_whose_hold_passes_the_bound_leaves_nothing_followed()
         .request(1, "fetchTurns", json!({"channel": chat}))
         .await;
     let upstream = t.upstream_id("alice", "flooded-first");
-    t.hosts[0].silent_instead_of_answering(&upstream, "subscribe");
-    let before = t.requests_handled("subscribe");
-    alice
-        .send_json(&request_frame(2, "subscribe", json!({"channel": chat})))
-        .await;
-    wait_until("the subscribe is read", || {
-        t.requests_handled("subscribe") == before + 1
-    })
-    .await;
-    let mut bob = t.raw("bob").await;
-    bob.initialize("flooder-2").await;
-    bob.request(1, "subscribe", json!({"channel": chat})).await;
-    bob.dispatch(chat, 1, turn_started("t-flood-2", "hello"))
-        .await;
-    let mut frames = Vec::new();
-    let answer = loop {
-        let v = alice.recv_json().await.expect("socket open");
-        if v["id"] == 2 {
-            break v;
-        }
-        frames.push(v);
-    };
+    let flood = ("flooder-2", "t-flood-2");
+    let (frames, answer) = subscribe_while_flooded(&t, &mut alice, (&upstream, chat), flood).await;
     assert_eq!(answer["error"]["data"]["reason"], "holdLimit", "{answer}");
     wait_until("the host is told the channel is not followed", || {
         t.hosts[0]
@@ -1012,7 +1001,6 @@ async fn a_first_subscribe_whose_hold_passes_the_bound_leaves_nothing_followed()
             .any(|f| f.method.as_deref() == Some("unsubscribe") && f.text.contains("a-1-main"))
     })
     .await;
-    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
     let after = frames_before_ping(&mut alice, 9).await;
     assert!(
         frames.iter().chain(&after).all(|f| f["method"] != "action"),

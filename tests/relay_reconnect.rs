@@ -1247,12 +1247,7 @@ async fn an_unsubscribed_channel_is_not_replayed() {
             .any(|f| f.method.as_deref() == Some("unsubscribe"))
     })
     .await;
-    let mut bob = t.raw("bob").await;
-    bob.initialize("runner").await;
-    bob.request(1, "subscribe", json!({"channel": chat})).await;
-    bob.dispatch(chat, 1, turn_started("t-missed", "hello"))
-        .await;
-    raw_actions_until(&mut bob, |e| is(e, chat, "chat/turnComplete")).await;
+    t.run_turn(("bob", "runner"), chat, "t-missed").await;
     alice.close_cleanly().await;
     let mut back = t.raw("alice").await;
     let r = raw_reconnect(

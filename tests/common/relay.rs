@@ -367,6 +367,25 @@ impl TestRelay {
             .expect("raw websocket through the relay");
         super::RawWs::from_stream(ws)
     }
+
+    /// `sub`, as client `client_id`, subscribes `chat` and runs a whole turn
+    /// `turn_id` on it (until its `chat/turnComplete` echo); returns the
+    /// socket, still open.
+    pub async fn run_turn(
+        &self,
+        (sub, client_id): (&str, &str),
+        chat: &str,
+        turn_id: &str,
+    ) -> super::RawWs {
+        let mut ws = self.raw(sub).await;
+        ws.initialize(client_id).await;
+        ws.request(1, "subscribe", serde_json::json!({"channel": chat}))
+            .await;
+        ws.dispatch(chat, 1, super::turn_started(turn_id, "hello"))
+            .await;
+        super::raw_actions_until(&mut ws, |e| super::is(e, chat, "chat/turnComplete")).await;
+        ws
+    }
 }
 
 /// An upgrade to `url` with `headers` added, through `connector` (TLS) when given.
