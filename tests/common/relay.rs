@@ -73,6 +73,21 @@ fn scratch_root() -> &'static Path {
     })
 }
 
+/// Starts a simulated host on a reserved loopback port. A port can still be
+/// taken between its probe and this bind: a child process that a parallel
+/// test spawns at that moment holds a copy of the probe's socket until its
+/// `exec` closes it. Such a port is passed over for the next one.
+async fn start_on_reserved_port(cfg: SimHostConfig) -> SimHost {
+    for _ in 0..8 {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], super::reserved_port()));
+        match SimHost::start(cfg.clone(), addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            started => return started.expect("simhost starts"),
+        }
+    }
+    panic!("eight reserved ports in a row were taken when bound")
+}
+
 impl TestRelay {
     /// Starts `hosts` and a relay in front of them; `extra` is appended to
     /// the generated TOML config. Waits until every watch link is up.
@@ -118,8 +133,7 @@ impl TestRelay {
         // its address, which no `bind(…:0)` of a parallel test may take.
         let mut started = Vec::new();
         for cfg in hosts {
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], super::reserved_port()));
-            started.push(SimHost::start(cfg, addr).await.expect("simhost starts"));
+            started.push(start_on_reserved_port(cfg).await);
         }
         let kit = DevKit::create(&scratch_dir("relay")).expect("dev kit");
         let pairs: Vec<(String, String)> = started
