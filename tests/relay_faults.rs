@@ -1007,3 +1007,75 @@ async fn a_first_subscribe_whose_hold_passes_the_bound_leaves_nothing_followed()
         "nothing of the channel reaches alice: {frames:?} {after:?}"
     );
 }
+
+/// A `reconnect`'s cut hold is bounded too: while the cut waits for one
+/// host's re-baselining (host b stalled) and the other host streams a
+/// followed chat past the replay bound, the session's links stop reading
+/// until the answer is written — counted as a hold limit hit — and then go
+/// on from where they paused: the whole turn reaches the client after the
+/// answer, every delta once, in order. Before, the cut kept everything the
+/// host sent until the settle deadline, without bound.
+#[tokio::test]
+async fn a_reconnect_cut_past_the_replay_bound_pauses_its_links() {
+    let flooding = |name| host(name, 1, script(200, 512, 0));
+    let t = TestRelay::start_tweaked(vec![flooding("a"), flooding("b")], "", "", |cfg| {
+        cfg.limits.replay_buffer_bytes = 64 * 1024;
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let (chat_a, chat_b) = S8_CHATS;
+    let mut alice = t.raw("alice").await;
+    alice.initialize("cut-flooded").await;
+    for (id, chat) in [(1, chat_a), (2, chat_b)] {
+        let s = alice
+            .request(id, "subscribe", json!({"channel": chat}))
+            .await;
+        assert_eq!(s["result"]["snapshot"]["resource"], chat, "{s}");
+    }
+    let upstream = t.upstream_id("alice", "cut-flooded");
+    alice.close_cleanly().await;
+    t.hosts[1].stall_client(&upstream, true);
+    // An `initialize` is recorded before it names its client.
+    let inits = || {
+        let received = t.hosts[0].received();
+        let initialize = Some("initialize");
+        let of_alice = |f: &&ahp_relay::simhost::FrameRecord| f.text.contains(&upstream);
+        let inits = received
+            .iter()
+            .filter(|f| f.method.as_deref() == initialize);
+        inits.filter(of_alice).count()
+    };
+    let before = inits();
+    let mut back = t.raw("alice").await;
+    let params = reconnect_params("cut-flooded", 0, &[chat_a, chat_b]);
+    back.send_json(&request_frame(1, "reconnect", params)).await;
+    wait_until("host a re-baselines alice's link", || inits() > before).await;
+    t.run_turn(("bob", "cut-flooder"), chat_a, "t-cut").await;
+    let (frames, answer) = frames_then_answer(&mut back, 1).await;
+    assert!(frames.is_empty(), "the answer is the cut: {frames:?}");
+    assert_eq!(answer["result"]["type"], "snapshot", "{answer}");
+    let snapshot = snapshot_of(&answer["result"], chat_a).to_string();
+    assert!(
+        !snapshot.contains("t-cut"),
+        "taken before the turn: {snapshot}"
+    );
+    let envs = raw_actions_until(&mut back, |e| is(e, chat_a, "chat/turnComplete")).await;
+    assert!(
+        envs.iter().any(|e| is(e, chat_a, "chat/turnStarted")),
+        "the whole turn reaches alice: {} envelopes",
+        envs.len()
+    );
+    assert_eq!(
+        envs.iter().filter(|e| is(e, chat_a, "chat/delta")).count(),
+        200,
+        "every delta of the turn, none twice"
+    );
+    assert_strictly_increasing(&envs);
+    let (_, page) = common::relay::admin_get(&t, "/metrics").await;
+    assert_eq!(
+        common::relay::metric(&page, r#"ahp_relay_limit_hits_total{limit="hold"}"#),
+        Some(1.0),
+        "the pause is counted once"
+    );
+    t.hosts[1].stall_client(&upstream, false);
+}

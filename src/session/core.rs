@@ -274,6 +274,10 @@ pub(super) struct Links {
     /// A create's store write in flight and the frames read meanwhile
     /// (`session::hold`).
     pub(super) hold: super::hold::Hold,
+    /// A `reconnect`'s cut held more than `replay_buffer_bytes` of one
+    /// channel: the links read nothing more until its answer is written
+    /// (`ClientSession::end_cut`), so a cut's holds stay bounded.
+    pub(super) cut_full: super::hold::Pause,
 }
 
 impl Links {
@@ -344,6 +348,7 @@ impl SessionCore {
                 idle_since: HashMap::new(),
                 latency: Vec::new(),
                 hold: super::hold::Hold::default(),
+                cut_full: super::hold::Pause::default(),
             },
             attachment: Attachment {
                 last_socket: socket.id,

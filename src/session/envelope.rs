@@ -409,8 +409,11 @@ impl ClientSession {
     /// -32603 `holdLimit` (retryable), an initial subscription is left out of
     /// `initialize` — and the hold ends as a failed subscribe's does: a
     /// channel the client followed goes on live with what was held, any other
-    /// is dropped and the host told to unsubscribe. A `reconnect`'s cut holds
-    /// end by its settle deadline instead (`upstream_settle_secs`).
+    /// is dropped and the host told to unsubscribe. A `reconnect`'s cut hold
+    /// has no request of its own to fail: the session's links stop reading
+    /// until the cut's answer is written (at most `upstream_settle_secs`
+    /// later), then go on from where they paused — nothing is lost, and the
+    /// hold keeps at most the bound and one batch.
     fn hold_overflowed(
         &self,
         core: &mut SessionCore,
@@ -432,6 +435,9 @@ impl ClientSession {
                 _ => None,
             });
         let Some(p) = owner.and_then(|key| core.links.pending.remove(&key)) else {
+            if core.seq.cut_pending && core.links.cut_full.set(true) {
+                self.limit_hit("hold");
+            }
             return;
         };
         self.limit_hit("hold");

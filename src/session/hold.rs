@@ -29,36 +29,50 @@ use crate::upstream::link::{LinkCmd, Room};
 /// Frames kept while the session holds, with the link that read them.
 type Kept = Vec<(Arc<HostHub>, u64, String)>;
 
-/// The session's hold, under its lock ([`super::core::Links::hold`]).
+/// One reason for a session's links to stop reading (§5.9): while it is
+/// set, a link asking for room gets one that resolves once it is cleared,
+/// and reads nothing meanwhile (its host feels TCP backpressure).
 #[derive(Debug)]
-pub(super) struct Hold {
-    /// Whether the links must wait (from the hold's start until its kept
-    /// frames have been handled).
-    paused: watch::Sender<bool>,
-    /// Frames read while holding, in the order read.
-    kept: Kept,
+pub(super) struct Pause(watch::Sender<bool>);
+
+impl Default for Pause {
+    fn default() -> Self {
+        Self(watch::Sender::new(false))
+    }
 }
 
-impl Default for Hold {
-    fn default() -> Self {
-        Self {
-            paused: watch::Sender::new(false),
-            kept: Vec::new(),
-        }
+impl Pause {
+    /// Sets or clears the pause; `true` when that changed it.
+    pub(super) fn set(&self, on: bool) -> bool {
+        self.0.send_replace(on) != on
     }
+
+    /// While set: a room that resolves when it is cleared.
+    pub(super) fn room(&self) -> Option<Room> {
+        if !*self.0.borrow() {
+            return None;
+        }
+        let mut paused = self.0.subscribe();
+        Some(Room::Wait(Box::pin(async move {
+            let _ = paused.wait_for(|p| !*p).await;
+        })))
+    }
+}
+
+/// The session's hold, under its lock ([`super::core::Links::hold`]).
+#[derive(Debug, Default)]
+pub(super) struct Hold {
+    /// Set from the hold's start until its kept frames have been handled.
+    paused: Pause,
+    /// Frames read while holding, in the order read.
+    kept: Kept,
 }
 
 impl Hold {
     /// While the links must wait: a room that resolves when they may read
     /// again.
     pub(super) fn room(&self) -> Option<Room> {
-        if !*self.paused.borrow() {
-            return None;
-        }
-        let mut paused = self.paused.subscribe();
-        Some(Room::Wait(Box::pin(async move {
-            let _ = paused.wait_for(|p| !*p).await;
-        })))
+        self.paused.room()
     }
 }
 
@@ -97,7 +111,7 @@ impl ClientSession {
         let Some(me) = self.registry().and_then(|r| r.session_of(&self.key)) else {
             return;
         };
-        core.links.hold.paused.send_replace(true);
+        core.links.hold.paused.set(true);
         self.holding.store(true, Ordering::Release);
         tokio::spawn(async move {
             let _ = write.await;
@@ -142,7 +156,7 @@ impl ClientSession {
         self.handle_kept(kept);
         let core = self.lock();
         if !self.holding.load(Ordering::Acquire) {
-            core.links.hold.paused.send_replace(false);
+            core.links.hold.paused.set(false);
         }
     }
 

@@ -45,7 +45,12 @@ impl ClientSession {
     }
     /// How much a link may read now (§5.9), under the session lock.
     pub(super) fn room_locked(&self, core: &super::SessionCore) -> Room {
-        if let Some(wait) = core.links.hold.room() {
+        if let Some(wait) = core
+            .links
+            .hold
+            .room()
+            .or_else(|| core.links.cut_full.room())
+        {
             return wait;
         }
         let Some(socket) = &core.attachment.socket else {

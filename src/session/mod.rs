@@ -669,9 +669,11 @@ impl ClientSession {
     }
 
     /// The reconnect answer is written: deferred rejection echoes are
-    /// numbered and sent now, after it.
+    /// numbered and sent now, after it, and links paused by a full cut
+    /// hold read again.
     pub fn end_cut(&self, core: &mut SessionCore) {
         core.seq.cut_pending = false;
+        core.links.cut_full.set(false);
         for (channel, action, client_seq, reason) in std::mem::take(&mut core.seq.deferred) {
             self.echo(core, &channel, &action, client_seq, reason.as_deref());
         }
