@@ -289,7 +289,8 @@ pub struct Limits {
     /// Bytes kept per client session for replay, counted as what each
     /// envelope costs in memory (its bytes + 1/8 + 72, `envelope_cost`).
     /// Also the most a channel's hold keeps while its snapshot is awaited
-    /// (host frame bytes); past it the subscribe fails with `holdLimit`.
+    /// (host frame bytes); past it the subscribe fails with `holdLimit`,
+    /// and a `reconnect`'s cut pauses the session's links until its answer.
     pub replay_buffer_bytes: usize,
     /// Seconds to wait for a host's answer to a forwarded request.
     pub upstream_request_secs: u64,

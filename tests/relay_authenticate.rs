@@ -457,3 +457,43 @@ async fn a_host_wide_expiry_reaches_every_admin_and_no_operator() {
         "{frames:?}"
     );
 }
+
+/// A reloaded policy: no rule for host `.0`, operator elsewhere.
+#[derive(Debug)]
+struct NothingOn(&'static str);
+
+impl Policy for NothingOn {
+    fn grant(&self, who: Subject<'_>, host: HostRef<'_>) -> Option<Grant> {
+        (host.id != self.0)
+            .then(|| ViewerOn("-").grant(who, host))
+            .flatten()
+    }
+}
+
+/// §4.6, §7.6: dave's token went to h1 and h2; a reload takes h1 from him
+/// altogether (no rule left there — a stronger change than being made a
+/// viewer): h1 gets the token revoked on his link before the relay closes
+/// that link, and h2 keeps it. Before, the link was closed first and the
+/// revocation had nowhere to go, so a host that keeps tokens beyond the
+/// connection (VS Code's host-wide store) kept acting with his credential.
+#[tokio::test]
+async fn a_reload_that_takes_the_host_away_revokes_the_token_there_first() {
+    let rules = rule("ops", &["dave"], &["h1", "h2"], "operator", "all", "");
+    let t = TestRelay::start(vec![protected("h1"), protected("h2")], &rules).await;
+    let mut ws = t.raw("dave").await;
+    ws.initialize("auth-gone").await;
+    open_links(&mut ws, &["h1", "h2"]).await;
+    assert_eq!(authenticate(&mut ws, 1, "tok-g").await["result"], json!({}));
+    let up = t.upstream_id("dave", "auth-gone");
+    t.relay.relay.set_policy(Arc::new(NothingOn("h1")));
+    wait_until("h1 receives the revocation", || {
+        tokens_at(&t, "h1", &up).iter().any(|p| p["token"] == "")
+    })
+    .await;
+    let at_h1 = tokens_at(&t, "h1", &up);
+    assert_eq!(at_h1.len(), 2, "the token, then its revocation: {at_h1:?}");
+    // He lost h1's session he followed: resynchronised (4000) after it.
+    assert_eq!(ws.close_code().await.map(|c| c.0), Some(4000));
+    let at_h2 = tokens_at(&t, "h2", &up);
+    assert_eq!(at_h2.len(), 1, "h2 keeps the token: {at_h2:?}");
+}

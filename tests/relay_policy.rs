@@ -469,3 +469,45 @@ async fn a_channel_hidden_while_a_reconnect_rebaselines_is_left_out() {
     })
     .await;
 }
+
+/// Whether host a lists `upstream` among `host_session`'s active clients.
+fn active_at_host(t: &TestRelay, host_session: &str, upstream: &str) -> bool {
+    let state = t.hosts[0].channel_state(host_session).expect("the session");
+    let clients = state["activeClients"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    clients.iter().any(|c| c["clientId"] == upstream)
+}
+
+/// §7.6 (active clients): alice registered her client in a session's
+/// `activeClients` (its tools offered to the session's agent, her client
+/// answering the host's file requests) without subscribing to it; a policy
+/// swap hides the session: the host is told she no longer follows it, so it
+/// removes her client, and the agent of a session she can no longer see
+/// cannot call her tools or read her files. Before, the registration
+/// outlived her view of the session (her link stayed open for it).
+#[tokio::test]
+async fn a_policy_swap_that_hides_a_session_ends_the_clients_registration_there() {
+    let t = TestRelay::start(vec![fast_config("a", 1)], "").await;
+    let (session, host_session) = ("ahp-session:/a~a-1", "ahp-session:/a-1");
+    let mut ws = t.raw("alice").await;
+    ws.initialize("registered").await;
+    let set = json!({"type": "session/activeClientSet",
+        "activeClient": {"clientId": "registered", "tools": [{"name": "read_tab"}]}});
+    ws.dispatch(session, 1, set).await;
+    let upstream = t.upstream_id("alice", "registered");
+    wait_until("the host lists alice's client", || {
+        active_at_host(&t, host_session, &upstream)
+    })
+    .await;
+    t.relay.relay.set_policy(Arc::new(HideExternal));
+    wait_until("the host no longer lists alice's client", || {
+        !active_at_host(&t, host_session, &upstream)
+    })
+    .await;
+    assert!(
+        unsubscribed(&t, &upstream, host_session),
+        "ended by unsubscribing the session channel"
+    );
+}

@@ -614,7 +614,7 @@ impl ClientSession {
         // the same error as a subscribe of a channel it never saw.
         if let Err(err) = router::host_for(&self.env, self.who().caller(), &client_channel) {
             self.respond_error_to(core, &a.to, &err);
-            self.unfollow(core, a.host, host_channel);
+            self.unfollow(core, &a.host.id, host_channel);
             core.channels.subs.remove(&client_channel);
             core.channels.baselined.remove(&client_channel);
             return;
@@ -645,11 +645,11 @@ impl ClientSession {
 
     /// Stops following `host_channel` whatever holds it (a channel the
     /// principal can no longer see): its state is removed and the host told.
-    pub(super) fn unfollow(&self, core: &mut SessionCore, host: &Arc<HostHub>, host_channel: &str) {
-        if let Some(m) = core.channels.chans.get_mut(&host.id) {
+    pub(super) fn unfollow(&self, core: &mut SessionCore, host: &str, host_channel: &str) {
+        if let Some(m) = core.channels.chans.get_mut(host) {
             m.remove(host_channel);
         }
-        if let Some(link) = core.links.open.get(&host.id) {
+        if let Some(link) = core.links.open.get(host) {
             let params = serde_json::json!({ "channel": host_channel });
             let frame = crate::rpc::notification_frame("unsubscribe", &params);
             link.send(crate::upstream::link::LinkCmd::Frame(frame));

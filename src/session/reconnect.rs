@@ -276,7 +276,7 @@ fn adopt(
             // Decided again now (§7.6): a channel hidden while the links
             // re-baselined is left out, as one never seen.
             if host_for(&session.env, session.who().caller(), &client).is_err() {
-                session.unfollow(core, &hub, &host_uri);
+                session.unfollow(core, &hub.id, &host_uri);
                 continue;
             }
             let snap = init.as_ref().and_then(|r| snapshot_of(r, &host_uri));

@@ -5,20 +5,66 @@
 
 use std::sync::Arc;
 
+use crate::policy::Permission;
 use crate::route::router;
-use crate::session::ClientSession;
+use crate::session::{ClientSession, SessionCore};
 
 impl ClientSession {
-    /// After a policy change: forgets subscribed channels the principal can
-    /// no longer see (they lose their baseline, so `reconnect` cannot replay
-    /// them), closes links to hosts it can no longer see, forgets the host
-    /// objects it was shown only where it can no longer read
-    /// ([`Self::forget_unreadable_refs`]) and revokes `authenticate` tokens
-    /// on links to hosts it no longer operates
-    /// ([`Self::revoke_tokens_gone`]). Returns whether any subscribed
-    /// channel was lost.
+    /// After a change of rights: forgets subscribed channels the principal
+    /// can no longer see (they lose their baseline, so `reconnect` cannot
+    /// replay them) and tells their hosts it no longer follows them, ends
+    /// its `session/activeClientSet` registrations in sessions it may no
+    /// longer see or operate, revokes `authenticate` tokens where it no
+    /// longer operates ([`Self::revoke_tokens_gone`]), closes links to hosts
+    /// it can no longer see (failing what is in flight on them), and then
+    /// forgets the host objects it was shown only where it can no longer
+    /// read ([`Self::forget_unreadable_refs`]). Returns whether any
+    /// subscribed channel was lost.
+    ///
+    /// A host drops a client from a session's `activeClients` when the
+    /// client unsubscribes from the session channel (AHP
+    /// `SessionActiveClientRemovedAction`): that `unsubscribe` is how the
+    /// registration ends, so the session's agent no longer calls the
+    /// client's tools or asks its client for files. Everything is sent to a
+    /// host before its link closes (a link writes its queue first).
     pub(crate) fn forget_invisible(&self) -> bool {
+        let lost = self.lost_subscriptions();
+        let gone = self.hosts_gone();
+        let mut core = self.lock();
+        let mut leave = Vec::new();
+        for c in &lost {
+            core.channels.baselined.remove(c);
+            core.channels.subs.remove(c);
+        }
+        for (host, chans) in core.channels.chans.iter() {
+            let hidden = chans
+                .iter()
+                .filter(|(_, chan)| lost.contains(&chan.client().to_string()));
+            leave.extend(hidden.map(|(host_uri, _)| (host.clone(), host_uri.clone())));
+        }
+        leave.extend(self.registrations_lost(&mut core));
+        for (host, host_uri) in &leave {
+            self.unfollow(&mut core, host, host_uri);
+        }
+        drop(core);
+        self.revoke_tokens_gone();
+        let mut core = self.lock();
+        for host in gone {
+            if let Some(link) = core.links.open.remove(&host) {
+                let err = crate::rpc::RpcError::upstream_lost(&host);
+                self.fail_link_requests_locked(&mut core, link.id, &err);
+            }
+            core.channels.chans.remove(&host);
+        }
+        drop(core);
+        // Last: a channel still followed above could note objects.
         self.forget_unreadable_refs();
+        !lost.is_empty()
+    }
+
+    /// Subscribed channels (client form, root aside) the principal can no
+    /// longer reach.
+    fn lost_subscriptions(&self) -> Vec<String> {
         let subs: Vec<String> = self
             .lock()
             .channels
@@ -27,37 +73,42 @@ impl ClientSession {
             .filter(|c| *c != ahp_types::ROOT_RESOURCE_URI)
             .cloned()
             .collect();
-        let lost: Vec<String> = subs
-            .into_iter()
+        subs.into_iter()
             .filter(|c| router::host_for(&self.env, self.who().caller(), c).is_err())
-            .collect();
+            .collect()
+    }
+
+    /// Hosts the principal no longer has any grant on.
+    fn hosts_gone(&self) -> Vec<Arc<str>> {
         let now = self.who();
         let who = now.subject();
-        let gone: Vec<Arc<str>> = self
-            .env
-            .hosts
-            .all()
-            .into_iter()
+        let hosts = self.env.hosts.all().into_iter();
+        hosts
             .filter(|h| self.env.access.grant_on(who, h).is_none())
             .map(|h| h.id.clone())
-            .collect();
-        let mut core = self.lock();
-        for c in &lost {
-            core.channels.baselined.remove(c);
-            core.channels.subs.remove(c);
-        }
-        for chans in core.channels.chans.values_mut() {
-            chans.retain(|_, chan| !lost.iter().any(|c| c == chan.client()));
-        }
-        for host in gone {
-            core.links.open.remove(&host);
-            core.channels.chans.remove(&host);
-        }
-        drop(core);
-        // After the links to invisible hosts are gone: they take their
-        // tokens with them, nothing to send there.
-        self.revoke_tokens_gone();
-        !lost.is_empty()
+            .collect()
+    }
+
+    /// Removes and returns the (host, host session) registrations the
+    /// principal may no longer hold: the session hidden from it, or no
+    /// longer operated (`session/activeClientSet` needs `sessions:operate`).
+    fn registrations_lost(&self, core: &mut SessionCore) -> Vec<(Arc<str>, String)> {
+        let now = self.who();
+        let who = now.subject();
+        let access = &self.env.access;
+        let keeps = |(host, session): &(Arc<str>, String)| {
+            let hub = self.env.hosts.get(host);
+            let grant = hub.as_ref().and_then(|hub| access.grant_on(who, hub));
+            hub.zip(grant).is_some_and(|(hub, g)| {
+                g.permits(Permission::SessionsOperate)
+                    && access.sees_channel(who, &g, &hub, session)
+            })
+        };
+        let (kept, lost) = std::mem::take(&mut core.links.registered)
+            .into_iter()
+            .partition(keeps);
+        core.links.registered = kept;
+        lost.into_iter().collect()
     }
 }
 
