@@ -90,3 +90,57 @@ async fn a_create_the_host_never_made_frees_its_name() {
     })
     .await;
 }
+
+/// §4.2, §7.6: while a create is unanswered its store entry is pending, and
+/// the session the host already lists is either the creator's new one or
+/// one the host had before: it is shown only to whom it would be shown as
+/// either. Eve, who sees sessions made outside the relay but only her own
+/// of the relay's, cannot subscribe to alice's session while alice's create
+/// waits for its answer. Before, the pending entry counted as no owner at
+/// all, and eve got the session's snapshot as an external one's.
+#[tokio::test]
+async fn a_session_whose_create_is_unanswered_is_not_shown_as_external() {
+    let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
+        + &rule(
+            "eve",
+            &["eve"],
+            &["*"],
+            "viewer",
+            "own",
+            "external_sessions = true",
+        );
+    let t = TestRelay::start(vec![fast_config("a", 1)], &rules).await;
+    let mut alice = t.raw("alice").await;
+    alice.initialize("unanswered").await;
+    let upstream = t.upstream_id("alice", "unanswered");
+    t.hosts[0].silent_instead_of_answering(&upstream, "createSession");
+    let uri = "ahp-session:/unanswered-1";
+    let create = json!({"channel": uri, "provider": "sim.a"});
+    alice
+        .send_json(&request_frame(1, "createSession", create))
+        .await;
+    let mut n = 10;
+    loop {
+        n += 1;
+        if listed(&mut alice, n).await.iter().any(|u| u == uri) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let store = t.relay.relay.store.clone();
+    let state = store.lookup(uri).ok().flatten().map(|e| e.state);
+    assert_eq!(state, Some(ahp_relay::names::store::UriState::Pending));
+    let mut eve = t.raw("eve").await;
+    eve.initialize("eve").await;
+    let r = eve.request(1, "subscribe", json!({"channel": uri})).await;
+    assert!(
+        r.get("result").is_none(),
+        "alice's session shown to eve: {r}"
+    );
+    let external = json!({"channel": "ahp-session:/a~a-1"});
+    let r = eve.request(2, "subscribe", external).await;
+    assert!(
+        r.get("result").is_some(),
+        "external sessions still shown: {r}"
+    );
+}

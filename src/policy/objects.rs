@@ -124,14 +124,6 @@ impl Access {
             .map(|e| e.owner)
     }
 
-    /// The creator of a settled (confirmed or disposed) entry: what makes an
-    /// existing session visible to its creator; a pending entry does not.
-    fn settled_owner(&self, host: &str, uri: &str) -> Option<Owner> {
-        self.entry_on(host, uri)
-            .filter(|e| e.state != UriState::Pending)
-            .map(|e| e.owner)
-    }
-
     fn entry_on(&self, host: &str, uri: &str) -> Option<UriEntry> {
         self.store
             .lookup(uri)
@@ -242,8 +234,19 @@ impl Access {
         host_uri: &str,
     ) -> bool {
         if hub.has_session(host_uri) {
-            return grant.sees_everything()
-                || grant.sees(who, self.settled_owner(&hub.id, host_uri).as_ref());
+            if grant.sees_everything() {
+                return true;
+            }
+            return match self.entry_on(&hub.id, host_uri) {
+                // Until the host answers the create, the listed session is
+                // either the creator's new one or one the host already had:
+                // shown only to whom it would be shown as either.
+                Some(e) if e.state == UriState::Pending => {
+                    grant.sees(who, None) && grant.sees(who, Some(&e.owner))
+                }
+                Some(e) => grant.sees(who, Some(&e.owner)),
+                None => grant.sees(who, None),
+            };
         }
         self.live_entry(&hub.id, host_uri)
             .is_some_and(|o| grant.sees(who, Some(&o)))
