@@ -290,3 +290,42 @@ async fn a_reference_is_forgotten_when_its_chat_is_no_longer_visible() {
         "{r}"
     );
 }
+
+/// §7.6: an `initialize` whose initial subscription is hidden by a reload
+/// while its snapshot is awaited leaves the chat out and notes nothing it
+/// showed: a content reference inside that chat is as unknown to the new
+/// client as a random URI. Before, the snapshot noted its references before
+/// the chat was left out, so the client could read them.
+#[tokio::test]
+async fn an_initial_subscription_hidden_while_awaited_notes_nothing() {
+    let rules = rule("ops", &["alice"], &["*"], "operator", "all", "");
+    let t = TestRelay::start(vec![host_with_refs("a")], &rules).await;
+    let (chat, _) = seeded_chat("a", 1);
+    let mut source = t.raw("alice").await;
+    source.initialize("refs-source").await;
+    let r = source
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let content = tool_output_ref(&mut source, &chat, 1, 3000).await;
+    let upstream = t.upstream_id("alice", "refs-late");
+    t.hosts[0].stall_client(&upstream, true);
+    let mut ws = t.raw("alice").await;
+    let params = initialize_subscribing("refs-late", &[&chat]);
+    ws.send_json(&request_frame(0, "initialize", params)).await;
+    wait_until("the session awaits its snapshots", || {
+        t.has_session("alice", "refs-late")
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    t.relay.relay.set_policy(Arc::new(SeededHiddenOnA));
+    t.hosts[0].stall_client(&upstream, false);
+    let init = ws.response(&json!(0)).await;
+    assert!(!init["result"].to_string().contains("a-1-main"), "{init}");
+    let read = json!({"channel": "ahp-root://", "uri": content});
+    let r = ws.request(1, "resourceRead", read).await;
+    assert_eq!(
+        r["error"]["code"], -32008,
+        "as unknown as a random URI: {r}"
+    );
+}

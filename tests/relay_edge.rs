@@ -546,6 +546,59 @@ async fn token_expiry_closes_4001_and_new_token_reinitializes() {
     assert_eq!(pong.get("result"), Some(&Value::Null), "{pong}");
 }
 
+/// A socket's token expires while one of its requests waits (a `reconnect`
+/// whose host does not answer its re-baselining, the settle deadline 30 s
+/// away): the socket closes with 4001 at expiry + leeway, not when the
+/// request ends. Before, the read loop awaited the request and looked at
+/// the token's standing only afterwards, so the socket went on receiving
+/// for as long as the request took.
+#[tokio::test]
+async fn a_token_expiring_while_a_request_waits_closes_at_once() {
+    let t = TestRelay::start_tweaked(vec![fast_config("a", 1)], "", "", |cfg| {
+        cfg.limits.upstream_settle_secs = 30;
+    })
+    .await;
+    t.wait_hosts_up().await;
+    let chat = "ahp-chat:/a~a-1-main";
+    let mut first = t.raw("alice").await;
+    first.initialize("waits").await;
+    let s = first
+        .request(1, "subscribe", json!({"channel": chat}))
+        .await;
+    assert_eq!(s["result"]["snapshot"]["resource"], chat, "{s}");
+    first.close_cleanly().await;
+    let upstream = t.upstream_id("alice", "waits");
+    t.hosts[0].stall_client(&upstream, true);
+    let minted = Instant::now();
+    let short = t
+        .kit
+        .token("alice", &[], Duration::from_secs(2), None)
+        .unwrap();
+    let mut ws = t.upgrade_bearer(&short).await.socket("2 s token");
+    let params = json!({"channel": "ahp-root://", "clientId": "waits",
+        "lastSeenServerSeq": 0, "subscriptions": [chat]});
+    ws.send_json(&request_frame(1, "reconnect", params)).await;
+    let close = ws.close_code().await;
+    let elapsed = minted.elapsed();
+    assert_eq!(close.map(|c| c.0), Some(4001), "close code");
+    assert!(
+        elapsed <= Duration::from_secs(12),
+        "closed after {elapsed:?}: expected exp (2 s) + leeway (5 s), not the settle (30 s)"
+    );
+    // The host answers the re-baselining now: the answer is for a socket
+    // told to close, so nothing it carried counts as received — the next
+    // `reconnect` from the client's last position gets snapshots, never a
+    // replay built on snapshots the client did not get.
+    t.hosts[0].stall_client(&upstream, false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let from = s["result"]["snapshot"]["fromSeq"].clone();
+    let mut back = t.raw("alice").await;
+    let params = json!({"channel": "ahp-root://", "clientId": "waits",
+        "lastSeenServerSeq": from, "subscriptions": [chat]});
+    let r = back.request(1, "reconnect", params).await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+}
+
 /// Putting a connected token's `jti` on the deny list closes its socket with 4003 (§3.3).
 #[tokio::test]
 async fn revoking_a_connected_token_closes_4003() {

@@ -295,3 +295,34 @@ fn policy(rules: &str) -> Arc<RulePolicy> {
     let doc: Doc = toml::from_str(rules).expect("rules parse");
     Arc::new(RulePolicy::new(&doc.policy))
 }
+
+/// §7.6: a write allowed by alice's session-directory scope waits for the
+/// host to resolve its path; a reload takes the scope away meanwhile: the
+/// write is decided again and refused (-32603 `rightsChanged`, retryable:
+/// sent again it is -32009), and the host never receives it. Before, the
+/// write decided under the old rule was forwarded once the paths resolved.
+#[tokio::test]
+async fn a_write_whose_scope_is_reloaded_away_while_its_path_resolves_is_not_forwarded() {
+    let mut s = Setup::start().await;
+    let notes = s.uri("proj/late.txt");
+    let upstream = s.t.upstream_id("alice", "alice-files");
+    s.t.hosts[0].stall_client(&upstream, true);
+    let before = s.t.requests_handled("resourceWrite");
+    let p = json!({"channel": "ahp-root://", "uri": notes, "data": "saved", "encoding": "utf-8"});
+    s.alice
+        .send_json(&request_frame(2, "resourceWrite", p))
+        .await;
+    wait_until("the write is read", || {
+        s.t.requests_handled("resourceWrite") == before + 1
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    s.t.relay.relay.set_policy(policy(&rules("")));
+    s.t.hosts[0].stall_client(&upstream, false);
+    let r = s.alice.response(&json!(2)).await;
+    assert_eq!(r["error"]["data"]["reason"], "rightsChanged", "{r}");
+    assert_eq!(r["error"]["data"]["retryable"], true, "{r}");
+    denied(&write(&mut s.alice, 3, &notes).await, "sent again");
+    assert_eq!(s.writes_on_host(), 0, "the host received no write");
+    assert!(!s.sandbox.join("proj/late.txt").exists());
+}

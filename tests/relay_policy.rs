@@ -511,3 +511,52 @@ async fn a_policy_swap_that_hides_a_session_ends_the_clients_registration_there(
         "ended by unsubscribing the session channel"
     );
 }
+
+/// Every permission, every session; no rule at all on host `.0`.
+#[derive(Debug)]
+struct NoRuleOn(&'static str);
+
+impl Policy for NoRuleOn {
+    fn grant(&self, _who: Subject<'_>, host: HostRef<'_>) -> Option<Grant> {
+        (host.id != self.0).then(|| Grant {
+            permissions: PermSet::of(&Permission::ALL),
+            visibility: Visibility::All,
+            external: true,
+            dispose_others: false,
+            session_files: false,
+            rule: "reloaded".into(),
+        })
+    }
+}
+
+/// §3.5, §7.6: root actions buffered for a detached client under the old
+/// rights — host b's agents leaving and coming back as b restarts — are not
+/// replayed after a reload takes host b from the principal: its `reconnect`
+/// gets a root snapshot built under the new rights, with nothing of b.
+/// Before, root kept its baseline and the replay carried b's agents.
+#[tokio::test]
+async fn root_actions_buffered_before_a_reload_are_not_replayed_after_it() {
+    let t = TestRelay::start(vec![fast_config("a", 1), fast_config("b", 1)], "").await;
+    t.wait_hosts_up().await;
+    let mut ws = t.raw("alice").await;
+    let params = initialize_subscribing("root-late", &[ROOT]);
+    let init = ws.request(0, "initialize", params).await;
+    assert!(init["result"].to_string().contains("sim.b"), "{init}");
+    let from = init["result"]["serverSeq"].clone();
+    ws.close_cleanly().await;
+    let buffered = || t.relay.relay.metrics.buffer_bytes.get();
+    let before = buffered();
+    t.hosts[1].restart(true);
+    wait_until("root actions about b are buffered", || buffered() > before).await;
+    t.wait_hosts_up().await;
+    t.relay.relay.set_policy(Arc::new(NoRuleOn("b")));
+    let mut back = t.raw("alice").await;
+    let params = json!({"channel": ROOT, "clientId": "root-late",
+        "lastSeenServerSeq": from, "subscriptions": [ROOT]});
+    let r = back.request(1, "reconnect", params).await;
+    assert_eq!(r["result"]["type"], "snapshot", "{r}");
+    assert!(
+        !r["result"].to_string().contains("sim.b"),
+        "nothing of b: {r}"
+    );
+}

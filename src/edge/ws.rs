@@ -94,7 +94,9 @@ async fn read_loop<S>(
             msg = stream.next() => match msg {
                 Some(Ok(Message::Text(t))) if closing.is_none() => {
                     idle.as_mut().reset(tokio::time::Instant::now() + idle_after);
-                    on_client_frame(conn, t.as_str()).await
+                    let kill = conn.kill.clone();
+                    let handled = on_client_frame(conn, t.as_str());
+                    while_standing(handled, (&mut standing, port), &kill).await
                 }
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Err(_)) if closing.is_some() => break,
@@ -116,6 +118,28 @@ async fn read_loop<S>(
             }
         }
     }
+}
+
+/// Runs `handled` — a client frame's handling, which may wait for hosts (a
+/// `reconnect`'s settle, paths resolved before a write) — to its end, and
+/// meanwhile still closes the socket the moment its standing is lost
+/// (4001/4003): the socket stops receiving then, not when the request
+/// ends. The handling is never cut short (what it reserved or held is
+/// undone by its own end); the read loop then sees the kill.
+async fn while_standing(
+    handled: impl std::future::Future<Output = ()>,
+    (standing, port): (&mut Standing, &RelayPort),
+    kill: &watch::Sender<Kill>,
+) {
+    tokio::pin!(handled);
+    tokio::select! {
+        biased;
+        () = &mut handled => return,
+        close = standing.lost(port) => {
+            kill.send_replace(Some(close));
+        }
+    }
+    handled.await
 }
 
 /// Handles a read that is not a text frame for the session: a binary frame

@@ -384,10 +384,18 @@ impl SessionCore {
             .retain(|c| c == ahp_types::ROOT_RESOURCE_URI);
     }
 
-    /// Whether socket `id` is the attached one: an answer prepared across
-    /// an `.await` is written (and its snapshots baselined) only then.
+    /// Whether socket `id` is the attached one and not told to close (its
+    /// token expired or was revoked while a request waited): an answer
+    /// prepared across an `.await` is written (and its snapshots
+    /// baselined) only then.
     pub fn answers_on(&self, id: u64) -> bool {
-        self.socket_id() == Some(id)
+        self.answering_socket() == Some(id)
+    }
+
+    /// The id of the attached socket unless it was told to close.
+    pub fn answering_socket(&self) -> Option<u64> {
+        let socket = self.attachment.socket.as_ref()?;
+        socket.kill.borrow().is_none().then_some(socket.id)
     }
 
     /// The id of the attached socket, if any.

@@ -672,8 +672,14 @@ impl ClientSession {
             .and_then(|m| m.get(host_channel))
             .map(|c| c.client().to_string())
             .unwrap_or_default();
+        // Decided again now (§7.6), before its snapshot notes anything it
+        // shows: a channel hidden while awaited is left out, as never seen.
+        let hidden = || router::host_for(&self.env, self.who().caller(), &client).is_err();
         let snap = if a.failure.is_some() {
             self.end_channel_hold(core, a.host, host_channel, ticket);
+            None
+        } else if hidden() {
+            self.unfollow(core, &a.host.id, host_channel);
             None
         } else {
             let snapshot = a.body.pointer("/result/snapshot");

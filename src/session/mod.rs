@@ -78,9 +78,10 @@ impl ReplyTo {
         }
     }
 
-    /// Whether the asking socket is the one attached now.
+    /// Whether the asking socket is the one attached now (and not told to
+    /// close).
     pub fn is_attached(&self, core: &SessionCore) -> bool {
-        self.socket.is_some() && core.socket_id() == self.socket
+        self.socket.is_some() && core.answering_socket() == self.socket
     }
 }
 
@@ -303,6 +304,32 @@ impl Who<'_> {
     }
 }
 
+/// The rights one decision was made under (see [`ClientSession::rights`]).
+pub struct Rights {
+    policy: Arc<dyn crate::policy::Policy>,
+    groups: Arc<[String]>,
+}
+
+impl Rights {
+    /// Whether `session` still acts under these rights: the same policy
+    /// and the same groups (a reload, or a `reconnect` with another token's
+    /// groups, makes an earlier decision stale). Refused with -32603
+    /// `rightsChanged` (retryable: sent again, the request is decided
+    /// under the new rights).
+    pub fn hold(&self, session: &ClientSession) -> Result<(), RpcError> {
+        let now = session.rights();
+        let same = Arc::ptr_eq(&self.policy, &now.policy) && Arc::ptr_eq(&self.groups, &now.groups);
+        if same {
+            return Ok(());
+        }
+        Err(RpcError::limited(
+            "rightsChanged",
+            "the principal's rights changed while the request was prepared: send it again",
+            true,
+        ))
+    }
+}
+
 /// One client session.
 #[derive(Debug)]
 pub struct ClientSession {
@@ -383,6 +410,18 @@ impl ClientSession {
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
         Who {
             session: self,
+            groups: groups.clone(),
+        }
+    }
+
+    /// The rights a decision is made under now: the policy in force and
+    /// the session's groups. A request that awaits something between its
+    /// decision and its forwarding (a store write, the host's resolving of
+    /// paths) is forwarded only if they still hold ([`Rights::hold`]).
+    pub fn rights(&self) -> Rights {
+        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        Rights {
+            policy: self.env.access.policy(),
             groups: groups.clone(),
         }
     }

@@ -10,9 +10,11 @@ use crate::route::router;
 use crate::session::{ClientSession, SessionCore};
 
 impl ClientSession {
-    /// After a change of rights: forgets subscribed channels the principal
-    /// can no longer see (they lose their baseline, so `reconnect` cannot
-    /// replay them) and tells their hosts it no longer follows them, ends
+    /// After a change of rights: drops root's baseline (what was buffered
+    /// for root was filtered under the old rights), forgets subscribed
+    /// channels the principal can no longer see (they lose their baseline,
+    /// so `reconnect` cannot replay them) and tells their hosts it no
+    /// longer follows them, ends
     /// its `session/activeClientSet` registrations in sessions it may no
     /// longer see or operate, revokes `authenticate` tokens where it no
     /// longer operates ([`Self::revoke_tokens_gone`]), closes links to hosts
@@ -32,6 +34,9 @@ impl ClientSession {
         let gone = self.hosts_gone();
         let mut core = self.lock();
         let mut leave = Vec::new();
+        // Root actions buffered so far were filtered under the old rights
+        // (§3.5): a `reconnect` gets root afresh, never replayed.
+        core.channels.baselined.remove(ahp_types::ROOT_RESOURCE_URI);
         for c in &lost {
             core.channels.baselined.remove(c);
             core.channels.subs.remove(c);

@@ -12,7 +12,7 @@ use crate::route::files::{self, Inside};
 use crate::route::plan::{Effect, Plan};
 use crate::rpc::RpcError;
 use crate::session::limits;
-use crate::session::{ClientSession, Pending, PendingKind, ReplyTo};
+use crate::session::{ClientSession, Pending, PendingKind, ReplyTo, Rights};
 use crate::upstream::hub::{HostHub, HostStatus};
 use crate::upstream::link::{Link, LinkCmd};
 
@@ -81,6 +81,11 @@ pub(super) fn forward(
     let frame = crate::rpc::request_frame(n, method, &params);
     {
         let mut core = session.lock();
+        // A link the session no longer has (its host hidden by a change of
+        // rights, or replaced by re-baselining) never carries a request.
+        if core.links.open.get(&link.host.id).map(|l| l.id) != Some(link.id) {
+            return Err(RpcError::upstream_lost(&link.host.id));
+        }
         if !matches!(kind, PendingKind::Initial { .. }) {
             session.check_pending(&core)?;
         }
@@ -224,14 +229,17 @@ pub(super) fn release_later(session: &ClientSession, uri: &str) {
     });
 }
 
-/// Executes `plan` for request `id` of `method`: opens the link, then per
-/// [`Effect`] holds the subscribed channel, or scopes the progress token
-/// and reserves the created URI, and forwards; whatever was held or
-/// reserved is undone when the request never reaches the host.
+/// Executes `plan` for request `id` of `method`, decided under `rights`:
+/// opens the link, then per [`Effect`] holds the subscribed channel, or
+/// scopes the progress token and reserves the created URI, and forwards;
+/// whatever was held or reserved is undone when the request never reaches
+/// the host. A request that awaited something since its decision (paths
+/// resolved, a store write) is forwarded only under the same rights, and
+/// any request only on the link the session still has to its host.
 pub(super) async fn execute(
     session: &Arc<ClientSession>,
     reply: &ReplyTo,
-    method: &str,
+    (method, rights): (&str, Rights),
     plan: Plan,
 ) -> Result<(), RpcError> {
     let Plan {
@@ -247,6 +255,7 @@ pub(super) async fn execute(
             for path in &paths {
                 confirm_inside(session, &link, method, path).await?;
             }
+            rights.hold(session)?;
             forward(session, &link, reply, method, params, PendingKind::Plain)
         }
         Effect::Move => {
@@ -283,6 +292,10 @@ pub(super) async fn execute(
                 o.insert("progressToken".into(), json!(scoped));
             }
             reserve(session, &hub, &store_key, is_session).await?;
+            if let Err(e) = rights.hold(session) {
+                release_later(session, &store_key);
+                return Err(e);
+            }
             let kind = PendingKind::Create {
                 store_key: store_key.clone(),
                 await_catalog: is_session.then(|| store_key.clone()),

@@ -89,6 +89,10 @@ pub(super) async fn initialize(conn: &mut Conn, id: &str, params: Value) -> Resu
     let dropped = fit_initial(&session, &mut core, &mut result, &mut taken);
     session.respond(&mut core, id, &result.to_string());
     drop(core);
+    if !hidden.is_empty() {
+        // Hidden after their snapshots noted what they show.
+        session.forget_unreadable_refs();
+    }
     for (hub, host_uri) in dropped.into_iter().chain(hidden) {
         unsubscribe_upstream(&session, &hub, &host_uri);
     }

@@ -275,11 +275,13 @@ async fn request(
             "forwarded",
         ),
         _ => {
+            let rights = session.rights();
             let planned = plan::plan(&session.env, session.who().caller(), row, params);
             let outcome = match planned {
                 Ok(plan) => {
                     span.record("ahp.host", &*plan.hub.id);
-                    execute::execute(&session, &ReplyTo::new(id, conn.socket), row.name, plan).await
+                    let to = ReplyTo::new(id, conn.socket);
+                    execute::execute(&session, &to, (row.name, rights), plan).await
                 }
                 Err(e) => Err(e),
             };
