@@ -497,3 +497,31 @@ async fn a_reload_that_takes_the_host_away_revokes_the_token_there_first() {
     let at_h2 = tokens_at(&t, "h2", &up);
     assert_eq!(at_h2.len(), 1, "h2 keeps the token: {at_h2:?}");
 }
+
+/// §4.6, §7.6: a `host-wide` host keeps the one token it was given after the
+/// connection that carried it closed. Ada, v's admin, authenticated there;
+/// her link to v closed idle; a reload then takes v from her: the relay
+/// opens a link to v to revoke her token (an empty one). Before, only an
+/// open link carried a revocation, and v went on serving every user's
+/// turns with the credential of someone who has no rule on it any more.
+#[tokio::test]
+async fn a_host_wide_token_is_revoked_after_its_link_closed() {
+    let (v, chat) = vscode_protected("v");
+    let rules =
+        rule("boss", &["ada"], &["v"], "admin", "all", "") + "\n[limits]\nlink_idle_secs = 1\n";
+    let t = start_host_wide(vec![v], &rules, &["v"]).await;
+    let mut ada = following(&t, "ada", "ad", &chat).await;
+    let r = authenticate(&mut ada, 2, "tok-ada").await;
+    assert_eq!(r["result"], json!({}), "{r}");
+    let unsubscribe = notification_frame("unsubscribe", json!({"channel": chat}));
+    ada.send_json(&unsubscribe).await;
+    let idle = || t.relay.relay.metrics.links_idle_closed.get();
+    wait_until("ada's link to v closes idle", || idle() >= 1).await;
+    let up = t.upstream_id("ada", "ad");
+    assert_eq!(tokens_at(&t, "v", &up).len(), 1, "the token alone so far");
+    t.relay.relay.set_policy(Arc::new(NothingOn("v")));
+    wait_until("v receives the revocation", || {
+        tokens_at(&t, "v", &up).iter().any(|p| p["token"] == "")
+    })
+    .await;
+}

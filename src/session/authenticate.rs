@@ -331,13 +331,15 @@ impl ClientSession {
         }
     }
 
-    /// After a policy change (§4.6, §7.6): every token a host holds on this
-    /// session's open link although [`Self::token_goes_to`] no longer holds
-    /// there (the principal stopped operating it) is revoked on that link
-    /// with an empty token, as a client revokes one. The kept token stays
-    /// for the hosts where it still goes; a link opened after the principal
-    /// operates again gets it replayed.
-    pub(crate) fn revoke_tokens_gone(&self) {
+    /// After a policy change (§4.6, §7.6): every token a host holds from
+    /// this session although [`Self::token_goes_to`] no longer holds there
+    /// (the principal stopped operating it, or lost the host) is revoked
+    /// with an empty token, as a client revokes one: on the session's open
+    /// link to it, or — on a `host-wide` host, whose one token store
+    /// outlives the connection that filled it — on a link opened for it.
+    /// The kept token stays for the hosts where it still goes; a link
+    /// opened after the principal operates again gets it replayed.
+    pub(crate) fn revoke_tokens_gone(self: &Arc<Self>) {
         let mut core = self.lock();
         let gone: Vec<(Arc<str>, String)> = core
             .links
@@ -362,7 +364,7 @@ impl ClientSession {
                 .tokens
                 .held
                 .remove(&(host.clone(), resource.clone()));
-            let Some(link) = core.links.open.get(&host).cloned() else {
+            let Some(link) = self.link_to_revoke(&mut core, &host) else {
                 continue;
             };
             let n = link.next_id();
@@ -377,6 +379,23 @@ impl ClientSession {
                 core.links.pending.remove(&(link.id, n));
             }
         }
+    }
+
+    /// The link a revocation for `host` goes on: the open one, else a new
+    /// one to a `host-wide` host that is up (a per-connection host dropped
+    /// the token with the connection that carried it).
+    fn link_to_revoke(self: &Arc<Self>, core: &mut SessionCore, host: &str) -> Option<Arc<Link>> {
+        if let Some(link) = core.links.open.get(host) {
+            return Some(link.clone());
+        }
+        let hub = self.env.hosts.get(host)?;
+        let wide = hub.cfg.authenticate == AuthenticateScope::HostWide;
+        if !wide || hub.status() == crate::upstream::hub::HostStatus::Down {
+            return None;
+        }
+        let link = self.open_link_locked(core, &hub, Default::default());
+        core.links.open.insert(hub.id.clone(), link.clone());
+        Some(link)
     }
 
     /// Whether a host's `auth/required` for `resource` with `reason`, which

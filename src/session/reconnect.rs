@@ -155,7 +155,7 @@ const ADOPTED_VERSION: &str = "1.0.0";
 /// from the answer), and no baseline survives, so the answer is a `snapshot`
 /// built entirely under the new identity — never a `replay` of root state or
 /// envelopes that were filtered for the old one.
-fn adopt_identity(session: &ClientSession, groups: &[String]) {
+fn adopt_identity(session: &Arc<ClientSession>, groups: &[String]) {
     if !session.set_groups(groups) {
         return;
     }

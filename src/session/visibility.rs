@@ -29,7 +29,7 @@ impl ClientSession {
     /// registration ends, so the session's agent no longer calls the
     /// client's tools or asks its client for files. Everything is sent to a
     /// host before its link closes (a link writes its queue first).
-    pub(crate) fn forget_invisible(&self) -> bool {
+    pub(crate) fn forget_invisible(self: &Arc<Self>) -> bool {
         let lost = self.lost_subscriptions();
         let gone = self.hosts_gone();
         let mut core = self.lock();
