@@ -68,3 +68,54 @@ async fn host_request_reaches_only_its_client_and_the_answer_returns() {
         "bob got another client's request: {before:?}"
     );
 }
+
+/// §4.5, §5.8: a host's request belongs to the connection that carried it.
+/// When the link's connection drops and the link resumes on a new one, the
+/// client's late answer is dropped rather than written on the new
+/// connection, where the host's ids start again (it would answer another
+/// request of the host's under the same id). Before, it went to whichever
+/// connection the link had when the answer came.
+#[tokio::test]
+async fn a_host_request_is_answered_only_on_the_connection_that_asked() {
+    let t = TestRelay::start(vec![fast_config("alpha", 1)], "").await;
+    let mut a = t.raw("alice").await;
+    a.initialize("ca").await;
+    let session = json!({"channel": "ahp-session:/alpha~alpha-1"});
+    let r = a.request(1, "subscribe", session).await;
+    assert!(r.get("result").is_some(), "subscribe answered: {r}");
+    let up = t.upstream_id("alice", "ca");
+    let host = &t.hosts[0];
+    // A connection's first frame is recorded before it names its client.
+    let resumes = || {
+        let frames = host.received();
+        let resumed = |f: &&ahp_relay::simhost::FrameRecord| {
+            matches!(f.method.as_deref(), Some("reconnect" | "initialize")) && f.text.contains(&up)
+        };
+        frames.iter().filter(resumed).count()
+    };
+    let ask = host.ask_client(
+        &up,
+        "resourceRead",
+        json!({"channel": "ahp-root://", "uri": "virtual://client/x.txt"}),
+        Duration::from_secs(3),
+    );
+    let serve = async {
+        let req = a.recv_json().await.expect("the host's request");
+        assert_eq!(req["method"], "resourceRead", "{req}");
+        let before = resumes();
+        assert_eq!(host.drop_client(&up), 1, "the link's connection is cut");
+        wait_until("the link resumes on a new connection", || {
+            resumes() > before
+        })
+        .await;
+        let reply = response_frame(&req["id"], json!({"data": "aGk=", "encoding": "base64"}));
+        a.send_json(&reply).await;
+        a.request(2, "ping", json!({"channel": "ahp-root://"}))
+            .await;
+    };
+    let (answer, ()) = tokio::join!(ask, serve);
+    assert!(
+        answer.is_none(),
+        "answered on another connection: {answer:?}"
+    );
+}

@@ -255,7 +255,7 @@ pub(super) struct Links {
     pub(super) pending: HashMap<(u64, u64), Pending>,
     /// Host → client requests waiting for the client's answer, by the id the
     /// relay gave them: (host, the host's id as exact JSON text).
-    pub(super) host_requests: HashMap<u64, (Arc<str>, String)>,
+    pub(super) host_requests: HashMap<u64, HostRequest>,
     pub(super) next_host_request: u64,
     /// Per link id: the host `serverSeq` of the last envelope accepted on
     /// it, replaced by the host's numbers at every baseline (§5.8).
@@ -278,6 +278,17 @@ pub(super) struct Links {
     /// channel: the links read nothing more until its answer is written
     /// (`ClientSession::end_cut`), so a cut's holds stay bounded.
     pub(super) cut_full: super::hold::Pause,
+}
+
+/// A host's request to the client, waiting for the client's answer: it
+/// goes back on the link that carried the request, under the host's id.
+#[derive(Debug)]
+pub(super) struct HostRequest {
+    pub(super) host: Arc<str>,
+    /// The link it arrived on: the host's ids are its connection's.
+    pub(super) link: u64,
+    /// The host's id, as exact JSON text.
+    pub(super) host_id: String,
 }
 
 impl Links {
@@ -440,11 +451,17 @@ impl SessionCore {
         )
     }
 
-    /// Registers a host → client request and returns the id the client sees.
-    pub fn register_host_request(&mut self, host: Arc<str>, host_id: String) -> u64 {
+    /// Registers a host → client request that arrived on `link` and returns
+    /// the id the client sees.
+    pub fn register_host_request(&mut self, (host, link): (Arc<str>, u64), host_id: String) -> u64 {
         let n = self.links.next_host_request;
         self.links.next_host_request += 1;
-        self.links.host_requests.insert(n, (host, host_id));
+        let request = HostRequest {
+            host,
+            link,
+            host_id,
+        };
+        self.links.host_requests.insert(n, request);
         n
     }
 

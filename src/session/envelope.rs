@@ -163,7 +163,7 @@ impl ClientSession {
             }
             FrameKind::Request { id, method } => {
                 if HOST_REQUESTS.contains(&method.as_ref()) {
-                    self.forward_host_request(host, id.raw, text);
+                    self.forward_host_request((host, link), id.raw, text);
                     None
                 } else {
                     Some(RpcError::method_not_found(method).frame(id.raw))
@@ -175,12 +175,12 @@ impl ClientSession {
     /// Sends a host's request to this link's client under a relay-assigned
     /// id (§4.5); a client that does not answer in time leaves the host
     /// with -32603. Client-published URIs in it are never rewritten.
-    fn forward_host_request(&self, host: &Arc<HostHub>, host_id: &str, text: &str) {
+    fn forward_host_request(&self, (host, link): (&Arc<HostHub>, u64), host_id: &str, text: &str) {
         let Ok(mut v) = serde_json::from_str::<Value>(text) else {
             return;
         };
         let mut core = self.lock();
-        let n = core.register_host_request(host.id.clone(), host_id.to_string());
+        let n = core.register_host_request((host.id.clone(), link), host_id.to_string());
         if let Some(o) = v.as_object_mut() {
             o.insert("id".into(), serde_json::json!(n));
         }
@@ -204,19 +204,27 @@ impl ClientSession {
     }
 
     /// Relays the client's answer (`None`: timeout) to request `n` back to
-    /// the host that asked, under the host's own id.
+    /// the host that asked, under the host's own id, on the link that
+    /// carried the request — open still, or retiring after re-baselining.
+    /// A link gone since took the request with it: the answer is dropped
+    /// (on a new link the same id may be another request of the host's).
     pub fn answer_host_request(&self, n: u64, answer: Option<&Value>) {
-        let ((host, host_id), link) = {
+        let (request, link) = {
             let mut core = self.lock();
-            let Some((host, host_id)) = core.links.host_requests.remove(&n) else {
+            let Some(request) = core.links.host_requests.remove(&n) else {
                 // A response to an id the relay never sent (or already
                 // answered): dropped, counted.
                 self.env.metrics.client_notifications_dropped.inc();
                 return;
             };
-            let link = core.links.open.get(&host).cloned();
-            ((host, host_id), link)
+            let open = core.links.open.get(&request.host).into_iter();
+            let link = open
+                .chain(core.links.retiring.iter())
+                .find(|l| l.id == request.link)
+                .cloned();
+            (request, link)
         };
+        let host_id = &request.host_id;
         let frame = match answer {
             Some(v) if v.get("error").is_some() => {
                 let error = v.get("error").cloned().unwrap_or(Value::Null);
@@ -226,13 +234,15 @@ impl ClientSession {
                 let result = v.get("result").cloned().unwrap_or(Value::Null);
                 format!(r#"{{"jsonrpc":"2.0","id":{host_id},"result":{result}}}"#)
             }
-            None => RpcError::internal("the client did not answer in time", None).frame(&host_id),
+            None => RpcError::internal("the client did not answer in time", None).frame(host_id),
         };
         match link {
             Some(link) => {
                 link.send(crate::upstream::link::LinkCmd::Frame(frame));
             }
-            None => tracing::debug!(host = %host, "answer to a host request after its link closed"),
+            None => {
+                tracing::debug!(host = %request.host, "answer to a host request after its link closed")
+            }
         }
     }
 

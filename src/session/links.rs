@@ -95,6 +95,9 @@ impl LinkOwner for ClientSession {
         // connection (§4.6): queue the session's tokens for it again, ahead
         // of anything the session sends from now on (decided anew there).
         let mut core = self.lock();
+        // The host's requests went with the connection: an answer sent on
+        // the new one could meet another request under the same id.
+        core.links.host_requests.retain(|_, r| r.link != link);
         let open = core
             .links
             .open

@@ -895,7 +895,7 @@ impl ClientSession {
                 .get(&host)
                 .is_some_and(|m| !m.is_empty())
                 || core.links.pending.keys().any(|(l, _)| *l == link)
-                || core.links.host_requests.values().any(|(h, _)| *h == host)
+                || core.links.host_requests.values().any(|r| r.host == host)
                 || core.links.registered.iter().any(|(h, _)| *h == host);
             if busy {
                 core.links.idle_since.remove(&host);
