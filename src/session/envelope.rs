@@ -882,7 +882,9 @@ impl ClientSession {
             return; // another connection's progress (hosts that broadcast it)
         };
         *token = Value::String(own);
-        let _ = host;
+        if !self.channel_to_client(host, &mut v) {
+            return;
+        }
         let mut core = self.lock();
         self.push(&mut core, v.to_string());
     }
@@ -905,26 +907,36 @@ impl ClientSession {
             return; // another session's (hosts that broadcast it)
         }
         drop(core);
+        if !self.channel_to_client(host, &mut v) {
+            return;
+        }
+        let mut core = self.lock();
+        self.push(&mut core, v.to_string());
+    }
+
+    /// Translates a host notification's `params.channel` to the client's
+    /// name; `false` when it names a channel this client cannot see, which
+    /// is not its business (§6.4): the notification is dropped.
+    fn channel_to_client(&self, host: &Arc<HostHub>, v: &mut Value) -> bool {
         let namer = ToClient {
             host: &host.id,
             store: self.env.store.as_ref(),
             identity: Some(self.identity()),
         };
-        if let Some(ch) = v.pointer_mut("/params/channel")
-            && let Some(s) = ch.as_str()
-        {
-            let q = translate::Namer::translate(&namer, translate::FieldKind::Uri, s)
-                .unwrap_or_default();
-            // A channel this client cannot see is not its business (§6.4).
-            let root = q == ahp_types::ROOT_RESOURCE_URI;
-            if !root && crate::route::router::host_for(&self.env, self.who().caller(), &q).is_err()
-            {
-                return;
-            }
-            *ch = Value::String(q);
+        let Some(ch) = v.pointer_mut("/params/channel") else {
+            return true;
+        };
+        let Some(s) = ch.as_str() else {
+            return true;
+        };
+        let q =
+            translate::Namer::translate(&namer, translate::FieldKind::Uri, s).unwrap_or_default();
+        let root = q == ahp_types::ROOT_RESOURCE_URI;
+        if !root && crate::route::router::host_for(&self.env, self.who().caller(), &q).is_err() {
+            return false;
         }
-        let mut core = self.lock();
-        self.push(&mut core, v.to_string());
+        *ch = Value::String(q);
+        true
     }
 
     /// Fails the requests in flight on link `link` with `err` (its

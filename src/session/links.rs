@@ -45,11 +45,12 @@ impl ClientSession {
     }
     /// How much a link may read now (§5.9), under the session lock.
     pub(super) fn room_locked(&self, core: &super::SessionCore) -> Room {
-        if let Some(wait) = core
-            .links
-            .hold
-            .room()
-            .or_else(|| core.links.cut_full.room())
+        if let Some(wait) = core.links.hold.room() {
+            return wait;
+        }
+        // Only a cut pauses for its holds (`cut_pending` is a field read).
+        if core.seq.cut_pending
+            && let Some(wait) = core.links.cut_full.room()
         {
             return wait;
         }
