@@ -6,9 +6,10 @@
 
 mod common;
 
+use ahp_relay::names::store::{Owner, Quota, UriEntry};
 use common::relay::{TestRelay, rule};
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 async fn listed(ws: &mut RawWs, id: u64) -> Vec<String> {
     listed_uris(ws, id).await
@@ -143,4 +144,102 @@ async fn a_session_whose_create_is_unanswered_is_not_shown_as_external() {
         r.get("result").is_some(),
         "external sessions still shown: {r}"
     );
+}
+
+/// A store whose reads can be made to fail (a disk error, a database that
+/// cannot be reached), writes going through.
+struct Unreadable {
+    inner: ahp_relay::names::store::RedbStore,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+type Res<T> = Result<T, ahp_relay::names::store::StoreError>;
+
+impl ahp_relay::names::store::UriStore for Unreadable {
+    fn reserve(&self, u: &str, h: &str, o: &Owner, t: u64) -> Res<()> {
+        self.inner.reserve(u, h, o, t)
+    }
+    fn reserve_within(&self, u: &str, h: &str, o: &Owner, t: u64, q: Quota) -> Res<()> {
+        self.inner.reserve_within(u, h, o, t, q)
+    }
+    fn confirm(&self, uri: &str) -> Res<()> {
+        self.inner.confirm(uri)
+    }
+    fn release(&self, uri: &str) -> Res<()> {
+        self.inner.release(uri)
+    }
+    fn tombstone(&self, uri: &str, now: u64, ttl_secs: u64) -> Res<()> {
+        self.inner.tombstone(uri, now, ttl_secs)
+    }
+    fn lookup(&self, uri: &str) -> Res<Option<UriEntry>> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            let down = "the test made reads fail".to_string();
+            return Err(ahp_relay::names::store::StoreError::Unavailable(down));
+        }
+        self.inner.lookup(uri)
+    }
+    fn entries_for_host(&self, host: &str) -> Res<Vec<UriEntry>> {
+        self.inner.entries_for_host(host)
+    }
+    fn purge_expired(&self, now: u64) -> Res<usize> {
+        self.inner.purge_expired(now)
+    }
+    fn health(&self) -> Res<()> {
+        self.inner.health()
+    }
+}
+
+/// §7.6: who may see a listed session the relay created rests on its store
+/// entry; while the store cannot be read, that decision fails closed.
+/// Alice's session named by her client (`sim.a:/…`, routed by its shape
+/// alone) stays hidden from eve, who sees sessions made outside the relay
+/// but only her own of the relay's, when the store's reads fail. Before,
+/// an unreadable entry counted as none, and eve got alice's session as an
+/// external one.
+#[tokio::test]
+async fn a_session_is_not_shown_as_external_while_the_store_is_unreadable() {
+    let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
+        + &rule(
+            "eve",
+            &["eve"],
+            &["*"],
+            "viewer",
+            "own",
+            "external_sessions = true",
+        );
+    let store = std::sync::Arc::new(Unreadable {
+        inner: ahp_relay::names::store::RedbStore::open_in_memory().expect("store"),
+        failing: std::sync::atomic::AtomicBool::new(false),
+    });
+    let shared = store.clone() as std::sync::Arc<dyn ahp_relay::names::store::UriStore>;
+    let hosts = vec![fast_config("a", 1)];
+    let t = TestRelay::start_on_store(hosts, "", &rules, |_| {}, Some(shared)).await;
+    t.wait_hosts_up().await;
+    let mut alice = t.raw("alice").await;
+    alice.initialize("named").await;
+    let uri = "sim.a:/alices-own-1";
+    let create = json!({"channel": uri, "provider": "sim.a"});
+    let r = alice.request(1, "createSession", create).await;
+    assert_eq!(r["result"], Value::Null, "{r}");
+    let mut eve = t.raw("eve").await;
+    eve.initialize("eve").await;
+    let r = eve.request(1, "subscribe", json!({"channel": uri})).await;
+    assert!(
+        r.get("result").is_none(),
+        "alice's session shown to eve: {r}"
+    );
+    store
+        .failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = eve.request(2, "subscribe", json!({"channel": uri})).await;
+    assert!(r.get("result").is_none(), "shown while unreadable: {r}");
+    let seen = listed(&mut eve, 3).await;
+    assert!(!seen.iter().any(|u| u == uri), "listed to eve: {seen:?}");
+    // Readable again: the sessions made outside the relay are hers to see.
+    store
+        .failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let seen = listed(&mut eve, 4).await;
+    assert!(!seen.iter().any(|u| u == uri), "listed to eve: {seen:?}");
+    assert!(seen.iter().any(|u| u == "ahp-session:/a~a-1"), "{seen:?}");
 }

@@ -125,11 +125,20 @@ impl Access {
     }
 
     fn entry_on(&self, host: &str, uri: &str) -> Option<UriEntry> {
-        self.store
-            .lookup(uri)
-            .ok()
-            .flatten()
-            .filter(|e| e.host == host)
+        self.read_entry(host, uri).ok().flatten()
+    }
+
+    /// The store's entry for `uri` on `host`; `Err` while the store cannot
+    /// be read. A decision that rests on who created a listed session then
+    /// fails closed: an unreadable entry is not "made outside the relay".
+    fn read_entry(&self, host: &str, uri: &str) -> Result<Option<UriEntry>, ()> {
+        match self.store.lookup(uri) {
+            Ok(entry) => Ok(entry.filter(|e| e.host == host)),
+            Err(e) => {
+                tracing::debug!(error = %e, "URI store unreadable: an owner-dependent decision refuses");
+                Err(())
+            }
+        }
     }
 
     /// Whether `who` (holding `grant` on `hub`) sees session `host_uri` as
@@ -144,7 +153,10 @@ impl Access {
     ) -> bool {
         // Without the lookup when the grant shows every session: catalog
         // fan-out and `listSessions` ask this once per session.
-        grant.sees_everything() || grant.sees(who, self.owner_of(&hub.id, host_uri).as_ref())
+        grant.sees_everything()
+            || self
+                .read_entry(&hub.id, host_uri)
+                .is_ok_and(|e| grant.sees(who, e.map(|e| e.owner).as_ref()))
     }
 
     /// Whether `who` sees the host channel `host_uri` on `hub`, which must
@@ -237,15 +249,16 @@ impl Access {
             if grant.sees_everything() {
                 return true;
             }
-            return match self.entry_on(&hub.id, host_uri) {
+            return match self.read_entry(&hub.id, host_uri) {
                 // Until the host answers the create, the listed session is
                 // either the creator's new one or one the host already had:
                 // shown only to whom it would be shown as either.
-                Some(e) if e.state == UriState::Pending => {
+                Ok(Some(e)) if e.state == UriState::Pending => {
                     grant.sees(who, None) && grant.sees(who, Some(&e.owner))
                 }
-                Some(e) => grant.sees(who, Some(&e.owner)),
-                None => grant.sees(who, None),
+                Ok(Some(e)) => grant.sees(who, Some(&e.owner)),
+                Ok(None) => grant.sees(who, None),
+                Err(()) => false,
             };
         }
         self.live_entry(&hub.id, host_uri)
