@@ -580,11 +580,10 @@ async fn vscode_terminals_keep_their_shapes() {
 
 /// §4.3: a VS Code chat has one name. Its host percent-decodes the chat id
 /// before looking the chat up, so another spelling of it (`%64efault` for
-/// `default`) or a path after the session segment (other than a subagent
-/// chat's tool call) would reach the chat under a name the relay's catalog
-/// does not know — decided by the session the URI embeds, not the one the
-/// chat lives in (a moved chat). Such spellings are refused like any URI
-/// that names nothing, and never reach a host; the chat's own name works.
+/// `default`) would reach the chat under a name the relay's catalog does
+/// not know — decided by the session the URI embeds, not the one the chat
+/// lives in (a moved chat). Such spellings are refused like any URI that
+/// names nothing, and never reach a host; the chat's own name works.
 #[tokio::test]
 async fn a_vscode_chat_is_reached_under_its_own_spelling_only() {
     let t = TestRelay::start(twin_hosts(true), "").await;
@@ -594,7 +593,7 @@ async fn a_vscode_chat_is_reached_under_its_own_spelling_only() {
     let b64 = URL_SAFE_NO_PAD.encode(session.as_bytes());
     for spelled in [
         format!("ahp-chat://%64efault/{b64}"),
-        format!("ahp-chat://default/{b64}/x"),
+        format!("ahp-chat://DEFAULT%2e/{b64}"),
         format!("ahp-chat://de%2Ffault/{b64}"),
     ] {
         let r: Result<Value, _> = client
@@ -603,7 +602,7 @@ async fn a_vscode_chat_is_reached_under_its_own_spelling_only() {
         assert!(r.is_err(), "{spelled} subscribed: {r:?}");
     }
     for host in &t.hosts {
-        let reached = host.received().iter().any(|f| f.text.contains("efault/"));
+        let reached = host.received().iter().any(|f| f.text.contains("%"));
         assert!(
             !reached,
             "another spelling reached host {}",

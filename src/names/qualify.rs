@@ -233,24 +233,18 @@ fn chat_shape<'a>(scheme: &'a str, after: &'a str) -> Shape<'a> {
     }
 }
 
-/// Whether `chat_id` (and what follows the session segment) is a chat as
-/// VS Code's hosts write one: an id in `[A-Za-z0-9._-]{1,128}` — `default`,
-/// a generated id — and a tail only on a subagent chat
-/// (`ahp-chat://subagent/<b64>/<toolCallId>`). VS Code percent-decodes the
-/// authority before it looks a chat up, so `%63%31` would name chat `c1`
-/// under a spelling the relay's catalog does not know, and the chat would
-/// be decided by the session its URI embeds rather than the one it lives
-/// in now (a moved chat): one name per chat, any other spelling refused.
-fn is_chat_id(chat_id: &str, tail: &str) -> bool {
+/// Whether `chat_id` is a chat id as VS Code's hosts write one:
+/// `[A-Za-z0-9._-]{1,128}` (`default`, `subagent`, a generated id). VS Code
+/// percent-decodes the authority before it looks a chat up, so `%63%31`
+/// would name chat `c1` under a spelling the relay's catalog does not know,
+/// and the chat would be decided by the session its URI embeds rather than
+/// the one it lives in now (a moved chat): one name per chat, any other
+/// spelling refused. (What follows the session segment is not a chat's
+/// name there: only a subagent chat has one, its tool call's id.)
+fn is_chat_id(chat_id: &str) -> bool {
     let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
-    chat_id.len() <= 128
-        && chat_id.bytes().all(allowed)
-        && (tail.is_empty() || chat_id == SUBAGENT_CHAT_ID)
+    chat_id.len() <= 128 && chat_id.bytes().all(allowed)
 }
-
-/// The chat id of VS Code's subagent chats, the one kind whose URI goes on
-/// after the session segment (the tool call's id).
-const SUBAGENT_CHAT_ID: &str = "subagent";
 
 /// The session URI embedded in an authority-form chat URI's segment, if it
 /// is base64url (no padding) of a UTF-8 path-form URI.
@@ -386,7 +380,7 @@ pub fn read_client_uri(uri: &str) -> Result<ClientName, NotAHostUri> {
             b64,
             tail,
         } => {
-            if !is_chat_id(chat_id, tail) {
+            if !is_chat_id(chat_id) {
                 return Err(NotAHostUri);
             }
             let session = embedded_session(b64).ok_or(NotAHostUri)?;
