@@ -958,10 +958,16 @@ async fn a_hold_past_the_replay_bound_fails_its_subscribe_and_keeps_the_channel(
         frames.iter().all(|f| f["method"] != "action"),
         "the held envelopes follow the answer: {frames:?}"
     );
-    let envs = raw_actions_until(&mut alice, |e| is(e, chat, "chat/turnComplete")).await;
+    whole_turn_after_one_hold_hit(&t, &mut alice, chat).await;
+}
+
+/// Reads `ws` up to the end of the 200-delta turn on `chat` and checks the
+/// whole turn arrived, every delta once, in order, with one hold limit hit.
+async fn whole_turn_after_one_hold_hit(t: &TestRelay, ws: &mut RawWs, chat: &str) {
+    let envs = raw_actions_until(ws, |e| is(e, chat, "chat/turnComplete")).await;
     assert!(
         envs.iter().any(|e| is(e, chat, "chat/turnStarted")),
-        "the whole turn reaches alice: {} envelopes",
+        "the whole turn arrives: {} envelopes",
         envs.len()
     );
     assert_eq!(
@@ -970,11 +976,11 @@ async fn a_hold_past_the_replay_bound_fails_its_subscribe_and_keeps_the_channel(
         "every delta of the turn, none twice"
     );
     assert_strictly_increasing(&envs);
-    let (_, page) = common::relay::admin_get(&t, "/metrics").await;
+    let (_, page) = common::relay::admin_get(t, "/metrics").await;
     assert_eq!(
         common::relay::metric(&page, r#"ahp_relay_limit_hits_total{limit="hold"}"#),
         Some(1.0),
-        "counted"
+        "the hold limit hit counted once"
     );
 }
 
@@ -1059,23 +1065,6 @@ async fn a_reconnect_cut_past_the_replay_bound_pauses_its_links() {
         !snapshot.contains("t-cut"),
         "taken before the turn: {snapshot}"
     );
-    let envs = raw_actions_until(&mut back, |e| is(e, chat_a, "chat/turnComplete")).await;
-    assert!(
-        envs.iter().any(|e| is(e, chat_a, "chat/turnStarted")),
-        "the whole turn reaches alice: {} envelopes",
-        envs.len()
-    );
-    assert_eq!(
-        envs.iter().filter(|e| is(e, chat_a, "chat/delta")).count(),
-        200,
-        "every delta of the turn, none twice"
-    );
-    assert_strictly_increasing(&envs);
-    let (_, page) = common::relay::admin_get(&t, "/metrics").await;
-    assert_eq!(
-        common::relay::metric(&page, r#"ahp_relay_limit_hits_total{limit="hold"}"#),
-        Some(1.0),
-        "the pause is counted once"
-    );
+    whole_turn_after_one_hold_hit(&t, &mut back, chat_a).await;
     t.hosts[1].stall_client(&upstream, false);
 }

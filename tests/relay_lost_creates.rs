@@ -15,9 +15,10 @@ async fn listed(ws: &mut RawWs, id: u64) -> Vec<String> {
     listed_uris(ws, id).await
 }
 
-#[tokio::test]
-async fn a_create_answered_late_stays_its_creators() {
-    let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
+/// Alice operates and sees her own sessions; eve views her own and those
+/// made outside the relay.
+fn alice_and_eve() -> String {
+    rule("alice", &["alice"], &["*"], "operator", "own", "")
         + &rule(
             "eve",
             &["eve"],
@@ -25,7 +26,12 @@ async fn a_create_answered_late_stays_its_creators() {
             "viewer",
             "own",
             "external_sessions = true",
-        );
+        )
+}
+
+#[tokio::test]
+async fn a_create_answered_late_stays_its_creators() {
+    let rules = alice_and_eve();
     let limits = "\n[limits]\nupstream_request_secs = 1\npending_create_check_secs = 1\n";
     let t = TestRelay::start(vec![fast_config("a", 1)], &(rules + limits)).await;
     let mut alice = t.raw("alice").await;
@@ -101,15 +107,7 @@ async fn a_create_the_host_never_made_frees_its_name() {
 /// all, and eve got the session's snapshot as an external one's.
 #[tokio::test]
 async fn a_session_whose_create_is_unanswered_is_not_shown_as_external() {
-    let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
-        + &rule(
-            "eve",
-            &["eve"],
-            &["*"],
-            "viewer",
-            "own",
-            "external_sessions = true",
-        );
+    let rules = alice_and_eve();
     let t = TestRelay::start(vec![fast_config("a", 1)], &rules).await;
     let mut alice = t.raw("alice").await;
     alice.initialize("unanswered").await;
@@ -198,15 +196,7 @@ impl ahp_relay::names::store::UriStore for Unreadable {
 /// external one.
 #[tokio::test]
 async fn a_session_is_not_shown_as_external_while_the_store_is_unreadable() {
-    let rules = rule("alice", &["alice"], &["*"], "operator", "own", "")
-        + &rule(
-            "eve",
-            &["eve"],
-            &["*"],
-            "viewer",
-            "own",
-            "external_sessions = true",
-        );
+    let rules = alice_and_eve();
     let store = std::sync::Arc::new(Unreadable {
         inner: ahp_relay::names::store::RedbStore::open_in_memory().expect("store"),
         failing: std::sync::atomic::AtomicBool::new(false),
