@@ -448,6 +448,132 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
     eprintln!("s4: {mid_stream}/{ROUNDS} rounds subscribed mid-stream");
 }
 
+/// Subscribing again to the channel being streamed (a hold while the host
+/// snapshots it, then a new floor), or leaving it and subscribing again,
+/// in the middle of a turn: the envelopes numbered after the new snapshot
+/// continue it densely, and the snapshot plus them reduce to the host's
+/// state (nothing lost or doubled across the change of the link's route).
+#[tokio::test]
+async fn a_stream_subscribed_again_mid_stream_loses_and_doubles_nothing() {
+    const DELTAS: u32 = 2000;
+    const ROUNDS: u64 = 6;
+    let t = TestRelay::start(vec![host("a", 1, script(DELTAS, 8, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let client = t.client_init("alice", "again").await;
+    let mut events = client.events();
+    let _ = subscribe_raw(&client, &chat).await;
+    let mut mid_stream = 0;
+    for round in 0..ROUNDS {
+        let turn = format!("again-{round}");
+        let start = t.hosts[0].server_seq();
+        client
+            .dispatch(chat.clone(), action(turn_started(&turn, "stream please")))
+            .await
+            .expect("dispatch");
+        let target = start + 10 + round * 300;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while t.hosts[0].server_seq() < target && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        if round % 2 == 1 {
+            client
+                .notify("unsubscribe", json!({ "channel": chat }))
+                .await
+                .expect("unsubscribe");
+        }
+        let snap = subscribe_raw(&client, &chat).await;
+        let from = snapshot_from_seq(&snap);
+        let streaming = snap["state"].get("activeTurn").is_some();
+        let mut envs = if streaming {
+            mid_stream += 1;
+            actions_until(&mut events, |e| {
+                e.server_seq > from && is_complete_of(e, &chat, &turn)
+            })
+            .await
+        } else {
+            Vec::new()
+        };
+        envs.extend(settle(&client, &mut events, &[&chat]).await);
+        envs.retain(|e| e.server_seq > from);
+        assert_contiguous(&envs, from);
+        let reduced = reduce_chat(&snap["state"], &chat, &envs);
+        let expected = host_state(&t.hosts[0], &host_chat, &[]);
+        assert_eq!(
+            reduced, expected,
+            "round {round}: snapshot + envelopes = host"
+        );
+    }
+    assert!(mid_stream >= 1, "no round subscribed again while streaming");
+    eprintln!("subscribed again mid-stream in {mid_stream}/{ROUNDS} rounds");
+}
+
+/// Leaving a channel in the middle of its stream stops its envelopes at
+/// once: none reaches the client after the answer to a request sent behind
+/// the `unsubscribe`, though the host streams on until it reads the
+/// `unsubscribe` (its envelopes in flight are dropped, not delivered by a
+/// route found before). Twice per run, the second time on a channel
+/// subscribed again since.
+#[tokio::test]
+async fn a_stream_left_mid_stream_stops_at_the_unsubscribe() {
+    const DELTAS: u32 = 20_000;
+    let t = TestRelay::start(vec![host("a", 1, script(DELTAS, 8, 0))], "").await;
+    let (chat, host_chat) = seeded_chat("a", 1);
+    let mut alice = t.raw("alice").await;
+    alice.initialize("leaver").await;
+    let upstream = t.upstream_id("alice", "leaver");
+    for round in 0..2u64 {
+        let id = 10 * round;
+        let s = alice
+            .request(id + 1, "subscribe", json!({"channel": chat}))
+            .await;
+        assert_eq!(s["result"]["snapshot"]["resource"], chat.as_str(), "{s}");
+        let turn = format!("left-{round}");
+        alice
+            .send_json(&dispatch_frame(
+                &chat,
+                round as i64 + 1,
+                turn_started(&turn, "stream please"),
+            ))
+            .await;
+        let mut seen = 0;
+        let streamed = raw_actions_until(&mut alice, |_| {
+            seen += 1;
+            seen == 200
+        })
+        .await;
+        assert!(streamed.iter().all(|e| e.channel == chat));
+        alice
+            .send_json(&notification_frame("unsubscribe", json!({"channel": chat})))
+            .await;
+        let _ = frames_before_ping(&mut alice, id + 2).await;
+        let streaming = host_state(&t.hosts[0], &host_chat, &[])
+            .get("activeTurn")
+            .is_some();
+        assert!(streaming, "round {round}: the host still streams the turn");
+        wait_until("the host is told", || {
+            t.hosts[0]
+                .received_from(&upstream)
+                .iter()
+                .filter(|f| f.method.as_deref() == Some("unsubscribe"))
+                .count() as u64
+                > round
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let late: Vec<Value> = frames_before_ping(&mut alice, id + 3)
+            .await
+            .into_iter()
+            .filter(|v| v["method"] == "action" && v["params"]["channel"] == chat.as_str())
+            .collect();
+        assert!(
+            late.is_empty(),
+            "round {round}: {} envelopes on the left channel after the unsubscribe, first {}",
+            late.len(),
+            late[0]
+        );
+    }
+}
+
 // ─── two hosts into one connection ──────────────────────────────────────────
 
 /// Two hosts streaming at once into one connection: one dense, strictly increasing sequence; each chat reduces to its host's state.
