@@ -75,7 +75,12 @@ pub async fn on_client_frame(conn: &mut Conn, text: &str) {
                     return conn.reply(&id, Err(err));
                 }
             };
-            answer_request(conn, &id, method, params).await;
+            // Boxed: a request's handling, which may wait for hosts, is the
+            // largest state of a connection's task, and the task keeps its
+            // largest state's size while the client idles (~3.5 KiB of the
+            // ~6 KiB per idle client, BENCHMARKS.md "Thirty-eighth round").
+            // Notifications, the frequent frames, allocate nothing here.
+            Box::pin(answer_request(conn, &id, method, params)).await;
         }
         FrameKind::Notification { method } => {
             let Some(session) = conn.session.clone() else {
