@@ -127,9 +127,10 @@ pub(super) fn switching(key: &HeaderValue, source: TokenSource) -> Resp {
 /// The WebSocket settings of a client socket.
 fn socket_config(limits: &Limits) -> WebSocketConfig {
     WebSocketConfig::default()
-        // Clients send small frames; a 4 KiB read chunk (the buffer grows
-        // for a big frame) keeps an idle client at ~24 KiB instead of ~36.
-        .read_buffer_size(4 * 1024)
+        // Clients send small frames; a 2 KiB read chunk (the buffer grows
+        // for a big frame) is what an idle client keeps (BENCHMARKS.md
+        // "Thirty-eighth round": 2 KiB less per idle client than 4 KiB).
+        .read_buffer_size(2 * 1024)
         // Fed frames collect up to one TLS record's worth (16 KiB) before
         // they are written, and the writer flushes once per batch
         // (`ws::write_loop`): a stream goes out in full records and few
