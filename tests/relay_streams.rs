@@ -72,6 +72,24 @@ fn actions_of(evs: &[ClientEvent]) -> Vec<ActionEnvelope> {
         .collect()
 }
 
+/// Starts turn `turn` on `chat` from `client` and returns once the host has
+/// numbered `ahead` more envelopes (or after [`WAIT`]): a point inside the
+/// stream that differs with `ahead`.
+async fn stream_until(t: &TestRelay, client: &Client, (chat, turn): (&str, &str), ahead: u64) {
+    let target = t.hosts[0].server_seq() + ahead;
+    client
+        .dispatch(
+            chat.to_string(),
+            action(turn_started(turn, "stream please")),
+        )
+        .await
+        .expect("dispatch");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while t.hosts[0].server_seq() < target && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
 async fn create_session(client: &Client, uri: &str, provider: &str) {
     client
         .request::<_, ()>(
@@ -395,17 +413,8 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
         let turn = format!("s4-turn-{round}");
         let late = t.client_init("bob", &format!("s4-late-{round}")).await;
         let mut lev = late.events();
-        let start = t.hosts[0].server_seq();
-        streamer
-            .dispatch(chat.clone(), action(turn_started(&turn, "stream please")))
-            .await
-            .expect("dispatch");
         // Subscribe at a different point of the stream each round.
-        let target = start + 10 + (round as u64) * 180;
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while t.hosts[0].server_seq() < target && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
+        stream_until(&t, &streamer, (&chat, &turn), 10 + (round as u64) * 180).await;
         let snap = subscribe_raw(&late, &chat).await;
         let from = snapshot_from_seq(&snap);
         let done_in_snapshot = snap["state"].get("activeTurn").is_none()
@@ -452,7 +461,7 @@ async fn s4_subscribe_mid_stream_loses_and_doubles_nothing() {
 /// snapshots it, then a new floor), or leaving it and subscribing again,
 /// in the middle of a turn: the envelopes numbered after the new snapshot
 /// continue it densely, and the snapshot plus them reduce to the host's
-/// state (nothing lost or doubled across the change of the link's route).
+/// state (nothing lost or doubled across the change of the channel's state).
 #[tokio::test]
 async fn a_stream_subscribed_again_mid_stream_loses_and_doubles_nothing() {
     const DELTAS: u32 = 2000;
@@ -465,16 +474,7 @@ async fn a_stream_subscribed_again_mid_stream_loses_and_doubles_nothing() {
     let mut mid_stream = 0;
     for round in 0..ROUNDS {
         let turn = format!("again-{round}");
-        let start = t.hosts[0].server_seq();
-        client
-            .dispatch(chat.clone(), action(turn_started(&turn, "stream please")))
-            .await
-            .expect("dispatch");
-        let target = start + 10 + round * 300;
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while t.hosts[0].server_seq() < target && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
+        stream_until(&t, &client, (&chat, &turn), 10 + round * 300).await;
         if round % 2 == 1 {
             client
                 .notify("unsubscribe", json!({ "channel": chat }))
